@@ -1,0 +1,127 @@
+# novac: GNU Make build.  `make` builds build/bin/{novac,novarun} and the
+# runtime a step.so links in; `make demo`, `make check`, `make install`.
+LLVM_CONFIG ?= $(shell command -v llvm-config-22 2>/dev/null || echo /usr/lib/llvm-22/bin/llvm-config)
+LLVM_BIN    := $(shell $(LLVM_CONFIG) --bindir 2>/dev/null)
+LLVM_INC    := $(shell $(LLVM_CONFIG) --includedir 2>/dev/null)
+LLVM_LIB    := $(shell $(LLVM_CONFIG) --libdir 2>/dev/null)
+PROTOC_C    ?= protoc-c
+ONNX_PROTO  ?= /usr/include/onnx/onnx.proto
+PREFIX      ?= /usr/local
+B           := build
+VERSION     := $(shell cat VERSION)
+
+CC      ?= cc
+WERROR  ?= $(if $(CI),-Werror,)
+SAN     ?=
+CFLAGS  ?= -O2 -g
+WARN    := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wpedantic -Wshadow -Wmissing-prototypes $(WERROR)
+CPPFLAGS_ALL := -Iinclude -Iruntime -I$(B)/gen -DNOVAC_VERSION='"$(VERSION)"'
+ALLCFLAGS = $(WARN) $(CFLAGS) $(SAN) $(CPPFLAGS_ALL)
+
+MLIR_LIBS := -lMLIRCAPIRegisterEverything -lMLIRCAPITransforms -lMLIRCAPITarget -lMLIRCAPIIRDL \
+  -lMLIRCAPIConversion -lMLIRCAPILinalg -lMLIRCAPITensor -lMLIRCAPIArith -lMLIRCAPIMath \
+  -lMLIRCAPIFunc -lMLIRCAPITransformDialect -lMLIRCAPITransformDialectTransforms -lMLIRCAPIIR \
+  -lMLIR -lLLVM -lstdc++
+NOVAC_LDLIBS := -L$(LLVM_LIB) $(MLIR_LIBS) -Wl,-rpath,$(LLVM_LIB) -lcjson -lm -lpthread
+
+NOVAC_SRC  := $(wildcard driver/novac*.c driver/diag.c driver/util.c frontend/*.c passes/*.c codegen/*.c configurator/*.c)
+NOVARUN_SRC := $(wildcard driver/novarun*.c driver/tensor_pb.c)
+RT_SRC     := $(wildcard runtime/*.c)
+GEN_ONNX   := $(B)/gen/onnx.pb-c.c
+
+NOVAC_OBJ   := $(NOVAC_SRC:%.c=$(B)/obj/%.o)
+NOVARUN_OBJ := $(NOVARUN_SRC:%.c=$(B)/obj/%.o) $(B)/obj/gen/onnx.pb-c.o
+RT_OBJ      := $(RT_SRC:%.c=$(B)/rtobj/%.o)
+
+BIN_NOVAC   := $(B)/bin/novac
+BIN_NOVARUN := $(B)/bin/novarun
+RT_DIR      := $(B)/lib/novac
+RT_LIB      := $(RT_DIR)/libnovart.a
+RT_HDRS     := $(RT_DIR)/include/nova/step.h $(RT_DIR)/include/rt_graph.h
+
+.PHONY: all deps check-deps demo check check-asan check-lit check-e2e check-bad check-unit install clean
+all: check-deps $(BIN_NOVAC) $(BIN_NOVARUN) $(RT_LIB) $(RT_HDRS)
+
+# ---- dependencies -------------------------------------------------------
+APT_PKGS := libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools libprotobuf-c-dev \
+  protobuf-c-compiler libcjson-dev libonnx-dev gcc make python3 python3-pip
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+deps:
+	$(SUDO) apt-get update
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends $(APT_PKGS)
+	python3 -c 'import numpy' 2>/dev/null || python3 -m pip install numpy || python3 -m pip install --break-system-packages numpy
+
+check-deps:
+	@sh tools/check-deps.sh "$(LLVM_CONFIG)" "$(PROTOC_C)" "$(ONNX_PROTO)"
+
+# Installs what is missing, quietly when nothing is.
+deps-auto:
+	@sh tools/check-deps.sh "$(LLVM_CONFIG)" "$(PROTOC_C)" "$(ONNX_PROTO)" --quiet --tests || $(MAKE) --no-print-directory deps
+
+# ---- build --------------------------------------------------------------
+$(B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -I$(LLVM_INC) -MMD -MP -c $< -o $@
+
+$(B)/obj/gen/onnx.pb-c.o: $(GEN_ONNX)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 $(SAN) -I$(B)/gen -c $< -o $@
+
+$(GEN_ONNX): $(ONNX_PROTO)
+	@mkdir -p $(B)/gen
+	cp $(ONNX_PROTO) $(B)/gen/onnx.proto
+	cd $(B)/gen && $(PROTOC_C) --c_out=. onnx.proto
+
+$(B)/obj/driver/novarun.o $(B)/obj/driver/tensor_pb.o: $(GEN_ONNX)
+
+$(B)/rtobj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(WARN) -O2 -fPIC -fvisibility=hidden $(SAN) $(CPPFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(BIN_NOVAC): $(NOVAC_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN) $^ -o $@ $(NOVAC_LDLIBS)
+
+$(BIN_NOVARUN): $(NOVARUN_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN) $^ -o $@ -lprotobuf-c -ldl -lm
+
+$(RT_LIB): $(RT_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(RT_DIR)/include/nova/step.h: include/nova/step.h
+	@mkdir -p $(dir $@)
+	cp $< $@
+$(RT_DIR)/include/rt_graph.h: runtime/rt_graph.h
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+-include $(NOVAC_OBJ:.o=.d) $(NOVARUN_OBJ:.o=.d) $(RT_OBJ:.o=.d)
+
+# ---- demo and tests -----------------------------------------------------
+demo: deps-auto
+	@$(MAKE) --no-print-directory all
+	@sh examples/demo.sh $(B)
+
+check: deps-auto
+	@$(MAKE) --no-print-directory all
+	@sh testsuite/run.sh $(B)
+
+check-asan:
+	@$(MAKE) --no-print-directory B=build-asan SAN='-fsanitize=address,undefined -fno-omit-frame-pointer' all
+	@ASAN_OPTIONS=detect_leaks=1 sh testsuite/run.sh build-asan
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/novac/include/nova \
+	  $(DESTDIR)$(PREFIX)/include/nova $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5
+	install -m 755 $(BIN_NOVAC) $(BIN_NOVARUN) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(RT_LIB) $(DESTDIR)$(PREFIX)/lib/novac/
+	install -m 644 runtime/rt_graph.h $(DESTDIR)$(PREFIX)/lib/novac/include/
+	install -m 644 include/nova/step.h $(DESTDIR)$(PREFIX)/lib/novac/include/nova/
+	install -m 644 include/nova/step.h $(DESTDIR)$(PREFIX)/include/nova/
+	install -m 644 man/novac.1 man/novarun.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 644 man/novac-manifest.5 man/nova-format.5 $(DESTDIR)$(PREFIX)/share/man/man5/
+
+clean:
+	rm -rf build build-asan

@@ -1,0 +1,136 @@
+/* cpu.c: linalg on tensors -> LLVM dialect -> LLVM IR -> native object.
+ *
+ * Requires: a verified linalg module with func @forward over static tensors.
+ * After cg_lower_to_llvm, @forward takes one bare pointer per argument and
+ * then one per result (results become caller-provided out-buffers), which is
+ * the calling convention the runtime's descriptor uses.
+ */
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <mlir-c/Pass.h>
+#include <mlir-c/RegisterEverything.h>
+#include <mlir-c/Target/LLVMIR.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../driver/util.h"
+#include "codegen.h"
+
+static void err_cb(MlirStringRef s, void *ud) { nv_sb_printf(ud, "%.*s", (int)s.length, s.data); }
+
+static pthread_once_t passes_once = PTHREAD_ONCE_INIT;
+static void register_passes(void) { mlirRegisterAllPasses(); }
+
+/* Runs a textual pipeline on m; 0 on success. */
+static int run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char *stage) {
+  pthread_once(&passes_once, register_passes);
+  MlirPassManager pm = mlirPassManagerCreate(c->ctx);
+  nv_sbuf err = {0};
+  int rc = 0;
+  if (mlirLogicalResultIsFailure(mlirParsePassPipeline(mlirPassManagerGetAsOpPassManager(pm),
+                                                       nova_str(pipeline), err_cb, &err))) {
+    nv_error_plain(c->diag, "internal: bad %s pipeline: %s", stage, err.s ? err.s : "");
+    rc = -1;
+  } else if (mlirLogicalResultIsFailure(mlirPassManagerRunOnOp(pm, mlirModuleGetOperation(m)))) {
+    nv_error_plain(c->diag, "%s failed (see the messages above)", stage);
+    rc = -1;
+  }
+  nv_sb_free(&err);
+  mlirPassManagerDestroy(pm);
+  return rc;
+}
+
+int cg_lower_to_llvm(nova_ctx *c, MlirModule m, int opt_level) {
+  nv_sbuf p = {0};
+  nv_sb_printf(&p, "builtin.module(");
+  if (opt_level > 0) nv_sb_printf(&p, "func.func(canonicalize,cse,linalg-fuse-elementwise-ops,canonicalize),");
+  nv_sb_printf(&p,
+               "one-shot-bufferize{bufferize-function-boundaries=1 "
+               "function-boundary-type-conversion=identity-layout-map},"
+               "buffer-results-to-out-params{hoist-static-allocs=1 modify-public-functions=1},"
+               "buffer-deallocation-pipeline,"
+               "func.func(convert-linalg-to-loops),convert-scf-to-cf,expand-strided-metadata,lower-affine,"
+               "convert-math-to-llvm,convert-math-to-libm,finalize-memref-to-llvm,convert-arith-to-llvm,"
+               "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,"
+               "convert-ub-to-llvm,reconcile-unrealized-casts)");
+  int rc = p.oom ? -1 : run_pipeline(c, m, p.s, "lowering to LLVM");
+  nv_sb_free(&p);
+  return rc;
+}
+
+int cg_emit_llvm_ir(nova_ctx *c, MlirModule m, FILE *f) {
+  char *s = mlirTranslateModuleToLLVMIRToString(mlirModuleGetOperation(m));
+  if (!s) {
+    nv_error_plain(c->diag, "translation to LLVM IR failed");
+    return -1;
+  }
+  fputs(s, f);
+  free(s);
+  return 0;
+}
+
+int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *obj_path, char *cpu_used,
+                   size_t cpu_size) {
+  LLVMInitializeNativeTarget();
+  LLVMInitializeNativeAsmPrinter();
+  LLVMContextRef llctx = LLVMContextCreate();
+  LLVMModuleRef lm = mlirTranslateModuleToLLVMIR(mlirModuleGetOperation(m), llctx);
+  int rc = -1;
+  char *triple = LLVMGetDefaultTargetTriple(), *err = NULL, *cpu = NULL, *features = NULL;
+  LLVMTargetMachineRef tm = NULL;
+  LLVMTargetRef target;
+  if (!lm) {
+    nv_error_plain(c->diag, "translation to LLVM IR failed");
+    goto out;
+  }
+  LLVMSetSourceFileName(lm, "step", 4);
+  if (LLVMGetTargetFromTriple(triple, &target, &err)) {
+    nv_error_plain(c->diag, "no LLVM target for %s: %s", triple, err);
+    goto out;
+  }
+  bool host = !o->cpu || !strcmp(o->cpu, "host");
+  cpu = host ? LLVMGetHostCPUName() : strdup(o->cpu);
+  features = host ? LLVMGetHostCPUFeatures() : strdup("");
+  snprintf(cpu_used, cpu_size, "%s", cpu);
+  static const LLVMCodeGenOptLevel lv[] = {LLVMCodeGenLevelNone, LLVMCodeGenLevelLess, LLVMCodeGenLevelDefault,
+                                           LLVMCodeGenLevelAggressive};
+  int ol = o->opt_level < 0 ? 0 : o->opt_level > 3 ? 3 : o->opt_level;
+  tm = LLVMCreateTargetMachine(target, triple, cpu, features, lv[ol], LLVMRelocPIC, LLVMCodeModelDefault);
+  if (!tm) {
+    nv_error_plain(c->diag, "LLVM does not know the CPU '%s'", cpu);
+    goto out;
+  }
+  LLVMSetTarget(lm, triple);
+  LLVMTargetDataRef dl = LLVMCreateTargetDataLayout(tm);
+  LLVMSetModuleDataLayout(lm, dl);
+  LLVMDisposeTargetData(dl);
+  char passes[32];
+  snprintf(passes, sizeof passes, "default<O%d>", ol);
+  LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
+  LLVMErrorRef e = LLVMRunPasses(lm, passes, tm, po);
+  LLVMDisposePassBuilderOptions(po);
+  if (e) {
+    char *msg = LLVMGetErrorMessage(e);
+    nv_error_plain(c->diag, "LLVM optimisation failed: %s", msg);
+    LLVMDisposeErrorMessage(msg);
+    goto out;
+  }
+  if (LLVMTargetMachineEmitToFile(tm, lm, obj_path, LLVMObjectFile, &err)) {
+    nv_error_plain(c->diag, "writing the object file failed: %s", err);
+    goto out;
+  }
+  rc = 0;
+out:
+  if (err) LLVMDisposeMessage(err);
+  if (tm) LLVMDisposeTargetMachine(tm);
+  if (lm) LLVMDisposeModule(lm);
+  LLVMContextDispose(llctx);
+  LLVMDisposeMessage(triple);
+  free(cpu);  /* LLVMGetHostCPUName's result is malloc'd like strdup's */
+  free(features);
+  return rc;
+}

@@ -1,0 +1,348 @@
+/* novac: the compiler driver.  Parses the command line and runs the
+ * pipeline, one stage per call with the verifier between stages:
+ *
+ *   frontend (.nova) -> nova IR -> linalg -> LLVM dialect -> object -> step.so + manifest
+ *
+ * Exit status: 0 success, 1 an error in the user's input (diagnostic
+ * printed), 2 bad usage.
+ */
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../codegen/codegen.h"
+#include "../frontend/frontend.h"
+#include "diag.h"
+#include "util.h"
+
+typedef enum emit_kind { EMIT_SO, EMIT_OBJ, EMIT_NOVA, EMIT_LINALG, EMIT_LLVM, EMIT_PTX, EMIT_MANIFEST } emit_kind;
+static const char *const emit_names[] = {"so", "obj", "nova", "linalg", "llvm", "ptx", "manifest"};
+
+typedef struct opts {
+  const char *input, *output, *manifest, *target, *device, *cpu, *dump_after;
+  emit_kind emit;
+  int opt_level;
+  bool train, time_passes, verbose, explain_config;
+  fe_dim_binding dims[32];
+  int ndims;
+  nv_sbuf flags;     /* the flags that affect the output, for the manifest */
+} opts;
+
+static void usage(FILE *f) {
+  fputs("usage: novac INPUT [options]\n"
+        "  INPUT                 a .nova graph (see nova-format(5)); .onnx is not supported yet\n"
+        "  -o FILE               output (default: INPUT's base name with .so; '-' = stdout for text)\n"
+        "  --manifest FILE       where to write the launch manifest (default: output with .json)\n"
+        "  --emit=KIND           so | obj | nova | linalg | llvm | manifest (ptx: --target=cuda)\n"
+        "  --target=cpu|cuda     code generation target (default cpu)\n"
+        "  --device=NAME         device model (cpu target: host)\n"
+        "  --cpu=NAME            LLVM CPU to generate code for (default host; e.g. x86-64-v3)\n"
+        "  --dim=NAME=N          bind a symbolic dimension\n"
+        "  -O0 .. -O3            optimisation level (default -O2)\n"
+        "  --dump-after=STAGE    print the IR after STAGE (frontend, linalg, llvm) to stderr\n"
+        "  --time-passes         report the time of each stage\n"
+        "  --train               synthesize backward and optimizer (not available yet)\n"
+        "  -v                    print the commands run\n"
+        "  --version, --help\n",
+        f);
+}
+
+static int bad_usage(const char *fmt, const char *arg) {
+  fprintf(stderr, "novac: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\nTry 'novac --help'.\n");
+  return 2;
+}
+
+/* Value of "--name=V" or "--name V"; advances *i for the second form. */
+static const char *opt_value(int argc, char **argv, int *i, const char *name) {
+  size_t n = strlen(name);
+  if (strncmp(argv[*i], name, n) != 0) return NULL;
+  if (argv[*i][n] == '=') return argv[*i] + n + 1;
+  if (argv[*i][n] == 0 && *i + 1 < argc) return argv[++*i];
+  return NULL;
+}
+
+static int parse_args(int argc, char **argv, opts *o) {
+  o->opt_level = 2;
+  o->target = "cpu";
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      usage(stdout);
+      exit(0);
+    } else if (!strcmp(a, "--version")) {
+      printf("novac %s (MLIR/LLVM 22)\n", NOVAC_VERSION);
+      exit(0);
+    } else if (!strcmp(a, "-o")) {
+      if (++i >= argc) return bad_usage("-o needs a file name%s", "");
+      o->output = argv[i];
+    } else if ((v = opt_value(argc, argv, &i, "--manifest"))) o->manifest = v;
+    else if ((v = opt_value(argc, argv, &i, "--emit"))) {
+      size_t k = 0;
+      while (k < sizeof emit_names / sizeof *emit_names && strcmp(emit_names[k], v)) k++;
+      if (k == sizeof emit_names / sizeof *emit_names)
+        return bad_usage("unknown --emit kind '%s' (so, obj, nova, linalg, llvm, ptx, manifest)", v);
+      o->emit = (emit_kind)k;
+    } else if ((v = opt_value(argc, argv, &i, "--target"))) {
+      if (strcmp(v, "cpu") && strcmp(v, "cuda")) return bad_usage("unknown --target '%s' (cpu or cuda)", v);
+      o->target = v;
+      nv_sb_printf(&o->flags, " --target=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--device"))) o->device = v;
+    else if ((v = opt_value(argc, argv, &i, "--cpu"))) {
+      o->cpu = v;
+      nv_sb_printf(&o->flags, " --cpu=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--dump-after"))) o->dump_after = v;
+    else if ((v = opt_value(argc, argv, &i, "--dim"))) {
+      const char *eq = strchr(v, '=');
+      char *end = NULL;
+      long long n = eq ? strtoll(eq + 1, &end, 10) : 0;
+      if (!eq || eq == v || !end || *end || end == eq + 1 || n <= 0 || eq - v > 200)
+        return bad_usage("--dim takes NAME=N with N a positive integer, got '%s'", v);
+      if (o->ndims == 32) return bad_usage("too many --dim options%s", "");
+      char *name = strndup(v, (size_t)(eq - v));
+      o->dims[o->ndims++] = (fe_dim_binding){name, n, false};
+      nv_sb_printf(&o->flags, " --dim=%s", v);
+    } else if (a[0] == '-' && a[1] == 'O' && a[2] >= '0' && a[2] <= '3' && !a[3]) {
+      o->opt_level = a[2] - '0';
+      nv_sb_printf(&o->flags, " %s", a);
+    } else if (!strcmp(a, "--train")) o->train = true;
+    else if (!strcmp(a, "--time-passes")) o->time_passes = true;
+    else if (!strcmp(a, "--explain-config")) o->explain_config = true;
+    else if (!strcmp(a, "-v")) o->verbose = true;
+    else if (a[0] == '-' && a[1]) return bad_usage("unknown option '%s'", a);
+    else if (o->input) return bad_usage("more than one input file ('%s')", a);
+    else o->input = a;
+  }
+  if (!o->input) return bad_usage("no input file%s", "");
+  return 0;
+}
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+typedef struct timer {
+  bool on;
+  double t0, total;
+} timer;
+
+static void stage_done(timer *t, const char *stage) {
+  double t1 = now_ms();
+  if (t->on) fprintf(stderr, "novac: %-22s %9.2f ms\n", stage, t1 - t->t0);
+  t->total += t1 - t->t0;
+  t->t0 = t1;
+}
+
+/* Where the runtime lives: <bindir>/../lib/novac. */
+static void runtime_dir(char *out, size_t n) {
+  char exe[PATH_MAX];
+  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (k <= 0) {
+    snprintf(out, n, "/usr/local/lib/novac");
+    return;
+  }
+  exe[k] = 0;
+  snprintf(out, n, "%s/../lib/novac", dirname(exe));
+}
+
+/* Opens the output for a text stage ("-" or no -o: stdout). */
+static FILE *open_text_out(nv_diag *d, const char *path) {
+  if (!path || !strcmp(path, "-")) return stdout;
+  FILE *f = fopen(path, "w");
+  if (!f) nv_error_plain(d, "cannot write %s: %s", path, strerror(errno));
+  return f;
+}
+
+static void close_text_out(FILE *f) {
+  if (f && f != stdout) fclose(f);
+}
+
+static int dump_if(const opts *o, const char *stage, MlirModule m) {
+  if (o->dump_after && !strcmp(o->dump_after, stage)) {
+    fprintf(stderr, "// ----- IR after %s -----\n", stage);
+    nova_print_op(mlirModuleGetOperation(m), stderr);
+  }
+  return 0;
+}
+
+/* .nova input -> graph */
+static nv_graph *load_input(nv_diag *d, opts *o) {
+  size_t len = 0;
+  const char *ext = strrchr(o->input, '.');
+  if (ext && !strcmp(ext, ".onnx")) {
+    nv_error(d, (nv_loc){nv_diag_intern(d, o->input), 0, 0},
+             "ONNX input is not supported yet; write the model in the .nova format (nova-format(5))");
+    return NULL;
+  }
+  if (!ext || strcmp(ext, ".nova")) {
+    nv_error_plain(d, "%s: unknown input kind; expected a .nova file", o->input);
+    return NULL;
+  }
+  char *text = nv_read_file(o->input, &len, (size_t)64 << 20);
+  if (!text) {
+    nv_error_plain(d, "cannot read %s: %s", o->input,
+                   errno == EFBIG ? "file is larger than 64 MiB" : strerror(errno));
+    return NULL;
+  }
+  const char *name = nv_diag_add_source(d, o->input, text, len);
+  char *dircopy = strdup(o->input);
+  nv_graph *g = fe_parse_text(d, name, text, len, dircopy ? dirname(dircopy) : ".", o->dims, o->ndims);
+  free(dircopy);
+  free(text);
+  for (int i = 0; g && i < o->ndims; i++)
+    if (!o->dims[i].used) {
+      nv_error_plain(d, "--dim=%s=%lld: the model has no dimension named '%s'", o->dims[i].name,
+                     (long long)o->dims[i].value, o->dims[i].name);
+      fe_graph_destroy(g);
+      return NULL;
+    }
+  return g;
+}
+
+static char *default_output(const char *input, const char *ext) {
+  char *copy = strdup(input);
+  if (!copy) return NULL;
+  char *base = basename(copy);
+  char *dot = strrchr(base, '.');
+  if (dot && dot != base) *dot = 0;
+  size_t n = strlen(base) + strlen(ext) + 1;
+  char *out = malloc(n);
+  if (out) snprintf(out, n, "%s%s", base, ext);
+  free(copy);
+  return out;
+}
+
+static int compile(nv_diag *d, opts *o) {
+  timer tm = {o->time_passes, now_ms(), 0};
+  if (strcmp(o->target, "cpu")) {
+    nv_error_plain(d, "--target=%s is not available yet; use --target=cpu", o->target);
+    return -1;
+  }
+  if (o->emit == EMIT_PTX) {
+    nv_error_plain(d, "--emit=ptx needs --target=cuda");
+    return -1;
+  }
+  if (o->device && strcmp(o->device, "host")) {
+    nv_error_plain(d, "unknown device '%s' for the cpu target; known: host", o->device);
+    return -1;
+  }
+  if (o->dump_after && strcmp(o->dump_after, "frontend") && strcmp(o->dump_after, "linalg") &&
+      strcmp(o->dump_after, "llvm")) {
+    nv_error_plain(d, "unknown --dump-after stage '%s'; stages: frontend, linalg, llvm", o->dump_after);
+    return -1;
+  }
+  if (o->train) {
+    nv_error_plain(d, "--train is not available yet: this version compiles the forward function only");
+    return -1;
+  }
+  nv_graph *g = load_input(d, o);
+  stage_done(&tm, "frontend");
+  if (!g) return -1;
+  nova_ctx c;
+  int rc = -1;
+  MlirModule nova = {NULL}, lin = {NULL};
+  char *out_default = NULL, *man_default = NULL;
+  if (nova_ctx_init(&c, d)) {
+    fe_graph_destroy(g);
+    return -1;
+  }
+  nova = nova_build_module(&c, g);
+  if (mlirModuleIsNull(nova) || nova_verify(&c, nova, "frontend")) goto out;
+  stage_done(&tm, "build nova IR");
+  dump_if(o, "frontend", nova);
+  if (o->emit == EMIT_NOVA) {
+    FILE *f = open_text_out(d, o->output);
+    if (!f) goto out;
+    nova_print_op(mlirModuleGetOperation(nova), f);
+    close_text_out(f);
+    rc = 0;
+    goto out;
+  }
+  lin = cg_lower_to_linalg(&c, nova);
+  if (mlirModuleIsNull(lin) || nova_verify(&c, lin, "lowering to linalg")) {
+    if (mlirModuleIsNull(lin)) nv_error_plain(d, "internal: the linalg lowering produced invalid IR");
+    goto out;
+  }
+  stage_done(&tm, "lower to linalg");
+  dump_if(o, "linalg", lin);
+  if (o->emit == EMIT_LINALG) {
+    FILE *f = open_text_out(d, o->output);
+    if (!f) goto out;
+    nova_print_op(mlirModuleGetOperation(lin), f);
+    close_text_out(f);
+    rc = 0;
+    goto out;
+  }
+  char rtdir[PATH_MAX + 32];
+  runtime_dir(rtdir, sizeof rtdir);
+  cg_options co = {.input_name = o->input, .cpu = o->cpu, .opt_level = o->opt_level,
+                   .flags_text = o->flags.s ? o->flags.s + 1 : "", .rt_dir = rtdir,
+                   .time_passes = o->time_passes, .verbose = o->verbose,
+                   .keep_temps = getenv("NOVAC_KEEP_TEMPS") != NULL};
+  if (o->emit == EMIT_MANIFEST) {
+    rc = cg_write_manifest(&c, g, &co, o->cpu ? o->cpu : "host", o->output ? o->output : "-");
+    goto out;
+  }
+  if (cg_lower_to_llvm(&c, lin, o->opt_level) || nova_verify(&c, lin, "lowering to LLVM")) goto out;
+  stage_done(&tm, "bufferize + to LLVM");
+  dump_if(o, "llvm", lin);
+  if (o->emit == EMIT_LLVM) {
+    FILE *f = open_text_out(d, o->output);
+    if (!f) goto out;
+    rc = cg_emit_llvm_ir(&c, lin, f);
+    close_text_out(f);
+    goto out;
+  }
+  if (o->emit == EMIT_OBJ) {
+    char cpu[128];
+    if (!o->output) o->output = out_default = default_output(o->input, ".o");
+    rc = cg_emit_object(&c, lin, &co, o->output, cpu, sizeof cpu);
+    stage_done(&tm, "LLVM codegen");
+    goto out;
+  }
+  if (!o->output) o->output = out_default = default_output(o->input, ".so");
+  if (!o->manifest) {
+    size_t n = strlen(o->output);
+    man_default = malloc(n + 6);
+    if (!man_default) goto out;
+    memcpy(man_default, o->output, n + 1);
+    if (n > 3 && !strcmp(man_default + n - 3, ".so")) man_default[n - 3] = 0;
+    strcat(man_default, ".json");
+    o->manifest = man_default;
+  }
+  co.output = o->output;
+  co.manifest = o->manifest;
+  rc = cg_build_step(&c, g, lin, &co);
+  stage_done(&tm, "LLVM codegen + link");
+  if (o->time_passes) fprintf(stderr, "novac: %-22s %9.2f ms\n", "total", tm.total);
+out:
+  if (!mlirModuleIsNull(lin)) mlirModuleDestroy(lin);
+  if (!mlirModuleIsNull(nova)) mlirModuleDestroy(nova);
+  nova_ctx_dispose(&c);
+  fe_graph_destroy(g);
+  free(out_default);
+  free(man_default);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  opts o = {0};
+  int u = parse_args(argc, argv, &o);
+  if (u) return u;
+  nv_diag *d = nv_diag_create(stderr);
+  if (!d) return 1;
+  int rc = compile(d, &o);
+  if (rc == 0 && nv_diag_count(d)) rc = -1;
+  nv_diag_destroy(d);
+  for (int i = 0; i < o.ndims; i++) free((char *)o.dims[i].name);
+  nv_sb_free(&o.flags);
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,269 @@
+/* novarun: loads a step.so written by novac, feeds it inputs from ONNX
+ * TensorProto files, runs it and reports or writes its outputs.
+ *
+ *   novarun STEP.so [--inputs DIR] [--outputs DIR] [--repeat N] [--print] [-q]
+ *
+ * Exit status: 0 success, 1 user error (one `novarun: ...` line on
+ * stderr), 2 bad usage.  See man/novarun.1.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "novarun.h"
+
+#ifndef NOVAC_VERSION
+#define NOVAC_VERSION "unknown"
+#endif
+
+static const char usage_text[] =
+    "usage: novarun STEP.so [--inputs DIR] [--outputs DIR] [--repeat N] [--print] [-q]\n"
+    "       novarun -h | --help | --version\n"
+    "\n"
+    "Runs a step compiled by novac once (or N times) on inputs read from ONNX\n"
+    "TensorProto files and reports its outputs.\n"
+    "\n"
+    "  --inputs DIR   read each input and label from DIR/input_K.pb (K-th in the\n"
+    "                 step's order) or DIR/NAME.pb\n"
+    "  --outputs DIR  write outputs and losses to DIR/output_K.pb (DIR is created)\n"
+    "  --repeat N     run N times and report the median time per run (default 1)\n"
+    "  --print        print the first values and min/max/mean of each output\n"
+    "  -q             no summary on stderr\n"
+    "  -h, --help     this help;  --version  the version\n"
+    "\n"
+    "Exit status: 0 success, 1 error (bad step.so, input or run), 2 bad usage.\n";
+
+int nr_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("novarun: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return 1;
+}
+
+void nr_warning(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("novarun: warning: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+/* ---- command line -------------------------------------------------------- */
+
+static int nr_usage_error(const char *fmt, const char *arg) {
+  fputs("novarun: ", stderr);
+  fprintf(stderr, fmt, arg);
+  fputs("\nTry 'novarun --help'.\n", stderr);
+  return 2;
+}
+
+/* Options that take a value: VALUE of "--opt VALUE" or "--opt=VALUE" at
+ * ARGV[*I] (advancing *I past it), or NULL if ARGV[*I] is not OPT. */
+static const char *nr_option_value(int argc, char **argv, int *i, const char *opt, int *missing) {
+  size_t n = strlen(opt);
+  const char *a = argv[*i];
+  if (strncmp(a, opt, n) != 0) return NULL;
+  if (a[n] == '=') return a + n + 1;
+  if (a[n] != '\0') return NULL;
+  if (*i + 1 >= argc) {
+    *missing = 1;
+    return NULL;
+  }
+  return argv[++*i];
+}
+
+/* Training options: reserved for steps compiled with novac --train. */
+static const char *const training_options[] = {"--steps", "--data", "--seed", "--dump", "--save", "--load"};
+
+/* Parses one option at ARGV[*I] into O.  Returns -1 to go on, else the
+ * exit status. */
+static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
+  const char *a = argv[*i], *v;
+  int missing = 0;
+  if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+    fputs(usage_text, stdout);
+    return 0;
+  }
+  if (!strcmp(a, "--version")) {
+    printf("novarun %s\n", NOVAC_VERSION);
+    return 0;
+  }
+  if (!strcmp(a, "--print")) {
+    o->print = 1;
+    return -1;
+  }
+  if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+    o->quiet = 1;
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--inputs", &missing))) {
+    o->inputs_dir = v;
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--outputs", &missing))) {
+    o->outputs_dir = v;
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--repeat", &missing))) {
+    char *end;
+    errno = 0;
+    o->repeat = strtol(v, &end, 10);
+    if (errno || end == v || *end || o->repeat < 1 || o->repeat > 1000000000L)
+      return nr_usage_error("--repeat needs a positive integer, not '%s'", v);
+    return -1;
+  }
+  for (size_t t = 0; !missing && t < sizeof training_options / sizeof *training_options; t++)
+    if (nr_option_value(argc, argv, i, training_options[t], &missing)) {
+      o->training_option = training_options[t];
+      return -1;
+    }
+  if (missing) return nr_usage_error("option '%s' needs a value", a);
+  return nr_usage_error("unknown option '%s'", a);
+}
+
+/* Fills O from the command line.  Returns -1 to go on, else the exit
+ * status (0 after --help or --version). */
+static int nr_parse_args(int argc, char **argv, nr_options *o) {
+  int only_files = 0;
+  memset(o, 0, sizeof *o);
+  o->repeat = 1;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!only_files && !strcmp(a, "--")) {
+      only_files = 1;
+    } else if (!only_files && a[0] == '-' && a[1] != '\0') {
+      int rc = nr_parse_option(argc, argv, &i, o);
+      if (rc >= 0) return rc;
+    } else if (o->step_path) {
+      return nr_usage_error("more than one step.so given ('%s')", a);
+    } else {
+      o->step_path = a;
+    }
+  }
+  if (!o->step_path) return nr_usage_error("%s", "no step.so given");
+  if (o->training_option)
+    return nr_error("%s is not supported by this step.so: it was not compiled for training (novac --train)",
+                    o->training_option);
+  return -1;
+}
+
+/* ---- loading ------------------------------------------------------------- */
+
+/* dlsym into a function pointer without the object/function pointer cast
+ * ISO C leaves undefined: FN points at the function pointer to fill. */
+static int nr_sym(void *handle, const char *name, void *fn, size_t fn_size) {
+  void *sym = dlsym(handle, name);
+  if (!sym || fn_size != sizeof sym) return 0;
+  memcpy(fn, &sym, fn_size);
+  return 1;
+}
+#define NR_SYM(api, field, name) nr_sym((api)->handle, name, &(api)->field, sizeof (api)->field)
+
+/* dlopens PATH (a bare file name is taken from the current directory, not
+ * the library search path) and finds every ABI function. */
+static int nr_load(const char *path, nr_api *api) {
+  char buf[4096];
+  const char *p = path;
+  if (!strchr(path, '/')) {
+    if (snprintf(buf, sizeof buf, "./%s", path) >= (int)sizeof buf) return nr_error("%s: path too long", path);
+    p = buf;
+  }
+  if (access(p, F_OK) != 0) return nr_error("%s: %s", path, strerror(errno));
+  memset(api, 0, sizeof *api);
+  api->handle = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+  if (!api->handle) return nr_error("cannot load step '%s': %s", path, dlerror());
+  int ok = NR_SYM(api, open, "nova_step_open") && NR_SYM(api, close, "nova_step_close") &&
+           NR_SYM(api, num_tensors, "nova_step_num_tensors") && NR_SYM(api, tensor, "nova_step_tensor") &&
+           NR_SYM(api, bind, "nova_step_bind") && NR_SYM(api, run, "nova_step_run") &&
+           NR_SYM(api, get, "nova_step_get") && NR_SYM(api, error, "nova_step_error");
+  if (!ok) {
+    dlclose(api->handle);
+    api->handle = NULL;
+    return nr_error("'%s' is not a step.so written by novac (it lacks the nova_step_* functions)", path);
+  }
+  return 0;
+}
+
+static int nr_open(nr_step *s, const char *path) {
+  memset(s, 0, sizeof *s);
+  s->path = path;
+  if (nr_load(path, &s->api)) return 1;
+  nova_status st = s->api.open(&s->step);
+  if (st == NOVA_OK) return 0;
+  return nr_error("%s: cannot open the step: %s", path,
+                  s->step ? s->api.error(s->step) : st == NOVA_ERR_NO_MEMORY ? "out of memory" : "failed");
+}
+
+static void nr_close(nr_step *s) {
+  if (s->step) s->api.close(s->step);
+  if (s->api.handle) dlclose(s->api.handle);
+  s->step = NULL;
+  s->api.handle = NULL;
+}
+
+/* ---- running ------------------------------------------------------------- */
+
+static double nr_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int nr_cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Runs S O->repeat times; *MEDIAN = the median seconds per run. */
+static int nr_run(nr_step *s, const nr_options *o, double *median) {
+  double *t = malloc((size_t)o->repeat * sizeof *t);
+  if (!t) return nr_error("out of memory for %ld timings", o->repeat);
+  for (long r = 0; r < o->repeat; r++) {
+    double start = nr_now();
+    if (s->api.run(s->step) != NOVA_OK) {
+      free(t);
+      return nr_error("%s: run failed: %s", s->path, s->api.error(s->step));
+    }
+    t[r] = nr_now() - start;
+  }
+  qsort(t, (size_t)o->repeat, sizeof *t, nr_cmp_double);
+  *median = o->repeat % 2 ? t[o->repeat / 2] : (t[o->repeat / 2 - 1] + t[o->repeat / 2]) / 2;
+  free(t);
+  return 0;
+}
+
+static int nr_main(const nr_options *o) {
+  nr_step s;
+  int nbound = 0;
+  double median = 0;
+  int rc = nr_open(&s, o->step_path);
+  if (!rc) rc = nr_bind_inputs(&s, o, &nbound);
+  if (!rc) rc = nr_run(&s, o, &median);
+  if (!rc && !o->quiet) {
+    fprintf(stderr, "novarun: step %s: %d tensors, %d bound from %s\n", o->step_path, s.api.num_tensors(s.step),
+            nbound, o->inputs_dir ? o->inputs_dir : "(no --inputs)");
+    if (median < 1e-3)
+      fprintf(stderr, "novarun: %.2f us per run (median of %ld)\n", median * 1e6, o->repeat);
+    else
+      fprintf(stderr, "novarun: %.3f ms per run (median of %ld)\n", median * 1e3, o->repeat);
+  }
+  if (!rc) rc = nr_report_outputs(&s, o);
+  nr_close(&s);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  nr_options o;
+  int rc = nr_parse_args(argc, argv, &o);
+  if (rc >= 0) return rc;
+  return nr_main(&o);
+}

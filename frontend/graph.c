@@ -1,0 +1,559 @@
+/* graph.c: graph construction with dtype and shape inference per op.
+ * Each op's rule checks its operands and says what was expected, naming the
+ * shapes involved. */
+#include "graph.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+  const char *name;
+  int min, max;
+} op_table[] = {
+#define X(e, n, a, b) {n, a, b},
+    NV_OPS(X)
+#undef X
+};
+static_assert(sizeof op_table / sizeof op_table[0] == NV_OP_COUNT, "op table out of step");
+
+const char *nv_op_name(nv_op op) { return op < NV_OP_COUNT ? op_table[op].name : "?"; }
+int nv_op_min_inputs(nv_op op) { return op_table[op].min; }
+int nv_op_max_inputs(nv_op op) { return op_table[op].max; }
+
+nv_op nv_op_lookup(const char *name) {
+  for (int i = NV_OP_CONSTANT + 1; i < NV_OP_COUNT; i++)
+    if (strcmp(op_table[i].name, name) == 0) return (nv_op)i;
+  return NV_OP_COUNT;
+}
+
+nv_graph *fe_graph_create(void) { return calloc(1, sizeof(nv_graph)); }
+
+void fe_graph_destroy(nv_graph *g) {
+  if (!g) return;
+  for (int i = 0; i < g->nnodes; i++) {
+    nv_node *n = g->nodes[i];
+    free(n->name);
+    free(n->in);
+    free(n->init.path);
+    free(n->init.data);
+    free(n);
+  }
+  for (int i = 0; i < g->noutputs; i++) free(g->outputs[i].name);
+  free(g->nodes);
+  free(g->outputs);
+  free(g);
+}
+
+int64_t fe_numel(const nv_node *n) {
+  int64_t e = 1;
+  for (int i = 0; i < n->rank; i++) e *= n->shape[i];
+  return e;
+}
+
+const char *fe_dtype_name(nova_dtype dt) {
+  switch (dt) {
+  case NOVA_DTYPE_F32: return "f32";
+  case NOVA_DTYPE_F64: return "f64";
+  case NOVA_DTYPE_I32: return "i32";
+  case NOVA_DTYPE_I64: return "i64";
+  case NOVA_DTYPE_BOOL: return "bool";
+  case NOVA_DTYPE_F16: return "f16";
+  case NOVA_DTYPE_BF16: return "bf16";
+  }
+  return "?";
+}
+
+size_t fe_dtype_size(nova_dtype dt) {
+  switch (dt) {
+  case NOVA_DTYPE_F32: case NOVA_DTYPE_I32: return 4;
+  case NOVA_DTYPE_F64: case NOVA_DTYPE_I64: return 8;
+  case NOVA_DTYPE_BOOL: return 1;
+  case NOVA_DTYPE_F16: case NOVA_DTYPE_BF16: return 2;
+  }
+  return 0;
+}
+
+nova_dtype fe_dtype_parse(const char *s) {
+  static const nova_dtype all[] = {NOVA_DTYPE_F32, NOVA_DTYPE_F64, NOVA_DTYPE_I32, NOVA_DTYPE_I64};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    if (strcmp(s, fe_dtype_name(all[i])) == 0) return all[i];
+  return (nova_dtype)0;
+}
+
+bool fe_dtype_is_float(nova_dtype dt) { return dt == NOVA_DTYPE_F32 || dt == NOVA_DTYPE_F64; }
+bool fe_dtype_is_int(nova_dtype dt) { return dt == NOVA_DTYPE_I32 || dt == NOVA_DTYPE_I64; }
+
+const char *fe_shape_str(char *buf, size_t size, int rank, const int64_t *shape) {
+  size_t n = 0;
+  n += (size_t)snprintf(buf + n, size - n, "[");
+  for (int i = 0; i < rank && n < size; i++)
+    n += (size_t)snprintf(buf + n, size - n, "%s%lld", i ? "," : "", (long long)shape[i]);
+  if (n < size) snprintf(buf + n, size - n, "]");
+  return buf;
+}
+
+#define SHP(n) fe_shape_str((char[160]){0}, 160, (n)->rank, (n)->shape)
+
+static nv_node *push(nv_graph *g, nv_node *n) {
+  if (g->nnodes == g->capnodes) {
+    int cap = g->capnodes ? 2 * g->capnodes : 64;
+    nv_node **p = realloc(g->nodes, (size_t)cap * sizeof *p);
+    if (!p) return NULL;
+    g->nodes = p;
+    g->capnodes = cap;
+  }
+  n->id = g->nnodes;
+  g->nodes[g->nnodes++] = n;
+  return n;
+}
+
+static void free_node(nv_node *n) {
+  free(n->name);
+  free(n->in);
+  free(n);
+}
+
+/* Checks a shape (dims >= 0, element count bounded) and sets it on n. */
+static int set_shape(nv_diag *d, nv_node *n, int rank, const int64_t *shape) {
+  if (rank < 0 || rank > NOVA_MAX_RANK) {
+    nv_error(d, n->loc, "%s: rank %d exceeds the maximum of %d", nv_op_name(n->op), rank,
+             NOVA_MAX_RANK);
+    return -1;
+  }
+  int64_t e = 1;
+  for (int i = 0; i < rank; i++) {
+    if (shape[i] <= 0) {
+      nv_error(d, n->loc, "%s: dimension %d is %lld; dimensions must be positive",
+               nv_op_name(n->op), i, (long long)shape[i]);
+      return -1;
+    }
+    if (shape[i] > NV_MAX_NUMEL || e > NV_MAX_NUMEL / shape[i]) {
+      nv_error(d, n->loc, "%s: tensor of shape %s is too large (more than 2^34 elements)",
+               nv_op_name(n->op), fe_shape_str((char[160]){0}, 160, rank, shape));
+      return -1;
+    }
+    e *= shape[i];
+  }
+  n->rank = rank;
+  memcpy(n->shape, shape, (size_t)rank * sizeof *shape);
+  return 0;
+}
+
+nv_node *fe_graph_leaf(nv_graph *g, nv_diag *d, nv_op op, const char *name, nova_dtype dt,
+                       int rank, const int64_t *shape, nv_loc loc) {
+  nv_node *n = calloc(1, sizeof *n);
+  if (!n) return NULL;
+  n->op = op;
+  n->loc = loc;
+  n->dtype = dt;
+  n->name = name ? strdup(name) : NULL;
+  n->role = op == NV_OP_PARAM ? NOVA_ROLE_PARAM : NOVA_ROLE_INPUT;
+  n->init.kind = NV_INIT_ZEROS;
+  if (set_shape(d, n, rank, shape) != 0 || !push(g, n)) {
+    free_node(n);
+    return NULL;
+  }
+  return n;
+}
+
+static int need_float(nv_diag *d, nv_node *n, const nv_node *x, const char *what) {
+  if (fe_dtype_is_float(x->dtype)) return 0;
+  nv_error(d, n->loc, "%s: %s must be a floating-point tensor (f32 or f64), got %s",
+           nv_op_name(n->op), what, fe_dtype_name(x->dtype));
+  return -1;
+}
+
+static int norm_axis(nv_diag *d, nv_node *n, int64_t *axis, int rank) {
+  if (*axis < -rank || *axis >= (rank ? rank : 1)) {
+    nv_error(d, n->loc, "%s: axis %lld is out of range for rank %d", nv_op_name(n->op),
+             (long long)*axis, rank);
+    return -1;
+  }
+  if (*axis < 0) *axis += rank;
+  return 0;
+}
+
+/* numpy broadcasting of a and b into out. */
+static int infer_broadcast(nv_diag *d, nv_node *n, const nv_node *a, const nv_node *b) {
+  if (a->dtype != b->dtype) {
+    nv_error(d, n->loc, "%s: operand dtypes differ: %s and %s", nv_op_name(n->op),
+             fe_dtype_name(a->dtype), fe_dtype_name(b->dtype));
+    return -1;
+  }
+  int r = a->rank > b->rank ? a->rank : b->rank;
+  int64_t s[NOVA_MAX_RANK];
+  for (int i = 0; i < r; i++) {
+    int ia = i - (r - a->rank), ib = i - (r - b->rank);
+    int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
+    if (da != db && da != 1 && db != 1) {
+      nv_error(d, n->loc, "%s: shapes %s and %s cannot be broadcast together (dimension %d: %lld vs %lld)",
+               nv_op_name(n->op), SHP(a), SHP(b), i, (long long)da, (long long)db);
+      return -1;
+    }
+    s[i] = da == 1 ? db : da;
+  }
+  n->dtype = a->dtype;
+  return set_shape(d, n, r, s);
+}
+
+static int infer_matmul(nv_diag *d, nv_node *n, const nv_node *a, const nv_node *b) {
+  if (need_float(d, n, a, "left operand") || need_float(d, n, b, "right operand")) return -1;
+  if (a->dtype != b->dtype) {
+    nv_error(d, n->loc, "matmul: operand dtypes differ: %s and %s", fe_dtype_name(a->dtype),
+             fe_dtype_name(b->dtype));
+    return -1;
+  }
+  if (a->rank < 2 || b->rank < 2) {
+    nv_error(d, n->loc, "matmul: operands must have rank >= 2, got %s x %s", SHP(a), SHP(b));
+    return -1;
+  }
+  if (b->rank != 2 && b->rank != a->rank) {
+    nv_error(d, n->loc, "matmul: right operand must have rank 2 or the left operand's rank %d, got %s",
+             a->rank, SHP(b));
+    return -1;
+  }
+  int64_t k = a->shape[a->rank - 1], kb = b->shape[b->rank - 2];
+  if (k != kb) {
+    nv_error(d, n->loc, "matmul: inner dimensions differ: %s x %s (%lld vs %lld)", SHP(a), SHP(b),
+             (long long)k, (long long)kb);
+    return -1;
+  }
+  for (int i = 0; b->rank > 2 && i < a->rank - 2; i++)
+    if (a->shape[i] != b->shape[i]) {
+      nv_error(d, n->loc, "matmul: batch dimensions differ: %s x %s", SHP(a), SHP(b));
+      return -1;
+    }
+  int64_t s[NOVA_MAX_RANK];
+  memcpy(s, a->shape, sizeof s);
+  s[a->rank - 1] = b->shape[b->rank - 1];
+  n->dtype = a->dtype;
+  return set_shape(d, n, a->rank, s);
+}
+
+/* Reductions: axes (empty = all), keepdims. */
+static int infer_reduce(nv_diag *d, nv_node *n, const nv_node *x) {
+  if (need_float(d, n, x, "operand")) return -1;
+  bool red[NOVA_MAX_RANK] = {0};
+  if (n->nlist == 0) {
+    n->nlist = x->rank;
+    for (int i = 0; i < x->rank; i++) n->list[i] = i;
+  }
+  for (int i = 0; i < n->nlist; i++) {
+    if (norm_axis(d, n, &n->list[i], x->rank)) return -1;
+    if (red[n->list[i]]) {
+      nv_error(d, n->loc, "%s: axis %lld listed twice", nv_op_name(n->op), (long long)n->list[i]);
+      return -1;
+    }
+    red[n->list[i]] = true;
+  }
+  /* keep axes sorted: the lowering relies on it */
+  for (int i = 0, j = 0; i < x->rank; i++)
+    if (red[i]) n->list[j++] = i;
+  int64_t s[NOVA_MAX_RANK];
+  int r = 0;
+  for (int i = 0; i < x->rank; i++)
+    if (!red[i]) s[r++] = x->shape[i];
+    else if (n->keepdims) s[r++] = 1;
+  n->dtype = x->dtype;
+  return set_shape(d, n, r, s);
+}
+
+static int infer_reshape(nv_diag *d, nv_node *n, const nv_node *x) {
+  int64_t s[NOVA_MAX_RANK], known = 1;
+  int infer = -1;
+  for (int i = 0; i < n->nlist; i++) {
+    s[i] = n->list[i];
+    if (s[i] == -1 && infer < 0) infer = i;
+    else if (s[i] <= 0) {
+      nv_error(d, n->loc, "reshape: target dimension %d is %lld (use positive sizes and at most one -1)",
+               i, (long long)s[i]);
+      return -1;
+    } else if (known > NV_MAX_NUMEL / s[i]) {
+      nv_error(d, n->loc, "reshape: target shape is too large");
+      return -1;
+    } else
+      known *= s[i];
+  }
+  int64_t e = fe_numel(x);
+  if (infer >= 0) {
+    if (e % known) {
+      nv_error(d, n->loc, "reshape: cannot infer the -1 dimension: %lld elements of %s do not divide by %lld",
+               (long long)e, SHP(x), (long long)known);
+      return -1;
+    }
+    s[infer] = e / known;
+    known = e;
+  }
+  if (known != e) {
+    nv_error(d, n->loc, "reshape: %s has %lld elements, target %s has %lld", SHP(x), (long long)e,
+             fe_shape_str((char[160]){0}, 160, n->nlist, s), (long long)known);
+    return -1;
+  }
+  memcpy(n->list, s, sizeof s);
+  n->dtype = x->dtype;
+  return set_shape(d, n, n->nlist, s);
+}
+
+static int infer_transpose(nv_diag *d, nv_node *n, const nv_node *x) {
+  if (n->nlist == 0) {
+    n->nlist = x->rank;
+    for (int i = 0; i < x->rank; i++) n->list[i] = x->rank - 1 - i;
+  }
+  if (n->nlist != x->rank) {
+    nv_error(d, n->loc, "transpose: perm has %d entries for an operand of rank %d %s", n->nlist,
+             x->rank, SHP(x));
+    return -1;
+  }
+  bool seen[NOVA_MAX_RANK] = {0};
+  int64_t s[NOVA_MAX_RANK];
+  for (int i = 0; i < n->nlist; i++) {
+    int64_t p = n->list[i];
+    if (p < 0 || p >= x->rank || seen[p]) {
+      nv_error(d, n->loc, "transpose: perm is not a permutation of 0..%d", x->rank - 1);
+      return -1;
+    }
+    seen[p] = true;
+    s[i] = x->shape[p];
+  }
+  n->dtype = x->dtype;
+  return set_shape(d, n, x->rank, s);
+}
+
+static int infer_broadcast_to(nv_diag *d, nv_node *n, const nv_node *x) {
+  if (n->nlist < x->rank) {
+    nv_error(d, n->loc, "broadcast: target rank %d is below the operand's rank (%s)", n->nlist, SHP(x));
+    return -1;
+  }
+  for (int i = 0; i < x->rank; i++) {
+    int64_t dx = x->shape[i], dt = n->list[n->nlist - x->rank + i];
+    if (dx != dt && dx != 1) {
+      nv_error(d, n->loc, "broadcast: %s cannot be broadcast to %s", SHP(x),
+               fe_shape_str((char[160]){0}, 160, n->nlist, n->list));
+      return -1;
+    }
+  }
+  n->dtype = x->dtype;
+  return set_shape(d, n, n->nlist, n->list);
+}
+
+static int infer_concat(nv_diag *d, nv_node *n) {
+  const nv_node *x = n->in[0];
+  if (x->rank == 0) {
+    nv_error(d, n->loc, "concat: operands must have rank >= 1");
+    return -1;
+  }
+  if (norm_axis(d, n, &n->axis, x->rank)) return -1;
+  int64_t s[NOVA_MAX_RANK];
+  memcpy(s, x->shape, sizeof s);
+  for (int i = 1; i < n->nin; i++) {
+    const nv_node *y = n->in[i];
+    bool ok = y->rank == x->rank && y->dtype == x->dtype;
+    for (int j = 0; ok && j < x->rank; j++) ok = j == n->axis || y->shape[j] == x->shape[j];
+    if (!ok) {
+      nv_error(d, n->loc, "concat: operand %d is %s %s, operand 0 is %s %s (must agree except on axis %lld)",
+               i, fe_dtype_name(y->dtype), SHP(y), fe_dtype_name(x->dtype), SHP(x),
+               (long long)n->axis);
+      return -1;
+    }
+    s[n->axis] += y->shape[n->axis];
+  }
+  n->dtype = x->dtype;
+  return set_shape(d, n, x->rank, s);
+}
+
+static int infer_slice(nv_diag *d, nv_node *n, const nv_node *x) {
+  if (norm_axis(d, n, &n->axis, x->rank)) return -1;
+  int64_t dim = x->shape[n->axis];
+  if (n->start < 0) n->start += dim;
+  if (n->end < 0) n->end += dim;
+  if (n->end > dim && n->end != INT64_MAX) goto bad;
+  if (n->end == INT64_MAX) n->end = dim;
+  if (n->step <= 0) {
+    nv_error(d, n->loc, "slice: step must be positive, got %lld", (long long)n->step);
+    return -1;
+  }
+  if (n->start < 0 || n->start >= n->end || n->end > dim) goto bad;
+  int64_t s[NOVA_MAX_RANK];
+  memcpy(s, x->shape, sizeof s);
+  s[n->axis] = (n->end - n->start + n->step - 1) / n->step;
+  n->dtype = x->dtype;
+  return set_shape(d, n, x->rank, s);
+bad:
+  nv_error(d, n->loc, "slice: range [%lld, %lld) is empty or outside axis %lld of %s",
+           (long long)n->start, (long long)n->end, (long long)n->axis, SHP(x));
+  return -1;
+}
+
+static int infer_gather(nv_diag *d, nv_node *n, const nv_node *x, nv_node *idx) {
+  if (!fe_dtype_is_int(idx->dtype)) {
+    nv_error(d, n->loc, "gather: indices must be i32 or i64, got %s", fe_dtype_name(idx->dtype));
+    return -1;
+  }
+  if (x->rank == 0 || norm_axis(d, n, &n->axis, x->rank)) {
+    if (x->rank == 0) nv_error(d, n->loc, "gather: data must have rank >= 1");
+    return -1;
+  }
+  int r = x->rank - 1 + idx->rank;
+  if (r > NOVA_MAX_RANK) {
+    nv_error(d, n->loc, "gather: result rank %d exceeds %d", r, NOVA_MAX_RANK);
+    return -1;
+  }
+  int64_t s[NOVA_MAX_RANK];
+  int k = 0;
+  for (int i = 0; i < n->axis; i++) s[k++] = x->shape[i];
+  for (int i = 0; i < idx->rank; i++) s[k++] = idx->shape[i];
+  for (int i = (int)n->axis + 1; i < x->rank; i++) s[k++] = x->shape[i];
+  if (idx->op == NV_OP_INPUT) idx->index_bound = x->shape[n->axis];
+  n->dtype = x->dtype;
+  return set_shape(d, n, r, s);
+}
+
+static int infer_cross_entropy(nv_diag *d, nv_node *n, const nv_node *logits, nv_node *labels) {
+  if (need_float(d, n, logits, "logits")) return -1;
+  if (!fe_dtype_is_int(labels->dtype)) {
+    nv_error(d, n->loc, "cross_entropy: labels must be i32 or i64 class indices, got %s",
+             fe_dtype_name(labels->dtype));
+    return -1;
+  }
+  bool ok = logits->rank >= 1 && labels->rank == logits->rank - 1;
+  for (int i = 0; ok && i < labels->rank; i++) ok = labels->shape[i] == logits->shape[i];
+  if (!ok) {
+    nv_error(d, n->loc, "cross_entropy: labels %s must have the shape of logits %s without its last (class) axis",
+             SHP(labels), SHP(logits));
+    return -1;
+  }
+  if (labels->op == NV_OP_INPUT) {
+    labels->index_bound = logits->shape[logits->rank - 1];
+    labels->role = NOVA_ROLE_LABEL;
+  }
+  n->dtype = logits->dtype;
+  return set_shape(d, n, 0, NULL);
+}
+
+static int infer_layer_norm(nv_diag *d, nv_node *n, const nv_node *x, const nv_node *g, const nv_node *b) {
+  if (need_float(d, n, x, "operand")) return -1;
+  if (x->rank < 1) {
+    nv_error(d, n->loc, "layer_norm: operand must have rank >= 1");
+    return -1;
+  }
+  int64_t c = x->shape[x->rank - 1];
+  const nv_node *pb[2] = {g, b};
+  for (int i = 0; i < 2; i++)
+    if (pb[i]->rank != 1 || pb[i]->shape[0] != c || pb[i]->dtype != x->dtype) {
+      nv_error(d, n->loc, "layer_norm: %s must be %s[%lld] (the last axis of %s), got %s %s",
+               i ? "bias" : "scale", fe_dtype_name(x->dtype), (long long)c, SHP(x),
+               fe_dtype_name(pb[i]->dtype), SHP(pb[i]));
+      return -1;
+    }
+  if (!(n->eps > 0)) {
+    nv_error(d, n->loc, "layer_norm: eps must be positive");
+    return -1;
+  }
+  n->dtype = x->dtype;
+  return set_shape(d, n, x->rank, x->shape);
+}
+
+static int infer(nv_diag *d, nv_node *n) {
+  nv_node **in = n->in;
+  switch (n->op) {
+  case NV_OP_INPUT:
+  case NV_OP_PARAM:
+  case NV_OP_CONSTANT:
+    return set_shape(d, n, n->rank, n->shape);
+  case NV_OP_ADD:
+  case NV_OP_SUB:
+  case NV_OP_MUL:
+  case NV_OP_DIV:
+    if (need_float(d, n, in[0], "left operand") || need_float(d, n, in[1], "right operand"))
+      return -1;
+    return infer_broadcast(d, n, in[0], in[1]);
+  case NV_OP_NEG:
+  case NV_OP_EXP:
+  case NV_OP_LOG:
+  case NV_OP_SQRT:
+  case NV_OP_TANH:
+  case NV_OP_SIGMOID:
+  case NV_OP_RELU:
+  case NV_OP_GELU:
+    if (need_float(d, n, in[0], "operand")) return -1;
+    n->dtype = in[0]->dtype;
+    return set_shape(d, n, in[0]->rank, in[0]->shape);
+  case NV_OP_SOFTMAX:
+  case NV_OP_LOG_SOFTMAX:
+    if (need_float(d, n, in[0], "operand")) return -1;
+    if (in[0]->rank == 0) {
+      nv_error(d, n->loc, "%s: operand must have rank >= 1", nv_op_name(n->op));
+      return -1;
+    }
+    if (norm_axis(d, n, &n->axis, in[0]->rank)) return -1;
+    n->dtype = in[0]->dtype;
+    return set_shape(d, n, in[0]->rank, in[0]->shape);
+  case NV_OP_MATMUL: return infer_matmul(d, n, in[0], in[1]);
+  case NV_OP_LAYER_NORM: return infer_layer_norm(d, n, in[0], in[1], in[2]);
+  case NV_OP_REDUCE_SUM:
+  case NV_OP_REDUCE_MEAN:
+  case NV_OP_REDUCE_MAX: return infer_reduce(d, n, in[0]);
+  case NV_OP_RESHAPE: return infer_reshape(d, n, in[0]);
+  case NV_OP_TRANSPOSE: return infer_transpose(d, n, in[0]);
+  case NV_OP_BROADCAST: return infer_broadcast_to(d, n, in[0]);
+  case NV_OP_CONCAT: return infer_concat(d, n);
+  case NV_OP_SLICE: return infer_slice(d, n, in[0]);
+  case NV_OP_GATHER: return infer_gather(d, n, in[0], in[1]);
+  case NV_OP_CROSS_ENTROPY: return infer_cross_entropy(d, n, in[0], in[1]);
+  case NV_OP_COUNT: break;
+  }
+  nv_error(d, n->loc, "internal: no shape rule for op %d", (int)n->op);
+  return -1;
+}
+
+nv_node *fe_graph_add(nv_graph *g, nv_diag *d, nv_op op, int nin, nv_node **in,
+                      const nv_node *attrs, nv_loc loc) {
+  nv_node *n = calloc(1, sizeof *n);
+  if (!n) return NULL;
+  if (attrs) *n = *attrs;
+  n->name = NULL;
+  n->init = (nv_init){0};
+  n->op = op;
+  n->loc = loc;
+  n->nin = nin;
+  n->in = nin ? malloc((size_t)nin * sizeof *n->in) : NULL;
+  if (nin && !n->in) {
+    free(n);
+    return NULL;
+  }
+  if (nin) memcpy(n->in, in, (size_t)nin * sizeof *in);
+  int min = nv_op_min_inputs(op), max = nv_op_max_inputs(op);
+  if (nin < min || (max >= 0 && nin > max)) {
+    if (min == max)
+      nv_error(d, loc, "%s takes %d operand%s, got %d", nv_op_name(op), min, min == 1 ? "" : "s", nin);
+    else
+      nv_error(d, loc, "%s takes at least %d operand%s, got %d", nv_op_name(op), min,
+               min == 1 ? "" : "s", nin);
+    free_node(n);
+    return NULL;
+  }
+  if (infer(d, n) != 0 || !push(g, n)) {
+    free_node(n);
+    return NULL;
+  }
+  return n;
+}
+
+int fe_graph_add_output(nv_graph *g, nv_diag *d, const char *name, nv_node *n, nv_loc loc) {
+  for (int i = 0; i < g->noutputs; i++)
+    if (strcmp(g->outputs[i].name, name) == 0) {
+      nv_error(d, loc, "output '%s' is declared twice", name);
+      return -1;
+    }
+  if (g->noutputs == g->capoutputs) {
+    int cap = g->capoutputs ? 2 * g->capoutputs : 8;
+    nv_output *p = realloc(g->outputs, (size_t)cap * sizeof *p);
+    if (!p) return -1;
+    g->outputs = p;
+    g->capoutputs = cap;
+  }
+  g->outputs[g->noutputs++] = (nv_output){strdup(name), n, loc};
+  return 0;
+}

@@ -1,0 +1,145 @@
+/* graph.h: the frontend's graph, from which the nova IR is built.
+ *
+ * A graph is what a model file says, checked: every node has a dtype and a
+ * static shape, computed and verified when the node is made (fe_graph_add),
+ * so that every shape error points at the user's source.  Nodes are kept in
+ * topological order (a node's inputs precede it).
+ */
+#ifndef NOVA_GRAPH_H
+#define NOVA_GRAPH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../driver/diag.h"
+#include "nova/step.h"
+
+/* The op list.  X(ENUM, "name", min operands, max operands (-1: any)).
+ * Everything that switches on nv_op keeps in step with this table
+ * (static_assert on NV_OP_COUNT). */
+#define NV_OPS(X)                         \
+  X(INPUT, "input", 0, 0)                 \
+  X(PARAM, "param", 0, 0)                 \
+  X(CONSTANT, "constant", 0, 0)           \
+  X(ADD, "add", 2, 2)                     \
+  X(SUB, "sub", 2, 2)                     \
+  X(MUL, "mul", 2, 2)                     \
+  X(DIV, "div", 2, 2)                     \
+  X(NEG, "neg", 1, 1)                     \
+  X(EXP, "exp", 1, 1)                     \
+  X(LOG, "log", 1, 1)                     \
+  X(SQRT, "sqrt", 1, 1)                   \
+  X(TANH, "tanh", 1, 1)                   \
+  X(SIGMOID, "sigmoid", 1, 1)             \
+  X(RELU, "relu", 1, 1)                   \
+  X(GELU, "gelu", 1, 1)                   \
+  X(MATMUL, "matmul", 2, 2)               \
+  X(SOFTMAX, "softmax", 1, 1)             \
+  X(LOG_SOFTMAX, "log_softmax", 1, 1)     \
+  X(LAYER_NORM, "layer_norm", 3, 3)       \
+  X(REDUCE_SUM, "reduce_sum", 1, 1)       \
+  X(REDUCE_MEAN, "reduce_mean", 1, 1)     \
+  X(REDUCE_MAX, "reduce_max", 1, 1)       \
+  X(RESHAPE, "reshape", 1, 1)             \
+  X(TRANSPOSE, "transpose", 1, 1)         \
+  X(BROADCAST, "broadcast", 1, 1)         \
+  X(CONCAT, "concat", 1, -1)              \
+  X(SLICE, "slice", 1, 1)                 \
+  X(GATHER, "gather", 2, 2)               \
+  X(CROSS_ENTROPY, "cross_entropy", 2, 2)
+
+typedef enum nv_op {
+#define X(e, n, a, b) NV_OP_##e,
+  NV_OPS(X)
+#undef X
+  NV_OP_COUNT
+} nv_op;
+
+const char *nv_op_name(nv_op op);
+/* NV_OP_COUNT if NAME is no op; only ops callable from the text format. */
+nv_op nv_op_lookup(const char *name);
+int nv_op_min_inputs(nv_op op);
+int nv_op_max_inputs(nv_op op);
+
+/* How a parameter gets its initial value (computed at compile time). */
+typedef enum nv_init_kind {
+  NV_INIT_ZEROS, NV_INIT_ONES, NV_INIT_CONST, NV_INIT_NORMAL, NV_INIT_UNIFORM,
+  NV_INIT_HE, NV_INIT_XAVIER, NV_INIT_FILE, NV_INIT_DATA
+} nv_init_kind;
+
+typedef struct nv_init {
+  nv_init_kind kind;
+  double a, b;        /* CONST: a; NORMAL: std a; UNIFORM: [a, b) */
+  char *path;         /* FILE: resolved path (owned) */
+  void *data;         /* DATA: raw bytes (owned), e.g. from an ONNX initializer */
+} nv_init;
+
+typedef struct nv_node nv_node;
+struct nv_node {
+  nv_op op;
+  int id;               /* index in graph->nodes */
+  nv_loc loc;
+  char *name;           /* inputs, params, named values (owned); may be NULL */
+  int nin;
+  nv_node **in;         /* owned array, borrowed nodes */
+  nova_dtype dtype;
+  int rank;
+  int64_t shape[NOVA_MAX_RANK];
+  /* attributes (which are meaningful depends on op) */
+  int64_t axis;         /* softmax, log_softmax, concat, slice, gather */
+  int nlist;            /* axes (reductions), perm, target shape */
+  int64_t list[NOVA_MAX_RANK];
+  bool keepdims;
+  int64_t start, end, step;  /* slice */
+  double eps;           /* layer_norm */
+  double value;         /* constant (scalar, broadcast to shape) */
+  /* inputs and params */
+  nova_role role;
+  int64_t index_bound;  /* integer inputs used as indices: values must lie in [0, bound) */
+  nv_init init;
+};
+
+typedef struct nv_output {
+  char *name;
+  nv_node *node;
+  nv_loc loc;
+} nv_output;
+
+typedef struct nv_graph {
+  int nnodes, capnodes;
+  nv_node **nodes;
+  int noutputs, capoutputs;
+  nv_output *outputs;
+  uint64_t seed;        /* parameter initialisation */
+} nv_graph;
+
+nv_graph *fe_graph_create(void);
+void fe_graph_destroy(nv_graph *g);
+
+/* Makes a node of OP over IN (copied), with attributes taken from ATTRS
+ * (op, nin and in are ignored in it), infers its dtype and shape and checks
+ * them.  On a mistake records a diagnostic at LOC and returns NULL. */
+nv_node *fe_graph_add(nv_graph *g, nv_diag *d, nv_op op, int nin, nv_node **in,
+                      const nv_node *attrs, nv_loc loc);
+/* Inputs and params: a leaf with a given dtype and shape. */
+nv_node *fe_graph_leaf(nv_graph *g, nv_diag *d, nv_op op, const char *name, nova_dtype dt,
+                       int rank, const int64_t *shape, nv_loc loc);
+int fe_graph_add_output(nv_graph *g, nv_diag *d, const char *name, nv_node *n, nv_loc loc);
+
+int64_t fe_numel(const nv_node *n);
+const char *fe_dtype_name(nova_dtype dt);  /* "f32", ... */
+size_t fe_dtype_size(nova_dtype dt);
+/* Parses "f32" etc.; returns 0 if unknown. */
+nova_dtype fe_dtype_parse(const char *s);
+bool fe_dtype_is_float(nova_dtype dt);
+bool fe_dtype_is_int(nova_dtype dt);
+/* "[8,784]" into buf. */
+const char *fe_shape_str(char *buf, size_t size, int rank, const int64_t *shape);
+/* Largest element count a tensor may have (keeps sizes far from overflow). */
+#define NV_MAX_NUMEL (INT64_C(1) << 34)
+
+/* Fills the initial value of a param (dtype from n) into out (fe_numel(n)
+ * elements).  Returns 0, or -1 with a diagnostic at the param. */
+int fe_init_fill(const nv_graph *g, nv_diag *d, const nv_node *n, void *out);
+
+#endif

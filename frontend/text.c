@@ -1,0 +1,756 @@
+/* text.c: the .nova textual graph format (grammar in man/nova-format.5).
+ *
+ *   file   := { stmt NEWLINE }
+ *   stmt   := 'input' NAME ':' type | 'label' NAME ':' type
+ *           | 'param' NAME ':' type '=' init | 'seed' INT
+ *           | NAME '=' expr | 'output' NAME [ '=' expr ]
+ *   type   := DTYPE '[' [ dim { ',' dim } ] ']'      dim := INT | NAME (bound by --dim)
+ *   expr   := term { ('+' | '-') term }
+ *   term   := unary { ('*' | '/' | '@') unary }
+ *   unary  := '-' unary | primary
+ *   primary:= NUMBER | NAME | NAME '(' [ arg { ',' arg } ] ')' | '(' expr ')'
+ *   arg    := expr | NAME '=' ( number | '[' [ number { ',' number } ] ']' )
+ *
+ * Newlines end statements except inside parentheses and brackets; '#' starts
+ * a comment.  A recursive-descent parser over a one-token lookahead lexer;
+ * every node gets the location of its operator or call.
+ */
+#include "frontend.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum tok_kind { T_EOF, T_NL, T_NAME, T_NUM, T_STR, T_PUNCT, T_BAD } tok_kind;
+
+typedef struct tok {
+  tok_kind kind;
+  nv_loc loc;
+  char text[256];   /* NAME, STR, PUNCT (one char) */
+  double num;
+  int64_t inum;
+  bool is_int;
+} tok;
+
+/* A parsed expression: a node, or a numeric literal not yet given a dtype. */
+typedef struct ev {
+  nv_node *node;
+  double lit;
+  bool is_lit;
+  nv_loc loc;
+} ev;
+
+typedef struct sym {
+  char *name;
+  nv_node *node;
+} sym;
+
+typedef struct parser {
+  nv_diag *d;
+  nv_graph *g;
+  const char *file, *src, *end, *p, *basedir;
+  int line, col, depth;   /* depth: open ( and [ */
+  tok t;                  /* current token */
+  bool failed;
+  int nsym, capsym;
+  sym *syms;
+  fe_dim_binding *dims;
+  int ndims;
+} parser;
+
+/* ---- lexer ---------------------------------------------------------- */
+
+static void lex_error(parser *P, nv_loc loc, const char *fmt, const char *arg) {
+  nv_error(P->d, loc, fmt, arg);
+  P->failed = true;
+}
+
+static void advance_char(parser *P) {
+  if (*P->p == '\n') {
+    P->line++;
+    P->col = 1;
+  } else
+    P->col++;
+  P->p++;
+}
+
+static void next(parser *P) {
+  tok *t = &P->t;
+  for (;;) {
+    while (P->p < P->end && (*P->p == ' ' || *P->p == '\t' || *P->p == '\r' ||
+                             (*P->p == '\n' && P->depth > 0)))
+      advance_char(P);
+    if (P->p < P->end && *P->p == '#') {
+      while (P->p < P->end && *P->p != '\n') advance_char(P);
+      continue;
+    }
+    break;
+  }
+  memset(t, 0, sizeof *t);
+  t->loc = (nv_loc){P->file, P->line, P->col};
+  if (P->p >= P->end) {
+    t->kind = T_EOF;
+    return;
+  }
+  unsigned char c = (unsigned char)*P->p;
+  if (c == '\n') {
+    t->kind = T_NL;
+    advance_char(P);
+    return;
+  }
+  if (isalpha(c) || c == '_') {
+    size_t n = 0;
+    while (P->p < P->end && (isalnum((unsigned char)*P->p) || *P->p == '_' || *P->p == '.')) {
+      if (n < sizeof t->text - 1) t->text[n++] = *P->p;
+      else {
+        lex_error(P, t->loc, "name is longer than 255 characters%s", "");
+        t->kind = T_BAD;
+        return;
+      }
+      advance_char(P);
+    }
+    t->kind = T_NAME;
+    return;
+  }
+  if (isdigit(c) || (c == '.' && P->p + 1 < P->end && isdigit((unsigned char)P->p[1]))) {
+    char buf[64];
+    size_t n = 0;
+    bool is_int = true;
+    while (P->p < P->end && n < sizeof buf - 1) {
+      char ch = *P->p;
+      bool exp_sign = (ch == '+' || ch == '-') && n > 0 && (buf[n - 1] == 'e' || buf[n - 1] == 'E');
+      if (!(isalnum((unsigned char)ch) || ch == '.' || exp_sign)) break;
+      if (!isdigit((unsigned char)ch)) is_int = false;
+      buf[n++] = ch;
+      advance_char(P);
+    }
+    buf[n] = 0;
+    char *e;
+    errno = 0;
+    t->kind = T_NUM;
+    t->is_int = is_int;
+    if (is_int) {
+      long long v = strtoll(buf, &e, 10);
+      if (errno == ERANGE) {
+        lex_error(P, t->loc, "integer '%s' is too large", buf);
+        t->kind = T_BAD;
+      }
+      t->inum = v;
+      t->num = (double)v;
+    } else {
+      t->num = strtod(buf, &e);
+      if (*e || errno == ERANGE || !isfinite(t->num)) {
+        lex_error(P, t->loc, "malformed number '%s'", buf);
+        t->kind = T_BAD;
+      }
+    }
+    return;
+  }
+  if (c == '"') {
+    advance_char(P);
+    size_t n = 0;
+    while (P->p < P->end && *P->p != '"' && *P->p != '\n') {
+      if (n < sizeof t->text - 1) t->text[n++] = *P->p;
+      advance_char(P);
+    }
+    if (P->p >= P->end || *P->p != '"') {
+      lex_error(P, t->loc, "unterminated string%s", "");
+      t->kind = T_BAD;
+      return;
+    }
+    advance_char(P);
+    t->kind = T_STR;
+    return;
+  }
+  if (strchr("()[],:=+-*/@", c) && c) {
+    t->kind = T_PUNCT;
+    t->text[0] = (char)c;
+    if (c == '(' || c == '[') P->depth++;
+    if ((c == ')' || c == ']') && P->depth > 0) P->depth--;
+    advance_char(P);
+    return;
+  }
+  char what[32];
+  if (c >= 32 && c < 127)
+    snprintf(what, sizeof what, "'%c'", c);
+  else
+    snprintf(what, sizeof what, "byte 0x%02x", c);
+  lex_error(P, t->loc, "unexpected character %s", what);
+  t->kind = T_BAD;
+}
+
+static bool is_punct(parser *P, char c) { return P->t.kind == T_PUNCT && P->t.text[0] == c; }
+static bool is_name(parser *P, const char *s) { return P->t.kind == T_NAME && strcmp(P->t.text, s) == 0; }
+
+static const char *tok_desc(const tok *t) {
+  switch (t->kind) {
+  case T_EOF: return "end of file";
+  case T_NL: return "end of line";
+  case T_NUM: return "a number";
+  case T_STR: return "a string";
+  case T_BAD: return "an invalid token";
+  default: return t->text;
+  }
+}
+
+static bool expect(parser *P, char c, const char *context) {
+  if (is_punct(P, c)) {
+    next(P);
+    return true;
+  }
+  if (P->t.kind != T_BAD) {
+    nv_error(P->d, P->t.loc, "expected '%c' %s, found '%s'", c, context, tok_desc(&P->t));
+    P->failed = true;
+  }
+  return false;
+}
+
+static bool expect_name(parser *P, char *out, const char *context) {
+  if (P->t.kind == T_NAME) {
+    strcpy(out, P->t.text);
+    next(P);
+    return true;
+  }
+  if (P->t.kind != T_BAD) {
+    nv_error(P->d, P->t.loc, "expected a name %s, found '%s'", context, tok_desc(&P->t));
+    P->failed = true;
+  }
+  return false;
+}
+
+/* ---- symbols -------------------------------------------------------- */
+
+static nv_node *lookup(parser *P, const char *name) {
+  for (int i = 0; i < P->nsym; i++)
+    if (strcmp(P->syms[i].name, name) == 0) return P->syms[i].node;
+  return NULL;
+}
+
+static bool reserved(const char *name) {
+  static const char *kw[] = {"input", "label", "param", "output", "seed"};
+  for (size_t i = 0; i < sizeof kw / sizeof kw[0]; i++)
+    if (strcmp(kw[i], name) == 0) return true;
+  return nv_op_lookup(name) != NV_OP_COUNT || fe_dtype_parse(name) != 0;
+}
+
+static bool define(parser *P, const char *name, nv_node *n, nv_loc loc) {
+  if (lookup(P, name)) {
+    nv_error(P->d, loc, "'%s' is already defined", name);
+    P->failed = true;
+    return false;
+  }
+  if (reserved(name)) {
+    nv_error(P->d, loc, "'%s' is a reserved word and cannot name a value", name);
+    P->failed = true;
+    return false;
+  }
+  if (P->nsym == P->capsym) {
+    int cap = P->capsym ? 2 * P->capsym : 32;
+    sym *s = realloc(P->syms, (size_t)cap * sizeof *s);
+    if (!s) return false;
+    P->syms = s;
+    P->capsym = cap;
+  }
+  P->syms[P->nsym++] = (sym){strdup(name), n};
+  if (!n->name) n->name = strdup(name);
+  return true;
+}
+
+/* ---- expressions ---------------------------------------------------- */
+
+static ev parse_expr(parser *P);
+
+static nv_node *materialize(parser *P, ev v, nova_dtype dt) {
+  if (!v.is_lit) return v.node;
+  nv_node a = {0};
+  a.value = v.lit;
+  a.dtype = dt;
+  a.rank = 0;
+  nv_node *n = fe_graph_add(P->g, P->d, NV_OP_CONSTANT, 0, NULL, &a, v.loc);
+  if (!n) P->failed = true;
+  return n;
+}
+
+static ev fail_ev(parser *P) {
+  P->failed = true;
+  return (ev){0};
+}
+
+static ev binary(parser *P, char op, ev a, ev b, nv_loc loc) {
+  if (P->failed) return (ev){0};
+  if (a.is_lit && b.is_lit) {
+    double r = op == '+' ? a.lit + b.lit : op == '-' ? a.lit - b.lit : op == '*' ? a.lit * b.lit
+             : b.lit != 0 ? a.lit / b.lit : NAN;
+    if (op == '@' || !isfinite(r)) {
+      nv_error(P->d, loc, op == '@' ? "'@' needs tensor operands" : "constant expression is not finite");
+      return fail_ev(P);
+    }
+    return (ev){.lit = r, .is_lit = true, .loc = a.loc};
+  }
+  nova_dtype dt = a.is_lit ? b.node->dtype : a.node->dtype;
+  nv_node *in[2] = {materialize(P, a, dt), materialize(P, b, dt)};
+  if (!in[0] || !in[1]) return fail_ev(P);
+  nv_op o = op == '+' ? NV_OP_ADD : op == '-' ? NV_OP_SUB : op == '*' ? NV_OP_MUL
+          : op == '/' ? NV_OP_DIV : NV_OP_MATMUL;
+  nv_node *n = fe_graph_add(P->g, P->d, o, 2, in, NULL, loc);
+  if (!n) return fail_ev(P);
+  return (ev){.node = n, .loc = a.loc};
+}
+
+/* Keyword arguments each op accepts. */
+static const char *allowed_attrs(nv_op op) {
+  switch (op) {
+  case NV_OP_SOFTMAX: case NV_OP_LOG_SOFTMAX: case NV_OP_CONCAT: case NV_OP_GATHER: return "axis";
+  case NV_OP_LAYER_NORM: return "eps";
+  case NV_OP_REDUCE_SUM: case NV_OP_REDUCE_MEAN: case NV_OP_REDUCE_MAX: return "axes keepdims";
+  case NV_OP_RESHAPE: case NV_OP_BROADCAST: return "shape";
+  case NV_OP_TRANSPOSE: return "perm";
+  case NV_OP_SLICE: return "axis start end step";
+  default: return "";
+  }
+}
+
+static bool word_in(const char *w, const char *list) {
+  size_t n = strlen(w);
+  for (const char *p = list; (p = strstr(p, w)); p += n)
+    if ((p == list || p[-1] == ' ') && (p[n] == 0 || p[n] == ' ')) return true;
+  return false;
+}
+
+static bool parse_signed_number(parser *P, double *v, bool *is_int, int64_t *iv) {
+  bool neg = false;
+  if (is_punct(P, '-')) {
+    neg = true;
+    next(P);
+  }
+  if (P->t.kind != T_NUM) {
+    if (P->t.kind != T_BAD) nv_error(P->d, P->t.loc, "expected a number, found '%s'", tok_desc(&P->t));
+    P->failed = true;
+    return false;
+  }
+  *v = neg ? -P->t.num : P->t.num;
+  if (is_int) *is_int = P->t.is_int;
+  if (iv) *iv = neg ? -P->t.inum : P->t.inum;
+  next(P);
+  return true;
+}
+
+static bool parse_int_value(parser *P, const char *key, int64_t *out) {
+  double v;
+  bool is_int;
+  nv_loc loc = P->t.loc;
+  if (!parse_signed_number(P, &v, &is_int, out)) return false;
+  if (!is_int) {
+    nv_error(P->d, loc, "'%s' must be an integer", key);
+    P->failed = true;
+    return false;
+  }
+  return true;
+}
+
+/* key=value inside a call; sets the field of A it names. */
+static bool parse_attr(parser *P, nv_op op, const char *key, nv_loc kloc, nv_node *a, bool *seen_end) {
+  if (!word_in(key, allowed_attrs(op))) {
+    const char *al = allowed_attrs(op);
+    nv_error(P->d, kloc, "%s has no attribute '%s'%s%s", nv_op_name(op), key,
+             *al ? "; it takes: " : "", al);
+    P->failed = true;
+    return false;
+  }
+  if (strcmp(key, "axes") == 0 || strcmp(key, "shape") == 0 || strcmp(key, "perm") == 0) {
+    if (!expect(P, '[', "to start a list")) return false;
+    a->nlist = 0;
+    while (!is_punct(P, ']')) {
+      if (a->nlist == NOVA_MAX_RANK) {
+        nv_error(P->d, P->t.loc, "'%s' has more than %d entries", key, NOVA_MAX_RANK);
+        P->failed = true;
+        return false;
+      }
+      if (!parse_int_value(P, key, &a->list[a->nlist++])) return false;
+      if (!is_punct(P, ']') && !expect(P, ',', "between list entries")) return false;
+    }
+    next(P);
+    return true;
+  }
+  if (strcmp(key, "eps") == 0) {
+    double v;
+    return parse_signed_number(P, &v, NULL, NULL) && ((a->eps = v), true);
+  }
+  int64_t v;
+  if (!parse_int_value(P, key, &v)) return false;
+  if (strcmp(key, "axis") == 0) a->axis = v;
+  else if (strcmp(key, "keepdims") == 0) {
+    if (v != 0 && v != 1) {
+      nv_error(P->d, kloc, "keepdims must be 0 or 1");
+      P->failed = true;
+      return false;
+    }
+    a->keepdims = v;
+  } else if (strcmp(key, "start") == 0) a->start = v;
+  else if (strcmp(key, "end") == 0) {
+    a->end = v;
+    *seen_end = true;
+  } else if (strcmp(key, "step") == 0) a->step = v;
+  return true;
+}
+
+static ev parse_call(parser *P, nv_op op, nv_loc loc) {
+  nv_node a = {0};
+  a.axis = (op == NV_OP_SOFTMAX || op == NV_OP_LOG_SOFTMAX) ? -1 : 0;
+  a.eps = 1e-5;
+  a.step = 1;
+  a.end = INT64_MAX;
+  bool seen_end = false, seen_shape = false;
+  nv_node *in[64];
+  int nin = 0;
+  next(P); /* ( */
+  while (!is_punct(P, ')') && !P->failed) {
+    if (P->t.kind == T_NAME) {
+      /* key=value? peek by saving lexer state */
+      parser save = *P;
+      char key[256];
+      strcpy(key, P->t.text);
+      nv_loc kloc = P->t.loc;
+      next(P);
+      if (is_punct(P, '=')) {
+        next(P);
+        if (!parse_attr(P, op, key, kloc, &a, &seen_end)) return fail_ev(P);
+        if (strcmp(key, "shape") == 0) seen_shape = true;
+        goto sep;
+      }
+      *P = save;
+    }
+    if (nin == (int)(sizeof in / sizeof in[0])) {
+      nv_error(P->d, P->t.loc, "%s: too many operands", nv_op_name(op));
+      return fail_ev(P);
+    }
+    ev v = parse_expr(P);
+    if (P->failed) return fail_ev(P);
+    if (v.is_lit) {
+      nv_error(P->d, v.loc, "%s: operand %d is a number; operands must be tensors", nv_op_name(op), nin);
+      return fail_ev(P);
+    }
+    in[nin++] = v.node;
+  sep:
+    if (!is_punct(P, ')') && !expect(P, ',', "between arguments")) return fail_ev(P);
+  }
+  if (P->failed) return fail_ev(P);
+  next(P); /* ) */
+  (void)seen_end;
+  if ((op == NV_OP_RESHAPE || op == NV_OP_BROADCAST) && !seen_shape) {
+    nv_error(P->d, loc, "%s needs a target shape: %s(x, shape=[...])", nv_op_name(op), nv_op_name(op));
+    return fail_ev(P);
+  }
+  nv_node *n = fe_graph_add(P->g, P->d, op, nin, in, &a, loc);
+  if (!n) return fail_ev(P);
+  return (ev){.node = n, .loc = loc};
+}
+
+static ev parse_primary(parser *P) {
+  tok t = P->t;
+  if (t.kind == T_NUM) {
+    next(P);
+    return (ev){.lit = t.num, .is_lit = true, .loc = t.loc};
+  }
+  if (is_punct(P, '(')) {
+    next(P);
+    ev v = parse_expr(P);
+    if (P->failed) return v;
+    expect(P, ')', "to close the parenthesis");
+    return v;
+  }
+  if (t.kind == T_NAME) {
+    next(P);
+    if (is_punct(P, '(')) {
+      nv_op op = nv_op_lookup(t.text);
+      if (op == NV_OP_COUNT) {
+        nv_error(P->d, t.loc, "unknown op '%s'", t.text);
+        return fail_ev(P);
+      }
+      return parse_call(P, op, t.loc);
+    }
+    nv_node *n = lookup(P, t.text);
+    if (!n) {
+      nv_error(P->d, t.loc, "'%s' is not defined", t.text);
+      return fail_ev(P);
+    }
+    return (ev){.node = n, .loc = t.loc};
+  }
+  if (t.kind != T_BAD)
+    nv_error(P->d, t.loc, "expected an expression, found '%s'", tok_desc(&t));
+  return fail_ev(P);
+}
+
+static ev parse_unary(parser *P) {
+  if (is_punct(P, '-')) {
+    nv_loc loc = P->t.loc;
+    next(P);
+    ev v = parse_unary(P);
+    if (P->failed) return v;
+    if (v.is_lit) {
+      v.lit = -v.lit;
+      return v;
+    }
+    nv_node *n = fe_graph_add(P->g, P->d, NV_OP_NEG, 1, &v.node, NULL, loc);
+    if (!n) return fail_ev(P);
+    return (ev){.node = n, .loc = loc};
+  }
+  return parse_primary(P);
+}
+
+static ev parse_term(parser *P) {
+  ev a = parse_unary(P);
+  while (!P->failed && (is_punct(P, '*') || is_punct(P, '/') || is_punct(P, '@'))) {
+    char op = P->t.text[0];
+    nv_loc loc = P->t.loc;
+    next(P);
+    ev b = parse_unary(P);
+    a = binary(P, op, a, b, loc);
+  }
+  return a;
+}
+
+static ev parse_expr(parser *P) {
+  ev a = parse_term(P);
+  while (!P->failed && (is_punct(P, '+') || is_punct(P, '-'))) {
+    char op = P->t.text[0];
+    nv_loc loc = P->t.loc;
+    next(P);
+    ev b = parse_term(P);
+    a = binary(P, op, a, b, loc);
+  }
+  return a;
+}
+
+/* ---- statements ----------------------------------------------------- */
+
+static bool parse_type(parser *P, nova_dtype *dt, int *rank, int64_t *shape) {
+  nv_loc loc = P->t.loc;
+  char name[256];
+  if (!expect_name(P, name, "for the element type (f32, f64, i32, i64)")) return false;
+  *dt = fe_dtype_parse(name);
+  if (!*dt) {
+    nv_error(P->d, loc, "unknown element type '%s'; expected f32, f64, i32 or i64", name);
+    P->failed = true;
+    return false;
+  }
+  if (!expect(P, '[', "after the element type")) return false;
+  *rank = 0;
+  while (!is_punct(P, ']')) {
+    if (*rank == NOVA_MAX_RANK) {
+      nv_error(P->d, P->t.loc, "more than %d dimensions", NOVA_MAX_RANK);
+      P->failed = true;
+      return false;
+    }
+    if (P->t.kind == T_NAME) {
+      fe_dim_binding *b = NULL;
+      for (int i = 0; i < P->ndims; i++)
+        if (strcmp(P->dims[i].name, P->t.text) == 0) b = &P->dims[i];
+      if (!b) {
+        nv_error(P->d, P->t.loc, "symbolic dimension '%s' is not bound; pass --dim=%s=N", P->t.text,
+                 P->t.text);
+        P->failed = true;
+        return false;
+      }
+      b->used = true;
+      shape[(*rank)++] = b->value;
+      next(P);
+    } else {
+      nv_loc dloc = P->t.loc;
+      int64_t v;
+      if (!parse_int_value(P, "a dimension", &v)) return false;
+      if (v <= 0) {
+        nv_error(P->d, dloc, "dimension must be positive, got %lld", (long long)v);
+        P->failed = true;
+        return false;
+      }
+      shape[(*rank)++] = v;
+    }
+    if (!is_punct(P, ']') && !expect(P, ',', "between dimensions")) return false;
+  }
+  next(P);
+  return true;
+}
+
+static bool parse_init(parser *P, nv_init *init) {
+  nv_loc loc = P->t.loc;
+  if (P->t.kind == T_NUM || is_punct(P, '-')) {
+    init->kind = NV_INIT_CONST;
+    return parse_signed_number(P, &init->a, NULL, NULL);
+  }
+  char name[256];
+  if (!expect_name(P, name, "for the initializer")) return false;
+  static const struct { const char *name; nv_init_kind kind; int nargs; } inits[] = {
+      {"zeros", NV_INIT_ZEROS, 0}, {"ones", NV_INIT_ONES, 0},     {"he", NV_INIT_HE, 0},
+      {"xavier", NV_INIT_XAVIER, 0}, {"normal", NV_INIT_NORMAL, 1}, {"uniform", NV_INIT_UNIFORM, 2},
+      {"file", NV_INIT_FILE, -1}};
+  for (size_t i = 0; i < sizeof inits / sizeof inits[0]; i++) {
+    if (strcmp(name, inits[i].name) != 0) continue;
+    init->kind = inits[i].kind;
+    if (inits[i].nargs == 0) return true;
+    if (!expect(P, '(', "after the initializer's name")) return false;
+    if (inits[i].nargs < 0) {
+      if (P->t.kind != T_STR) {
+        nv_error(P->d, P->t.loc, "file() takes a quoted path");
+        P->failed = true;
+        return false;
+      }
+      const char *rel = P->t.text;
+      size_t n = strlen(P->basedir) + strlen(rel) + 2;
+      init->path = malloc(n);
+      if (!init->path) return false;
+      if (rel[0] == '/' || !*P->basedir) snprintf(init->path, n, "%s", rel);
+      else snprintf(init->path, n, "%s/%s", P->basedir, rel);
+      next(P);
+    } else {
+      if (!parse_signed_number(P, &init->a, NULL, NULL)) return false;
+      if (inits[i].nargs == 2 && (!expect(P, ',', "between arguments") ||
+                                  !parse_signed_number(P, &init->b, NULL, NULL)))
+        return false;
+      if (init->kind == NV_INIT_NORMAL && !(init->a >= 0)) {
+        nv_error(P->d, loc, "normal(std): std must be >= 0");
+        P->failed = true;
+        return false;
+      }
+      if (init->kind == NV_INIT_UNIFORM && !(init->a < init->b)) {
+        nv_error(P->d, loc, "uniform(a, b): needs a < b");
+        P->failed = true;
+        return false;
+      }
+    }
+    return expect(P, ')', "to close the initializer");
+  }
+  nv_error(P->d, loc, "unknown initializer '%s'; expected zeros, ones, NUMBER, normal(std), "
+           "uniform(a,b), he, xavier or file(\"path\")", name);
+  P->failed = true;
+  return false;
+}
+
+static void parse_decl(parser *P, nv_op op, nova_role role) {
+  next(P);
+  char name[256];
+  nv_loc loc = P->t.loc;
+  nova_dtype dt;
+  int rank;
+  int64_t shape[NOVA_MAX_RANK];
+  if (!expect_name(P, name, "to declare") || !expect(P, ':', "after the name") ||
+      !parse_type(P, &dt, &rank, shape))
+    return;
+  nv_init init = {0};
+  if (op == NV_OP_PARAM) {
+    if (!expect(P, '=', "before the parameter's initializer") || !parse_init(P, &init)) {
+      free(init.path);
+      return;
+    }
+    if (!fe_dtype_is_float(dt)) {
+      nv_error(P->d, loc, "param '%s': parameters must be f32 or f64, got %s", name, fe_dtype_name(dt));
+      P->failed = true;
+      free(init.path);
+      return;
+    }
+  }
+  nv_node *n = fe_graph_leaf(P->g, P->d, op, name, dt, rank, shape, loc);
+  if (!n) {
+    free(init.path);
+    P->failed = true;
+    return;
+  }
+  n->role = role;
+  n->init = init;
+  define(P, name, n, loc);
+}
+
+static void parse_stmt(parser *P) {
+  if (is_name(P, "input")) {
+    parse_decl(P, NV_OP_INPUT, NOVA_ROLE_INPUT);
+    return;
+  }
+  if (is_name(P, "label")) {
+    parse_decl(P, NV_OP_INPUT, NOVA_ROLE_LABEL);
+    return;
+  }
+  if (is_name(P, "param")) {
+    parse_decl(P, NV_OP_PARAM, NOVA_ROLE_PARAM);
+    return;
+  }
+  if (is_name(P, "seed")) {
+    next(P);
+    int64_t v;
+    if (parse_int_value(P, "seed", &v)) P->g->seed = (uint64_t)v;
+    return;
+  }
+  bool out = is_name(P, "output");
+  if (out) next(P);
+  char name[256];
+  nv_loc loc = P->t.loc;
+  if (!expect_name(P, name, out ? "after 'output'" : "at the start of a statement")) return;
+  nv_node *n = NULL;
+  if (is_punct(P, '=')) {
+    next(P);
+    ev v = parse_expr(P);
+    if (P->failed) return;
+    if (v.is_lit) {
+      nv_error(P->d, v.loc, "'%s' is a plain number; a value must be a tensor expression", name);
+      P->failed = true;
+      return;
+    }
+    n = v.node;
+    if (!define(P, name, n, loc)) return;
+  } else if (out) {
+    n = lookup(P, name);
+    if (!n) {
+      nv_error(P->d, loc, "output '%s' is not defined", name);
+      P->failed = true;
+      return;
+    }
+  } else {
+    if (P->t.kind != T_BAD)
+      nv_error(P->d, P->t.loc, "expected '=' after '%s', found '%s'", name, tok_desc(&P->t));
+    P->failed = true;
+    return;
+  }
+  if (out && fe_graph_add_output(P->g, P->d, name, n, loc)) P->failed = true;
+}
+
+nv_graph *fe_parse_text(nv_diag *d, const char *file, const char *text, size_t len,
+                        const char *basedir, fe_dim_binding *dims, int ndims) {
+  parser P = {0};
+  P.d = d;
+  P.g = fe_graph_create();
+  P.file = file;
+  P.src = P.p = text;
+  P.end = text + len;
+  P.basedir = basedir ? basedir : "";
+  P.line = P.col = 1;
+  P.dims = dims;
+  P.ndims = ndims;
+  if (!P.g) return NULL;
+  next(&P);
+  while (P.t.kind != T_EOF && nv_diag_count(d) < NV_MAX_ERRORS) {
+    if (P.t.kind == T_NL) {
+      next(&P);
+      continue;
+    }
+    P.failed = false;
+    parse_stmt(&P);
+    if (!P.failed && P.t.kind != T_NL && P.t.kind != T_EOF) {
+      nv_error(d, P.t.loc, "expected end of line, found '%s'", tok_desc(&P.t));
+      P.failed = true;
+    }
+    if (P.failed) { /* resynchronise at the next line */
+      P.depth = 0;
+      while (P.t.kind != T_NL && P.t.kind != T_EOF) next(&P);
+    }
+  }
+  if (nv_diag_count(d) == 0 && P.g->noutputs == 0)
+    nv_error(d, (nv_loc){file, 0, 0}, "no output declared; add a line 'output NAME'");
+  for (int i = 0; i < P.nsym; i++) free(P.syms[i].name);
+  free(P.syms);
+  if (nv_diag_count(d)) {
+    fe_graph_destroy(P.g);
+    return NULL;
+  }
+  return P.g;
+}

@@ -1,0 +1,153 @@
+/* to_nova.c: a checked graph -> func.func @forward in nova ops.
+ *
+ * Signature: inputs and labels (declaration order), then params, each with
+ * {nova.name, nova.role}; results are the outputs in declaration order.
+ * Every op carries its source location (file:line:col, or the ONNX node
+ * name), so later errors point at the model.
+ */
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../passes/nova_ir.h"
+
+static MlirLocation loc_of(MlirContext ctx, nv_loc l) {
+  if (!l.file) return mlirLocationUnknownGet(ctx);
+  return mlirLocationFileLineColGet(ctx, nova_str(l.file), (unsigned)l.line, (unsigned)l.col);
+}
+
+static MlirNamedAttribute named(MlirContext ctx, const char *name, MlirAttribute a) {
+  return mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str(name)), a);
+}
+
+static MlirAttribute i64_attr(MlirContext ctx, int64_t v) {
+  return mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), v);
+}
+
+/* The attributes an op carries, as nova_op_attrs() lists them. */
+static int op_attributes(MlirContext ctx, const nv_node *n, MlirNamedAttribute *out) {
+  int k = 0;
+  switch (n->op) {
+  case NV_OP_CONSTANT: {
+    MlirType t = nova_tensor_type(ctx, n->dtype, n->rank, n->shape);
+    MlirAttribute v = n->dtype == NOVA_DTYPE_F64 ? mlirDenseElementsAttrDoubleSplatGet(t, n->value)
+                                                 : mlirDenseElementsAttrFloatSplatGet(t, (float)n->value);
+    out[k++] = named(ctx, "value", v);
+    break;
+  }
+  case NV_OP_SOFTMAX:
+  case NV_OP_LOG_SOFTMAX:
+  case NV_OP_CONCAT:
+  case NV_OP_GATHER: out[k++] = named(ctx, "axis", i64_attr(ctx, n->axis)); break;
+  case NV_OP_LAYER_NORM:
+    out[k++] = named(ctx, "eps", mlirFloatAttrDoubleGet(ctx, mlirF64TypeGet(ctx), n->eps));
+    break;
+  case NV_OP_REDUCE_SUM:
+  case NV_OP_REDUCE_MEAN:
+  case NV_OP_REDUCE_MAX:
+    out[k++] = named(ctx, "axes", mlirDenseI64ArrayGet(ctx, n->nlist, n->list));
+    out[k++] = named(ctx, "keepdims", i64_attr(ctx, n->keepdims));
+    break;
+  case NV_OP_RESHAPE:
+  case NV_OP_BROADCAST: out[k++] = named(ctx, "shape", mlirDenseI64ArrayGet(ctx, n->rank, n->shape)); break;
+  case NV_OP_TRANSPOSE: out[k++] = named(ctx, "perm", mlirDenseI64ArrayGet(ctx, n->nlist, n->list)); break;
+  case NV_OP_SLICE:
+    out[k++] = named(ctx, "axis", i64_attr(ctx, n->axis));
+    out[k++] = named(ctx, "start", i64_attr(ctx, n->start));
+    out[k++] = named(ctx, "end", i64_attr(ctx, n->end));
+    out[k++] = named(ctx, "step", i64_attr(ctx, n->step));
+    break;
+  default: break;
+  }
+  return k;
+}
+
+static const char *role_str(nova_role r) {
+  static const char *names[] = {"input", "label", "param", "opt_state", "output", "loss"};
+  return (unsigned)r < 6 ? names[r] : "input";
+}
+
+static bool is_arg(const nv_node *n) { return n->op == NV_OP_INPUT || n->op == NV_OP_PARAM; }
+
+MlirModule nova_build_module(nova_ctx *c, const nv_graph *g) {
+  MlirContext ctx = c->ctx;
+  MlirLocation unk = mlirLocationUnknownGet(ctx);
+  MlirModule m = mlirModuleCreateEmpty(unk);
+  int nargs = 0;
+  nv_node **args = malloc(((size_t)g->nnodes + 1) * sizeof *args);
+  MlirValue *val = calloc((size_t)g->nnodes + 1, sizeof *val);
+  MlirType *argt = malloc(((size_t)g->nnodes + 1) * sizeof *argt);
+  MlirLocation *argl = malloc(((size_t)g->nnodes + 1) * sizeof *argl);
+  MlirType *rest = malloc(((size_t)g->noutputs + 1) * sizeof *rest);
+  MlirAttribute *argattr = malloc(((size_t)g->nnodes + 1) * sizeof *argattr);
+  MlirAttribute *outnames = malloc(((size_t)g->noutputs + 1) * sizeof *outnames);
+  if (!args || !val || !argt || !argl || !rest || !argattr || !outnames) goto out;
+  /* inputs first, then params: the step ABI's argument order */
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < g->nnodes; i++) {
+      nv_node *n = g->nodes[i];
+      if (!is_arg(n) || (n->op == NV_OP_PARAM) != (pass == 1)) continue;
+      argt[nargs] = nova_tensor_type(ctx, n->dtype, n->rank, n->shape);
+      argl[nargs] = loc_of(ctx, n->loc);
+      MlirNamedAttribute na[2] = {named(ctx, "nova.name", mlirStringAttrGet(ctx, nova_str(n->name))),
+                                  named(ctx, "nova.role", mlirStringAttrGet(ctx, nova_str(role_str(n->role))))};
+      argattr[nargs] = mlirDictionaryAttrGet(ctx, 2, na);
+      args[nargs++] = n;
+    }
+  for (int i = 0; i < g->noutputs; i++) {
+    const nv_node *n = g->outputs[i].node;
+    rest[i] = nova_tensor_type(ctx, n->dtype, n->rank, n->shape);
+    outnames[i] = mlirStringAttrGet(ctx, nova_str(g->outputs[i].name));
+  }
+  MlirType fty = mlirFunctionTypeGet(ctx, nargs, argt, g->noutputs, rest);
+  MlirBlock body = mlirBlockCreate(nargs, argt, argl);
+  for (int i = 0; i < nargs; i++) val[args[i]->id] = mlirBlockGetArgument(body, i);
+
+  for (int i = 0; i < g->nnodes; i++) {
+    const nv_node *n = g->nodes[i];
+    if (is_arg(n)) continue;
+    char opname[64];
+    snprintf(opname, sizeof opname, "nova.%s", nv_op_name(n->op));
+    MlirOperationState st = mlirOperationStateGet(nova_str(opname), loc_of(ctx, n->loc));
+    MlirValue ops[64];
+    for (int j = 0; j < n->nin && j < 64; j++) ops[j] = val[n->in[j]->id];
+    mlirOperationStateAddOperands(&st, n->nin, ops);
+    MlirType rt = nova_tensor_type(ctx, n->dtype, n->rank, n->shape);
+    mlirOperationStateAddResults(&st, 1, &rt);
+    MlirNamedAttribute at[8];
+    int na = op_attributes(ctx, n, at);
+    mlirOperationStateAddAttributes(&st, na, at);
+    MlirOperation op = mlirOperationCreate(&st);
+    mlirBlockAppendOwnedOperation(body, op);
+    val[n->id] = mlirOperationGetResult(op, 0);
+  }
+  MlirValue rets[256];
+  int nret = g->noutputs < 256 ? g->noutputs : 256;
+  for (int i = 0; i < nret; i++) rets[i] = val[g->outputs[i].node->id];
+  MlirOperationState rs = mlirOperationStateGet(nova_str("func.return"), unk);
+  mlirOperationStateAddOperands(&rs, nret, rets);
+  mlirBlockAppendOwnedOperation(body, mlirOperationCreate(&rs));
+
+  MlirRegion region = mlirRegionCreate();
+  mlirRegionAppendOwnedBlock(region, body);
+  MlirOperationState fs = mlirOperationStateGet(nova_str("func.func"), unk);
+  MlirNamedAttribute fa[4] = {
+      named(ctx, "sym_name", mlirStringAttrGet(ctx, nova_str("forward"))),
+      named(ctx, "function_type", mlirTypeAttrGet(fty)),
+      named(ctx, "arg_attrs", mlirArrayAttrGet(ctx, nargs, argattr)),
+      named(ctx, "nova.outputs", mlirArrayAttrGet(ctx, g->noutputs, outnames)),
+  };
+  mlirOperationStateAddAttributes(&fs, 4, fa);
+  mlirOperationStateAddOwnedRegions(&fs, 1, &region);
+  mlirBlockAppendOwnedOperation(mlirModuleGetBody(m), mlirOperationCreate(&fs));
+out:
+  free(args);
+  free(val);
+  free(argt);
+  free(argl);
+  free(rest);
+  free(argattr);
+  free(outnames);
+  return m;
+}

@@ -1,0 +1,108 @@
+/* nova/step.h: the public ABI of a step.so written by novac.
+ *
+ * A step.so is self-contained: the compiled step, its initial parameter values
+ * and this runtime are all inside it.  Typical use:
+ *
+ *   nova_step *s;
+ *   if (nova_step_open(&s) != NOVA_OK) { ... nova_step_error(s) ... }
+ *   int64_t shape[2] = {8, 784};
+ *   nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, shape, x_data);
+ *   if (nova_step_run(s) != NOVA_OK) fprintf(stderr, "%s\n", nova_step_error(s));
+ *   const void *y; nova_tensor_info info;
+ *   nova_step_get(s, "logits", &y, &info);
+ *   nova_step_close(s);
+ *
+ * Every function validates its arguments and returns a status; on failure
+ * nova_step_error() describes what was wrong.  Nothing here aborts the process.
+ */
+#ifndef NOVA_STEP_H
+#define NOVA_STEP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NOVA_STEP_ABI_VERSION 1
+#define NOVA_MAX_RANK 8
+
+typedef enum nova_status {
+  NOVA_OK = 0,
+  NOVA_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, bad index, ... */
+  NOVA_ERR_NOT_FOUND = 2,        /* no tensor of that name */
+  NOVA_ERR_DTYPE = 3,            /* dtype differs from the compiled one */
+  NOVA_ERR_SHAPE = 4,            /* rank or shape differs from the compiled one */
+  NOVA_ERR_UNBOUND = 5,          /* run() before every input was bound */
+  NOVA_ERR_OUT_OF_RANGE = 6,     /* an index input holds a value outside its table */
+  NOVA_ERR_NO_MEMORY = 7,
+  NOVA_ERR_ROLE = 8,             /* e.g. bind() on an output */
+  NOVA_ERR_ABI = 9               /* step.so built for another ABI version */
+} nova_status;
+
+/* Element types; the values are ONNX TensorProto.DataType codes. */
+typedef enum nova_dtype {
+  NOVA_DTYPE_F32 = 1,
+  NOVA_DTYPE_I32 = 6,
+  NOVA_DTYPE_I64 = 7,
+  NOVA_DTYPE_BOOL = 9,
+  NOVA_DTYPE_F16 = 10,
+  NOVA_DTYPE_F64 = 11,
+  NOVA_DTYPE_BF16 = 16
+} nova_dtype;
+
+typedef enum nova_role {
+  NOVA_ROLE_INPUT = 0,
+  NOVA_ROLE_LABEL = 1,
+  NOVA_ROLE_PARAM = 2,
+  NOVA_ROLE_OPT_STATE = 3,
+  NOVA_ROLE_OUTPUT = 4,
+  NOVA_ROLE_LOSS = 5
+} nova_role;
+
+typedef struct nova_tensor_info {
+  const char *name;     /* borrowed: valid until nova_step_close */
+  nova_role role;
+  nova_dtype dtype;
+  int rank;
+  const int64_t *shape; /* borrowed, rank entries */
+  size_t nbytes;
+} nova_tensor_info;
+
+typedef struct nova_step nova_step;
+
+/* Creates a step with its own buffers, parameters set to their initial
+ * values.  On failure *step is NULL, except for NOVA_ERR_ABI where *step
+ * holds a step whose only use is nova_step_error() and nova_step_close(). */
+nova_status nova_step_open(nova_step **step);
+void nova_step_close(nova_step *step);
+
+int nova_step_num_tensors(const nova_step *step);
+nova_status nova_step_tensor(const nova_step *step, int index, nova_tensor_info *info);
+nova_status nova_step_find(const nova_step *step, const char *name, int *index);
+
+/* Copies data into the tensor NAME (role input, label or param).  dtype, rank
+ * and shape must equal the compiled ones. */
+nova_status nova_step_bind(nova_step *step, const char *name, nova_dtype dtype,
+                           int rank, const int64_t *shape, const void *data);
+
+/* Runs the step once.  Fails with NOVA_ERR_UNBOUND naming the first input
+ * that was never bound, or NOVA_ERR_OUT_OF_RANGE for a bad index value. */
+nova_status nova_step_run(nova_step *step);
+
+/* Borrowed view of any tensor's current value (outputs after a run). */
+nova_status nova_step_get(nova_step *step, const char *name, const void **data,
+                          nova_tensor_info *info);
+
+/* The last error's message; "" after success.  Borrowed. */
+const char *nova_step_error(const nova_step *step);
+
+const char *nova_dtype_name(nova_dtype dtype);       /* "f32", ...; "?" if unknown */
+size_t nova_dtype_size(nova_dtype dtype);            /* bytes, 0 if unknown */
+const char *nova_role_name(nova_role role);          /* "input", ... */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

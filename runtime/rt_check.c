@@ -1,0 +1,91 @@
+/* rt_check.c: validation of a step's descriptor (at open) and of index
+ * inputs (at every run). */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "rt_dtype.h"
+#include "rt_step.h"
+
+/* Writes the message to ERR (RT_ERROR_LEN bytes); returns NOVA_ERR_ABI,
+ * the status of every descriptor problem. */
+__attribute__((format(printf, 2, 3))) static nova_status rt_bad(char *err, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, RT_ERROR_LEN, fmt, ap);
+  va_end(ap);
+  return NOVA_ERR_ABI;
+}
+
+/* Everything about tensor I that does not involve other tensors. */
+static nova_status rt_check_tensor(const rt_graph *g, int i, size_t *nbytes, char *err) {
+  const rt_tensor_desc *t = &g->tensors[i];
+  const char *name = t->name;
+  char shape[256];
+  if (!name || !name[0]) return rt_bad(err, "malformed step: tensor %d has no name", i);
+  if (rt_role_name(t->role)[0] == '?')
+    return rt_bad(err, "malformed step: tensor '%s': unknown role %d", name, (int)t->role);
+  if (rt_dtype_size(t->dtype) == 0)
+    return rt_bad(err, "malformed step: tensor '%s': unknown dtype %d", name, (int)t->dtype);
+  if (!rt_tensor_nbytes(t->dtype, t->rank, t->shape, nbytes))
+    return rt_bad(err, "malformed step: tensor '%s': bad shape %s (rank %d)", name,
+                    rt_shape_str(shape, sizeof shape, t->rank, t->shape), (int)t->rank);
+  if (t->index_bound < 0 || (t->index_bound > 0 && t->dtype != NOVA_DTYPE_I32 && t->dtype != NOVA_DTYPE_I64))
+    return rt_bad(err, "malformed step: tensor '%s': index_bound %lld on a %s tensor", name,
+                    (long long)t->index_bound, rt_dtype_name(t->dtype));
+  if (t->init_offset < -1 ||
+      (t->init_offset >= 0 && (!g->init_data || (uint64_t)t->init_offset > g->init_size ||
+                               *nbytes > g->init_size - (uint64_t)t->init_offset)))
+    return rt_bad(err, "malformed step: tensor '%s': initial value at offset %lld, %zu bytes, "
+                    "outside the %llu bytes of init data",
+                    name, (long long)t->init_offset, *nbytes, (unsigned long long)g->init_size);
+  return NOVA_OK;
+}
+
+/* Tensor names must be unique: bind() and get() look them up by name. */
+static nova_status rt_check_unique(const rt_graph *g, int i, char *err) {
+  for (int j = 0; j < i; j++)
+    if (strcmp(g->tensors[j].name, g->tensors[i].name) == 0)
+      return rt_bad(err, "malformed step: tensors %d and %d are both named '%s'", j, i,
+                      g->tensors[i].name);
+  return NOVA_OK;
+}
+
+nova_status rt_graph_check_header(const rt_graph *g, char *err) {
+  if (g->abi_version != NOVA_STEP_ABI_VERSION)
+    return rt_bad(err, "step ABI mismatch: the step was compiled for step ABI version %u, its runtime "
+                    "implements version %d; rebuild it with a matching novac",
+                    (unsigned)g->abi_version, NOVA_STEP_ABI_VERSION);
+  if (g->ntensors < 0 || (g->ntensors > 0 && !g->tensors) || g->nargs < 0 || (g->nargs > 0 && !g->arg_tensor) ||
+      !g->entry)
+    return rt_bad(err, "malformed step: bad graph header (%d tensors, %d args, entry %s)",
+                    (int)g->ntensors, (int)g->nargs, g->entry ? "set" : "missing");
+  return NOVA_OK;
+}
+
+nova_status rt_graph_check_tensors(const rt_graph *g, size_t *nbytes, char *err) {
+  nova_status st = NOVA_OK;
+  for (int i = 0; st == NOVA_OK && i < g->ntensors; i++) {
+    st = rt_check_tensor(g, i, &nbytes[i], err);
+    if (st == NOVA_OK) st = rt_check_unique(g, i, err);
+  }
+  for (int a = 0; st == NOVA_OK && a < g->nargs; a++)
+    if (g->arg_tensor[a] < 0 || g->arg_tensor[a] >= g->ntensors)
+      st = rt_bad(err, "malformed step: entry argument %d names tensor %d of %d", a,
+                     (int)g->arg_tensor[a], (int)g->ntensors);
+  return st;
+}
+
+nova_status rt_check_index(nova_step *s, int i) {
+  const rt_tensor_desc *t = &s->graph->tensors[i];
+  size_t n = s->nbytes[i] / rt_dtype_size(t->dtype);
+  for (size_t k = 0; k < n; k++) {
+    int64_t v = t->dtype == NOVA_DTYPE_I64 ? ((const int64_t *)s->buffers[i])[k]
+                                           : ((const int32_t *)s->buffers[i])[k];
+    if (v < 0 || v >= t->index_bound)
+      return rt_fail(s, NOVA_ERR_OUT_OF_RANGE, "tensor '%s': value %lld at flat index %zu is outside [0, %lld)",
+                     t->name, (long long)v, k, (long long)t->index_bound);
+  }
+  return NOVA_OK;
+}

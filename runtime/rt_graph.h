@@ -1,0 +1,39 @@
+/* rt_graph.h: the contract between code novac generates and the runtime.
+ *
+ * Every step.so defines exactly one `const rt_graph nova_rt_graph` (in the
+ * descriptor file novac generates) and links runtime/ statically.  The
+ * runtime owns one buffer per tensor; the compiled entry receives, in the
+ * order arg_tensor gives, a pointer to each tensor's buffer.
+ */
+#ifndef NOVA_RT_GRAPH_H
+#define NOVA_RT_GRAPH_H
+
+#include <stdint.h>
+#include "nova/step.h"
+
+typedef struct rt_tensor_desc {
+  const char *name;
+  int32_t role;          /* nova_role */
+  int32_t dtype;         /* nova_dtype */
+  int32_t rank;
+  int64_t shape[NOVA_MAX_RANK];
+  int64_t index_bound;   /* > 0: integer input whose every value must lie in [0, index_bound) */
+  int64_t init_offset;   /* >= 0: byte offset of the initial value in init_data; -1: zeros */
+} rt_tensor_desc;
+
+typedef struct rt_graph {
+  uint32_t abi_version;          /* NOVA_STEP_ABI_VERSION */
+  const char *novac_version;
+  const char *graph_hash;        /* structural hash, hex */
+  int32_t ntensors;
+  const rt_tensor_desc *tensors;
+  int32_t nargs;
+  const int32_t *arg_tensor;     /* entry argument i is the buffer of tensors[arg_tensor[i]] */
+  const unsigned char *init_data;
+  uint64_t init_size;
+  void (*entry)(void **args);    /* runs the step */
+} rt_graph;
+
+extern const rt_graph nova_rt_graph;
+
+#endif

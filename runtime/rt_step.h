@@ -1,0 +1,52 @@
+/* rt_step.h: the runtime's internal view of a nova_step (not installed).
+ *
+ * The runtime is compiled with -fvisibility=hidden and linked statically
+ * into every step.so; only the functions of nova/step.h, defined with
+ * NOVA_API, are exported from it.
+ */
+#ifndef NOVA_RT_STEP_H
+#define NOVA_RT_STEP_H
+
+#include <stddef.h>
+#include "nova/step.h"
+#include "rt_graph.h"
+
+#define NOVA_API __attribute__((visibility("default")))
+
+/* Buffers are aligned for the widest vector loads codegen emits (AVX-512). */
+#define RT_BUFFER_ALIGN 64
+#define RT_ERROR_LEN 1024
+
+struct nova_step {
+  const rt_graph *graph;  /* borrowed; NULL in a step that failed the ABI check */
+  void **buffers;         /* [ntensors] owned, RT_BUFFER_ALIGN-aligned */
+  size_t *nbytes;         /* [ntensors] */
+  unsigned char *bound;   /* [ntensors] 1 once bind() succeeded */
+  void **args;            /* [nargs] buffers[arg_tensor[i]] */
+  char error[RT_ERROR_LEN];
+};
+
+/* nova_step_open over an explicit graph (nova_step_open passes
+ * &nova_rt_graph).  Same contract as nova_step_open: on NOVA_ERR_ABI (a
+ * graph that is not valid for this runtime) *step holds a step carrying
+ * only the message; on any other failure *step is NULL. */
+nova_status rt_step_open_graph(const rt_graph *graph, nova_step **step);
+
+/* Records the message for nova_step_error(); returns STATUS. */
+nova_status rt_fail(nova_step *step, nova_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Descriptor checks at open.  On failure each writes a message to ERR
+ * (RT_ERROR_LEN bytes) and returns NOVA_ERR_ABI.
+ * _header: ABI version, tensor and argument counts, entry; must pass before
+ *   anything else of GRAPH is read.
+ * _tensors: every tensor (name unique, role, dtype, shape, index_bound,
+ *   init data range) and every argument index; fills NBYTES[ntensors]. */
+nova_status rt_graph_check_header(const rt_graph *graph, char *err);
+nova_status rt_graph_check_tensors(const rt_graph *graph, size_t *nbytes, char *err);
+
+/* NOVA_OK if every element of tensor I (index_bound > 0) lies in
+ * [0, index_bound); otherwise NOVA_ERR_OUT_OF_RANGE with the message. */
+nova_status rt_check_index(nova_step *step, int i);
+
+#endif

@@ -1,0 +1,223 @@
+/* step.c: the public ABI of nova/step.h over the step's nova_rt_graph.
+ *
+ * A nova_step owns one RT_BUFFER_ALIGN-aligned buffer per tensor of the
+ * graph; run() hands the compiled entry those buffers in the order
+ * graph->arg_tensor gives.  Every function checks its arguments and
+ * returns a status, recording a message for nova_step_error() where it has
+ * a step to record it in.
+ */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_dtype.h"
+#include "rt_step.h"
+
+nova_status rt_fail(nova_step *s, nova_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(s->error, sizeof s->error, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+static nova_status rt_ok(nova_step *s) {
+  s->error[0] = '\0';
+  return NOVA_OK;
+}
+
+/* ---- open / close -------------------------------------------------------- */
+
+/* The buffer of one tensor: NBYTES rounded up to RT_BUFFER_ALIGN (at least
+ * one block, so a 0-element tensor still has a valid pointer), holding the
+ * tensor's initial value or zeros.  NULL when out of memory. */
+static void *rt_buffer_create(const rt_graph *g, const rt_tensor_desc *t, size_t nbytes) {
+  size_t size = (nbytes + RT_BUFFER_ALIGN - 1) / RT_BUFFER_ALIGN * RT_BUFFER_ALIGN;
+  void *buf = aligned_alloc(RT_BUFFER_ALIGN, size ? size : RT_BUFFER_ALIGN);
+  if (!buf) return NULL;
+  memset(buf, 0, size ? size : RT_BUFFER_ALIGN);
+  if (t->init_offset >= 0 && nbytes > 0) memcpy(buf, g->init_data + t->init_offset, nbytes);
+  return buf;
+}
+
+/* Allocates the per-tensor arrays and buffers of S for S->graph, whose
+ * header rt_graph_check_header accepted.  Fills nbytes via the descriptor
+ * checks; returns NOVA_ERR_ABI (message in S) for a malformed descriptor. */
+static nova_status rt_step_alloc(nova_step *s) {
+  const rt_graph *g = s->graph;
+  size_t nt = g->ntensors > 0 ? (size_t)g->ntensors : 1, na = g->nargs > 0 ? (size_t)g->nargs : 1;
+  s->buffers = calloc(nt, sizeof *s->buffers);
+  s->nbytes = calloc(nt, sizeof *s->nbytes);
+  s->bound = calloc(nt, sizeof *s->bound);
+  s->args = calloc(na, sizeof *s->args);
+  if (!s->buffers || !s->nbytes || !s->bound || !s->args) return NOVA_ERR_NO_MEMORY;
+  nova_status st = rt_graph_check_tensors(g, s->nbytes, s->error);
+  if (st != NOVA_OK) return st;
+  for (int i = 0; i < g->ntensors; i++)
+    if (!(s->buffers[i] = rt_buffer_create(g, &g->tensors[i], s->nbytes[i])))
+      return rt_fail(s, NOVA_ERR_NO_MEMORY, "out of memory for tensor '%s' (%zu bytes)", g->tensors[i].name,
+                     s->nbytes[i]);
+  for (int a = 0; a < g->nargs; a++) s->args[a] = s->buffers[g->arg_tensor[a]];
+  return NOVA_OK;
+}
+
+/* Frees the buffers and arrays of S, leaving only its error message: what
+ * a step that failed the descriptor checks keeps. */
+static void rt_step_release(nova_step *s) {
+  if (s->buffers && s->graph)
+    for (int i = 0; i < s->graph->ntensors; i++) free(s->buffers[i]);
+  free(s->buffers);
+  free(s->nbytes);
+  free(s->bound);
+  free(s->args);
+  s->buffers = NULL;
+  s->nbytes = NULL;
+  s->bound = NULL;
+  s->args = NULL;
+  s->graph = NULL;
+}
+
+nova_status rt_step_open_graph(const rt_graph *graph, nova_step **step) {
+  if (!step) return NOVA_ERR_INVALID_ARGUMENT;
+  *step = NULL;
+  if (!graph) return NOVA_ERR_INVALID_ARGUMENT;
+  nova_step *s = calloc(1, sizeof *s);
+  if (!s) return NOVA_ERR_NO_MEMORY;
+  nova_status st = rt_graph_check_header(graph, s->error);
+  if (st == NOVA_OK) {
+    s->graph = graph;
+    st = rt_step_alloc(s);
+  }
+  if (st == NOVA_ERR_NO_MEMORY) {
+    nova_step_close(s);
+    return st;
+  }
+  if (st != NOVA_OK) rt_step_release(s); /* NOVA_ERR_ABI: keep only the message */
+  *step = s;
+  return st;
+}
+
+NOVA_API nova_status nova_step_open(nova_step **step) { return rt_step_open_graph(&nova_rt_graph, step); }
+
+NOVA_API void nova_step_close(nova_step *step) {
+  if (!step) return;
+  rt_step_release(step);
+  free(step);
+}
+
+/* ---- queries ------------------------------------------------------------- */
+
+static int rt_find(const nova_step *s, const char *name) {
+  for (int i = 0; i < s->graph->ntensors; i++)
+    if (strcmp(s->graph->tensors[i].name, name) == 0) return i;
+  return -1;
+}
+
+static void rt_fill_info(const nova_step *s, int i, nova_tensor_info *info) {
+  const rt_tensor_desc *t = &s->graph->tensors[i];
+  info->name = t->name;
+  info->role = (nova_role)t->role;
+  info->dtype = (nova_dtype)t->dtype;
+  info->rank = t->rank;
+  info->shape = t->shape;
+  info->nbytes = s->nbytes[i];
+}
+
+NOVA_API int nova_step_num_tensors(const nova_step *step) {
+  return step && step->graph ? step->graph->ntensors : 0;
+}
+
+NOVA_API nova_status nova_step_tensor(const nova_step *step, int index, nova_tensor_info *info) {
+  if (!step || !info) return NOVA_ERR_INVALID_ARGUMENT;
+  if (!step->graph) return NOVA_ERR_ABI;
+  if (index < 0 || index >= step->graph->ntensors) return NOVA_ERR_INVALID_ARGUMENT;
+  rt_fill_info(step, index, info);
+  return NOVA_OK;
+}
+
+NOVA_API nova_status nova_step_find(const nova_step *step, const char *name, int *index) {
+  if (!step || !name || !index) return NOVA_ERR_INVALID_ARGUMENT;
+  if (!step->graph) return NOVA_ERR_ABI;
+  *index = rt_find(step, name);
+  return *index >= 0 ? NOVA_OK : NOVA_ERR_NOT_FOUND;
+}
+
+/* ---- bind / run / get ---------------------------------------------------- */
+
+/* Checks that a value of DTYPE, RANK and SHAPE fits tensor I exactly. */
+static nova_status rt_check_bind(nova_step *s, int i, nova_dtype dtype, int rank, const int64_t *shape) {
+  const rt_tensor_desc *t = &s->graph->tensors[i];
+  char given[256], want[256];
+  if (t->role != NOVA_ROLE_INPUT && t->role != NOVA_ROLE_LABEL && t->role != NOVA_ROLE_PARAM)
+    return rt_fail(s, NOVA_ERR_ROLE, "tensor '%s' has role %s; only inputs, labels and params can be bound",
+                   t->name, rt_role_name(t->role));
+  if ((int)dtype != t->dtype)
+    return rt_fail(s, NOVA_ERR_DTYPE, "tensor '%s': dtype %s given, step compiled for %s", t->name,
+                   rt_dtype_name(dtype), rt_dtype_name(t->dtype));
+  int same = rank == t->rank;
+  for (int d = 0; same && d < rank; d++) same = shape[d] == t->shape[d];
+  if (!same)
+    return rt_fail(s, NOVA_ERR_SHAPE, "tensor '%s': shape %s given, step compiled for %s", t->name,
+                   rt_shape_str(given, sizeof given, rank, shape), rt_shape_str(want, sizeof want, t->rank, t->shape));
+  return NOVA_OK;
+}
+
+NOVA_API nova_status nova_step_bind(nova_step *step, const char *name, nova_dtype dtype, int rank,
+                                    const int64_t *shape, const void *data) {
+  if (!step) return NOVA_ERR_INVALID_ARGUMENT;
+  if (!step->graph) return NOVA_ERR_ABI;
+  if (!name) return rt_fail(step, NOVA_ERR_INVALID_ARGUMENT, "nova_step_bind: name is NULL");
+  if (!data) return rt_fail(step, NOVA_ERR_INVALID_ARGUMENT, "nova_step_bind: tensor '%s': data is NULL", name);
+  if (rank > 0 && !shape)
+    return rt_fail(step, NOVA_ERR_INVALID_ARGUMENT, "nova_step_bind: tensor '%s': shape is NULL", name);
+  if (rank < 0 || rank > NOVA_MAX_RANK)
+    return rt_fail(step, NOVA_ERR_SHAPE, "tensor '%s': rank %d given, the most a step supports is %d", name,
+                   rank, NOVA_MAX_RANK);
+  int i = rt_find(step, name);
+  if (i < 0) return rt_fail(step, NOVA_ERR_NOT_FOUND, "no tensor named '%s' in this step", name);
+  nova_status st = rt_check_bind(step, i, dtype, rank, shape);
+  if (st != NOVA_OK) return st;
+  memcpy(step->buffers[i], data, step->nbytes[i]);
+  step->bound[i] = 1;
+  return rt_ok(step);
+}
+
+NOVA_API nova_status nova_step_run(nova_step *step) {
+  if (!step) return NOVA_ERR_INVALID_ARGUMENT;
+  if (!step->graph) return NOVA_ERR_ABI;
+  const rt_graph *g = step->graph;
+  for (int i = 0; i < g->ntensors; i++) {
+    const rt_tensor_desc *t = &g->tensors[i];
+    if ((t->role == NOVA_ROLE_INPUT || t->role == NOVA_ROLE_LABEL) && !step->bound[i])
+      return rt_fail(step, NOVA_ERR_UNBOUND, "%s '%s' was never bound", rt_role_name(t->role), t->name);
+  }
+  for (int i = 0; i < g->ntensors; i++)
+    if (g->tensors[i].index_bound > 0 && rt_check_index(step, i) != NOVA_OK) return NOVA_ERR_OUT_OF_RANGE;
+  g->entry(step->args);
+  return rt_ok(step);
+}
+
+NOVA_API nova_status nova_step_get(nova_step *step, const char *name, const void **data, nova_tensor_info *info) {
+  if (!step) return NOVA_ERR_INVALID_ARGUMENT;
+  if (!step->graph) return NOVA_ERR_ABI;
+  if (!name || !data || !info)
+    return rt_fail(step, NOVA_ERR_INVALID_ARGUMENT, "nova_step_get: %s is NULL",
+                   !name ? "name" : !data ? "data" : "info");
+  int i = rt_find(step, name);
+  if (i < 0) return rt_fail(step, NOVA_ERR_NOT_FOUND, "no tensor named '%s' in this step", name);
+  *data = step->buffers[i];
+  rt_fill_info(step, i, info);
+  return rt_ok(step);
+}
+
+NOVA_API const char *nova_step_error(const nova_step *step) {
+  return step ? step->error : "no step (nova_step_open failed, or the step given is NULL)";
+}
+
+/* ---- names --------------------------------------------------------------- */
+
+NOVA_API const char *nova_dtype_name(nova_dtype dtype) { return rt_dtype_name(dtype); }
+NOVA_API size_t nova_dtype_size(nova_dtype dtype) { return rt_dtype_size(dtype); }
+NOVA_API const char *nova_role_name(nova_role role) { return rt_role_name(role); }

@@ -1,0 +1,306 @@
+#!/bin/sh
+# testsuite/runtime/run.sh [BUILD_DIR]: tests of the step runtime
+# (libnovart.a), of tensor_pb and of novarun, against BUILD_DIR (default
+# build) as `make build/lib/novac/libnovart.a build/bin/novarun` leaves it.
+#
+# Prints one `PASS: runtime :: NAME` or `FAIL: runtime :: NAME` line per
+# test, the reasons indented below a failure, and always exits 0: the
+# top-level runner counts the lines.  In a build directory whose name
+# contains "asan" the test programs and steps get the sanitizer flags
+# (override with NOVA_TEST_SAN); elsewhere, where valgrind is installed,
+# the unit tests and novarun also run under valgrind.  .pb files are written
+# and read with Python's onnx package when it is installed (an independent
+# implementation), else with tpb_tool over tensor_pb.
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+B=${1:-build}
+CC=${CC:-cc}
+
+pass() { echo "PASS: runtime :: $1"; }
+fail() {
+  echo "FAIL: runtime :: $1"
+  shift
+  for line in "$@"; do printf '%s\n' "$line" | sed 's/^/    /'; done
+}
+
+if ! B=$(cd "$B" 2>/dev/null && pwd) || [ ! -f "$B/lib/novac/libnovart.a" ] || [ ! -x "$B/bin/novarun" ]; then
+  fail setup "build directory '${1:-build}' lacks lib/novac/libnovart.a or bin/novarun;" \
+    "run: make B=${1:-build} ${1:-build}/lib/novac/libnovart.a ${1:-build}/bin/novarun"
+  exit 0
+fi
+case $(basename "$B") in
+  *asan*) SAN=${NOVA_TEST_SAN-"-fsanitize=address,undefined -fno-omit-frame-pointer"} ;;
+  *) SAN=${NOVA_TEST_SAN-} ;;
+esac
+T=$(mktemp -d "${TMPDIR:-/tmp}/nova-rt.XXXXXX") || { fail setup "mktemp failed"; exit 0; }
+trap 'rm -rf "$T"' EXIT INT TERM
+CFLAGS="-std=c11 -D_GNU_SOURCE -Wall -Wextra -Wpedantic -Wshadow -Wmissing-prototypes -Werror -g -O1"
+INC="-I$root/include -I$root/runtime -I$root/driver -I$B/gen"
+RTLIB=$B/lib/novac/libnovart.a
+NOVARUN=$B/bin/novarun
+VALGRIND=
+[ -z "$SAN" ] && command -v valgrind >/dev/null 2>&1 && VALGRIND="valgrind -q --leak-check=full --errors-for-leak-kinds=all --error-exitcode=99"
+
+# build NAME CMD...: compiles, reporting a failure as test NAME.
+build() {
+  name=$1
+  shift
+  if ! "$@" >"$T/build.log" 2>&1; then
+    fail "$name" "build failed: $*" "$(cat "$T/build.log")"
+    return 1
+  fi
+}
+
+# unit NAME PROGRAM ARGS...: runs a C test that prints its own PASS/FAIL
+# lines; a non-zero exit (crash, sanitizer or valgrind report) fails NAME.
+unit() {
+  name=$1
+  shift
+  "$@" >"$T/unit.out" 2>"$T/unit.err"
+  rc=$?
+  cat "$T/unit.out"
+  [ $rc -eq 0 ] || fail "$name" "exit status $rc" "$(tail -n 30 "$T/unit.err")"
+}
+
+# ---- unit tests ------------------------------------------------------------
+if build step.build $CC $CFLAGS $SAN $INC "$here/test_step.c" "$here/fixture_graph.c" "$RTLIB" -o "$T/test_step"; then
+  unit step.exit "$T/test_step"
+  [ -n "$VALGRIND" ] && unit step.valgrind $VALGRIND "$T/test_step" | grep -v '^PASS'
+fi
+PB_SRC="$root/driver/tensor_pb.c $B/obj/gen/onnx.pb-c.o -lprotobuf-c"
+if build tensor_pb.build $CC $CFLAGS $SAN $INC "$here/test_tensor_pb.c" $PB_SRC -o "$T/test_tensor_pb"; then
+  unit tensor_pb.exit "$T/test_tensor_pb" "$T"
+  [ -n "$VALGRIND" ] && unit tensor_pb.valgrind $VALGRIND "$T/test_tensor_pb" "$T" | grep -v '^PASS'
+fi
+
+# ---- steps for novarun -------------------------------------------------------
+# A step.so as novac links one: its descriptor plus the whole runtime.
+mkstep() {
+  $CC -shared -fPIC $SAN $INC "$@" -Wl,--whole-archive "$RTLIB" -Wl,--no-whole-archive
+}
+build novarun.build mkstep "$here/fixture_graph.c" -o "$T/fixture.so" || exit 0
+build novarun.build mkstep -DFIXTURE_ABI=99 "$here/fixture_graph.c" -o "$T/abi99.so" || exit 0
+echo 'int not_a_step(void); int not_a_step(void) { return 0; }' >"$T/notstep.c"
+build novarun.build $CC -shared -fPIC "$T/notstep.c" -o "$T/notstep.so" || exit 0
+build novarun.build $CC $CFLAGS $SAN $INC "$here/tpb_tool.c" $PB_SRC -o "$T/tpb_tool" || exit 0
+
+exports=$(nm -D --defined-only "$T/fixture.so" | awk '{print $3}' | sort | tr '\n' ' ')
+want="nova_dtype_name nova_dtype_size nova_role_name nova_rt_graph nova_step_bind nova_step_close nova_step_error nova_step_find nova_step_get nova_step_num_tensors nova_step_open nova_step_run nova_step_tensor "
+if [ "$exports" = "$want" ]; then pass novarun.exports; else fail novarun.exports "exported: $exports" "expected: $want"; fi
+
+# ---- .pb files ---------------------------------------------------------------
+if [ -z "$NOVA_TEST_NO_ONNX" ] && python3 -c 'import onnx, numpy' >/dev/null 2>&1; then HAVE_ONNX=1; else HAVE_ONNX=; fi
+
+# mkpb FILE NAME DTYPE DIMS VALUES [typed]: as tpb_tool write; "typed"
+# stores the values in the typed field instead of raw_data (onnx only).
+mkpb() {
+  if [ -n "$HAVE_ONNX" ]; then
+    python3 - "$@" <<'EOF'
+import sys, numpy as np
+from onnx import helper, numpy_helper, TensorProto
+path, name, dtype, dims, values = sys.argv[1:6]
+typed = len(sys.argv) > 6
+np_type = {"f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64, "bool": np.bool_}[dtype]
+shape = [] if dims == "-" else [int(d) for d in dims.split(",")]
+vals = [] if values == "-" else [float(v) for v in values.split(",")]
+a = np.array(vals, dtype=np_type).reshape(shape)
+if typed:
+    t = helper.make_tensor(name, helper.np_dtype_to_tensor_dtype(a.dtype), shape, a.flatten().tolist(), raw=False)
+else:
+    t = numpy_helper.from_array(a, name)
+open(path, "wb").write(t.SerializeToString())
+EOF
+  else
+    "$T/tpb_tool" write "$@"
+  fi
+}
+
+# dumppb FILE: "NAME DTYPE [DIMS] V0 V1 ..." as tpb_tool print.
+dumppb() {
+  if [ -n "$HAVE_ONNX" ]; then
+    python3 - "$1" <<'EOF'
+import sys, onnx
+from onnx import numpy_helper
+t = onnx.load_tensor(sys.argv[1])
+a = numpy_helper.to_array(t)
+kind = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "bool": "bool"}[str(a.dtype)]
+vals = ["%.9g" % v if kind in ("f32", "f64") else "%d" % v for v in a.flatten().tolist()]
+print(" ".join([t.name or "-", kind, "[" + ",".join(str(d) for d in a.shape) + "]"] + vals))
+EOF
+  else
+    "$T/tpb_tool" print "$1"
+  fi
+}
+
+# inputs DIR [LAYOUT]: the fixture's inputs in DIR, as input_K.pb
+# (LAYOUT "positional", the default) or NAME.pb ("named").
+inputs() {
+  mkdir -p "$1"
+  if [ "${2:-positional}" = named ]; then set -- "$1" x scale idx lbl; else set -- "$1" input_0 input_1 input_2 input_3; fi
+  mkpb "$1/$2.pb" x f32 2,3 1,2,3,4,5,6 &&
+    mkpb "$1/$3.pb" scale f32 - 2 &&
+    mkpb "$1/$4.pb" idx i64 4 4,0,2,1 &&
+    mkpb "$1/$5.pb" lbl i32 2 1,2
+}
+inputs "$T/in" || { fail novarun.inputs "cannot write the input .pb files"; exit 0; }
+inputs "$T/named" named || { fail novarun.inputs "cannot write the input .pb files"; exit 0; }
+
+# ---- novarun -------------------------------------------------------------------
+# novarun NAME WANT_RC [ARGS...]: runs novarun (under valgrind where it
+# applies) with stdout in $T/out, stderr in $T/err; on an exit status other
+# than WANT_RC reports NAME as failed and returns 1.  A failing run must
+# explain itself with a `novarun: ` line.
+novarun() {
+  name=$1 want_rc=$2
+  shift 2
+  $NOVARUN_PREFIX "$NOVARUN" "$@" >"$T/out" 2>"$T/err"
+  rc=$?
+  if [ $rc -ne "$want_rc" ]; then
+    fail "$name" "novarun $* exited $rc, expected $want_rc" "stderr: $(head -c 2000 "$T/err")"
+    return 1
+  fi
+  if [ "$want_rc" -ne 0 ] && ! grep -q '^novarun: ' "$T/err"; then
+    fail "$name" "novarun $* exited $rc without a 'novarun: ' diagnostic" "stderr: $(cat "$T/err")"
+    return 1
+  fi
+}
+
+# has NAME FILE TEXT: FILE contains the fixed string TEXT, else NAME fails.
+has() {
+  grep -qF -- "$3" "$2" && return 0
+  fail "$1" "expected in $(basename "$2"): $3" "got: $(head -c 2000 "$2")"
+  return 1
+}
+
+# output_is NAME FILE TEXT: dumppb FILE prints TEXT.
+output_is() {
+  got=$(dumppb "$2" 2>&1)
+  [ "$got" = "$3" ] && return 0
+  fail "$1" "$2: got '$got'" "expected '$3'"
+  return 1
+}
+
+Y='y f32 [2,3] 2.5 3 8 8.5 9 14'
+G='g f32 [4] 50 10 30 20'
+
+run_ok() {
+  novarun novarun.run_positional 0 "$T/fixture.so" --inputs "$T/in" --outputs "$T/out1/new/dir" &&
+    output_is novarun.run_positional "$T/out1/new/dir/output_0.pb" "$Y" &&
+    output_is novarun.run_positional "$T/out1/new/dir/output_1.pb" "$G" &&
+    output_is novarun.run_positional "$T/out1/new/dir/output_2.pb" 'loss f32 [] 49' &&
+    has novarun.run_positional "$T/err" "10 tensors, 4 bound" &&
+    has novarun.run_positional "$T/err" "output 0 'y' f32 [2,3] -> $T/out1/new/dir/output_0.pb" &&
+    has novarun.run_positional "$T/err" "loss 2 'loss' f32 []" &&
+    pass novarun.run_positional
+
+  novarun novarun.run_named 0 --outputs "$T/out2" --inputs "$T/named" "$T/fixture.so" &&
+    output_is novarun.run_named "$T/out2/output_0.pb" "$Y" &&
+    output_is novarun.run_named "$T/out2/output_1.pb" "$G" && pass novarun.run_named
+
+  novarun novarun.repeat 0 "$T/fixture.so" --inputs="$T/in" --outputs="$T/out3" --repeat 3 &&
+    output_is novarun.repeat "$T/out3/output_2.pb" 'loss f32 [] 51' &&
+    has novarun.repeat "$T/err" "per run (median of 3)" && pass novarun.repeat
+
+  novarun novarun.print 0 "$T/fixture.so" --inputs "$T/in" --print -q &&
+    has novarun.print "$T/out" 'y f32 [2,3] = [2.5, 3, 8, 8.5, 9, 14]  min 2.5  max 14  mean 7.5' &&
+    has novarun.print "$T/out" 'loss f32 [] = [49]  min 49  max 49  mean 49' &&
+    if [ -s "$T/err" ]; then fail novarun.print "-q, yet stderr: $(cat "$T/err")"; else pass novarun.print; fi
+
+  (cd "$T" && novarun novarun.bare_file_name 0 fixture.so --inputs in -q) && pass novarun.bare_file_name
+
+  mkdir -p "$T/renamed" && cp "$T/in/"*.pb "$T/renamed/" && mkpb "$T/renamed/input_0.pb" q f32 2,3 1,2,3,4,5,6 &&
+    novarun novarun.name_warning 0 "$T/fixture.so" --inputs "$T/renamed" &&
+    has novarun.name_warning "$T/err" "warning: $T/renamed/input_0.pb holds tensor 'q', bound to input 0 of the step, 'x'" &&
+    pass novarun.name_warning
+
+  if [ -n "$HAVE_ONNX" ]; then
+    mkdir -p "$T/typed" && mkpb "$T/typed/input_0.pb" x f32 2,3 1,2,3,4,5,6 typed &&
+      mkpb "$T/typed/input_1.pb" scale f32 - 2 typed && mkpb "$T/typed/input_2.pb" idx i64 4 4,0,2,1 typed &&
+      mkpb "$T/typed/input_3.pb" lbl i32 2 1,2 typed &&
+      novarun novarun.typed_inputs 0 "$T/fixture.so" --inputs "$T/typed" --outputs "$T/out4" &&
+      output_is novarun.typed_inputs "$T/out4/output_0.pb" "$Y" && pass novarun.typed_inputs
+  fi
+}
+
+# bad NAME WANT_RC TEXT ARGS...: novarun ARGS exits WANT_RC, saying TEXT.
+bad() {
+  name=$1 want_rc=$2 text=$3
+  shift 3
+  novarun "$name" "$want_rc" "$@" && has "$name" "$T/err" "$text" && pass "$name"
+}
+
+# badinput NAME TEXT FILE DTYPE DIMS VALUES: input_0.pb replaced by that
+# tensor (FILE "-": removed), novarun exits 1 saying TEXT.
+badinput() {
+  name=$1 text=$2
+  rm -rf "$T/bad" && mkdir -p "$T/bad" && cp "$T/in/"*.pb "$T/bad/"
+  case $3 in
+    -) rm -f "$T/bad/input_0.pb" ;;
+    *) shift 2 && mkpb "$T/bad/input_0.pb" "$@" ;;
+  esac
+  bad "$name" 1 "$text" "$T/fixture.so" --inputs "$T/bad"
+}
+
+run_bad() {
+  bad bad.missing_step 1 "novarun: $T/nope.so: No such file or directory" "$T/nope.so" --inputs "$T/in"
+  bad bad.not_a_step 1 "is not a step.so written by novac" "$T/notstep.so" --inputs "$T/in"
+  echo 'not an ELF file' >"$T/text.so"
+  bad bad.not_a_shared_object 1 "novarun: cannot load step '$T/text.so'" "$T/text.so"
+  bad bad.abi_mismatch 1 "step ABI mismatch: the step was compiled for step ABI version 99" "$T/abi99.so"
+  bad bad.no_inputs 1 "the step has 4 inputs ('x', ...); give them with --inputs DIR" "$T/fixture.so"
+  bad bad.inputs_dir_missing 1 "$T/none: No such file or directory" "$T/fixture.so" --inputs "$T/none"
+  badinput bad.missing_input "no file for input 'x': neither $T/bad/input_0.pb nor $T/bad/x.pb exists" -
+  badinput bad.wrong_dtype "$T/bad/input_0.pb: holds f64 [2,3], but input 'x' of the step is f32 [2,3]" \
+    x f64 2,3 1,2,3,4,5,6
+  badinput bad.wrong_shape "$T/bad/input_0.pb: holds f32 [3,2], but input 'x' of the step is f32 [2,3]" \
+    x f32 3,2 1,2,3,4,5,6
+  badinput bad.wrong_rank "$T/bad/input_0.pb: holds f32 [6], but input 'x' of the step is f32 [2,3]" \
+    x f32 6 1,2,3,4,5,6
+  rm -rf "$T/bad" && mkdir -p "$T/bad" && cp "$T/in/"*.pb "$T/bad/"
+  mkpb "$T/bad/input_2.pb" idx i64 4 0,1,7,2
+  bad bad.index_out_of_range 1 "run failed: tensor 'idx': value 7 at flat index 2 is outside [0, 5)" \
+    "$T/fixture.so" --inputs "$T/bad"
+  cp "$T/in/input_2.pb" "$T/bad/"
+  printf 'garbage\377\377' >"$T/bad/input_1.pb"
+  bad bad.corrupt_pb 1 "$T/bad/input_1.pb: not an ONNX TensorProto" "$T/fixture.so" --inputs "$T/bad"
+  size=$(wc -c <"$T/in/input_0.pb")
+  head -c $((size - 5)) "$T/in/input_0.pb" >"$T/bad/input_1.pb"
+  bad bad.truncated_pb 1 "$T/bad/input_1.pb: not an ONNX TensorProto" "$T/fixture.so" --inputs "$T/bad"
+  : >"$T/bad/input_1.pb"
+  bad bad.empty_pb 1 "$T/bad/input_1.pb: empty file" "$T/fixture.so" --inputs "$T/bad"
+  if [ -n "$HAVE_ONNX" ]; then
+    python3 -c "
+import onnx
+t = onnx.helper.make_tensor('scale', onnx.TensorProto.FLOAT, [2], [1.0, 2.0, 3.0])
+open('$T/bad/input_1.pb', 'wb').write(t.SerializeToString())"
+    bad bad.count_mismatch 1 "$T/bad/input_1.pb: float_data holds 3 values; shape [2] needs 2" \
+      "$T/fixture.so" --inputs "$T/bad"
+  fi
+  echo x >"$T/afile"
+  bad bad.outputs_not_a_dir 1 "cannot create $T/afile" "$T/fixture.so" --inputs "$T/in" --outputs "$T/afile"
+  bad bad.training_option 1 "--steps is not supported by this step.so" "$T/fixture.so" --steps 10
+  bad usage.no_arguments 2 "novarun: no step.so given"
+  bad usage.unknown_option 2 "unknown option '--frobnicate'" "$T/fixture.so" --frobnicate
+  bad usage.bad_repeat 2 "--repeat needs a positive integer, not 'x'" "$T/fixture.so" --repeat x
+  bad usage.zero_repeat 2 "--repeat needs a positive integer, not '0'" --repeat=0 "$T/fixture.so"
+  bad usage.missing_value 2 "option '--inputs' needs a value" "$T/fixture.so" --inputs
+  bad usage.two_steps 2 "more than one step.so given" "$T/fixture.so" "$T/abi99.so"
+  novarun usage.help 0 --help && has usage.help "$T/out" "usage: novarun STEP.so" && pass usage.help
+  novarun usage.version 0 --version && has usage.version "$T/out" "novarun $(cat "$root/VERSION")" &&
+    pass usage.version
+}
+
+NOVARUN_PREFIX=
+run_ok
+run_bad
+
+# The same success and failure paths once more under valgrind: no error, no leak.
+if [ -n "$VALGRIND" ]; then
+  NOVARUN_PREFIX=$VALGRIND
+  novarun valgrind.novarun_run 0 "$T/fixture.so" --inputs "$T/in" --outputs "$T/out5" --print &&
+    output_is valgrind.novarun_run "$T/out5/output_0.pb" "$Y" && pass valgrind.novarun_run
+  novarun valgrind.novarun_bad_input 1 "$T/fixture.so" --inputs "$T/bad" && pass valgrind.novarun_bad_input
+  novarun valgrind.novarun_abi 1 "$T/abi99.so" && pass valgrind.novarun_abi
+fi
+exit 0

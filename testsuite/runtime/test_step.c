@@ -1,0 +1,404 @@
+/* test_step.c: unit test of the runtime (libnovart.a) over the descriptor
+ * in fixture_graph.c.  Prints one `PASS: runtime :: step.CASE` or
+ * `FAIL: runtime :: step.CASE` line per case, the reasons indented below a
+ * failure, and exits 0: a non-zero exit means a crash or a sanitizer report.
+ */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "nova/step.h"
+#include "rt_step.h"
+
+/* ---- a minimal harness --------------------------------------------------- */
+
+static int case_failures;
+static char case_reasons[8192]; /* printed under the FAIL line */
+
+/* Records one failure of the current case. */
+__attribute__((format(printf, 1, 2))) static void note_failure(const char *fmt, ...) {
+  size_t used = strlen(case_reasons);
+  va_list ap;
+  case_failures++;
+  va_start(ap, fmt);
+  vsnprintf(case_reasons + used, sizeof case_reasons - used, fmt, ap);
+  va_end(ap);
+}
+
+static void expect_at(int ok, const char *file, int line, const char *what) {
+  if (!ok) note_failure("    %s:%d: expected %s\n", file, line, what);
+}
+#define EXPECT(cond) expect_at((cond) != 0, __FILE__, __LINE__, #cond)
+
+/* The status is WANT and the step's message contains TEXT ("" = empty). */
+#define EXPECT_STATUS(step, got, want, text) expect_status_at(step, got, want, text, __FILE__, __LINE__)
+static void expect_status_at(const nova_step *s, nova_status got, nova_status want, const char *text,
+                             const char *file, int line) {
+  const char *msg = nova_step_error(s);
+  if (got != want)
+    note_failure("    %s:%d: status %d, expected %d (message: %s)\n", file, line, (int)got, (int)want, msg);
+  else if (text[0] ? !strstr(msg, text) : msg[0] != '\0')
+    note_failure("    %s:%d: message '%s' does not contain '%s'\n", file, line, msg, text);
+}
+
+static void run_case(const char *name, void (*fn)(void)) {
+  case_failures = 0;
+  case_reasons[0] = '\0';
+  fn();
+  printf("%s: runtime :: step.%s\n%s", case_failures ? "FAIL" : "PASS", name, case_reasons);
+  fflush(stdout);
+}
+
+/* ---- fixtures ------------------------------------------------------------ */
+
+static const float x_val[6] = {1, 2, 3, 4, 5, 6};
+static const int64_t x_shape[2] = {2, 3};
+static const float scale_val = 2;
+static const int64_t idx_val[4] = {4, 0, 2, 1};
+static const int64_t idx_shape[1] = {4};
+static const int32_t lbl_val[2] = {1, 2};
+static const int64_t lbl_shape[1] = {2};
+
+static nova_step *open_ok(void) {
+  nova_step *s = NULL;
+  nova_status st = nova_step_open(&s);
+  EXPECT(st == NOVA_OK && s != NULL);
+  return s;
+}
+
+static void bind_all(nova_step *s) {
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, x_shape, x_val), NOVA_OK, "");
+  EXPECT_STATUS(s, nova_step_bind(s, "scale", NOVA_DTYPE_F32, 0, NULL, &scale_val), NOVA_OK, "");
+  EXPECT_STATUS(s, nova_step_bind(s, "idx", NOVA_DTYPE_I64, 1, idx_shape, idx_val), NOVA_OK, "");
+  EXPECT_STATUS(s, nova_step_bind(s, "lbl", NOVA_DTYPE_I32, 1, lbl_shape, lbl_val), NOVA_OK, "");
+}
+
+static const float *get_f32(nova_step *s, const char *name, size_t n) {
+  const void *data = NULL;
+  nova_tensor_info info;
+  EXPECT_STATUS(s, nova_step_get(s, name, &data, &info), NOVA_OK, "");
+  EXPECT(info.dtype == NOVA_DTYPE_F32 && info.nbytes == n * sizeof(float));
+  return data;
+}
+
+/* ---- cases --------------------------------------------------------------- */
+
+static void test_open_and_query(void) {
+  nova_step *s = open_ok();
+  nova_tensor_info info;
+  int index = -1;
+  EXPECT(nova_step_num_tensors(s) == 10);
+  EXPECT(nova_step_tensor(s, 0, &info) == NOVA_OK);
+  EXPECT(strcmp(info.name, "x") == 0 && info.role == NOVA_ROLE_INPUT && info.dtype == NOVA_DTYPE_F32);
+  EXPECT(info.rank == 2 && info.shape[0] == 2 && info.shape[1] == 3 && info.nbytes == 24);
+  EXPECT(nova_step_tensor(s, 9, &info) == NOVA_OK);
+  EXPECT(strcmp(info.name, "loss") == 0 && info.role == NOVA_ROLE_LOSS && info.rank == 0 && info.nbytes == 4);
+  EXPECT(nova_step_find(s, "emb", &index) == NOVA_OK && index == 5);
+  EXPECT(nova_step_find(s, "nope", &index) == NOVA_ERR_NOT_FOUND);
+  EXPECT(nova_step_tensor(s, 10, &info) == NOVA_ERR_INVALID_ARGUMENT);
+  EXPECT(nova_step_tensor(s, -1, &info) == NOVA_ERR_INVALID_ARGUMENT);
+  EXPECT(strcmp(nova_step_error(s), "") == 0);
+  nova_step_close(s);
+}
+
+static void test_initial_values(void) {
+  nova_step *s = open_ok();
+  const float *w = get_f32(s, "w", 3), *emb = get_f32(s, "emb", 5);
+  const float *runs = get_f32(s, "runs", 1), *y = get_f32(s, "y", 6);
+  EXPECT(w[0] == 0.5f && w[1] == -1.0f && w[2] == 2.0f);
+  EXPECT(emb[0] == 10.0f && emb[4] == 50.0f);
+  EXPECT(runs[0] == 0.0f);
+  for (int i = 0; i < 6; i++) EXPECT(y[i] == 0.0f);
+  for (int i = 0; i < nova_step_num_tensors(s); i++) {
+    nova_tensor_info info;
+    const void *data = NULL;
+    nova_step_tensor(s, i, &info);
+    EXPECT(nova_step_get(s, info.name, &data, &info) == NOVA_OK && (uintptr_t)data % 64 == 0);
+  }
+  nova_step_close(s);
+}
+
+static void test_run_values(void) {
+  nova_step *s = open_ok();
+  bind_all(s);
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_OK, "");
+  const float *y = get_f32(s, "y", 6), *g = get_f32(s, "g", 4), *loss = get_f32(s, "loss", 1);
+  const float want_y[6] = {2.5f, 3, 8, 8.5f, 9, 14};
+  for (int i = 0; i < 6; i++) EXPECT(y[i] == want_y[i]);
+  EXPECT(g[0] == 50 && g[1] == 10 && g[2] == 30 && g[3] == 20);
+  EXPECT(*loss == 45 + 3 + 1);
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_OK, "");
+  EXPECT(*get_f32(s, "runs", 1) == 2.0f && *loss == 45 + 3 + 2);
+  nova_step_close(s);
+}
+
+static void test_bind_param(void) {
+  nova_step *s = open_ok();
+  const float w[3] = {0, 0, 100};
+  const int64_t shape[1] = {3};
+  bind_all(s);
+  EXPECT_STATUS(s, nova_step_bind(s, "w", NOVA_DTYPE_F32, 1, shape, w), NOVA_OK, "");
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_OK, "");
+  const float *y = get_f32(s, "y", 6);
+  EXPECT(y[0] == 2 && y[2] == 106 && y[5] == 112);
+  nova_step_close(s);
+}
+
+static void test_steps_independent(void) {
+  nova_step *a = open_ok(), *b = open_ok();
+  bind_all(a);
+  EXPECT_STATUS(a, nova_step_run(a), NOVA_OK, "");
+  EXPECT(*get_f32(a, "runs", 1) == 1.0f && *get_f32(b, "runs", 1) == 0.0f);
+  EXPECT_STATUS(b, nova_step_run(b), NOVA_ERR_UNBOUND, "input 'x' was never bound");
+  nova_step_close(a);
+  nova_step_close(b);
+}
+
+static void test_bind_dtype(void) {
+  nova_step *s = open_ok();
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_I64, 2, x_shape, x_val), NOVA_ERR_DTYPE,
+                "tensor 'x': dtype i64 given, step compiled for f32");
+  EXPECT_STATUS(s, nova_step_bind(s, "idx", NOVA_DTYPE_I32, 1, idx_shape, idx_val), NOVA_ERR_DTYPE,
+                "tensor 'idx': dtype i32 given, step compiled for i64");
+  EXPECT_STATUS(s, nova_step_bind(s, "x", (nova_dtype)42, 2, x_shape, x_val), NOVA_ERR_DTYPE,
+                "dtype ? given");
+  nova_step_close(s);
+}
+
+static void test_bind_shape(void) {
+  nova_step *s = open_ok();
+  const int64_t flat[1] = {6}, wide[2] = {3, 3}, big[2] = {8, 3};
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, 1, flat, x_val), NOVA_ERR_SHAPE,
+                "tensor 'x': shape [6] given, step compiled for [2,3]");
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, wide, x_val), NOVA_ERR_SHAPE,
+                "tensor 'x': shape [3,3] given, step compiled for [2,3]");
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, big, x_val), NOVA_ERR_SHAPE,
+                "tensor 'x': shape [8,3] given, step compiled for [2,3]");
+  EXPECT_STATUS(s, nova_step_bind(s, "scale", NOVA_DTYPE_F32, 1, flat, x_val), NOVA_ERR_SHAPE,
+                "tensor 'scale': shape [6] given, step compiled for []");
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, 0, NULL, x_val), NOVA_ERR_SHAPE,
+                "tensor 'x': shape [] given, step compiled for [2,3]");
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, 9, x_shape, x_val), NOVA_ERR_SHAPE, "rank 9 given");
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, -1, x_shape, x_val), NOVA_ERR_SHAPE, "rank -1 given");
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_ERR_UNBOUND, "input 'x' was never bound");
+  nova_step_close(s);
+}
+
+static void test_bind_role_and_name(void) {
+  nova_step *s = open_ok();
+  const float v[6] = {0};
+  const int64_t one[1] = {1};
+  EXPECT_STATUS(s, nova_step_bind(s, "y", NOVA_DTYPE_F32, 2, x_shape, v), NOVA_ERR_ROLE,
+                "tensor 'y' has role output; only inputs, labels and params can be bound");
+  EXPECT_STATUS(s, nova_step_bind(s, "loss", NOVA_DTYPE_F32, 0, NULL, v), NOVA_ERR_ROLE, "role loss");
+  EXPECT_STATUS(s, nova_step_bind(s, "runs", NOVA_DTYPE_F32, 1, one, v), NOVA_ERR_ROLE, "role opt_state");
+  EXPECT_STATUS(s, nova_step_bind(s, "xx", NOVA_DTYPE_F32, 2, x_shape, v), NOVA_ERR_NOT_FOUND,
+                "no tensor named 'xx'");
+  nova_step_close(s);
+}
+
+static void test_unbound(void) {
+  nova_step *s = open_ok();
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_ERR_UNBOUND, "input 'x' was never bound");
+  nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, x_shape, x_val);
+  nova_step_bind(s, "scale", NOVA_DTYPE_F32, 0, NULL, &scale_val);
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_ERR_UNBOUND, "input 'idx' was never bound");
+  nova_step_bind(s, "idx", NOVA_DTYPE_I64, 1, idx_shape, idx_val);
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_ERR_UNBOUND, "label 'lbl' was never bound");
+  EXPECT(*get_f32(s, "runs", 1) == 0.0f);
+  nova_step_bind(s, "lbl", NOVA_DTYPE_I32, 1, lbl_shape, lbl_val);
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_OK, "");
+  nova_step_close(s);
+}
+
+static void test_index_range(void) {
+  nova_step *s = open_ok();
+  const int64_t high[4] = {0, 1, 5, 2}, neg[4] = {0, -1, 1, 1};
+  const int32_t lbl_high[2] = {0, 3};
+  bind_all(s);
+  nova_step_bind(s, "idx", NOVA_DTYPE_I64, 1, idx_shape, high);
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_ERR_OUT_OF_RANGE,
+                "tensor 'idx': value 5 at flat index 2 is outside [0, 5)");
+  nova_step_bind(s, "idx", NOVA_DTYPE_I64, 1, idx_shape, neg);
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_ERR_OUT_OF_RANGE,
+                "tensor 'idx': value -1 at flat index 1 is outside [0, 5)");
+  nova_step_bind(s, "idx", NOVA_DTYPE_I64, 1, idx_shape, idx_val);
+  nova_step_bind(s, "lbl", NOVA_DTYPE_I32, 1, lbl_shape, lbl_high);
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_ERR_OUT_OF_RANGE,
+                "tensor 'lbl': value 3 at flat index 1 is outside [0, 3)");
+  EXPECT(*get_f32(s, "runs", 1) == 0.0f); /* the entry never ran */
+  nova_step_bind(s, "lbl", NOVA_DTYPE_I32, 1, lbl_shape, lbl_val);
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_OK, "");
+  nova_step_close(s);
+}
+
+static void test_null_arguments(void) {
+  nova_step *s = open_ok();
+  const void *data;
+  nova_tensor_info info;
+  int index;
+  EXPECT(nova_step_open(NULL) == NOVA_ERR_INVALID_ARGUMENT);
+  nova_step_close(NULL);
+  EXPECT(nova_step_num_tensors(NULL) == 0);
+  EXPECT(nova_step_tensor(NULL, 0, &info) == NOVA_ERR_INVALID_ARGUMENT);
+  EXPECT(nova_step_tensor(s, 0, NULL) == NOVA_ERR_INVALID_ARGUMENT);
+  EXPECT(nova_step_find(NULL, "x", &index) == NOVA_ERR_INVALID_ARGUMENT);
+  EXPECT(nova_step_find(s, NULL, &index) == NOVA_ERR_INVALID_ARGUMENT);
+  EXPECT(nova_step_find(s, "x", NULL) == NOVA_ERR_INVALID_ARGUMENT);
+  EXPECT(nova_step_bind(NULL, "x", NOVA_DTYPE_F32, 2, x_shape, x_val) == NOVA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(s, nova_step_bind(s, NULL, NOVA_DTYPE_F32, 2, x_shape, x_val), NOVA_ERR_INVALID_ARGUMENT,
+                "name is NULL");
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, NULL, x_val), NOVA_ERR_INVALID_ARGUMENT,
+                "tensor 'x': shape is NULL");
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, x_shape, NULL), NOVA_ERR_INVALID_ARGUMENT,
+                "tensor 'x': data is NULL");
+  EXPECT(nova_step_run(NULL) == NOVA_ERR_INVALID_ARGUMENT);
+  EXPECT(nova_step_get(NULL, "x", &data, &info) == NOVA_ERR_INVALID_ARGUMENT);
+  EXPECT_STATUS(s, nova_step_get(s, NULL, &data, &info), NOVA_ERR_INVALID_ARGUMENT, "name is NULL");
+  EXPECT_STATUS(s, nova_step_get(s, "x", NULL, &info), NOVA_ERR_INVALID_ARGUMENT, "data is NULL");
+  EXPECT_STATUS(s, nova_step_get(s, "x", &data, NULL), NOVA_ERR_INVALID_ARGUMENT, "info is NULL");
+  EXPECT_STATUS(s, nova_step_get(s, "zz", &data, &info), NOVA_ERR_NOT_FOUND, "no tensor named 'zz'");
+  EXPECT(nova_step_error(NULL) != NULL && nova_step_error(NULL)[0] != '\0');
+  nova_step_close(s);
+}
+
+static void test_error_cleared(void) {
+  nova_step *s = open_ok();
+  nova_step_bind(s, "x", NOVA_DTYPE_I64, 2, x_shape, x_val);
+  EXPECT(nova_step_error(s)[0] != '\0');
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, x_shape, x_val), NOVA_OK, "");
+  nova_step_close(s);
+}
+
+static void test_names(void) {
+  EXPECT(strcmp(nova_dtype_name(NOVA_DTYPE_F32), "f32") == 0 && nova_dtype_size(NOVA_DTYPE_F32) == 4);
+  EXPECT(strcmp(nova_dtype_name(NOVA_DTYPE_BF16), "bf16") == 0 && nova_dtype_size(NOVA_DTYPE_BF16) == 2);
+  EXPECT(strcmp(nova_dtype_name(NOVA_DTYPE_BOOL), "bool") == 0 && nova_dtype_size(NOVA_DTYPE_BOOL) == 1);
+  EXPECT(strcmp(nova_dtype_name(NOVA_DTYPE_I64), "i64") == 0 && nova_dtype_size(NOVA_DTYPE_F64) == 8);
+  EXPECT(strcmp(nova_dtype_name((nova_dtype)8), "?") == 0 && nova_dtype_size((nova_dtype)8) == 0);
+  EXPECT(strcmp(nova_role_name(NOVA_ROLE_OPT_STATE), "opt_state") == 0);
+  EXPECT(strcmp(nova_role_name(NOVA_ROLE_LABEL), "label") == 0);
+  EXPECT(strcmp(nova_role_name((nova_role)17), "?") == 0);
+}
+
+/* ---- descriptors the runtime must refuse ---------------------------------- */
+
+static rt_graph bad_graph;
+static rt_tensor_desc bad_tensors[16];
+static int32_t bad_args[16];
+
+/* Resets bad_graph to a modifiable copy of the fixture. */
+static void bad_reset(void) {
+  bad_graph = nova_rt_graph;
+  memcpy(bad_tensors, nova_rt_graph.tensors, (size_t)nova_rt_graph.ntensors * sizeof *bad_tensors);
+  memcpy(bad_args, nova_rt_graph.arg_tensor, (size_t)nova_rt_graph.nargs * sizeof *bad_args);
+  bad_graph.tensors = bad_tensors;
+  bad_graph.arg_tensor = bad_args;
+}
+
+/* Opening bad_graph fails with NOVA_ERR_ABI and TEXT in the message, and
+ * the step that comes back refuses everything but error() and close(). */
+#define EXPECT_REFUSED(text) expect_refused_at(text, __FILE__, __LINE__)
+static void expect_refused_at(const char *text, const char *file, int line) {
+  nova_step *s = NULL;
+  nova_tensor_info info;
+  int index;
+  nova_status st = rt_step_open_graph(&bad_graph, &s);
+  expect_at(s != NULL, file, line, "a step holding the message");
+  if (!s) return;
+  expect_status_at(s, st, NOVA_ERR_ABI, text, file, line);
+  expect_at(nova_step_num_tensors(s) == 0, file, line, "no tensors");
+  expect_at(nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, x_shape, x_val) == NOVA_ERR_ABI, file, line, "bind refused");
+  expect_at(nova_step_run(s) == NOVA_ERR_ABI, file, line, "run refused");
+  expect_at(nova_step_find(s, "x", &index) == NOVA_ERR_ABI, file, line, "find refused");
+  expect_at(nova_step_tensor(s, 0, &info) == NOVA_ERR_ABI, file, line, "tensor refused");
+  expect_status_at(s, NOVA_ERR_ABI, NOVA_ERR_ABI, text, file, line); /* message kept */
+  nova_step_close(s);
+}
+
+static void test_abi_mismatch(void) {
+  bad_reset();
+  bad_graph.abi_version = NOVA_STEP_ABI_VERSION + 1;
+  EXPECT_REFUSED("step ABI mismatch: the step was compiled for step ABI version 2, its runtime implements "
+                 "version 1");
+}
+
+static void test_malformed(void) {
+  bad_reset();
+  bad_graph.init_size = 20; /* emb's 20 bytes at offset 12 need 32 */
+  EXPECT_REFUSED("tensor 'emb': initial value at offset 12, 20 bytes, outside the 20 bytes of init data");
+  bad_reset();
+  bad_tensors[4].init_offset = -2;
+  EXPECT_REFUSED("tensor 'w': initial value at offset -2");
+  bad_reset();
+  bad_tensors[3].name = "x";
+  EXPECT_REFUSED("tensors 0 and 3 are both named 'x'");
+  bad_reset();
+  bad_tensors[1].name = "";
+  EXPECT_REFUSED("tensor 1 has no name");
+  bad_reset();
+  bad_tensors[0].dtype = 8;
+  EXPECT_REFUSED("tensor 'x': unknown dtype 8");
+  bad_reset();
+  bad_tensors[0].role = 6;
+  EXPECT_REFUSED("tensor 'x': unknown role 6");
+  bad_reset();
+  bad_tensors[0].shape[1] = -3;
+  EXPECT_REFUSED("tensor 'x': bad shape [2,-3]");
+  bad_reset();
+  bad_tensors[0].rank = NOVA_MAX_RANK + 1;
+  EXPECT_REFUSED("tensor 'x': bad shape [?] (rank 9)");
+  bad_reset();
+  bad_tensors[0].shape[0] = INT64_C(1) << 62;
+  EXPECT_REFUSED("tensor 'x': bad shape [4611686018427387904,3]");
+  bad_reset();
+  bad_tensors[0].index_bound = 4;
+  EXPECT_REFUSED("tensor 'x': index_bound 4 on a f32 tensor");
+  bad_reset();
+  bad_args[3] = 10;
+  EXPECT_REFUSED("entry argument 3 names tensor 10 of 10");
+  bad_reset();
+  bad_graph.entry = NULL;
+  EXPECT_REFUSED("entry missing");
+  bad_reset();
+  bad_graph.ntensors = -1;
+  EXPECT_REFUSED("bad graph header (-1 tensors");
+  nova_step *s = (nova_step *)1;
+  EXPECT(rt_step_open_graph(NULL, &s) == NOVA_ERR_INVALID_ARGUMENT && s == NULL);
+}
+
+/* A tensor with a zero dimension still gets a valid, aligned buffer. */
+static void test_empty_tensor(void) {
+  nova_step *s = NULL;
+  const void *data = NULL;
+  nova_tensor_info info;
+  const int64_t shape[2] = {0, 3};
+  bad_reset();
+  bad_tensors[0].shape[0] = 0;
+  EXPECT(rt_step_open_graph(&bad_graph, &s) == NOVA_OK);
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, shape, x_val), NOVA_OK, "");
+  EXPECT_STATUS(s, nova_step_get(s, "x", &data, &info), NOVA_OK, "");
+  EXPECT(data != NULL && info.nbytes == 0);
+  nova_step_close(s);
+}
+
+int main(void) {
+  run_case("open_and_query", test_open_and_query);
+  run_case("initial_values", test_initial_values);
+  run_case("run_values", test_run_values);
+  run_case("bind_param", test_bind_param);
+  run_case("steps_independent", test_steps_independent);
+  run_case("bind_dtype", test_bind_dtype);
+  run_case("bind_shape", test_bind_shape);
+  run_case("bind_role_and_name", test_bind_role_and_name);
+  run_case("unbound", test_unbound);
+  run_case("index_range", test_index_range);
+  run_case("null_arguments", test_null_arguments);
+  run_case("error_cleared", test_error_cleared);
+  run_case("names", test_names);
+  run_case("abi_mismatch", test_abi_mismatch);
+  run_case("malformed", test_malformed);
+  run_case("empty_tensor", test_empty_tensor);
+  return 0;
+}
