@@ -356,6 +356,10 @@ void cg_graph_hash(const nv_graph *g, char out[17]) {
     MIX(x->list, (size_t)x->nlist * sizeof x->list[0]);
     MIX(&x->eps, sizeof x->eps);
     MIX(&x->value, sizeof x->value);
+    int32_t ik = (int32_t)x->init.kind;
+    MIX(&ik, sizeof ik);
+    MIX(&x->init.a, sizeof x->init.a);
+    MIX(&x->init.b, sizeof x->init.b);
     if (x->name) MIX(x->name, strlen(x->name) + 1);
   }
   for (int i = 0; i < g->noutputs; i++) MIX(g->outputs[i].name, strlen(g->outputs[i].name) + 1);

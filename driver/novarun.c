@@ -247,6 +247,7 @@ static int nr_main(const nr_options *o) {
   double median = 0;
   int rc = nr_open(&s, o->step_path);
   if (!rc) rc = nr_bind_inputs(&s, o, &nbound);
+  if (!rc && o->outputs_dir) rc = nr_make_dirs(o->outputs_dir);
   if (!rc) rc = nr_run(&s, o, &median);
   if (!rc && !o->quiet) {
     fprintf(stderr, "novarun: step %s: %d tensors, %d bound from %s\n", o->step_path, s.api.num_tensors(s.step),

@@ -44,8 +44,12 @@ void nr_warning(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * 0 and the number bound in *NBOUND, or 1 after a diagnostic. */
 int nr_bind_inputs(nr_step *s, const nr_options *o, int *nbound);
 
+/* mkdir -p DIR; returns 0, or 1 after a diagnostic. */
+int nr_make_dirs(const char *dir);
+
 /* Reports every output and loss of S after a run: the summary on stderr
- * (unless quiet), values with --print, files with --outputs.  Returns 0
+ * (unless quiet), values with --print, files in O->outputs_dir, which
+ * must exist (nr_make_dirs).  Returns 0
  * or 1 after a diagnostic. */
 int nr_report_outputs(nr_step *s, const nr_options *o);
 

@@ -105,8 +105,7 @@ int nr_bind_inputs(nr_step *s, const nr_options *o, int *nbound) {
 
 /* ---- outputs ------------------------------------------------------------- */
 
-/* mkdir -p DIR. */
-static int nr_mkdirs(const char *dir) {
+int nr_make_dirs(const char *dir) {
   char path[NR_PATH_LEN];
   struct stat st;
   if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) return nr_error("%s: path too long", dir);
@@ -211,7 +210,6 @@ static int nr_report_one(nr_step *s, const nr_options *o, int k, const nova_tens
 int nr_report_outputs(nr_step *s, const nr_options *o) {
   nova_tensor_info info;
   int n = s->api.num_tensors(s->step), k = 0;
-  if (o->outputs_dir && nr_mkdirs(o->outputs_dir)) return 1;
   for (int i = 0; i < n; i++) {
     if (s->api.tensor(s->step, i, &info) != NOVA_OK) return nr_error("%s: cannot query tensor %d", o->step_path, i);
     if (!nr_is_result(info.role)) continue;

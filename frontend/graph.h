@@ -64,12 +64,12 @@ int nv_op_max_inputs(nv_op op);
 /* How a parameter gets its initial value (computed at compile time). */
 typedef enum nv_init_kind {
   NV_INIT_ZEROS, NV_INIT_ONES, NV_INIT_CONST, NV_INIT_NORMAL, NV_INIT_UNIFORM,
-  NV_INIT_HE, NV_INIT_XAVIER, NV_INIT_FILE, NV_INIT_DATA
+  NV_INIT_HE, NV_INIT_XAVIER, NV_INIT_FILE, NV_INIT_DATA, NV_INIT_CAUSAL
 } nv_init_kind;
 
 typedef struct nv_init {
   nv_init_kind kind;
-  double a, b;        /* CONST: a; NORMAL: std a; UNIFORM: [a, b) */
+  double a, b;        /* CONST: a; NORMAL: std a; UNIFORM: [a, b); CAUSAL: a above the diagonal */
   char *path;         /* FILE: resolved path (owned) */
   void *data;         /* DATA: raw bytes (owned), e.g. from an ONNX initializer */
 } nv_init;
@@ -93,7 +93,7 @@ struct nv_node {
   int64_t start, end, step;  /* slice */
   double eps;           /* layer_norm */
   double value;         /* constant (scalar, broadcast to shape) */
-  /* inputs and params */
+  /* inputs, params and constants (constants: init gives the value) */
   nova_role role;
   int64_t index_bound;  /* integer inputs used as indices: values must lie in [0, bound) */
   nv_init init;

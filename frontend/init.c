@@ -6,6 +6,7 @@
  * rounded to the parameter's dtype.
  *   he:     normal(0, sqrt(2 / fan_in))
  *   xavier: uniform(-sqrt(6 / (fan_in + fan_out)), +sqrt(...))
+ *   causal_mask(a): a at (..., i, j) with j > i, else 0 (attention masks)
  * with fan_in = shape[0] and fan_out = shape[1] for a [in, out] weight (as
  * matmul(x, w) uses it), times the product of any further dims (receptive
  * field); for rank 1, fan_in = fan_out = shape[0].
@@ -81,6 +82,11 @@ int fe_init_fill(const nv_graph *g, nv_diag *d, const nv_node *n, void *out) {
     case NV_INIT_UNIFORM: v = n->init.a + (n->init.b - n->init.a) * unif(&s); break;
     case NV_INIT_HE: v = std * gauss(&s); break;
     case NV_INIT_XAVIER: v = -lim + 2 * lim * unif(&s); break;
+    case NV_INIT_CAUSAL: { /* (..., i, j): a where j > i */
+      int64_t cols = n->rank ? n->shape[n->rank - 1] : 1, rows = n->rank > 1 ? n->shape[n->rank - 2] : 1;
+      v = (i % cols) > ((i / cols) % rows) ? n->init.a : 0.0;
+      break;
+    }
     case NV_INIT_FILE:
     case NV_INIT_DATA: break;
     }

@@ -2,14 +2,14 @@
  *
  *   file   := { stmt NEWLINE }
  *   stmt   := 'input' NAME ':' type | 'label' NAME ':' type
- *           | 'param' NAME ':' type '=' init | 'seed' INT
+ *           | 'param' NAME ':' type '=' init | 'const' NAME ':' type '=' init | 'seed' INT
  *           | NAME '=' expr | 'output' NAME [ '=' expr ]
  *   type   := DTYPE '[' [ dim { ',' dim } ] ']'      dim := INT | NAME (bound by --dim)
  *   expr   := term { ('+' | '-') term }
  *   term   := unary { ('*' | '/' | '@') unary }
  *   unary  := '-' unary | primary
  *   primary:= NUMBER | NAME | NAME '(' [ arg { ',' arg } ] ')' | '(' expr ')'
- *   arg    := expr | NAME '=' ( number | '[' [ number { ',' number } ] ']' )
+ *   arg    := expr | NAME '=' ( number | '[' [ dim { ',' dim } ] ']' )
  *
  * Newlines end statements except inside parentheses and brackets; '#' starts
  * a comment.  A recursive-descent parser over a one-token lookahead lexer;
@@ -229,7 +229,7 @@ static nv_node *lookup(parser *P, const char *name) {
 }
 
 static bool reserved(const char *name) {
-  static const char *kw[] = {"input", "label", "param", "output", "seed"};
+  static const char *kw[] = {"input", "label", "param", "const", "output", "seed"};
   for (size_t i = 0; i < sizeof kw / sizeof kw[0]; i++)
     if (strcmp(kw[i], name) == 0) return true;
   return nv_op_lookup(name) != NV_OP_COUNT || fe_dtype_parse(name) != 0;
@@ -270,6 +270,7 @@ static nv_node *materialize(parser *P, ev v, nova_dtype dt) {
   a.rank = 0;
   nv_node *n = fe_graph_add(P->g, P->d, NV_OP_CONSTANT, 0, NULL, &a, v.loc);
   if (!n) P->failed = true;
+  else n->init = (nv_init){.kind = NV_INIT_CONST, .a = v.lit};
   return n;
 }
 
@@ -368,7 +369,20 @@ static bool parse_attr(parser *P, nv_op op, const char *key, nv_loc kloc, nv_nod
         P->failed = true;
         return false;
       }
-      if (!parse_int_value(P, key, &a->list[a->nlist++])) return false;
+      if (P->t.kind == T_NAME) { /* a symbolic dimension */
+        fe_dim_binding *b = NULL;
+        for (int i = 0; i < P->ndims; i++)
+          if (strcmp(P->dims[i].name, P->t.text) == 0) b = &P->dims[i];
+        if (!b) {
+          nv_error(P->d, P->t.loc, "symbolic dimension '%s' is not bound; pass --dim=%s=N", P->t.text, P->t.text);
+          P->failed = true;
+          return false;
+        }
+        b->used = true;
+        a->list[a->nlist++] = b->value;
+        next(P);
+      } else if (!parse_int_value(P, key, &a->list[a->nlist++]))
+        return false;
       if (!is_punct(P, ']') && !expect(P, ',', "between list entries")) return false;
     }
     next(P);
@@ -585,7 +599,7 @@ static bool parse_init(parser *P, nv_init *init) {
   static const struct { const char *name; nv_init_kind kind; int nargs; } inits[] = {
       {"zeros", NV_INIT_ZEROS, 0}, {"ones", NV_INIT_ONES, 0},     {"he", NV_INIT_HE, 0},
       {"xavier", NV_INIT_XAVIER, 0}, {"normal", NV_INIT_NORMAL, 1}, {"uniform", NV_INIT_UNIFORM, 2},
-      {"file", NV_INIT_FILE, -1}};
+      {"file", NV_INIT_FILE, -1}, {"causal_mask", NV_INIT_CAUSAL, 1}};
   for (size_t i = 0; i < sizeof inits / sizeof inits[0]; i++) {
     if (strcmp(name, inits[i].name) != 0) continue;
     init->kind = inits[i].kind;
@@ -639,13 +653,14 @@ static void parse_decl(parser *P, nv_op op, nova_role role) {
       !parse_type(P, &dt, &rank, shape))
     return;
   nv_init init = {0};
-  if (op == NV_OP_PARAM) {
-    if (!expect(P, '=', "before the parameter's initializer") || !parse_init(P, &init)) {
+  if (op == NV_OP_PARAM || op == NV_OP_CONSTANT) {
+    if (!expect(P, '=', "before the initializer") || !parse_init(P, &init)) {
       free(init.path);
       return;
     }
     if (!fe_dtype_is_float(dt)) {
-      nv_error(P->d, loc, "param '%s': parameters must be f32 or f64, got %s", name, fe_dtype_name(dt));
+      nv_error(P->d, loc, "%s '%s': must be f32 or f64, got %s", op == NV_OP_PARAM ? "param" : "const", name,
+               fe_dtype_name(dt));
       P->failed = true;
       free(init.path);
       return;
@@ -669,6 +684,10 @@ static void parse_stmt(parser *P) {
   }
   if (is_name(P, "label")) {
     parse_decl(P, NV_OP_INPUT, NOVA_ROLE_LABEL);
+    return;
+  }
+  if (is_name(P, "const")) {
+    parse_decl(P, NV_OP_CONSTANT, NOVA_ROLE_INPUT);
     return;
   }
   if (is_name(P, "param")) {

@@ -25,17 +25,35 @@ static MlirAttribute i64_attr(MlirContext ctx, int64_t v) {
   return mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), v);
 }
 
+/* A constant's value: a splat, or every element from its initializer. */
+static MlirAttribute constant_value(MlirContext ctx, const nv_graph *g, nv_diag *d, const nv_node *n) {
+  MlirType t = nova_tensor_type(ctx, n->dtype, n->rank, n->shape);
+  bool f64 = n->dtype == NOVA_DTYPE_F64;
+  nv_init_kind k = n->init.kind;
+  if (k == NV_INIT_ZEROS || k == NV_INIT_ONES || k == NV_INIT_CONST || fe_numel(n) == 1) {
+    double v = k == NV_INIT_ONES ? 1.0 : k == NV_INIT_CONST ? n->init.a : 0.0;
+    if (fe_numel(n) == 1 && k != NV_INIT_ZEROS && k != NV_INIT_ONES && k != NV_INIT_CONST) {
+      union { double d; float f; } one = {0};
+      if (fe_init_fill(g, d, n, &one) == 0) v = f64 ? one.d : (double)one.f;
+    }
+    return f64 ? mlirDenseElementsAttrDoubleSplatGet(t, v) : mlirDenseElementsAttrFloatSplatGet(t, (float)v);
+  }
+  size_t count = (size_t)fe_numel(n);
+  void *buf = calloc(count, f64 ? 8 : 4);
+  if (!buf) return mlirAttributeGetNull();
+  MlirAttribute a = mlirAttributeGetNull();
+  if (fe_init_fill(g, d, n, buf) == 0)
+    a = f64 ? mlirDenseElementsAttrDoubleGet(t, (intptr_t)count, buf)
+            : mlirDenseElementsAttrFloatGet(t, (intptr_t)count, buf);
+  free(buf);
+  return a;
+}
+
 /* The attributes an op carries, as nova_op_attrs() lists them. */
-static int op_attributes(MlirContext ctx, const nv_node *n, MlirNamedAttribute *out) {
+static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const nv_node *n, MlirNamedAttribute *out) {
   int k = 0;
   switch (n->op) {
-  case NV_OP_CONSTANT: {
-    MlirType t = nova_tensor_type(ctx, n->dtype, n->rank, n->shape);
-    MlirAttribute v = n->dtype == NOVA_DTYPE_F64 ? mlirDenseElementsAttrDoubleSplatGet(t, n->value)
-                                                 : mlirDenseElementsAttrFloatSplatGet(t, (float)n->value);
-    out[k++] = named(ctx, "value", v);
-    break;
-  }
+  case NV_OP_CONSTANT: out[k++] = named(ctx, "value", constant_value(ctx, g, d, n)); break;
   case NV_OP_SOFTMAX:
   case NV_OP_LOG_SOFTMAX:
   case NV_OP_CONCAT:
@@ -116,7 +134,12 @@ MlirModule nova_build_module(nova_ctx *c, const nv_graph *g) {
     MlirType rt = nova_tensor_type(ctx, n->dtype, n->rank, n->shape);
     mlirOperationStateAddResults(&st, 1, &rt);
     MlirNamedAttribute at[8];
-    int na = op_attributes(ctx, n, at);
+    int na = op_attributes(ctx, g, c->diag, n, at);
+    if (na > 0 && mlirAttributeIsNull(at[0].attribute)) {
+      mlirModuleDestroy(m);
+      m = (MlirModule){NULL};
+      goto out;
+    }
     mlirOperationStateAddAttributes(&st, na, at);
     MlirOperation op = mlirOperationCreate(&st);
     mlirBlockAppendOwnedOperation(body, op);
