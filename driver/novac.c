@@ -48,6 +48,7 @@ static void usage(FILE *f) {
         "  --time-passes         report the time of each stage\n"
         "  --train               synthesize backward and optimizer (not available yet)\n"
         "  -v                    print the commands run\n"
+        "  --print-nova-dialect  print the nova dialect's IRDL definition (for mlir-opt --irdl-file)\n"
         "  --version, --help\n",
         f);
 }
@@ -79,6 +80,11 @@ static int parse_args(int argc, char **argv, opts *o) {
     } else if (!strcmp(a, "--version")) {
       printf("novac %s (MLIR/LLVM 22)\n", NOVAC_VERSION);
       exit(0);
+    } else if (!strcmp(a, "--print-nova-dialect")) {
+      char *irdl = nova_dialect_irdl();
+      if (irdl) fputs(irdl, stdout);
+      free(irdl);
+      exit(irdl ? 0 : 1);
     } else if (!strcmp(a, "-o")) {
       if (++i >= argc) return bad_usage("-o needs a file name%s", "");
       o->output = argv[i];

@@ -59,10 +59,15 @@ void nr_warning(const char *fmt, ...) {
 
 /* ---- command line -------------------------------------------------------- */
 
-static int nr_usage_error(const char *fmt, const char *arg) {
+/* Prints "novarun: MESSAGE" and a pointer to --help; returns 2, the exit
+ * status of bad usage. */
+__attribute__((format(printf, 1, 2))) static int nr_usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
   fputs("novarun: ", stderr);
-  fprintf(stderr, fmt, arg);
+  vfprintf(stderr, fmt, ap);
   fputs("\nTry 'novarun --help'.\n", stderr);
+  va_end(ap);
   return 2;
 }
 
@@ -80,6 +85,9 @@ static const char *nr_option_value(int argc, char **argv, int *i, const char *op
   }
   return argv[++*i];
 }
+
+/* --repeat keeps every time to take the median: at most 80 MB of them. */
+#define NR_MAX_REPEAT 10000000L
 
 /* Training options: reserved for steps compiled with novac --train. */
 static const char *const training_options[] = {"--steps", "--data", "--seed", "--dump", "--save", "--load"};
@@ -117,8 +125,8 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
     char *end;
     errno = 0;
     o->repeat = strtol(v, &end, 10);
-    if (errno || end == v || *end || o->repeat < 1 || o->repeat > 1000000000L)
-      return nr_usage_error("--repeat needs a positive integer, not '%s'", v);
+    if (errno || end == v || *end || o->repeat < 1 || o->repeat > NR_MAX_REPEAT)
+      return nr_usage_error("--repeat needs an integer from 1 to %ld, not '%s'", NR_MAX_REPEAT, v);
     return -1;
   }
   for (size_t t = 0; !missing && t < sizeof training_options / sizeof *training_options; t++)
@@ -149,7 +157,7 @@ static int nr_parse_args(int argc, char **argv, nr_options *o) {
       o->step_path = a;
     }
   }
-  if (!o->step_path) return nr_usage_error("%s", "no step.so given");
+  if (!o->step_path) return nr_usage_error("no step.so given");
   if (o->training_option)
     return nr_error("%s is not supported by this step.so: it was not compiled for training (novac --train)",
                     o->training_option);

@@ -48,9 +48,8 @@ int nr_bind_inputs(nr_step *s, const nr_options *o, int *nbound);
 int nr_make_dirs(const char *dir);
 
 /* Reports every output and loss of S after a run: the summary on stderr
- * (unless quiet), values with --print, files in O->outputs_dir, which
- * must exist (nr_make_dirs).  Returns 0
- * or 1 after a diagnostic. */
+ * (unless quiet), values with --print, files in O->outputs_dir, which must
+ * exist (nr_make_dirs).  Returns 0, or 1 after a diagnostic. */
 int nr_report_outputs(nr_step *s, const nr_options *o);
 
 #endif

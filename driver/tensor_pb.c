@@ -52,8 +52,8 @@ tpb_status tpb_tensor_nbytes(int dtype, int rank, const int64_t *shape, size_t *
       return tpb_fail(err, TPB_ERR_SHAPE, NULL, "negative dimension in shape %s",
                       rt_shape_str(buf, sizeof buf, rank, shape));
   if (!rt_tensor_nbytes(dtype, rank, shape, nbytes))
-    return tpb_fail(err, TPB_ERR_SHAPE, NULL, "shape %s of %s is too large", rt_shape_str(buf, sizeof buf, rank, shape),
-                    rt_dtype_name(dtype));
+    return tpb_fail(err, TPB_ERR_SHAPE, NULL, "shape %s of %s is too large",
+                    rt_shape_str(buf, sizeof buf, rank, shape), rt_dtype_name(dtype));
   return TPB_OK;
 }
 
@@ -157,14 +157,18 @@ static tpb_status tpb_from_proto(const Onnx__TensorProto *p, const char *where, 
   size_t nbytes;
   int rank = (int)p->n_dims;
   tpb_status st = tpb_check_proto(p, where, err);
-  if (st == TPB_OK && (st = tpb_tensor_nbytes(p->data_type, rank, p->dims, &nbytes, why)) != TPB_OK)
-    tpb_fail(err, st, where, "%s", why);
-  if (st == TPB_OK) st = tpb_check_data(p, p->data_type, rank, p->dims, nbytes, where, err);
+  if (st != TPB_OK) return st;
+  st = tpb_tensor_nbytes(p->data_type, rank, p->dims, &nbytes, why);
+  if (st != TPB_OK) return tpb_fail(err, st, where, "%s", why);
+  st = tpb_check_data(p, p->data_type, rank, p->dims, nbytes, where, err);
   if (st != TPB_OK) return st;
   tpb_tensor *t = tpb_tensor_create(p->name && p->name[0] ? p->name : NULL, p->data_type, rank, p->dims, why);
   if (!t) return tpb_fail(err, TPB_ERR_NO_MEMORY, where, "%s", why);
-  if (p->has_raw_data && nbytes > 0) memcpy(t->data, p->raw_data.data, nbytes);
-  if (!p->has_raw_data) tpb_copy_typed(p, t->dtype, nbytes / rt_dtype_size(t->dtype), t->data);
+  /* With nothing to copy the source pointers may be NULL: no memcpy then. */
+  if (nbytes > 0 && p->has_raw_data)
+    memcpy(t->data, p->raw_data.data, nbytes);
+  else if (nbytes > 0)
+    tpb_copy_typed(p, t->dtype, nbytes / rt_dtype_size(t->dtype), t->data);
   *out = t;
   return TPB_OK;
 }

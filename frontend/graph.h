@@ -15,6 +15,8 @@
 #include "nova/step.h"
 
 /* The op list.  X(ENUM, "name", min operands, max operands (-1: any)).
+ * concat is binary (IRDL binds one type to all operands of a variadic), so
+ * the text format's n-ary concat(a, b, c) becomes concat(concat(a, b), c).
  * Everything that switches on nv_op keeps in step with this table
  * (static_assert on NV_OP_COUNT). */
 #define NV_OPS(X)                         \
@@ -43,7 +45,7 @@
   X(RESHAPE, "reshape", 1, 1)             \
   X(TRANSPOSE, "transpose", 1, 1)         \
   X(BROADCAST, "broadcast", 1, 1)         \
-  X(CONCAT, "concat", 1, -1)              \
+  X(CONCAT, "concat", 2, 2)               \
   X(SLICE, "slice", 1, 1)                 \
   X(GATHER, "gather", 2, 2)               \
   X(CROSS_ENTROPY, "cross_entropy", 2, 2)

@@ -457,6 +457,16 @@ static ev parse_call(parser *P, nv_op op, nv_loc loc) {
     nv_error(P->d, loc, "%s needs a target shape: %s(x, shape=[...])", nv_op_name(op), nv_op_name(op));
     return fail_ev(P);
   }
+  if (op == NV_OP_CONCAT && nin > 2) { /* n-ary concat: a left-leaning chain of binary ones */
+    nv_node *acc = in[0];
+    for (int i = 1; i < nin && acc; i++) {
+      nv_node *pair[2] = {acc, in[i]};
+      acc = fe_graph_add(P->g, P->d, op, 2, pair, &a, loc);
+    }
+    if (!acc) return fail_ev(P);
+    return (ev){.node = acc, .loc = loc};
+  }
+  if (op == NV_OP_CONCAT && nin == 1) return (ev){.node = in[0], .loc = loc};
   nv_node *n = fe_graph_add(P->g, P->d, op, nin, in, &a, loc);
   if (!n) return fail_ev(P);
   return (ev){.node = n, .loc = loc};

@@ -32,12 +32,14 @@ static nova_status rt_ok(nova_step *s) {
 
 /* The buffer of one tensor: NBYTES rounded up to RT_BUFFER_ALIGN (at least
  * one block, so a 0-element tensor still has a valid pointer), holding the
- * tensor's initial value or zeros.  NULL when out of memory. */
+ * tensor's initial value or zeros; the padding is zeroed too, so vector
+ * code reading a whole last block reads defined bytes.  NULL when out of
+ * memory. */
 static void *rt_buffer_create(const rt_graph *g, const rt_tensor_desc *t, size_t nbytes) {
-  size_t size = (nbytes + RT_BUFFER_ALIGN - 1) / RT_BUFFER_ALIGN * RT_BUFFER_ALIGN;
-  void *buf = aligned_alloc(RT_BUFFER_ALIGN, size ? size : RT_BUFFER_ALIGN);
+  size_t size = nbytes ? (nbytes + RT_BUFFER_ALIGN - 1) / RT_BUFFER_ALIGN * RT_BUFFER_ALIGN : RT_BUFFER_ALIGN;
+  void *buf = aligned_alloc(RT_BUFFER_ALIGN, size);
   if (!buf) return NULL;
-  memset(buf, 0, size ? size : RT_BUFFER_ALIGN);
+  memset(buf, 0, size);
   if (t->init_offset >= 0 && nbytes > 0) memcpy(buf, g->init_data + t->init_offset, nbytes);
   return buf;
 }

@@ -50,6 +50,23 @@ static void run_case(const char *name, void (*fn)(void)) {
   fflush(stdout);
 }
 
+/* ---- allocation failures ------------------------------------------------ */
+
+/* run.sh links with -Wl,--wrap=calloc,--wrap=aligned_alloc, so the
+ * runtime's allocations come here; the alloc_countdown-th one from now
+ * fails (0: none does). */
+static int alloc_countdown;
+void *__real_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+void *__real_aligned_alloc(size_t align, size_t size);
+void *__wrap_aligned_alloc(size_t align, size_t size);
+
+static int alloc_fails(void) { return alloc_countdown > 0 && --alloc_countdown == 0; }
+void *__wrap_calloc(size_t n, size_t size) { return alloc_fails() ? NULL : __real_calloc(n, size); }
+void *__wrap_aligned_alloc(size_t align, size_t size) {
+  return alloc_fails() ? NULL : __real_aligned_alloc(align, size);
+}
+
 /* ---- fixtures ------------------------------------------------------------ */
 
 static const float x_val[6] = {1, 2, 3, 4, 5, 6};
@@ -383,6 +400,27 @@ static void test_empty_tensor(void) {
   nova_step_close(s);
 }
 
+/* Every allocation of open() failing in turn gives NOVA_ERR_NO_MEMORY,
+ * no step and no leak (ASan and valgrind check the last part). */
+static void test_out_of_memory(void) {
+  int n = 0;
+  for (int fail_at = 1; fail_at < 100; fail_at++) {
+    nova_step *s = (nova_step *)1;
+    alloc_countdown = fail_at;
+    nova_status st = nova_step_open(&s);
+    int failed = alloc_countdown == 0;
+    alloc_countdown = 0;
+    if (!failed) { /* fewer than fail_at allocations: the open succeeded */
+      EXPECT(st == NOVA_OK && s != NULL);
+      nova_step_close(s);
+      break;
+    }
+    EXPECT(st == NOVA_ERR_NO_MEMORY && s == NULL);
+    n++;
+  }
+  EXPECT(n >= 5 + 10); /* the step, its 4 arrays, 10 buffers */
+}
+
 int main(void) {
   run_case("open_and_query", test_open_and_query);
   run_case("initial_values", test_initial_values);
@@ -400,5 +438,6 @@ int main(void) {
   run_case("abi_mismatch", test_abi_mismatch);
   run_case("malformed", test_malformed);
   run_case("empty_tensor", test_empty_tensor);
+  run_case("out_of_memory", test_out_of_memory);
   return 0;
 }

@@ -152,6 +152,10 @@ static void test_typed_fields(void) {
   EXPECT(decode(&p, &t, err) == TPB_OK && t && t->nbytes == 3);
   EXPECT(t && memcmp(t->data, "\0\1\1", 3) == 0);
   tpb_tensor_destroy(t);
+  int64_t none[2] = {3, 0};
+  p = proto(NOVA_DTYPE_F32, 2, none); /* no values at all: 0 elements */
+  EXPECT(decode(&p, &t, err) == TPB_OK && t && t->nbytes == 0 && t->rank == 2);
+  tpb_tensor_destroy(t);
   p = proto(NOVA_DTYPE_F16, 1, dims);
   p.n_int32_data = 3, p.int32_data = h;
   EXPECT(decode(&p, &t, err) == TPB_OK && t && t->nbytes == 6);

@@ -1,0 +1,115 @@
+"""Shared helpers for the end-to-end tests: compile a .nova model with novac,
+run it with novarun on .pb inputs, read the outputs back, compare with a
+reference computed independently in numpy (float64).
+
+Every test prints one line, 'PASS: e2e :: NAME' or 'FAIL: e2e :: NAME', and
+the reason on the following lines when it fails.
+"""
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from onnx import numpy_helper
+
+BUILD = os.environ.get("NOVA_BUILD", "build")
+NOVAC = os.path.join(BUILD, "bin", "novac")
+NOVARUN = os.path.join(BUILD, "bin", "novarun")
+
+results = {"pass": 0, "fail": 0}
+
+
+def write_pb(path, arr, name):
+    with open(path, "wb") as f:
+        f.write(numpy_helper.from_array(arr, name).SerializeToString())
+
+
+def read_pb(path):
+    from onnx import TensorProto
+    t = TensorProto()
+    with open(path, "rb") as f:
+        t.ParseFromString(f.read())
+    return numpy_helper.to_array(t)
+
+
+class Failure(Exception):
+    pass
+
+
+def run(cmd, expect_rc=0):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if expect_rc is not None and p.returncode != expect_rc:
+        raise Failure("%s exited %d (expected %d)\n%s%s" % (" ".join(cmd), p.returncode, expect_rc,
+                                                           p.stdout, p.stderr))
+    return p
+
+
+def compile_and_run(model_text, inputs, files=None, flags=(), dump=False):
+    """Compiles model_text, binds inputs (dict name -> array), returns
+    (outputs in order, dict of dumped params or None, workdir)."""
+    d = tempfile.mkdtemp(prefix="nova-e2e-")
+    try:
+        for name, arr in (files or {}).items():
+            arr.tofile(os.path.join(d, name))
+        model = os.path.join(d, "model.nova")
+        with open(model, "w") as f:
+            f.write(model_text)
+        so = os.path.join(d, "model.so")
+        run([NOVAC, model, "-o", so] + list(flags))
+        ind = os.path.join(d, "in")
+        os.mkdir(ind)
+        for name, arr in inputs.items():
+            write_pb(os.path.join(ind, name + ".pb"), arr, name)
+        outd = os.path.join(d, "out")
+        cmd = [NOVARUN, so, "--inputs", ind, "--outputs", outd, "-q"]
+        if dump:
+            cmd += ["--dump", os.path.join(d, "dump")]
+        run(cmd)
+        outs = []
+        i = 0
+        while os.path.exists(os.path.join(outd, "output_%d.pb" % i)):
+            outs.append(read_pb(os.path.join(outd, "output_%d.pb" % i)))
+            i += 1
+        params = None
+        if dump:
+            params = {}
+            for fn in os.listdir(os.path.join(d, "dump")):
+                if fn.startswith("param.") and fn.endswith(".pb"):
+                    params[fn[6:-3]] = read_pb(os.path.join(d, "dump", fn))
+        return outs, params
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def rel_err(got, ref):
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if got.shape != ref.shape:
+        raise Failure("shape %s, expected %s" % (got.shape, ref.shape))
+    scale = max(np.max(np.abs(ref)) if ref.size else 0.0, 1e-30)
+    return float(np.max(np.abs(got - ref)) / scale) if ref.size else 0.0
+
+
+def check_close(got, ref, tol, what="output"):
+    e = rel_err(got, ref)
+    if not e <= tol:
+        raise Failure("%s: relative error %.3g > %.3g\n got %s\n ref %s" %
+                      (what, e, tol, np.asarray(got).ravel()[:6], np.asarray(ref).ravel()[:6]))
+    return e
+
+
+def case(name, fn):
+    try:
+        fn()
+        print("PASS: e2e :: %s" % name, flush=True)
+        results["pass"] += 1
+    except Exception as e:  # a failing test reports, the suite goes on
+        print("FAIL: e2e :: %s" % name, flush=True)
+        print("    " + str(e).replace("\n", "\n    "), flush=True)
+        results["fail"] += 1
+
+
+erf = np.vectorize(math.erf)

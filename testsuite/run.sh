@@ -1,0 +1,30 @@
+#!/bin/sh
+# testsuite/run.sh [BUILD_DIR]: every test of `make check`.  Each suite prints
+# 'PASS: suite :: name' / 'FAIL: suite :: name' lines; this script counts them
+# and ends with 'N passed, N failed'.  Exit status 1 if anything failed.
+B=${1:-build}
+cd "$(dirname "$0")/.." || exit 1
+export NOVA_BUILD="$B"
+LLVM_BIN=$(llvm-config-22 --bindir 2>/dev/null || echo /usr/lib/llvm-22/bin)
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+suite() { # name, command...
+  name=$1; shift
+  echo "== $name"
+  "$@" 2>&1 | tee -a "$log" | grep -E '^(FAIL|XPASS|UNRESOLVED|TIMEOUT)' -A12 || true
+  echo "   $name: $(grep -E "^PASS: $name " "$log" | wc -l) passed, $(grep -E "^(FAIL|UNRESOLVED|TIMEOUT): $name " "$log" | wc -l) failed"
+}
+
+suite novac "$LLVM_BIN/lit" -v --no-progress-bar testsuite/lit
+suite e2e python3 testsuite/e2e/test_ops.py
+suite e2e python3 testsuite/e2e/test_examples.py
+[ -x testsuite/runtime/run.sh ] || [ -f testsuite/runtime/run.sh ] && suite runtime sh testsuite/runtime/run.sh "$B"
+[ -f testsuite/bad/run.sh ] && suite bad sh testsuite/bad/run.sh "$B"
+[ -f testsuite/fuzz/mutate.py ] && suite fuzz python3 testsuite/fuzz/mutate.py "$B" 200
+
+pass=$(grep -cE '^PASS: ' "$log")
+fail=$(grep -cE '^(FAIL|XPASS|UNRESOLVED|TIMEOUT): ' "$log")
+echo
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]
