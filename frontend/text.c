@@ -222,9 +222,9 @@ static bool expect_name(parser *P, char *out, const char *context) {
 
 /* ---- symbols -------------------------------------------------------- */
 
-static nv_node *lookup(parser *P, const char *name) {
+static sym *find_sym(parser *P, const char *name) {
   for (int i = 0; i < P->nsym; i++)
-    if (strcmp(P->syms[i].name, name) == 0) return P->syms[i].node;
+    if (strcmp(P->syms[i].name, name) == 0) return &P->syms[i];
   return NULL;
 }
 
@@ -236,7 +236,13 @@ static bool reserved(const char *name) {
 }
 
 static bool define(parser *P, const char *name, nv_node *n, nv_loc loc) {
-  if (lookup(P, name)) {
+  sym *old = find_sym(P, name);
+  if (old && !old->node) { /* poisoned by a failed definition: replace quietly */
+    old->node = n;
+    if (n && !n->name) n->name = strdup(name);
+    return n != NULL;
+  }
+  if (old) {
     nv_error(P->d, loc, "'%s' is already defined", name);
     P->failed = true;
     return false;
@@ -254,8 +260,8 @@ static bool define(parser *P, const char *name, nv_node *n, nv_loc loc) {
     P->capsym = cap;
   }
   P->syms[P->nsym++] = (sym){strdup(name), n};
-  if (!n->name) n->name = strdup(name);
-  return true;
+  if (n && !n->name) n->name = strdup(name);
+  return n != NULL;
 }
 
 /* ---- expressions ---------------------------------------------------- */
@@ -495,11 +501,12 @@ static ev parse_primary(parser *P) {
       }
       return parse_call(P, op, t.loc);
     }
-    nv_node *n = lookup(P, t.text);
-    if (!n) {
-      nv_error(P->d, t.loc, "'%s' is not defined", t.text);
+    sym *s = find_sym(P, t.text);
+    if (!s || !s->node) {
+      if (!s) nv_error(P->d, t.loc, "'%s' is not defined", t.text);
       return fail_ev(P);
     }
+    nv_node *n = s->node;
     return (ev){.node = n, .loc = t.loc};
   }
   if (t.kind != T_BAD)
@@ -652,6 +659,11 @@ static bool parse_init(parser *P, nv_init *init) {
   return false;
 }
 
+/* Marks NAME as defined-but-failed so its uses raise no second error. */
+static void poison(parser *P, const char *name) {
+  if (!find_sym(P, name) && !reserved(name)) define(P, name, NULL, (nv_loc){0});
+}
+
 static void parse_decl(parser *P, nv_op op, nova_role role) {
   next(P);
   char name[256];
@@ -659,13 +671,16 @@ static void parse_decl(parser *P, nv_op op, nova_role role) {
   nova_dtype dt;
   int rank;
   int64_t shape[NOVA_MAX_RANK];
-  if (!expect_name(P, name, "to declare") || !expect(P, ':', "after the name") ||
-      !parse_type(P, &dt, &rank, shape))
+  if (!expect_name(P, name, "to declare")) return;
+  if (!expect(P, ':', "after the name") || !parse_type(P, &dt, &rank, shape)) {
+    poison(P, name);
     return;
+  }
   nv_init init = {0};
   if (op == NV_OP_PARAM || op == NV_OP_CONSTANT) {
     if (!expect(P, '=', "before the initializer") || !parse_init(P, &init)) {
       free(init.path);
+      poison(P, name);
       return;
     }
     if (!fe_dtype_is_float(dt)) {
@@ -673,6 +688,7 @@ static void parse_decl(parser *P, nv_op op, nova_role role) {
                fe_dtype_name(dt));
       P->failed = true;
       free(init.path);
+      poison(P, name);
       return;
     }
   }
@@ -680,6 +696,7 @@ static void parse_decl(parser *P, nv_op op, nova_role role) {
   if (!n) {
     free(init.path);
     P->failed = true;
+    poison(P, name);
     return;
   }
   n->role = role;
@@ -719,7 +736,10 @@ static void parse_stmt(parser *P) {
   if (is_punct(P, '=')) {
     next(P);
     ev v = parse_expr(P);
-    if (P->failed) return;
+    if (P->failed) {
+      poison(P, name);
+      return;
+    }
     if (v.is_lit) {
       nv_error(P->d, v.loc, "'%s' is a plain number; a value must be a tensor expression", name);
       P->failed = true;
@@ -728,8 +748,13 @@ static void parse_stmt(parser *P) {
     n = v.node;
     if (!define(P, name, n, loc)) return;
   } else if (out) {
-    n = lookup(P, name);
+    sym *s = find_sym(P, name);
+    n = s ? s->node : NULL;
     if (!n) {
+      if (s) { /* its definition failed, already reported */
+        P->failed = true;
+        return;
+      }
       nv_error(P->d, loc, "output '%s' is not defined", name);
       P->failed = true;
       return;

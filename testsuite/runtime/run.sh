@@ -33,6 +33,9 @@ case $(basename "$B") in
   *asan*) SAN=${NOVA_TEST_SAN-"-fsanitize=address,undefined -fno-omit-frame-pointer"} ;;
   *) SAN=${NOVA_TEST_SAN-} ;;
 esac
+# UBSan only prints by default; a report must fail the test that caused it.
+UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+export UBSAN_OPTIONS
 T=$(mktemp -d "${TMPDIR:-/tmp}/nova-rt.XXXXXX") || { fail setup "mktemp failed"; exit 0; }
 trap 'rm -rf "$T"' EXIT INT TERM
 CFLAGS="-std=c11 -D_GNU_SOURCE -Wall -Wextra -Wpedantic -Wshadow -Wmissing-prototypes -Werror -g -O1"
