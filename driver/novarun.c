@@ -22,7 +22,7 @@
 #endif
 
 static const char usage_text[] =
-    "usage: novarun STEP.so [--inputs DIR] [--outputs DIR] [--repeat N] [--print] [-q]\n"
+    "usage: novarun STEP.so [--inputs DIR] [--outputs DIR] [--dump DIR] [--repeat N] [--print] [-q]\n"
     "       novarun -h | --help | --version\n"
     "\n"
     "Runs a step compiled by novac once (or N times) on inputs read from ONNX\n"
@@ -31,6 +31,8 @@ static const char usage_text[] =
     "  --inputs DIR   read each input and label from DIR/input_K.pb (K-th in the\n"
     "                 step's order) or DIR/NAME.pb\n"
     "  --outputs DIR  write outputs and losses to DIR/output_K.pb (DIR is created)\n"
+    "  --dump DIR     after the last run, write DIR/param.NAME.pb for every parameter\n"
+    "                 and DIR/loss.pb for the loss, if any (DIR is created)\n"
     "  --repeat N     run N times and report the median time per run (default 1)\n"
     "  --print        print the first values and min/max/mean of each output\n"
     "  -q             no summary on stderr\n"
@@ -90,7 +92,7 @@ static const char *nr_option_value(int argc, char **argv, int *i, const char *op
 #define NR_MAX_REPEAT 10000000L
 
 /* Training options: reserved for steps compiled with novac --train. */
-static const char *const training_options[] = {"--steps", "--data", "--seed", "--dump", "--save", "--load"};
+static const char *const training_options[] = {"--steps", "--data", "--seed", "--save", "--load"};
 
 /* Parses one option at ARGV[*I] into O.  Returns -1 to go on, else the
  * exit status. */
@@ -119,6 +121,10 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
   }
   if ((v = nr_option_value(argc, argv, i, "--outputs", &missing))) {
     o->outputs_dir = v;
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--dump", &missing))) {
+    o->dump_dir = v;
     return -1;
   }
   if ((v = nr_option_value(argc, argv, i, "--repeat", &missing))) {
@@ -256,6 +262,7 @@ static int nr_main(const nr_options *o) {
   int rc = nr_open(&s, o->step_path);
   if (!rc) rc = nr_bind_inputs(&s, o, &nbound);
   if (!rc && o->outputs_dir) rc = nr_make_dirs(o->outputs_dir);
+  if (!rc && o->dump_dir) rc = nr_make_dirs(o->dump_dir);
   if (!rc) rc = nr_run(&s, o, &median);
   if (!rc && !o->quiet) {
     fprintf(stderr, "novarun: step %s: %d tensors, %d bound from %s\n", o->step_path, s.api.num_tensors(s.step),
@@ -266,6 +273,7 @@ static int nr_main(const nr_options *o) {
       fprintf(stderr, "novarun: %.3f ms per run (median of %ld)\n", median * 1e3, o->repeat);
   }
   if (!rc) rc = nr_report_outputs(&s, o);
+  if (!rc && o->dump_dir) rc = nr_dump(&s, o);
   nr_close(&s);
   return rc;
 }

@@ -22,6 +22,7 @@ typedef struct nr_options {
   const char *step_path;
   const char *inputs_dir;  /* NULL: no inputs given */
   const char *outputs_dir; /* NULL: outputs are not written */
+  const char *dump_dir;    /* --dump: param.NAME.pb (values after the run), loss.pb */
   long repeat;             /* >= 1 */
   int print;               /* --print: values and statistics on stdout */
   int quiet;               /* -q: no summary on stderr */
@@ -51,5 +52,9 @@ int nr_make_dirs(const char *dir);
  * (unless quiet), values with --print, files in O->outputs_dir, which must
  * exist (nr_make_dirs).  Returns 0, or 1 after a diagnostic. */
 int nr_report_outputs(nr_step *s, const nr_options *o);
+
+/* --dump: writes DIR/param.NAME.pb for every param (its value after the
+ * last run) and DIR/loss.pb for the loss, if the step has one. */
+int nr_dump(nr_step *s, const nr_options *o);
 
 #endif

@@ -180,14 +180,49 @@ static void nr_print_tensor(const nova_tensor_info *info, const void *data) {
     printf("]  min %.7g  max %.7g  mean %.7g\n", lo, hi, sum / (double)n);
 }
 
-/* Writes output K (INFO, DATA) to DIR/output_K.pb into PATH. */
-static int nr_write_output(const char *dir, int k, const nova_tensor_info *info, const void *data, char *path) {
+/* Writes a tensor (INFO, DATA) to PATH as a TensorProto. */
+static int nr_write_tensor(const char *path, const nova_tensor_info *info, const void *data) {
   char err[TPB_ERROR_LEN];
   tpb_tensor view = {.name = (char *)info->name, .dtype = info->dtype, .rank = info->rank, .nbytes = info->nbytes};
-  if (nr_path(path, dir, "output_%d.pb", k)) return 1;
   if (info->rank > 0) memcpy(view.shape, info->shape, (size_t)info->rank * sizeof *view.shape);
   view.data = (void *)data; /* tpb_write_file only reads it */
   if (tpb_write_file(path, &view, err) != TPB_OK) return nr_error("%s", err);
+  return 0;
+}
+
+/* Writes output K (INFO, DATA) to DIR/output_K.pb into PATH. */
+static int nr_write_output(const char *dir, int k, const nova_tensor_info *info, const void *data, char *path) {
+  if (nr_path(path, dir, "output_%d.pb", k)) return 1;
+  return nr_write_tensor(path, info, data);
+}
+
+/* A tensor name as a file-name part: '/' and control characters become '_'. */
+static void nr_file_part(char *out, size_t n, const char *name) {
+  size_t k = 0;
+  for (; *name && k + 1 < n; name++) {
+    unsigned char c = (unsigned char)*name;
+    out[k++] = (c == '/' || c < 32 || c == 127) ? '_' : (char)c;
+  }
+  out[k] = 0;
+}
+
+int nr_dump(nr_step *s, const nr_options *o) {
+  nova_tensor_info info;
+  int n = s->api.num_tensors(s->step);
+  for (int i = 0; i < n; i++) {
+    if (s->api.tensor(s->step, i, &info) != NOVA_OK) return nr_error("%s: cannot query tensor %d", o->step_path, i);
+    if (info.role != NOVA_ROLE_PARAM && info.role != NOVA_ROLE_LOSS) continue;
+    const void *data = NULL;
+    nova_tensor_info got;
+    if (s->api.get(s->step, info.name, &data, &got) != NOVA_OK)
+      return nr_error("%s: %s", o->step_path, s->api.error(s->step));
+    char path[NR_PATH_LEN], part[256];
+    nr_file_part(part, sizeof part, got.name);
+    if (got.role == NOVA_ROLE_LOSS ? nr_path(path, o->dump_dir, "loss.pb%s", "")
+                                   : nr_path(path, o->dump_dir, "param.%s.pb", part))
+      return 1;
+    if (nr_write_tensor(path, &got, data)) return 1;
+  }
   return 0;
 }
 
