@@ -49,7 +49,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 deps:
 	$(SUDO) apt-get update
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends $(APT_PKGS)
-	python3 -c 'import numpy' 2>/dev/null || python3 -m pip install numpy || python3 -m pip install --break-system-packages numpy
+	python3 -c 'import numpy, onnx' 2>/dev/null || python3 -m pip install numpy onnx || \
+	  python3 -m pip install --break-system-packages numpy onnx
 
 check-deps:
 	@sh tools/check-deps.sh "$(LLVM_CONFIG)" "$(PROTOC_C)" "$(ONNX_PROTO)"

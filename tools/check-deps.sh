@@ -1,6 +1,6 @@
 #!/bin/sh
 # check-deps.sh LLVM_CONFIG PROTOC_C ONNX_PROTO [--quiet] [--tests]
-# --tests also checks what the test suite needs (numpy).
+# --tests also checks what the test suite needs (numpy and onnx, from pip).
 # Says which build dependency is missing; exit 1 if any is.
 llvm_config=$1 protoc=$2 onnx_proto=$3 quiet=$4 tests=$5
 missing=""
@@ -15,7 +15,8 @@ command -v "$protoc" >/dev/null 2>&1 || missing="$missing protobuf-c-compiler"
 [ -f /usr/include/cjson/cJSON.h ] || missing="$missing libcjson-dev"
 [ -f "$onnx_proto" ] || missing="$missing libonnx-dev"
 command -v cc >/dev/null 2>&1 || missing="$missing gcc"
-[ "$tests" != --tests ] || python3 -c 'import numpy' >/dev/null 2>&1 || missing="$missing python3-numpy(pip)"
+[ "$tests" != --tests ] || python3 -c 'import numpy' >/dev/null 2>&1 || missing="$missing numpy(pip)"
+[ "$tests" != --tests ] || python3 -c 'import onnx' >/dev/null 2>&1 || missing="$missing onnx(pip)"
 if [ -n "$missing" ]; then
   [ "$quiet" = --quiet ] || echo "novac: missing build dependencies:$missing; run 'make deps' to install them" >&2
   exit 1
