@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../driver/util.h"
@@ -266,7 +267,20 @@ static void rm_tree(const char *dir, const char *const *files) {
   rmdir(dir);
 }
 
+static double ms_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static void lap(const cg_options *o, double *t0, const char *what) {
+  double t1 = ms_now();
+  if (o->time_passes) fprintf(stderr, "novac: %-22s %9.2f ms\n", what, t1 - *t0);
+  *t0 = t1;
+}
+
 int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const cg_options *o) {
+  double t0 = ms_now();
   const char *tmpbase = getenv("TMPDIR");
   char dir[4096];
   snprintf(dir, sizeof dir, "%s/novac.XXXXXX", tmpbase && *tmpbase ? tmpbase : "/tmp");
@@ -283,6 +297,7 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
   if (n < 0) goto out;
   snprintf(path, sizeof path, "%s/step.o", dir);
   if (cg_emit_object(c, llvm_module, o, path, cpu, sizeof cpu)) goto out;
+  lap(o, &t0, "LLVM opt + codegen");
   snprintf(path, sizeof path, "%s/init.bin", dir);
   if (write_init(c, g, t, n, init_size, path)) goto out;
   snprintf(path, sizeof path, "%s/desc.c", dir);
@@ -319,6 +334,7 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
                     "-Wl,--no-whole-archive", "-lm",
                     "-Wl,--version-script=exports.map", "-Wl,-z,noexecstack", "-Wl,--build-id=sha1", NULL};
   if (run_tool(c, dir, ldargv, o->verbose)) goto out;
+  lap(o, &t0, "descriptor + link");
   if (rename(outtmp, o->output)) {
     nv_error_plain(c->diag, "cannot write %s: %s", o->output, strerror(errno));
     goto out;

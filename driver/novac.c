@@ -326,8 +326,9 @@ static int compile(nv_diag *d, opts *o) {
   }
   co.output = o->output;
   co.manifest = o->manifest;
+  tm.on = false; /* cg_build_step reports its own stages */
   rc = cg_build_step(&c, g, lin, &co);
-  stage_done(&tm, "LLVM codegen + link");
+  stage_done(&tm, "");
   if (o->time_passes) fprintf(stderr, "novac: %-22s %9.2f ms\n", "total", tm.total);
 out:
   if (!mlirModuleIsNull(lin)) mlirModuleDestroy(lin);
