@@ -23,7 +23,10 @@ typedef struct cg_options {
 
 /* Bufferizes and lowers a linalg module to the LLVM dialect in place. */
 int cg_lower_to_llvm(nova_ctx *c, MlirModule m, int opt_level);
-/* Translates an LLVM-dialect module and writes an object file. */
+/* The CPU name code is generated for (resolving "host"). */
+void cg_cpu_name(const cg_options *o, char *out, size_t size);
+/* Translates an LLVM-dialect module and writes an object file (in a child
+ * process: LLVM's fatal errors become diagnostics). */
 int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *obj_path,
                    char *cpu_used, size_t cpu_size);
 /* Writes LLVM IR text of an LLVM-dialect module to f. */

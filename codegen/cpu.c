@@ -13,9 +13,13 @@
 #include <mlir-c/Pass.h>
 #include <mlir-c/RegisterEverything.h>
 #include <mlir-c/Target/LLVMIR.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../driver/util.h"
 #include "codegen.h"
@@ -73,8 +77,19 @@ int cg_emit_llvm_ir(nova_ctx *c, MlirModule m, FILE *f) {
   return 0;
 }
 
-int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *obj_path, char *cpu_used,
-                   size_t cpu_size) {
+void cg_cpu_name(const cg_options *o, char *out, size_t size) {
+  if (!o->cpu || !strcmp(o->cpu, "host")) {
+    char *h = LLVMGetHostCPUName();
+    snprintf(out, size, "%s", h);
+    LLVMDisposeMessage(h);
+  } else
+    snprintf(out, size, "%s", o->cpu);
+}
+
+/* Translation, optimisation and emission, in this process.  LLVM may end
+ * the process (report_fatal_error) on inputs it rejects, e.g. an unknown
+ * CPU, so cg_emit_object runs this in a child. */
+static int emit_object_here(nova_ctx *c, MlirModule m, const cg_options *o, const char *obj_path) {
   LLVMInitializeNativeTarget();
   LLVMInitializeNativeAsmPrinter();
   LLVMContextRef llctx = LLVMContextCreate();
@@ -95,7 +110,6 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
   bool host = !o->cpu || !strcmp(o->cpu, "host");
   cpu = host ? LLVMGetHostCPUName() : strdup(o->cpu);
   features = host ? LLVMGetHostCPUFeatures() : strdup("");
-  snprintf(cpu_used, cpu_size, "%s", cpu);
   static const LLVMCodeGenOptLevel lv[] = {LLVMCodeGenLevelNone, LLVMCodeGenLevelLess, LLVMCodeGenLevelDefault,
                                            LLVMCodeGenLevelAggressive};
   int ol = o->opt_level < 0 ? 0 : o->opt_level > 3 ? 3 : o->opt_level;
@@ -132,5 +146,46 @@ out:
   LLVMDisposeMessage(triple);
   free(cpu);  /* LLVMGetHostCPUName's result is malloc'd like strdup's */
   free(features);
+  return rc;
+}
+
+int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *obj_path, char *cpu_used,
+                   size_t cpu_size) {
+  cg_cpu_name(o, cpu_used, cpu_size);
+  char log[4200];
+  snprintf(log, sizeof log, "%s.log", obj_path);
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) {
+    nv_error_plain(c->diag, "cannot start code generation: %s", strerror(errno));
+    return -1;
+  }
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) {
+      dup2(fd, 2);
+      close(fd);
+    }
+    _exit(emit_object_here(c, m, o, obj_path) ? 1 : 0);
+  }
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  size_t len = 0;
+  char *text = nv_read_file(log, &len, 1 << 20);
+  unlink(log);
+  int rc = WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+  if (rc && text && strstr(text, "is not a recognized processor"))
+    nv_error_plain(c->diag, "--cpu=%s: LLVM does not know this CPU (try host, x86-64, x86-64-v3, skylake-avx512, znver4)",
+                   o->cpu ? o->cpu : "host");
+  else if (rc) {
+    /* the child's own diagnostics, or LLVM's fatal message */
+    char *line = text ? strstr(text, "LLVM ERROR: ") : NULL;
+    if (!line && text && *text) line = text;
+    char *nl = line ? strchr(line, '\n') : NULL;
+    if (nl) *nl = 0;
+    nv_error_plain(c->diag, "code generation failed: %s", line ? line : "(the code generator stopped with no message)");
+  } else if (text && len)
+    fputs(text, stderr); /* warnings */
+  free(text);
   return rc;
 }

@@ -236,15 +236,21 @@ static int write_atomic(nova_ctx *c, const char *path, const char *data, size_t 
   return 0;
 }
 
-int cg_write_manifest(nova_ctx *c, const nv_graph *g, const cg_options *o, const char *cpu, const char *path) {
+/* The manifest text (owned; cJSON_free), or NULL. */
+static char *manifest_text(const nv_graph *g, const cg_options *o, const char *cpu) {
   step_tensor *t;
   int64_t init_size;
   int n = collect(g, &t, &init_size);
-  if (n < 0) return -1;
+  if (n < 0) return NULL;
   char hash[17];
   cg_graph_hash(g, hash);
   char *json = manifest_json(g, t, n, hash, o, cpu);
   free(t);
+  return json;
+}
+
+int cg_write_manifest(nova_ctx *c, const nv_graph *g, const cg_options *o, const char *cpu, const char *path) {
+  char *json = manifest_text(g, o, cpu);
   if (!json) return -1;
   int rc;
   if (!strcmp(path, "-")) rc = fputs(json, stdout) < 0 || fputc('\n', stdout) < 0 ? -1 : 0;
@@ -291,7 +297,7 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
   step_tensor *t = NULL;
   int64_t init_size = 0;
   int n = collect(g, &t, &init_size), rc = -1;
-  char path[4200], hash[17], cpu[128] = "", rtlib[4200], rtinc[4200], outtmp[4200];
+  char path[4200], hash[17], cpu[128] = "", rtlib[4200], rtinc[4200], outtmp[4200], mantmp[4200];
   cg_graph_hash(g, hash);
   snprintf(outtmp, sizeof outtmp, "%s.tmp%ld", o->output, (long)getpid());
   if (n < 0) goto out;
@@ -335,14 +341,29 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
                     "-Wl,--version-script=exports.map", "-Wl,-z,noexecstack", "-Wl,--build-id=sha1", NULL};
   if (run_tool(c, dir, ldargv, o->verbose)) goto out;
   lap(o, &t0, "descriptor + link");
-  if (rename(outtmp, o->output)) {
+  /* both files complete under temporary names before either is renamed */
+  snprintf(mantmp, sizeof mantmp, "%s.tmp%ld", o->manifest ? o->manifest : "", (long)getpid());
+  if (o->manifest) {
+    char *json = manifest_text(g, o, cpu);
+    f = json ? fopen(mantmp, "w") : NULL;
+    int ok = f && fputs(json, f) >= 0 && fputc('\n', f) >= 0;
+    if (f && fclose(f)) ok = 0;
+    cJSON_free(json);
+    if (!ok) {
+      nv_error_plain(c->diag, "cannot write %s: %s", o->manifest, strerror(errno));
+      goto out;
+    }
+  }
+  if (rename(outtmp, o->output) || (o->manifest && rename(mantmp, o->manifest))) {
     nv_error_plain(c->diag, "cannot write %s: %s", o->output, strerror(errno));
     goto out;
   }
   rc = 0;
-  if (o->manifest) rc = cg_write_manifest(c, g, o, cpu, o->manifest);
 out:
-  if (rc) unlink(outtmp);
+  if (rc) {
+    unlink(outtmp);
+    if (o->manifest) unlink(mantmp);
+  }
   free(t);
   if (!o->keep_temps) {
     static const char *const files[] = {"step.o", "init.bin", "desc.c", "desc.o", "exports.map", "tool.log", NULL};
@@ -377,7 +398,11 @@ void cg_graph_hash(const nv_graph *g, char out[17]) {
     MIX(&x->init.a, sizeof x->init.a);
     MIX(&x->init.b, sizeof x->init.b);
     if (x->name) MIX(x->name, strlen(x->name) + 1);
+    int32_t role = (int32_t)x->role;
+    MIX(&role, sizeof role);
+    if (x->init.path) MIX(x->init.path, strlen(x->init.path) + 1);
   }
+  MIX(&g->seed, sizeof g->seed);
   for (int i = 0; i < g->noutputs; i++) MIX(g->outputs[i].name, strlen(g->outputs[i].name) + 1);
 #undef MIX
   snprintf(out, 17, "%016llx", (unsigned long long)h);

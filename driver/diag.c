@@ -88,7 +88,7 @@ static void print_caret(nv_diag *d, nv_loc loc) {
   fputs("    ", d->out);
   for (const char *q = p; q < e; q++) {
     unsigned char c = (unsigned char)*q;
-    fputc(c == '\t' ? ' ' : (c < 32 || c == 127) ? '?' : c, d->out);
+    fputc(c == '\t' ? ' ' : (c < 32 || c >= 127) ? '?' : c, d->out);
   }
   fputc('\n', d->out);
   fputs("    ", d->out);

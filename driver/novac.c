@@ -111,6 +111,9 @@ static int parse_args(int argc, char **argv, opts *o) {
       if (!eq || eq == v || !end || *end || end == eq + 1 || n <= 0 || eq - v > 200)
         return bad_usage("--dim takes NAME=N with N a positive integer, got '%s'", v);
       if (o->ndims == 32) return bad_usage("too many --dim options%s", "");
+      for (int k = 0; k < o->ndims; k++)
+        if (strlen(o->dims[k].name) == (size_t)(eq - v) && !strncmp(o->dims[k].name, v, (size_t)(eq - v)))
+          return bad_usage("--dim binds '%s' twice", o->dims[k].name);
       char *name = strndup(v, (size_t)(eq - v));
       o->dims[o->ndims++] = (fe_dim_binding){name, n, false};
       nv_sb_printf(&o->flags, " --dim=%s", v);
@@ -294,7 +297,9 @@ static int compile(nv_diag *d, opts *o) {
                    .time_passes = o->time_passes, .verbose = o->verbose,
                    .keep_temps = getenv("NOVAC_KEEP_TEMPS") != NULL};
   if (o->emit == EMIT_MANIFEST) {
-    rc = cg_write_manifest(&c, g, &co, o->cpu ? o->cpu : "host", o->output ? o->output : "-");
+    char cpu[128];
+    cg_cpu_name(&co, cpu, sizeof cpu);
+    rc = cg_write_manifest(&c, g, &co, cpu, o->output ? o->output : "-");
     goto out;
   }
   if (cg_lower_to_llvm(&c, lin, o->opt_level) || nova_verify(&c, lin, "lowering to LLVM")) goto out;

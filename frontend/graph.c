@@ -386,6 +386,31 @@ bad:
   return -1;
 }
 
+/* Integer tensors only come from inputs, through data-movement ops (integer
+ * arithmetic is not allowed), so the inputs an index tensor is made of are
+ * found by walking back; each gets the tightest bound any use needs, and
+ * the step checks them at run time. */
+static void mark_index_bound(nv_node *n, int64_t bound) {
+  switch (n->op) {
+  case NV_OP_INPUT:
+    if (n->index_bound == 0 || bound < n->index_bound) n->index_bound = bound;
+    return;
+  case NV_OP_RESHAPE:
+  case NV_OP_TRANSPOSE:
+  case NV_OP_SLICE:
+  case NV_OP_BROADCAST:
+  case NV_OP_GATHER: /* the values are those of the data operand */
+    mark_index_bound(n->in[0], bound);
+    return;
+  case NV_OP_CONCAT:
+    for (int i = 0; i < n->nin; i++) mark_index_bound(n->in[i], bound);
+    return;
+  default:
+    NV_ASSERT(!fe_dtype_is_int(n->dtype)); /* no other op makes integers */
+    return;
+  }
+}
+
 static int infer_gather(nv_diag *d, nv_node *n, const nv_node *x, nv_node *idx) {
   if (!fe_dtype_is_int(idx->dtype)) {
     nv_error(d, n->loc, "gather: indices must be i32 or i64, got %s", fe_dtype_name(idx->dtype));
@@ -405,7 +430,7 @@ static int infer_gather(nv_diag *d, nv_node *n, const nv_node *x, nv_node *idx) 
   for (int i = 0; i < n->axis; i++) s[k++] = x->shape[i];
   for (int i = 0; i < idx->rank; i++) s[k++] = idx->shape[i];
   for (int i = (int)n->axis + 1; i < x->rank; i++) s[k++] = x->shape[i];
-  if (idx->op == NV_OP_INPUT) idx->index_bound = x->shape[n->axis];
+  mark_index_bound(idx, x->shape[n->axis]);
   n->dtype = x->dtype;
   return set_shape(d, n, r, s);
 }
@@ -424,10 +449,8 @@ static int infer_cross_entropy(nv_diag *d, nv_node *n, const nv_node *logits, nv
              SHP(labels), SHP(logits));
     return -1;
   }
-  if (labels->op == NV_OP_INPUT) {
-    labels->index_bound = logits->shape[logits->rank - 1];
-    labels->role = NOVA_ROLE_LABEL;
-  }
+  mark_index_bound(labels, logits->shape[logits->rank - 1]);
+  if (labels->op == NV_OP_INPUT) labels->role = NOVA_ROLE_LABEL;
   n->dtype = logits->dtype;
   return set_shape(d, n, 0, NULL);
 }
@@ -542,6 +565,14 @@ nv_node *fe_graph_add(nv_graph *g, nv_diag *d, nv_op op, int nin, nv_node **in,
 }
 
 int fe_graph_add_output(nv_graph *g, nv_diag *d, const char *name, nv_node *n, nv_loc loc) {
+  for (int i = 0; i < g->nnodes; i++) {
+    const nv_node *x = g->nodes[i];
+    if ((x->op == NV_OP_INPUT || x->op == NV_OP_PARAM) && x->name && !strcmp(x->name, name)) {
+      nv_error(d, loc, "output '%s' has the name of %s %s '%s'; give the output its own name: output %s_out = %s",
+               name, x->op == NV_OP_PARAM ? "a" : "an", x->op == NV_OP_PARAM ? "param" : "input", name, name, name);
+      return -1;
+    }
+  }
   for (int i = 0; i < g->noutputs; i++)
     if (strcmp(g->outputs[i].name, name) == 0) {
       nv_error(d, loc, "output '%s' is declared twice", name);

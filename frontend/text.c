@@ -52,6 +52,7 @@ typedef struct parser {
   nv_graph *g;
   const char *file, *src, *end, *p, *basedir;
   int line, col, depth;   /* depth: open ( and [ */
+  int nest;               /* expression recursion depth */
   tok t;                  /* current token */
   bool failed;
   int nsym, capsym;
@@ -141,7 +142,7 @@ static void next(parser *P) {
       t->num = (double)v;
     } else {
       t->num = strtod(buf, &e);
-      if (*e || errno == ERANGE || !isfinite(t->num)) {
+      if (*e || errno == ERANGE || !isfinite(t->num) || strpbrk(buf, "xXpP")) {
         lex_error(P, t->loc, "malformed number '%s'", buf);
         t->kind = T_BAD;
       }
@@ -151,9 +152,16 @@ static void next(parser *P) {
   if (c == '"') {
     advance_char(P);
     size_t n = 0;
+    bool too_long = false;
     while (P->p < P->end && *P->p != '"' && *P->p != '\n') {
       if (n < sizeof t->text - 1) t->text[n++] = *P->p;
+      else too_long = true;
       advance_char(P);
+    }
+    if (too_long) {
+      lex_error(P, t->loc, "string is longer than 255 characters%s", "");
+      t->kind = T_BAD;
+      return;
     }
     if (P->p >= P->end || *P->p != '"') {
       lex_error(P, t->loc, "unterminated string%s", "");
@@ -179,6 +187,7 @@ static void next(parser *P) {
     snprintf(what, sizeof what, "byte 0x%02x", c);
   lex_error(P, t->loc, "unexpected character %s", what);
   t->kind = T_BAD;
+  advance_char(P); /* always make progress */
 }
 
 static bool is_punct(parser *P, char c) { return P->t.kind == T_PUNCT && P->t.text[0] == c; }
@@ -266,7 +275,11 @@ static bool define(parser *P, const char *name, nv_node *n, nv_loc loc) {
 
 /* ---- expressions ---------------------------------------------------- */
 
+/* Deeper expressions than this are refused rather than risking the stack. */
+#define MAX_NEST 200
+
 static ev parse_expr(parser *P);
+static ev parse_call_args(parser *P, nv_op op, nv_loc loc);
 
 static nv_node *materialize(parser *P, ev v, nova_dtype dt) {
   if (!v.is_lit) return v.node;
@@ -417,6 +430,16 @@ static bool parse_attr(parser *P, nv_op op, const char *key, nv_loc kloc, nv_nod
 }
 
 static ev parse_call(parser *P, nv_op op, nv_loc loc) {
+  if (++P->nest >= MAX_NEST) {
+    nv_error(P->d, loc, "expression nested more than %d levels deep", MAX_NEST);
+    return fail_ev(P);
+  }
+  ev r = parse_call_args(P, op, loc);
+  P->nest--;
+  return r;
+}
+
+static ev parse_call_args(parser *P, nv_op op, nv_loc loc) {
   nv_node a = {0};
   a.axis = (op == NV_OP_SOFTMAX || op == NV_OP_LOG_SOFTMAX) ? -1 : 0;
   a.eps = 1e-5;
@@ -472,7 +495,14 @@ static ev parse_call(parser *P, nv_op op, nv_loc loc) {
     if (!acc) return fail_ev(P);
     return (ev){.node = acc, .loc = loc};
   }
-  if (op == NV_OP_CONCAT && nin == 1) return (ev){.node = in[0], .loc = loc};
+  if (op == NV_OP_CONCAT && nin == 1) {
+    if (in[0]->rank == 0 || a.axis < -in[0]->rank || a.axis >= in[0]->rank) {
+      nv_error(P->d, loc, "concat: axis %lld is out of range for %s of rank %d", (long long)a.axis,
+               in[0]->rank ? "an operand" : "a scalar operand", in[0]->rank);
+      return fail_ev(P);
+    }
+    return (ev){.node = in[0], .loc = loc};
+  }
   nv_node *n = fe_graph_add(P->g, P->d, op, nin, in, &a, loc);
   if (!n) return fail_ev(P);
   return (ev){.node = n, .loc = loc};
@@ -486,7 +516,12 @@ static ev parse_primary(parser *P) {
   }
   if (is_punct(P, '(')) {
     next(P);
+    if (++P->nest >= MAX_NEST) {
+      nv_error(P->d, t.loc, "expression nested more than %d levels deep", MAX_NEST);
+      return fail_ev(P);
+    }
     ev v = parse_expr(P);
+    P->nest--;
     if (P->failed) return v;
     expect(P, ')', "to close the parenthesis");
     return v;
@@ -515,10 +550,16 @@ static ev parse_primary(parser *P) {
 }
 
 static ev parse_unary(parser *P) {
+  if (P->nest >= MAX_NEST) {
+    nv_error(P->d, P->t.loc, "expression nested more than %d levels deep", MAX_NEST);
+    return fail_ev(P);
+  }
   if (is_punct(P, '-')) {
     nv_loc loc = P->t.loc;
     next(P);
+    P->nest++;
     ev v = parse_unary(P);
+    P->nest--;
     if (P->failed) return v;
     if (v.is_lit) {
       v.lit = -v.lit;
