@@ -107,3 +107,30 @@ def test_bad_label_rejected():
 case("examples.mlp", test_mlp)
 case("examples.transformer_block", test_transformer_block)
 case("examples.bad_input_rejected_at_run_time", test_bad_label_rejected)
+
+
+def test_index_bounds_through_data_movement():
+    """An index input reaching gather through reshape/transpose, and used by
+    two tables, is checked against the smallest table at run time."""
+    import shutil
+    import tempfile
+    model = ("input ids: i64[2, 2]\nparam a: f32[50, 3] = normal(1)\nparam b: f32[100, 3] = normal(1)\n"
+             "output r = gather(a, reshape(transpose(ids), shape=[4])) + gather(b, reshape(ids, shape=[4]))\n")
+    d = tempfile.mkdtemp(prefix="nova-e2e-")
+    try:
+        with open(os.path.join(d, "m.nova"), "w") as f:
+            f.write(model)
+        so = os.path.join(d, "m.so")
+        run([NOVAC, os.path.join(d, "m.nova"), "-o", so])
+        os.mkdir(os.path.join(d, "in"))
+        write_pb(os.path.join(d, "in", "ids.pb"), np.array([[1, 2], [60, 3]], np.int64), "ids")
+        p = run([NOVARUN, so, "--inputs", os.path.join(d, "in")], expect_rc=1)
+        if "ids" not in p.stderr or "60" not in p.stderr:
+            raise Failure("index 60 >= 50 rows was not reported:\n" + p.stderr)
+        write_pb(os.path.join(d, "in", "ids.pb"), np.array([[1, 2], [49, 3]], np.int64), "ids")
+        run([NOVARUN, so, "--inputs", os.path.join(d, "in"), "-q"])
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+case("examples.index_bounds_through_data_movement", test_index_bounds_through_data_movement)
