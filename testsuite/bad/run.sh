@@ -103,7 +103,7 @@ check() {
   if [ "$first" != crashed ] && [ -n "$expect" ] && ! grep -aqF -- "$expect" "$tmp/stderr"; then
     fail "stderr lacks: $expect"
   fi
-  left=$(ls -A "$tmp/out" "$tmp/tmp" 2>/dev/null | grep -v ':$' | grep -v '^$' | tr '\n' ' ')
+  left=$(find "$tmp/out" "$tmp/tmp" -mindepth 1 -maxdepth 1 -exec basename {} \; | tr '\n' ' ')
   if [ "$rc" -ne 0 ] && [ -n "$left" ]; then
     fail "a failed run left files behind: $left"
   fi

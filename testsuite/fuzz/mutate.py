@@ -18,7 +18,7 @@ inputs the run stops, so that a hang does not cost 20 s per mutant.
 Prints 'PASS: fuzz :: mutate' or 'FAIL: fuzz :: mutate' with the failing
 inputs; exits 0 either way.  Environment: NOVA_FUZZ_SEED (default 1),
 NOVA_FUZZ_TIMEOUT (seconds, default 20), NOVA_FUZZ_JOBS (default 2),
-NOVA_FUZZ_MAX_FAILURES (default 5).
+NOVA_FUZZ_MAX_FAILURES (default 3).
 """
 import concurrent.futures
 import glob
@@ -28,13 +28,14 @@ import random
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CRASH_DIR = os.path.join(ROOT, "testsuite", "fuzz", "crashes")
-MAX_FAILURES = int(os.environ.get("NOVA_FUZZ_MAX_FAILURES", "5"))
+MAX_FAILURES = int(os.environ.get("NOVA_FUZZ_MAX_FAILURES", "3"))
 MAX_SIZE = 64 << 10  # seeds larger than this are cut, to keep runs fast
 
 SANITIZER = re.compile(rb"ERROR: (Address|Leak|Memory|Thread)Sanitizer|runtime error:|SUMMARY: \w*Sanitizer")
@@ -129,7 +130,8 @@ def header_args(data):
 
 
 def run_one(novac, timeout, idx, seed_name, data, args, build):
-    """Runs novac on one mutant; returns None or (idx, seed_name, data, cmd, reason)."""
+    """Runs novac on one mutant; returns None, or (idx, seed_name, data, command,
+    reason, stderr) when it misbehaved."""
     work = tempfile.mkdtemp(prefix="nova-fuzz.")
     try:
         src = os.path.join(work, "m%d.nova" % idx)
@@ -147,16 +149,23 @@ def run_one(novac, timeout, idx, seed_name, data, args, build):
         else:
             cmd = [novac, src] + args + ["--emit=nova", "-o", os.path.join(outdir, "out.mlir")]
         env = dict(os.environ, TMPDIR=tmpdir)
+        # a session of its own, so that a hang is ended with the tools it started
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, env=env, start_new_session=True)
         try:
-            p = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, timeout=timeout, env=env)
-            rc, err = p.returncode, p.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, err = None, e.stderr or b""
+            err = p.communicate(timeout=timeout)[1]
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            err = p.communicate()[1] or b""
+            rc = None
         shown = " ".join(shlex.quote(c) for c in cmd)
         reason = None
         if rc is None:
-            reason = "hang: no exit within %ds" % timeout
+            reason = "hang: no exit within %gs" % timeout
         elif rc < 0:
             reason = "crash: killed by signal %d" % -rc
         elif rc not in (0, 1):
@@ -171,7 +180,7 @@ def run_one(novac, timeout, idx, seed_name, data, args, build):
         if reason is None:
             return None
         return (idx, seed_name, data, shown.replace(work, "$WORK"), reason,
-                err.decode("utf-8", "replace")[:1000])
+                err.replace(work.encode(), b"$WORK").decode("utf-8", "replace")[:1000])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
