@@ -137,7 +137,7 @@ static int set_shape(nv_diag *d, nv_node *n, int rank, const int64_t *shape) {
     e *= shape[i];
   }
   n->rank = rank;
-  memcpy(n->shape, shape, (size_t)rank * sizeof *shape);
+  if (rank) memcpy(n->shape, shape, (size_t)rank * sizeof *shape);
   return 0;
 }
 
@@ -377,7 +377,7 @@ static int infer_slice(nv_diag *d, nv_node *n, const nv_node *x) {
   if (n->start < 0 || n->start >= n->end || n->end > dim) goto bad;
   int64_t s[NOVA_MAX_RANK];
   memcpy(s, x->shape, sizeof s);
-  s[n->axis] = (n->end - n->start + n->step - 1) / n->step;
+  s[n->axis] = (n->end - n->start - 1) / n->step + 1; /* no overflow for any step > 0 */
   n->dtype = x->dtype;
   return set_shape(d, n, x->rank, s);
 bad:

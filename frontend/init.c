@@ -39,18 +39,20 @@ static uint64_t fnv1a(const char *s) {
   return h;
 }
 
+static const char *kind_name(const nv_node *n) { return n->op == NV_OP_CONSTANT ? "const" : "param"; }
+
 static int read_file_init(nv_diag *d, const nv_node *n, void *out, size_t nbytes) {
   FILE *f = fopen(n->init.path, "rb");
   if (!f) {
-    nv_error(d, n->loc, "param '%s': cannot open '%s'", n->name, n->init.path);
+    nv_error(d, n->loc, "%s '%s': cannot open '%s'", kind_name(n), n->name, n->init.path);
     return -1;
   }
   size_t got = fread(out, 1, nbytes, f);
   int extra = fgetc(f) != EOF;
   fclose(f);
   if (got != nbytes || extra) {
-    nv_error(d, n->loc, "param '%s': '%s' must hold exactly %zu bytes (%s[%lld elements], little-endian), %s",
-             n->name, n->init.path, nbytes, fe_dtype_name(n->dtype), (long long)fe_numel(n),
+    nv_error(d, n->loc, "%s '%s': '%s' must hold exactly %zu bytes (%s[%lld elements], little-endian), %s",
+             kind_name(n), n->name, n->init.path, nbytes, fe_dtype_name(n->dtype), (long long)fe_numel(n),
              extra ? "it is longer" : "it is shorter");
     return -1;
   }

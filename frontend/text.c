@@ -430,10 +430,11 @@ static bool parse_attr(parser *P, nv_op op, const char *key, nv_loc kloc, nv_nod
 }
 
 static ev parse_call(parser *P, nv_op op, nv_loc loc) {
-  if (++P->nest >= MAX_NEST) {
+  if (P->nest + 1 >= MAX_NEST) {
     nv_error(P->d, loc, "expression nested more than %d levels deep", MAX_NEST);
     return fail_ev(P);
   }
+  P->nest++;
   ev r = parse_call_args(P, op, loc);
   P->nest--;
   return r;
@@ -516,10 +517,11 @@ static ev parse_primary(parser *P) {
   }
   if (is_punct(P, '(')) {
     next(P);
-    if (++P->nest >= MAX_NEST) {
+    if (P->nest + 1 >= MAX_NEST) {
       nv_error(P->d, t.loc, "expression nested more than %d levels deep", MAX_NEST);
       return fail_ev(P);
     }
+    P->nest++;
     ev v = parse_expr(P);
     P->nest--;
     if (P->failed) return v;
@@ -829,6 +831,7 @@ nv_graph *fe_parse_text(nv_diag *d, const char *file, const char *text, size_t l
       continue;
     }
     P.failed = false;
+    P.nest = 0;
     parse_stmt(&P);
     if (!P.failed && P.t.kind != T_NL && P.t.kind != T_EOF) {
       nv_error(d, P.t.loc, "expected end of line, found '%s'", tok_desc(&P.t));

@@ -12,6 +12,9 @@
 
 #include "../passes/nova_ir.h"
 
+/* Constants live in the IR as dense attributes; larger data belongs in params. */
+#define NV_MAX_CONST_BYTES (256 << 20)
+
 static MlirLocation loc_of(MlirContext ctx, nv_loc l) {
   if (!l.file) return mlirLocationUnknownGet(ctx);
   return mlirLocationFileLineColGet(ctx, nova_str(l.file), (unsigned)l.line, (unsigned)l.col);
@@ -34,13 +37,22 @@ static MlirAttribute constant_value(MlirContext ctx, const nv_graph *g, nv_diag 
     double v = k == NV_INIT_ONES ? 1.0 : k == NV_INIT_CONST ? n->init.a : 0.0;
     if (fe_numel(n) == 1 && k != NV_INIT_ZEROS && k != NV_INIT_ONES && k != NV_INIT_CONST) {
       union { double d; float f; } one = {0};
-      if (fe_init_fill(g, d, n, &one) == 0) v = f64 ? one.d : (double)one.f;
+      if (fe_init_fill(g, d, n, &one)) return mlirAttributeGetNull();
+      v = f64 ? one.d : (double)one.f;
     }
     return f64 ? mlirDenseElementsAttrDoubleSplatGet(t, v) : mlirDenseElementsAttrFloatSplatGet(t, (float)v);
   }
-  size_t count = (size_t)fe_numel(n);
+  size_t count = (size_t)fe_numel(n), bytes = count * (f64 ? 8 : 4);
+  if (bytes > NV_MAX_CONST_BYTES) {
+    nv_error(d, n->loc, "const '%s': %zu bytes is too large to embed in the IR (limit %d MiB); make it a param",
+             n->name ? n->name : "", bytes, NV_MAX_CONST_BYTES >> 20);
+    return mlirAttributeGetNull();
+  }
   void *buf = calloc(count, f64 ? 8 : 4);
-  if (!buf) return mlirAttributeGetNull();
+  if (!buf) {
+    nv_error(d, n->loc, "const '%s': out of memory for %zu bytes", n->name ? n->name : "", bytes);
+    return mlirAttributeGetNull();
+  }
   MlirAttribute a = mlirAttributeGetNull();
   if (fe_init_fill(g, d, n, buf) == 0)
     a = f64 ? mlirDenseElementsAttrDoubleGet(t, (intptr_t)count, buf)
@@ -125,6 +137,14 @@ MlirModule nova_build_module(nova_ctx *c, const nv_graph *g) {
   for (int i = 0; i < g->nnodes; i++) {
     const nv_node *n = g->nodes[i];
     if (is_arg(n)) continue;
+    MlirNamedAttribute at[8];
+    int na = op_attributes(ctx, g, c->diag, n, at);
+    if (na > 0 && mlirAttributeIsNull(at[0].attribute)) { /* diagnosed */
+      mlirBlockDestroy(body);
+      mlirModuleDestroy(m);
+      m = (MlirModule){NULL};
+      goto out;
+    }
     char opname[64];
     snprintf(opname, sizeof opname, "nova.%s", nv_op_name(n->op));
     MlirOperationState st = mlirOperationStateGet(nova_str(opname), loc_of(ctx, n->loc));
@@ -133,13 +153,6 @@ MlirModule nova_build_module(nova_ctx *c, const nv_graph *g) {
     mlirOperationStateAddOperands(&st, n->nin, ops);
     MlirType rt = nova_tensor_type(ctx, n->dtype, n->rank, n->shape);
     mlirOperationStateAddResults(&st, 1, &rt);
-    MlirNamedAttribute at[8];
-    int na = op_attributes(ctx, g, c->diag, n, at);
-    if (na > 0 && mlirAttributeIsNull(at[0].attribute)) {
-      mlirModuleDestroy(m);
-      m = (MlirModule){NULL};
-      goto out;
-    }
     mlirOperationStateAddAttributes(&st, na, at);
     MlirOperation op = mlirOperationCreate(&st);
     mlirBlockAppendOwnedOperation(body, op);

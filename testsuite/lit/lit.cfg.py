@@ -19,6 +19,8 @@ config.test_exec_root = os.path.join(build, "lit")
 config.substitutions.append(("%novac", os.path.join(build, "bin", "novac")))
 config.substitutions.append(("%novarun", os.path.join(build, "bin", "novarun")))
 config.substitutions.append(("%examples", os.path.join(root, "examples")))
+# a step.so built by a sanitizer build links an instrumented runtime
+config.substitutions.append(("%sancflags", "-fsanitize=address,undefined" if "asan" in os.path.basename(build) else ""))
 config.substitutions.append(("%mlir-opt", os.path.join(llvm_bin, "mlir-opt")))
 config.environment["PATH"] = llvm_bin + os.pathsep + config.environment.get("PATH", os.environ["PATH"])
 for var in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "HOME", "TMPDIR"):
