@@ -329,6 +329,28 @@ static const char *unary_body(nv_op op, nova_dtype dt, char *buf, size_t n) {
   return buf;
 }
 
+/* Converts %in0 from dtype `from` to `to` into %r ("" when equal). */
+static const char *cast_body(nova_dtype from, nova_dtype to, char *buf, size_t n) {
+  const char *F = ety(from), *T = ety(to);
+  bool ff = fe_dtype_is_float(from), ft = fe_dtype_is_float(to);
+  size_t wf = fe_dtype_size(from), wt = fe_dtype_size(to);
+  if (from == to) buf[0] = 0;
+  else if (to == NOVA_DTYPE_BOOL)
+    snprintf(buf, n, "%%z = arith.constant %s : %s\n%%r = %s %%in0, %%z : %s", ff ? FL(0.0, from) : "0", F,
+             ff ? "arith.cmpf une," : "arith.cmpi ne,", F);
+  else if (from == NOVA_DTYPE_BOOL)
+    snprintf(buf, n, "%%r = %s %%in0 : i1 to %s", ft ? "arith.uitofp" : "arith.extui", T);
+  else if (ff && ft)
+    snprintf(buf, n, "%%r = %s %%in0 : %s to %s", wt > wf ? "arith.extf" : "arith.truncf", F, T);
+  else if (ff)
+    snprintf(buf, n, "%%r = arith.fptosi %%in0 : %s to %s", F, T);
+  else if (ft)
+    snprintf(buf, n, "%%r = arith.sitofp %%in0 : %s to %s", F, T);
+  else
+    snprintf(buf, n, "%%r = %s %%in0 : %s to %s", wt > wf ? "arith.extsi" : "arith.trunci", F, T);
+  return buf;
+}
+
 static tv lower_matmul(lw *L, tv a, tv b, const tv *res) {
   if (a.rank == 2) {
     tv f = filled(L, res->rank, res->shape, res->dt, 0.0);
@@ -540,12 +562,47 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_ADD:
   case NV_OP_SUB:
   case NV_OP_MUL:
-  case NV_OP_DIV: {
-    static const char *ar[] = {"addf", "subf", "mulf", "divf"};
-    snprintf(body, sizeof body, "%%r = arith.%s %%in0, %%in1 : %s", ar[kind - NV_OP_ADD], T);
+  case NV_OP_DIV:
+  case NV_OP_MINIMUM:
+  case NV_OP_MAXIMUM:
+  case NV_OP_POW: {
+    bool fl = fe_dtype_is_float(res.dt);
+    const char *o = kind == NV_OP_ADD ? (fl ? "arith.addf" : "arith.addi")
+                  : kind == NV_OP_SUB ? (fl ? "arith.subf" : "arith.subi")
+                  : kind == NV_OP_MUL ? (fl ? "arith.mulf" : "arith.muli")
+                  : kind == NV_OP_DIV ? (fl ? "arith.divf" : "arith.divsi")
+                  : kind == NV_OP_MINIMUM ? (fl ? "arith.minimumf" : "arith.minsi")
+                  : kind == NV_OP_MAXIMUM ? (fl ? "arith.maximumf" : "arith.maxsi") : "math.powf";
+    snprintf(body, sizeof body, "%%r = %s %%in0, %%in1 : %s", o, T);
     r = elementwise(L, 2, in, res.rank, res.shape, res.dt, body);
     break;
   }
+  case NV_OP_EQUAL:
+  case NV_OP_LESS:
+  case NV_OP_GREATER: {
+    bool fl = fe_dtype_is_float(in[0].dt);
+    const char *pred = kind == NV_OP_EQUAL ? (fl ? "oeq" : "eq") : kind == NV_OP_LESS ? (fl ? "olt" : "slt")
+                                                                                   : (fl ? "ogt" : "sgt");
+    snprintf(body, sizeof body, "%%r = %s %s, %%in0, %%in1 : %s", fl ? "arith.cmpf" : "arith.cmpi", pred,
+             ety(in[0].dt));
+    r = elementwise(L, 2, in, res.rank, res.shape, res.dt, body);
+    break;
+  }
+  case NV_OP_WHERE:
+    snprintf(body, sizeof body, "%%r = arith.select %%in0, %%in1, %%in2 : %s", T);
+    r = elementwise(L, 3, in, res.rank, res.shape, res.dt, body);
+    break;
+  case NV_OP_ABS:
+    snprintf(body, sizeof body, "%%r = %s %%in0 : %s", fe_dtype_is_float(res.dt) ? "math.absf" : "math.absi", T);
+    r = elementwise(L, 1, in, res.rank, res.shape, res.dt, body);
+    break;
+  case NV_OP_ERF:
+    snprintf(body, sizeof body, "%%r = math.erf %%in0 : %s", T);
+    r = elementwise(L, 1, in, res.rank, res.shape, res.dt, body);
+    break;
+  case NV_OP_CAST:
+    r = elementwise(L, 1, in, res.rank, res.shape, res.dt, cast_body(in[0].dt, res.dt, body, sizeof body));
+    break;
   case NV_OP_NEG: case NV_OP_EXP: case NV_OP_LOG: case NV_OP_SQRT: case NV_OP_TANH:
   case NV_OP_SIGMOID: case NV_OP_RELU: case NV_OP_GELU:
     r = elementwise(L, 1, in, res.rank, res.shape, res.dt, unary_body(kind, res.dt, body, sizeof body));

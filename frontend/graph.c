@@ -165,6 +165,13 @@ static int need_float(nv_diag *d, nv_node *n, const nv_node *x, const char *what
   return -1;
 }
 
+/* Arithmetic takes floats and integers (not bool). */
+static int need_number(nv_diag *d, nv_node *n, const nv_node *x, const char *what) {
+  if (fe_dtype_is_float(x->dtype) || fe_dtype_is_int(x->dtype)) return 0;
+  nv_error(d, n->loc, "%s: %s must be a number tensor, got %s", nv_op_name(n->op), what, fe_dtype_name(x->dtype));
+  return -1;
+}
+
 static int norm_axis(nv_diag *d, nv_node *n, int64_t *axis, int rank) {
   if (*axis < -rank || *axis >= (rank ? rank : 1)) {
     nv_error(d, n->loc, "%s: axis %lld is out of range for rank %d", nv_op_name(n->op),
@@ -390,25 +397,53 @@ bad:
  * arithmetic is not allowed), so the inputs an index tensor is made of are
  * found by walking back; each gets the tightest bound any use needs, and
  * the step checks them at run time. */
-static void mark_index_bound(nv_node *n, int64_t bound) {
+static const nv_node *mark_index_bound(nv_node *n, int64_t bound) {
   switch (n->op) {
   case NV_OP_INPUT:
     if (n->index_bound == 0 || bound < n->index_bound) n->index_bound = bound;
-    return;
+    return NULL;
   case NV_OP_RESHAPE:
   case NV_OP_TRANSPOSE:
   case NV_OP_SLICE:
   case NV_OP_BROADCAST:
   case NV_OP_GATHER: /* the values are those of the data operand */
-    mark_index_bound(n->in[0], bound);
-    return;
+    return mark_index_bound(n->in[0], bound);
   case NV_OP_CONCAT:
-    for (int i = 0; i < n->nin; i++) mark_index_bound(n->in[i], bound);
-    return;
-  default:
-    NV_ASSERT(!fe_dtype_is_int(n->dtype)); /* no other op makes integers */
-    return;
+    for (int i = 0; i < n->nin; i++) {
+      const nv_node *bad = mark_index_bound(n->in[i], bound);
+      if (bad) return bad;
+    }
+    return NULL;
+  case NV_OP_WHERE: {
+    const nv_node *bad = mark_index_bound(n->in[1], bound);
+    return bad ? bad : mark_index_bound(n->in[2], bound);
   }
+  case NV_OP_CONSTANT: /* known now: check every value */
+    if (n->init.kind == NV_INIT_DATA && fe_dtype_is_int(n->dtype)) {
+      for (int64_t i = 0, e = fe_numel(n); i < e; i++) {
+        int64_t v = n->dtype == NOVA_DTYPE_I64 ? ((const int64_t *)n->init.data)[i] : ((const int32_t *)n->init.data)[i];
+        if (v < 0 || v >= bound) return n;
+      }
+      return NULL;
+    }
+    return n;
+  default:
+    return n; /* computed at run time: cannot be checked before the step runs */
+  }
+}
+
+/* Marks the bound, or reports that the indices are computed. */
+static int index_operand(nv_diag *d, nv_node *user, nv_node *idx, int64_t bound) {
+  const nv_node *bad = mark_index_bound(idx, bound);
+  if (!bad) return 0;
+  if (bad->op == NV_OP_CONSTANT) {
+    nv_error(d, user->loc, "%s: constant indices hold a value outside [0, %lld)", nv_op_name(user->op), (long long)bound);
+    return -1;
+  }
+  nv_error(d, user->loc, "%s: indices computed at run time (by '%s') cannot be range-checked; indices must come "
+           "from inputs through data-movement ops (reshape, transpose, slice, concat, gather, where)",
+           nv_op_name(user->op), nv_op_name(bad->op));
+  return -1;
 }
 
 static int infer_gather(nv_diag *d, nv_node *n, const nv_node *x, nv_node *idx) {
@@ -430,7 +465,7 @@ static int infer_gather(nv_diag *d, nv_node *n, const nv_node *x, nv_node *idx) 
   for (int i = 0; i < n->axis; i++) s[k++] = x->shape[i];
   for (int i = 0; i < idx->rank; i++) s[k++] = idx->shape[i];
   for (int i = (int)n->axis + 1; i < x->rank; i++) s[k++] = x->shape[i];
-  mark_index_bound(idx, x->shape[n->axis]);
+  if (index_operand(d, n, idx, x->shape[n->axis])) return -1;
   n->dtype = x->dtype;
   return set_shape(d, n, r, s);
 }
@@ -449,7 +484,7 @@ static int infer_cross_entropy(nv_diag *d, nv_node *n, const nv_node *logits, nv
              SHP(labels), SHP(logits));
     return -1;
   }
-  mark_index_bound(labels, logits->shape[logits->rank - 1]);
+  if (index_operand(d, n, labels, logits->shape[logits->rank - 1])) return -1;
   if (labels->op == NV_OP_INPUT) labels->role = NOVA_ROLE_LABEL;
   n->dtype = logits->dtype;
   return set_shape(d, n, 0, NULL);
@@ -489,9 +524,44 @@ static int infer(nv_diag *d, nv_node *n) {
   case NV_OP_SUB:
   case NV_OP_MUL:
   case NV_OP_DIV:
-    if (need_float(d, n, in[0], "left operand") || need_float(d, n, in[1], "right operand"))
-      return -1;
+  case NV_OP_MINIMUM:
+  case NV_OP_MAXIMUM:
+    if (need_number(d, n, in[0], "left operand") || need_number(d, n, in[1], "right operand")) return -1;
     return infer_broadcast(d, n, in[0], in[1]);
+  case NV_OP_POW:
+    if (need_float(d, n, in[0], "base") || need_float(d, n, in[1], "exponent")) return -1;
+    return infer_broadcast(d, n, in[0], in[1]);
+  case NV_OP_EQUAL:
+  case NV_OP_LESS:
+  case NV_OP_GREATER:
+    if (n->op != NV_OP_EQUAL && (need_number(d, n, in[0], "left operand") || need_number(d, n, in[1], "right operand")))
+      return -1;
+    if (infer_broadcast(d, n, in[0], in[1])) return -1;
+    n->dtype = NOVA_DTYPE_BOOL;
+    return 0;
+  case NV_OP_WHERE: {
+    if (in[0]->dtype != NOVA_DTYPE_BOOL) {
+      nv_error(d, n->loc, "where: the condition must be bool, got %s", fe_dtype_name(in[0]->dtype));
+      return -1;
+    }
+    nv_node t = *n; /* broadcast cond with a, then with b */
+    t.dtype = in[1]->dtype;
+    nv_node c = *in[0];
+    c.dtype = in[1]->dtype;
+    if (infer_broadcast(d, &t, &c, in[1]) || infer_broadcast(d, n, &t, in[2])) return -1;
+    return 0;
+  }
+  case NV_OP_ABS:
+    if (need_number(d, n, in[0], "operand")) return -1;
+    n->dtype = in[0]->dtype;
+    return set_shape(d, n, in[0]->rank, in[0]->shape);
+  case NV_OP_CAST:
+    if (!fe_dtype_size(n->to)) {
+      nv_error(d, n->loc, "cast: unsupported target dtype %d", (int)n->to);
+      return -1;
+    }
+    n->dtype = n->to;
+    return set_shape(d, n, in[0]->rank, in[0]->shape);
   case NV_OP_NEG:
   case NV_OP_EXP:
   case NV_OP_LOG:
@@ -500,6 +570,7 @@ static int infer(nv_diag *d, nv_node *n) {
   case NV_OP_SIGMOID:
   case NV_OP_RELU:
   case NV_OP_GELU:
+  case NV_OP_ERF:
     if (need_float(d, n, in[0], "operand")) return -1;
     n->dtype = in[0]->dtype;
     return set_shape(d, n, in[0]->rank, in[0]->shape);

@@ -48,7 +48,17 @@
   X(CONCAT, "concat", 2, 2)               \
   X(SLICE, "slice", 1, 1)                 \
   X(GATHER, "gather", 2, 2)               \
-  X(CROSS_ENTROPY, "cross_entropy", 2, 2)
+  X(CROSS_ENTROPY, "cross_entropy", 2, 2) \
+  X(POW, "pow", 2, 2)                     \
+  X(ABS, "abs", 1, 1)                     \
+  X(ERF, "erf", 1, 1)                     \
+  X(MINIMUM, "minimum", 2, 2)             \
+  X(MAXIMUM, "maximum", 2, 2)             \
+  X(WHERE, "where", 3, 3)                 \
+  X(EQUAL, "equal", 2, 2)                 \
+  X(LESS, "less", 2, 2)                   \
+  X(GREATER, "greater", 2, 2)             \
+  X(CAST, "cast", 1, 1)
 
 typedef enum nv_op {
 #define X(e, n, a, b) NV_OP_##e,
@@ -95,6 +105,7 @@ struct nv_node {
   int64_t start, end, step;  /* slice */
   double eps;           /* layer_norm */
   double value;         /* constant (scalar, broadcast to shape) */
+  nova_dtype to;        /* cast */
   /* inputs, params and constants (constants: init gives the value) */
   nova_role role;
   int64_t index_bound;  /* integer inputs used as indices: values must lie in [0, bound) */

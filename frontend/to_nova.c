@@ -33,6 +33,24 @@ static MlirAttribute constant_value(MlirContext ctx, const nv_graph *g, nv_diag 
   MlirType t = nova_tensor_type(ctx, n->dtype, n->rank, n->shape);
   bool f64 = n->dtype == NOVA_DTYPE_F64;
   nv_init_kind k = n->init.kind;
+  if (!fe_dtype_is_float(n->dtype)) { /* integer and bool constants: folded ONNX values */
+    intptr_t count = (intptr_t)fe_numel(n);
+    const void *p = n->init.data;
+    if (n->init.kind != NV_INIT_DATA || !p) return mlirAttributeGetNull();
+    switch (n->dtype) {
+    case NOVA_DTYPE_I64: return mlirDenseElementsAttrInt64Get(t, count, p);
+    case NOVA_DTYPE_I32: return mlirDenseElementsAttrInt32Get(t, count, p);
+    case NOVA_DTYPE_BOOL: {
+      int *b = malloc((size_t)count * sizeof *b + 1);
+      if (!b) return mlirAttributeGetNull();
+      for (intptr_t i = 0; i < count; i++) b[i] = ((const unsigned char *)p)[i] != 0;
+      MlirAttribute a = mlirDenseElementsAttrBoolGet(t, count, b);
+      free(b);
+      return a;
+    }
+    default: return mlirAttributeGetNull();
+    }
+  }
   if (k == NV_INIT_ZEROS || k == NV_INIT_ONES || k == NV_INIT_CONST || fe_numel(n) == 1) {
     double v = k == NV_INIT_ONES ? 1.0 : k == NV_INIT_CONST ? n->init.a : 0.0;
     if (fe_numel(n) == 1 && k != NV_INIT_ZEROS && k != NV_INIT_ONES && k != NV_INIT_CONST) {
@@ -82,6 +100,7 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
   case NV_OP_RESHAPE:
   case NV_OP_BROADCAST: out[k++] = named(ctx, "shape", mlirDenseI64ArrayGet(ctx, n->rank, n->shape)); break;
   case NV_OP_TRANSPOSE: out[k++] = named(ctx, "perm", mlirDenseI64ArrayGet(ctx, n->nlist, n->list)); break;
+  case NV_OP_CAST: out[k++] = named(ctx, "to", i64_attr(ctx, (int64_t)n->to)); break; /* a nova_dtype code */
   case NV_OP_SLICE:
     out[k++] = named(ctx, "axis", i64_attr(ctx, n->axis));
     out[k++] = named(ctx, "start", i64_attr(ctx, n->start));

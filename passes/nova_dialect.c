@@ -23,7 +23,9 @@ static const char *const op_attrs[] = {
     [NV_OP_REDUCE_MEAN] = "axes keepdims", [NV_OP_REDUCE_MAX] = "axes keepdims",
     [NV_OP_RESHAPE] = "shape", [NV_OP_TRANSPOSE] = "perm", [NV_OP_BROADCAST] = "shape",
     [NV_OP_CONCAT] = "axis", [NV_OP_SLICE] = "axis start end step", [NV_OP_GATHER] = "axis",
-    [NV_OP_CROSS_ENTROPY] = "",
+    [NV_OP_CROSS_ENTROPY] = "", [NV_OP_POW] = "", [NV_OP_ABS] = "", [NV_OP_ERF] = "",
+    [NV_OP_MINIMUM] = "", [NV_OP_MAXIMUM] = "", [NV_OP_WHERE] = "", [NV_OP_EQUAL] = "",
+    [NV_OP_LESS] = "", [NV_OP_GREATER] = "", [NV_OP_CAST] = "to",
 };
 static_assert(sizeof op_attrs / sizeof op_attrs[0] == NV_OP_COUNT, "attribute table out of step with NV_OPS");
 
