@@ -310,6 +310,11 @@ static ev binary(parser *P, char op, ev a, ev b, nv_loc loc) {
     return (ev){.lit = r, .is_lit = true, .loc = a.loc};
   }
   nova_dtype dt = a.is_lit ? b.node->dtype : a.node->dtype;
+  ev lit = a.is_lit ? a : b;
+  if (lit.is_lit && fe_dtype_is_int(dt) && lit.lit != (double)(int64_t)lit.lit) {
+    nv_error(P->d, lit.loc, "the number %g is not an integer, but the other operand is %s", lit.lit, fe_dtype_name(dt));
+    return fail_ev(P);
+  }
   nv_node *in[2] = {materialize(P, a, dt), materialize(P, b, dt)};
   if (!in[0] || !in[1]) return fail_ev(P);
   nv_op o = op == '+' ? NV_OP_ADD : op == '-' ? NV_OP_SUB : op == '*' ? NV_OP_MUL
@@ -327,6 +332,7 @@ static const char *allowed_attrs(nv_op op) {
   case NV_OP_REDUCE_SUM: case NV_OP_REDUCE_MEAN: case NV_OP_REDUCE_MAX: return "axes keepdims";
   case NV_OP_RESHAPE: case NV_OP_BROADCAST: return "shape";
   case NV_OP_TRANSPOSE: return "perm";
+  case NV_OP_CAST: return "to";
   case NV_OP_SLICE: return "axis start end step";
   default: return "";
   }
@@ -407,6 +413,19 @@ static bool parse_attr(parser *P, nv_op op, const char *key, nv_loc kloc, nv_nod
     next(P);
     return true;
   }
+  if (strcmp(key, "to") == 0) {
+    nv_loc vloc = P->t.loc;
+    char name[256];
+    if (!expect_name(P, name, "for the target dtype")) return false;
+    a->to = fe_dtype_parse(name);
+    if (!a->to && strcmp(name, "bool") == 0) a->to = NOVA_DTYPE_BOOL;
+    if (!a->to) {
+      nv_error(P->d, vloc, "unknown dtype '%s'; expected f32, f64, i32, i64 or bool", name);
+      P->failed = true;
+      return false;
+    }
+    return true;
+  }
   if (strcmp(key, "eps") == 0) {
     double v;
     return parse_signed_number(P, &v, NULL, NULL) && ((a->eps = v), true);
@@ -483,6 +502,10 @@ static ev parse_call_args(parser *P, nv_op op, nv_loc loc) {
   if (P->failed) return fail_ev(P);
   next(P); /* ) */
   (void)seen_end;
+  if (op == NV_OP_CAST && !a.to) {
+    nv_error(P->d, loc, "cast needs a target dtype: cast(x, to=f32)");
+    return fail_ev(P);
+  }
   if ((op == NV_OP_RESHAPE || op == NV_OP_BROADCAST) && !seen_shape) {
     nv_error(P->d, loc, "%s needs a target shape: %s(x, shape=[...])", nv_op_name(op), nv_op_name(op));
     return fail_ev(P);

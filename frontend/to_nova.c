@@ -36,7 +36,16 @@ static MlirAttribute constant_value(MlirContext ctx, const nv_graph *g, nv_diag 
   if (!fe_dtype_is_float(n->dtype)) { /* integer and bool constants: folded ONNX values */
     intptr_t count = (intptr_t)fe_numel(n);
     const void *p = n->init.data;
-    if (n->init.kind != NV_INIT_DATA || !p) return mlirAttributeGetNull();
+    if (k == NV_INIT_ZEROS || k == NV_INIT_ONES || k == NV_INIT_CONST) { /* literals */
+      int64_t v = k == NV_INIT_ONES ? 1 : k == NV_INIT_CONST ? (int64_t)n->init.a : 0;
+      return n->dtype == NOVA_DTYPE_I64 ? mlirDenseElementsAttrInt64SplatGet(t, v)
+           : n->dtype == NOVA_DTYPE_I32 ? mlirDenseElementsAttrInt32SplatGet(t, (int32_t)v)
+                                        : mlirDenseElementsAttrBoolSplatGet(t, v != 0);
+    }
+    if (n->init.kind != NV_INIT_DATA || !p) {
+      nv_error(d, n->loc, "internal: a %s constant without data", fe_dtype_name(n->dtype));
+      return mlirAttributeGetNull();
+    }
     switch (n->dtype) {
     case NOVA_DTYPE_I64: return mlirDenseElementsAttrInt64Get(t, count, p);
     case NOVA_DTYPE_I32: return mlirDenseElementsAttrInt32Get(t, count, p);

@@ -109,6 +109,20 @@ for dt in ("f32", "f64"):
             cross_entropy, dt)
     op_case("cross_entropy_3d", "r = cross_entropy(l, y)",
             {"l": r(2, 3, 7, lo=-4, hi=4), "y": rng.integers(0, 7, (2, 3))}, cross_entropy, dt)
+    op_case("pow", "r = pow(a, b)", {"a": r(3, 4, lo=0.2, hi=3), "b": r(4, lo=-2, hi=2)}, np.power, dt)
+    op_case("abs", "r = abs(a)", {"a": r(3, 4)}, np.abs, dt)
+    op_case("erf", "r = erf(a)", {"a": r(3, 4)}, erf, dt)
+    op_case("minimum", "r = minimum(a, b)", {"a": r(3, 4), "b": r(1, 4)}, np.minimum, dt)
+    op_case("maximum", "r = maximum(a, b)", {"a": r(3, 4), "b": r(3, 1)}, np.maximum, dt)
+    op_case("where_less", "r = where(less(a, b), a * 2, b)", {"a": r(3, 4), "b": r(4)},
+            lambda a, b: np.where(a < b, a * 2, b), dt)
+    op_case("greater_equal_cast", "r = cast(greater(a, b), to=%s) + cast(equal(a, a), to=%s)" % (dt, dt),
+            {"a": r(3, 4), "b": r(3, 4)}, lambda a, b: (a > b).astype(np.float64) + 1.0, dt)
+    op_case("int_arithmetic_cast", "r = cast(i * j + i - j / (j * j + 1), to=%s)" % dt,
+            {"i": rng.integers(-50, 50, (3, 4)), "j": rng.integers(1, 9, (4,))},
+            lambda i, j: (i * j + i - np.trunc(j / (j * j + 1)).astype(np.int64)).astype(np.float64), dt)
+    op_case("cast_float_to_int", "r = cast(cast(a, to=i32), to=%s)" % dt, {"a": r(3, 4, lo=-9, hi=9)},
+            lambda a: np.trunc(a), dt)
     c = rng.uniform(-1, 1, (3, 4))
     op_case("const_file", "r = a * c", {"a": r(3, 4)}, lambda a: a * c.astype(np.float32 if dt == "f32" else np.float64),
             dt, files={"c.bin": c.astype(NP[dt])}, extra="const c: %s[3, 4] = file(\"c.bin\")\n" % dt)
