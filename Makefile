@@ -22,14 +22,14 @@ MLIR_LIBS := -lMLIRCAPIRegisterEverything -lMLIRCAPITransforms -lMLIRCAPITarget 
   -lMLIRCAPIConversion -lMLIRCAPILinalg -lMLIRCAPITensor -lMLIRCAPIArith -lMLIRCAPIMath \
   -lMLIRCAPIFunc -lMLIRCAPITransformDialect -lMLIRCAPITransformDialectTransforms -lMLIRCAPIIR \
   -lMLIR -lLLVM -lstdc++
-NOVAC_LDLIBS := -L$(LLVM_LIB) $(MLIR_LIBS) -Wl,-rpath,$(LLVM_LIB) -lcjson -lm -lpthread
+NOVAC_LDLIBS := -L$(LLVM_LIB) $(MLIR_LIBS) -Wl,-rpath,$(LLVM_LIB) -lcjson -lprotobuf-c -lm -lpthread
 
 NOVAC_SRC  := $(wildcard driver/novac*.c driver/diag.c driver/util.c frontend/*.c passes/*.c codegen/*.c configurator/*.c)
 NOVARUN_SRC := $(wildcard driver/novarun*.c driver/tensor_pb.c)
 RT_SRC     := $(wildcard runtime/*.c)
 GEN_ONNX   := $(B)/gen/onnx.pb-c.c
 
-NOVAC_OBJ   := $(NOVAC_SRC:%.c=$(B)/obj/%.o)
+NOVAC_OBJ   := $(NOVAC_SRC:%.c=$(B)/obj/%.o) $(B)/obj/gen/onnx.pb-c.o
 NOVARUN_OBJ := $(NOVARUN_SRC:%.c=$(B)/obj/%.o) $(B)/obj/gen/onnx.pb-c.o
 RT_OBJ      := $(RT_SRC:%.c=$(B)/rtobj/%.o)
 
@@ -73,7 +73,8 @@ $(GEN_ONNX): $(ONNX_PROTO)
 	cp $(ONNX_PROTO) $(B)/gen/onnx.proto
 	cd $(B)/gen && $(PROTOC_C) --c_out=. onnx.proto
 
-$(B)/obj/driver/novarun.o $(B)/obj/driver/tensor_pb.o: $(GEN_ONNX)
+$(B)/obj/driver/novarun.o $(B)/obj/driver/tensor_pb.o $(B)/obj/frontend/onnx.o $(B)/obj/frontend/onnx_ops.o \
+  $(B)/obj/frontend/onnx_fold.o $(B)/obj/driver/novac.o: $(GEN_ONNX)
 
 $(B)/rtobj/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -35,7 +35,7 @@ typedef struct opts {
 
 static void usage(FILE *f) {
   fputs("usage: novac INPUT [options]\n"
-        "  INPUT                 a .nova graph (see nova-format(5)); .onnx is not supported yet\n"
+        "  INPUT                 a .nova graph (see nova-format(5)) or an ONNX model (.onnx, opsets 13-21)\n"
         "  -o FILE               output (default: INPUT's base name with .so; '-' = stdout for text)\n"
         "  --manifest FILE       where to write the launch manifest (default: output with .json)\n"
         "  --emit=KIND           so | obj | nova | linalg | llvm | manifest (ptx: --target=cuda)\n"
@@ -186,13 +186,13 @@ static int dump_if(const opts *o, const char *stage, MlirModule m) {
 static nv_graph *load_input(nv_diag *d, opts *o) {
   size_t len = 0;
   const char *ext = strrchr(o->input, '.');
+  nv_graph *g = NULL;
   if (ext && !strcmp(ext, ".onnx")) {
-    nv_error(d, (nv_loc){nv_diag_intern(d, o->input), 0, 0},
-             "ONNX input is not supported yet; write the model in the .nova format (nova-format(5))");
-    return NULL;
+    g = fe_load_onnx(d, o->input, o->dims, o->ndims);
+    goto check_dims;
   }
   if (!ext || strcmp(ext, ".nova")) {
-    nv_error_plain(d, "%s: unknown input kind; expected a .nova file", o->input);
+    nv_error_plain(d, "%s: unknown input kind; expected a .nova or .onnx file", o->input);
     return NULL;
   }
   char *text = nv_read_file(o->input, &len, (size_t)64 << 20);
@@ -203,9 +203,10 @@ static nv_graph *load_input(nv_diag *d, opts *o) {
   }
   const char *name = nv_diag_add_source(d, o->input, text, len);
   char *dircopy = strdup(o->input);
-  nv_graph *g = fe_parse_text(d, name, text, len, dircopy ? dirname(dircopy) : ".", o->dims, o->ndims);
+  g = fe_parse_text(d, name, text, len, dircopy ? dirname(dircopy) : ".", o->dims, o->ndims);
   free(dircopy);
   free(text);
+check_dims:
   for (int i = 0; g && i < o->ndims; i++)
     if (!o->dims[i].used) {
       nv_error_plain(d, "--dim=%s=%lld: the model has no dimension named '%s'", o->dims[i].name,

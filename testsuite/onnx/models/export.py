@@ -168,7 +168,7 @@ MODELS = [("mlp", make_mlp, 0), ("cnn", make_cnn, 1), ("gpt_block", make_gpt_blo
 
 def write_pb(path, arr, name):
     with open(path, "wb") as f:
-        f.write(numpy_helper.from_array(np.ascontiguousarray(arr), name).SerializeToString())
+        f.write(numpy_helper.from_array(np.array(arr, order="C", copy=True), name).SerializeToString())
 
 
 def np32(t):

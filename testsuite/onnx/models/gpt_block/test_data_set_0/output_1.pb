@@ -1,1 +1,1 @@
-BlossJnjw@
+BlossJnjw@

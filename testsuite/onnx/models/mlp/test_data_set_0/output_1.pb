@@ -1,1 +1,1 @@
-BlossJj@
+BlossJj@

@@ -1,0 +1,595 @@
+/* onnx.c: ONNX model loading (protobuf-c) and the import loop.
+ *
+ * Requires: a ModelProto with a graph whose nodes are in topological order
+ * (as the ONNX spec demands; a use before its definition is reported as a
+ * cycle or misordering).  Produces: a checked nv_graph whose inputs are the
+ * graph inputs that are not initializers (in graph order), whose params are
+ * the floating-point initializers nodes use (in initializer order), and
+ * whose outputs are the graph outputs.
+ */
+#include <errno.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../driver/util.h"
+#include "onnx.h"
+
+/* ---- known tensors -------------------------------------------------- */
+
+ox_tensor *ox_tensor_new(nova_dtype dt, int rank, const int64_t *shape) {
+  ox_tensor *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  t->dt = dt;
+  t->rank = rank;
+  if (rank) memcpy(t->shape, shape, (size_t)rank * sizeof *shape);
+  int64_t n = ox_numel(t);
+  t->data = calloc((size_t)(n ? n : 1), fe_dtype_size(dt) ? fe_dtype_size(dt) : 1);
+  if (!t->data) {
+    free(t);
+    return NULL;
+  }
+  return t;
+}
+
+void ox_tensor_free(ox_tensor *t) {
+  if (!t) return;
+  free(t->data);
+  free(t);
+}
+
+int64_t ox_numel(const ox_tensor *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->shape[i];
+  return n;
+}
+
+int64_t ox_geti(const ox_tensor *t, int64_t i) {
+  switch (t->dt) {
+  case NOVA_DTYPE_I64: return ((const int64_t *)t->data)[i];
+  case NOVA_DTYPE_I32: return ((const int32_t *)t->data)[i];
+  case NOVA_DTYPE_BOOL: return ((const uint8_t *)t->data)[i] != 0;
+  case NOVA_DTYPE_F32: return (int64_t)((const float *)t->data)[i];
+  case NOVA_DTYPE_F64: return (int64_t)((const double *)t->data)[i];
+  default: return 0;
+  }
+}
+
+double ox_getf(const ox_tensor *t, int64_t i) {
+  switch (t->dt) {
+  case NOVA_DTYPE_F32: return ((const float *)t->data)[i];
+  case NOVA_DTYPE_F64: return ((const double *)t->data)[i];
+  default: return (double)ox_geti(t, i);
+  }
+}
+
+void ox_set(ox_tensor *t, int64_t i, double f, int64_t v) {
+  switch (t->dt) {
+  case NOVA_DTYPE_I64: ((int64_t *)t->data)[i] = v; break;
+  case NOVA_DTYPE_I32: ((int32_t *)t->data)[i] = (int32_t)v; break;
+  case NOVA_DTYPE_BOOL: ((uint8_t *)t->data)[i] = v != 0; break;
+  case NOVA_DTYPE_F32: ((float *)t->data)[i] = (float)f; break;
+  case NOVA_DTYPE_F64: ((double *)t->data)[i] = f; break;
+  default: break;
+  }
+}
+
+nova_dtype ox_dtype_of_onnx(int32_t t) {
+  switch (t) {
+  case 1: return NOVA_DTYPE_F32;
+  case 6: return NOVA_DTYPE_I32;
+  case 7: return NOVA_DTYPE_I64;
+  case 9: return NOVA_DTYPE_BOOL;
+  case 11: return NOVA_DTYPE_F64;
+  default: return (nova_dtype)0;
+  }
+}
+
+static const char *onnx_type_name(int32_t t) {
+  static const char *n[] = {"undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string",
+                            "bool", "float16", "double", "uint32", "uint64", "complex64", "complex128", "bfloat16"};
+  return t >= 0 && t < 17 ? n[t] : "an unknown type";
+}
+
+/* ---- errors, attributes ----------------------------------------------- */
+
+int ox_err(ox_ctx *x, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  nv_verror(x->d, x->loc, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+const Onnx__AttributeProto *ox_attr(ox_ctx *x, const char *name) {
+  for (size_t i = 0; i < x->node->n_attribute; i++)
+    if (x->node->attribute[i]->name && !strcmp(x->node->attribute[i]->name, name)) return x->node->attribute[i];
+  return NULL;
+}
+
+int64_t ox_attr_i(ox_ctx *x, const char *name, int64_t dflt) {
+  const Onnx__AttributeProto *a = ox_attr(x, name);
+  return a && a->has_i ? a->i : dflt;
+}
+
+double ox_attr_f(ox_ctx *x, const char *name, double dflt) {
+  const Onnx__AttributeProto *a = ox_attr(x, name);
+  return a && a->has_f ? (double)a->f : dflt;
+}
+
+int ox_attr_ints(ox_ctx *x, const char *name, int64_t *out, int max) {
+  const Onnx__AttributeProto *a = ox_attr(x, name);
+  if (!a) return -1;
+  if (a->n_ints > (size_t)max) return ox_err(x, "attribute '%s' has %zu entries, more than %d", name, a->n_ints, max);
+  for (size_t i = 0; i < a->n_ints; i++) out[i] = a->ints[i];
+  return (int)a->n_ints;
+}
+
+const char *ox_attr_s(ox_ctx *x, const char *name, const char *dflt, char *buf, size_t n) {
+  const Onnx__AttributeProto *a = ox_attr(x, name);
+  if (!a || !a->has_s) return dflt;
+  snprintf(buf, n, "%.*s", (int)a->s.len, (const char *)a->s.data);
+  return buf;
+}
+
+/* ---- values ------------------------------------------------------------ */
+
+int ox_val_rank(ox_val v) { return v.node ? v.node->rank : v.k ? v.k->rank : 0; }
+const int64_t *ox_val_shape(ox_val v) { return v.node ? v.node->shape : v.k->shape; }
+nova_dtype ox_val_dtype(ox_val v) { return v.node ? v.node->dtype : v.k ? v.k->dt : (nova_dtype)0; }
+
+nv_node *ox_add(ox_ctx *x, nv_op op, int nin, nv_node **in, const nv_node *attrs) {
+  for (int i = 0; i < nin; i++)
+    if (!in[i]) return NULL;
+  return fe_graph_add(x->g, x->d, op, nin, in, attrs, x->loc);
+}
+
+nv_node *ox_node(ox_ctx *x, ox_val v) {
+  if (v.node) return v.node;
+  if (!v.k) {
+    ox_err(x, "internal: a value with neither node nor data");
+    return NULL;
+  }
+  nv_node *n = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, v.k->dt, v.k->rank, v.k->shape, x->loc);
+  if (!n) return NULL;
+  size_t bytes = (size_t)ox_numel(v.k) * fe_dtype_size(v.k->dt);
+  n->init.kind = NV_INIT_DATA;
+  n->init.data = malloc(bytes ? bytes : 1);
+  if (!n->init.data) return NULL;
+  memcpy(n->init.data, v.k->data, bytes);
+  return n;
+}
+
+int ox_const_ints(ox_ctx *x, ox_val v, const char *what, int64_t *out, int max) {
+  if (!v.k) return ox_err(x, "%s must be known when compiling (a constant, or computed from shapes), not computed by "
+                          "the step", what);
+  if (!fe_dtype_is_int(v.k->dt)) return ox_err(x, "%s must be int64 or int32, got %s", what, fe_dtype_name(v.k->dt));
+  int64_t n = ox_numel(v.k);
+  if (n > max) return ox_err(x, "%s has %lld entries, more than %d", what, (long long)n, max);
+  for (int64_t i = 0; i < n; i++) out[i] = ox_geti(v.k, i);
+  return (int)n;
+}
+
+/* ---- value table (name -> value) ---------------------------------------- */
+
+typedef struct ox_entry {
+  char *name;
+  ox_val v;
+} ox_entry;
+
+typedef struct ox_table {
+  ox_entry *e;
+  size_t cap, n;
+} ox_table;
+
+static size_t str_hash(const char *s) {
+  size_t h = 1469598103934665603ull;
+  while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ull;
+  return h;
+}
+
+static ox_entry *tab_find(ox_table *t, const char *name) {
+  size_t i = str_hash(name) & (t->cap - 1);
+  while (t->e[i].name && strcmp(t->e[i].name, name)) i = (i + 1) & (t->cap - 1);
+  return &t->e[i];
+}
+
+static int tab_put(ox_table *t, const char *name, ox_val v) {
+  if (2 * (t->n + 1) > t->cap) {
+    ox_table bigger = {calloc(t->cap * 2, sizeof(ox_entry)), t->cap * 2, 0};
+    if (!bigger.e) return -1;
+    for (size_t i = 0; i < t->cap; i++)
+      if (t->e[i].name) {
+        *tab_find(&bigger, t->e[i].name) = t->e[i];
+        bigger.n++;
+      }
+    free(t->e);
+    *t = bigger;
+  }
+  ox_entry *e = tab_find(t, name);
+  if (e->name) { /* redefinition (SSA violation): keep the first, report */
+    ox_tensor_free(v.k);
+    return 1;
+  }
+  e->name = strdup(name);
+  e->v = v;
+  t->n++;
+  return e->name ? 0 : -1;
+}
+
+static void tab_free(ox_table *t) {
+  for (size_t i = 0; i < t->cap; i++)
+    if (t->e[i].name) {
+      free(t->e[i].name);
+      ox_tensor_free(t->e[i].v.k);
+    }
+  free(t->e);
+}
+
+/* ---- tensors from the file ---------------------------------------------- */
+
+/* Reads external data (location/offset/length, relative to basedir). */
+static int read_external(ox_ctx *x, const Onnx__TensorProto *tp, const char *basedir, void *dst, size_t bytes) {
+  const char *loc = NULL;
+  long long off = 0, len = -1;
+  for (size_t i = 0; i < tp->n_external_data; i++) {
+    const char *k = tp->external_data[i]->key, *v = tp->external_data[i]->value;
+    if (!k || !v) continue;
+    if (!strcmp(k, "location")) loc = v;
+    else if (!strcmp(k, "offset")) off = atoll(v);
+    else if (!strcmp(k, "length")) len = atoll(v);
+  }
+  const char *tn = tp->name ? tp->name : "";
+  if (!loc || !*loc) return ox_err(x, "tensor '%s': external data without a location", tn);
+  if (loc[0] == '/' || strstr(loc, "..")) return ox_err(x, "tensor '%s': external data location '%s' must be a "
+                                                       "relative path inside the model's folder", tn, loc);
+  if (off < 0 || (len >= 0 && (size_t)len != bytes))
+    return ox_err(x, "tensor '%s': external data length %lld, expected %zu bytes", tn, len, bytes);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", basedir, loc);
+  FILE *f = fopen(path, "rb");
+  if (!f) return ox_err(x, "tensor '%s': cannot open external data '%s': %s", tn, path, strerror(errno));
+  int ok = fseeko(f, (off_t)off, SEEK_SET) == 0 && fread(dst, 1, bytes, f) == bytes;
+  fclose(f);
+  if (!ok) return ox_err(x, "tensor '%s': '%s' holds fewer than %lld + %zu bytes", tn, path, off, bytes);
+  return 0;
+}
+
+/* A TensorProto as a known tensor (NULL after a diagnostic). */
+static ox_tensor *decode_tensor(ox_ctx *x, const Onnx__TensorProto *tp, const char *basedir) {
+  const char *tn = tp->name ? tp->name : "";
+  nova_dtype dt = ox_dtype_of_onnx(tp->data_type);
+  if (!dt) {
+    ox_err(x, "tensor '%s' has element type %s; supported: float, double, int64, int32, bool", tn,
+           onnx_type_name(tp->data_type));
+    return NULL;
+  }
+  if (tp->n_dims > NOVA_MAX_RANK) {
+    ox_err(x, "tensor '%s' has rank %zu, more than %d", tn, tp->n_dims, NOVA_MAX_RANK);
+    return NULL;
+  }
+  int64_t n = 1;
+  for (size_t i = 0; i < tp->n_dims; i++) {
+    if (tp->dims[i] < 0 || (tp->dims[i] && n > NV_MAX_NUMEL / tp->dims[i])) {
+      ox_err(x, "tensor '%s': dimension %zu is %lld (negative or too large)", tn, i, (long long)tp->dims[i]);
+      return NULL;
+    }
+    n *= tp->dims[i];
+  }
+  ox_tensor *t = ox_tensor_new(dt, (int)tp->n_dims, tp->dims);
+  if (!t) {
+    ox_err(x, "tensor '%s': out of memory for %lld elements", tn, (long long)n);
+    return NULL;
+  }
+  size_t es = fe_dtype_size(dt), bytes = (size_t)n * es;
+  bool ok = true;
+  if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
+    ok = read_external(x, tp, basedir, t->data, bytes) == 0;
+    if (!ok) goto fail;
+  } else if (tp->has_raw_data) {
+    if (tp->raw_data.len != bytes) {
+      ox_err(x, "tensor '%s': raw_data has %zu bytes, %s[%lld elements] needs %zu", tn, tp->raw_data.len,
+             fe_dtype_name(dt), (long long)n, bytes);
+      goto fail;
+    }
+    if (bytes) memcpy(t->data, tp->raw_data.data, bytes);
+  } else {
+    size_t have = dt == NOVA_DTYPE_F32 ? tp->n_float_data : dt == NOVA_DTYPE_F64 ? tp->n_double_data
+                : dt == NOVA_DTYPE_I64 ? tp->n_int64_data : tp->n_int32_data;
+    if (have != (size_t)n) {
+      ox_err(x, "tensor '%s': holds %zu values, its shape needs %lld", tn, have, (long long)n);
+      goto fail;
+    }
+    for (int64_t i = 0; i < n; i++)
+      switch (dt) {
+      case NOVA_DTYPE_F32: ((float *)t->data)[i] = tp->float_data[i]; break;
+      case NOVA_DTYPE_F64: ((double *)t->data)[i] = tp->double_data[i]; break;
+      case NOVA_DTYPE_I64: ((int64_t *)t->data)[i] = tp->int64_data[i]; break;
+      default: ox_set(t, i, 0, tp->int32_data[i]); break;
+      }
+  }
+  return t;
+fail:
+  ox_tensor_free(t);
+  return NULL;
+}
+
+ox_tensor *ox_decode_tensor(ox_ctx *x, const Onnx__TensorProto *tp) {
+  if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
+    ox_err(x, "attribute tensors cannot use external data");
+    return NULL;
+  }
+  return decode_tensor(x, tp, ".");
+}
+
+/* ---- the import loop ------------------------------------------------------ */
+
+static void set_node_loc(ox_ctx *x, const Onnx__NodeProto *n, size_t index) {
+  char where[600];
+  if (n->name && *n->name)
+    snprintf(where, sizeof where, "%s: node '%.200s' (%.80s)", x->file, n->name, n->op_type ? n->op_type : "?");
+  else
+    snprintf(where, sizeof where, "%s: node #%zu (%.80s)", x->file, index, n->op_type ? n->op_type : "?");
+  x->loc = (nv_loc){nv_diag_intern(x->d, where), 0, 0};
+}
+
+static int64_t opset_of(ox_ctx *x, const Onnx__ModelProto *m) {
+  for (size_t i = 0; i < m->n_opset_import; i++) {
+    const Onnx__OperatorSetIdProto *o = m->opset_import[i];
+    if (!o->domain || !*o->domain || !strcmp(o->domain, "ai.onnx")) return o->has_version ? o->version : 1;
+  }
+  (void)x;
+  return 0;
+}
+
+/* Graph input -> INPUT node with bound dims. */
+static nv_node *make_input(ox_ctx *x, const Onnx__ValueInfoProto *vi) {
+  const char *name = vi->name ? vi->name : "";
+  if (!vi->type || vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !vi->type->tensor_type) {
+    ox_err(x, "graph input '%s' is not a tensor (sequences, maps and optionals are not supported)", name);
+    return NULL;
+  }
+  const Onnx__TypeProto__Tensor *tt = vi->type->tensor_type;
+  nova_dtype dt = ox_dtype_of_onnx(tt->elem_type);
+  if (!dt) {
+    ox_err(x, "graph input '%s' has element type %s; supported: float, double, int64, int32, bool", name,
+           onnx_type_name(tt->elem_type));
+    return NULL;
+  }
+  if (!tt->shape) {
+    ox_err(x, "graph input '%s' has no shape; novac compiles static shapes", name);
+    return NULL;
+  }
+  if (tt->shape->n_dim > NOVA_MAX_RANK) {
+    ox_err(x, "graph input '%s' has rank %zu, more than %d", name, tt->shape->n_dim, NOVA_MAX_RANK);
+    return NULL;
+  }
+  int64_t shape[NOVA_MAX_RANK];
+  for (size_t i = 0; i < tt->shape->n_dim; i++) {
+    const Onnx__TensorShapeProto__Dimension *dm = tt->shape->dim[i];
+    if (dm->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE) {
+      shape[i] = dm->dim_value;
+      continue;
+    }
+    const char *sym = dm->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM && dm->dim_param
+                          ? dm->dim_param : "";
+    fe_dim_binding *b = NULL;
+    for (int k = 0; *sym && k < x->ndims; k++)
+      if (!strcmp(x->dims[k].name, sym)) b = &x->dims[k];
+    if (!b) {
+      if (*sym)
+        ox_err(x, "graph input '%s': dimension %zu is symbolic ('%s'); bind it with --dim=%s=N", name, i, sym, sym);
+      else
+        ox_err(x, "graph input '%s': dimension %zu has no size and no name; novac compiles static shapes", name, i);
+      return NULL;
+    }
+    b->used = true;
+    shape[i] = b->value;
+  }
+  return fe_graph_leaf(x->g, x->d, NV_OP_INPUT, name, dt, (int)tt->shape->n_dim, shape, x->loc);
+}
+
+static bool is_initializer(const Onnx__GraphProto *gr, const char *name) {
+  for (size_t i = 0; i < gr->n_initializer; i++)
+    if (gr->initializer[i]->name && !strcmp(gr->initializer[i]->name, name)) return true;
+  return false;
+}
+
+static bool used_by_nodes(const Onnx__GraphProto *gr, const char *name) {
+  for (size_t i = 0; i < gr->n_node; i++)
+    for (size_t j = 0; j < gr->node[i]->n_input; j++)
+      if (gr->node[i]->input[j] && !strcmp(gr->node[i]->input[j], name)) return true;
+  for (size_t i = 0; i < gr->n_output; i++)
+    if (gr->output[i]->name && !strcmp(gr->output[i]->name, name)) return true;
+  return false;
+}
+
+/* Checks a computed output against what the model declares. */
+static int check_declared(ox_ctx *x, const Onnx__ValueInfoProto *vi, const nv_node *n) {
+  if (!vi->type || vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !vi->type->tensor_type) return 0;
+  const Onnx__TypeProto__Tensor *tt = vi->type->tensor_type;
+  nova_dtype dt = ox_dtype_of_onnx(tt->elem_type);
+  if (tt->has_elem_type && tt->elem_type && dt != n->dtype)
+    return ox_err(x, "graph output '%s' is declared %s, the graph computes %s", vi->name, onnx_type_name(tt->elem_type),
+                  fe_dtype_name(n->dtype));
+  if (!tt->shape) return 0;
+  if ((int)tt->shape->n_dim != n->rank)
+    return ox_err(x, "graph output '%s' is declared with rank %zu, the graph computes %s", vi->name, tt->shape->n_dim,
+                  fe_shape_str((char[160]){0}, 160, n->rank, n->shape));
+  for (int i = 0; i < n->rank; i++) {
+    const Onnx__TensorShapeProto__Dimension *dm = tt->shape->dim[i];
+    if (dm->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE && dm->dim_value != n->shape[i])
+      return ox_err(x, "graph output '%s': dimension %d is declared %lld, the graph computes %s", vi->name, i,
+                    (long long)dm->dim_value, fe_shape_str((char[160]){0}, 160, n->rank, n->shape));
+  }
+  return 0;
+}
+
+#define OX_MAX_IO 64
+
+static int import_graph(ox_ctx *x, const Onnx__GraphProto *gr, const char *basedir) {
+  ox_table tab = {calloc(64, sizeof(ox_entry)), 64, 0};
+  int rc = -1;
+  if (!tab.e) return -1;
+  x->loc = (nv_loc){x->file, 0, 0};
+  /* graph inputs that are not initializers, in order */
+  for (size_t i = 0; i < gr->n_input; i++) {
+    const char *name = gr->input[i]->name;
+    if (!name || !*name) {
+      ox_err(x, "graph input %zu has no name", i);
+      goto out;
+    }
+    if (is_initializer(gr, name)) continue;
+    nv_node *n = make_input(x, gr->input[i]);
+    if (!n || tab_put(&tab, name, (ox_val){.node = n, .present = true})) goto out;
+  }
+  /* initializers: floats are parameters, the rest known values */
+  for (size_t i = 0; i < gr->n_initializer; i++) {
+    const Onnx__TensorProto *tp = gr->initializer[i];
+    if (!tp->name || !*tp->name) {
+      ox_err(x, "initializer %zu has no name", i);
+      goto out;
+    }
+    if (!used_by_nodes(gr, tp->name)) continue;
+    ox_tensor *t = decode_tensor(x, tp, basedir);
+    if (!t) goto out;
+    ox_val v = {.k = t, .present = true};
+    if (fe_dtype_is_float(t->dt)) {
+      nv_node *p = fe_graph_leaf(x->g, x->d, NV_OP_PARAM, tp->name, t->dt, t->rank, t->shape, x->loc);
+      if (!p) {
+        ox_tensor_free(t);
+        goto out;
+      }
+      p->init.kind = NV_INIT_DATA;
+      p->init.data = t->data; /* the param takes the data */
+      t->data = NULL;
+      ox_tensor_free(t);
+      v = (ox_val){.node = p, .present = true};
+    }
+    int r = tab_put(&tab, tp->name, v);
+    if (r < 0) goto out;
+    if (r > 0) {
+      ox_err(x, "initializer '%s' has the name of a graph input or an earlier initializer", tp->name);
+      goto out;
+    }
+  }
+  /* nodes */
+  for (size_t i = 0; i < gr->n_node && nv_diag_count(x->d) == 0; i++) {
+    const Onnx__NodeProto *nd = gr->node[i];
+    x->node = nd;
+    set_node_loc(x, nd, i);
+    if (!nd->op_type || !*nd->op_type) {
+      ox_err(x, "node without an op_type");
+      goto out;
+    }
+    if (nd->domain && *nd->domain && strcmp(nd->domain, "ai.onnx")) {
+      ox_err(x, "operator %s of domain '%s' is not supported (only the default ONNX domain, opset %lld)", nd->op_type,
+             nd->domain, (long long)x->opset);
+      goto out;
+    }
+    if (nd->n_input > OX_MAX_IO || nd->n_output > OX_MAX_IO) {
+      ox_err(x, "more than %d inputs or outputs", OX_MAX_IO);
+      goto out;
+    }
+    ox_val in[OX_MAX_IO] = {{0}}, out[OX_MAX_IO] = {{0}};
+    for (size_t j = 0; j < nd->n_input; j++) {
+      const char *nm = nd->input[j];
+      if (!nm || !*nm) continue; /* omitted optional input */
+      ox_entry *e = tab_find(&tab, nm);
+      if (!e->name) {
+        ox_err(x, "input %zu ('%s') is not defined by an earlier node, a graph input or an initializer "
+               "(the graph is not in topological order, or has a cycle)", j, nm);
+        goto out;
+      }
+      in[j] = e->v;
+      in[j].k = e->v.k; /* borrowed */
+    }
+    if (ox_convert(x, in, (int)nd->n_input, out, (int)nd->n_output)) goto out;
+    for (size_t j = 0; j < nd->n_output; j++) {
+      const char *nm = nd->output[j];
+      if (!nm || !*nm || !out[j].present) {
+        ox_tensor_free(out[j].k);
+        continue;
+      }
+      int r = tab_put(&tab, nm, out[j]);
+      if (r < 0) goto out;
+      if (r > 0) {
+        ox_err(x, "output '%s' is already defined (a value may be assigned once)", nm);
+        goto out;
+      }
+    }
+  }
+  if (nv_diag_count(x->d)) goto out;
+  /* outputs */
+  x->loc = (nv_loc){x->file, 0, 0};
+  for (size_t i = 0; i < gr->n_output; i++) {
+    const char *nm = gr->output[i]->name;
+    ox_entry *e = nm ? tab_find(&tab, nm) : NULL;
+    if (!e || !e->name) {
+      ox_err(x, "graph output '%s' is not computed by any node", nm ? nm : "");
+      goto out;
+    }
+    nv_node *n = ox_node(x, e->v);
+    if (!n || check_declared(x, gr->output[i], n) || fe_graph_add_output(x->g, x->d, nm, n, x->loc)) goto out;
+  }
+  if (gr->n_output == 0) {
+    ox_err(x, "the graph has no outputs");
+    goto out;
+  }
+  rc = 0;
+out:
+  tab_free(&tab);
+  return rc;
+}
+
+nv_graph *fe_parse_onnx(nv_diag *d, const char *name, const uint8_t *bytes, size_t len, const char *basedir,
+                        fe_dim_binding *dims, int ndims) {
+  ox_ctx x = {.d = d, .file = nv_diag_intern(d, name), .dims = dims, .ndims = ndims};
+  x.loc = (nv_loc){x.file, 0, 0};
+  Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, bytes);
+  if (!m) {
+    ox_err(&x, "not a valid ONNX model (the protobuf does not parse: truncated, corrupt or not an .onnx file)");
+    return NULL;
+  }
+  nv_graph *g = NULL;
+  if (!m->graph) {
+    ox_err(&x, "the model has no graph");
+    goto out;
+  }
+  x.opset = opset_of(&x, m);
+  if (x.opset < 13) {
+    ox_err(&x, x.opset ? "opset %lld is too old; novac supports opsets 13 to 21 (convert the model with "
+                         "onnx.version_converter)" : "the model imports no opset of the default ONNX domain%lld",
+           x.opset ? (long long)x.opset : 0LL);
+    goto out;
+  }
+  if (x.opset > 23) {
+    ox_err(&x, "opset %lld is newer than novac knows (13 to 21, and 22-23 where unchanged)", (long long)x.opset);
+    goto out;
+  }
+  g = fe_graph_create();
+  x.g = g;
+  if (!g || import_graph(&x, m->graph, basedir) || nv_diag_count(d)) {
+    fe_graph_destroy(g);
+    g = NULL;
+  }
+out:
+  onnx__model_proto__free_unpacked(m, NULL);
+  return g;
+}
+
+nv_graph *fe_load_onnx(nv_diag *d, const char *path, fe_dim_binding *dims, int ndims) {
+  size_t len = 0;
+  /* protobuf messages are limited to 2 GiB; larger tensors use external data */
+  char *buf = nv_read_file(path, &len, (size_t)2 << 30);
+  if (!buf) {
+    nv_error_plain(d, "cannot read %s: %s", path,
+                   errno == EFBIG ? "larger than 2 GiB (store large tensors as external data)" : strerror(errno));
+    return NULL;
+  }
+  char *copy = strdup(path);
+  nv_graph *g = copy ? fe_parse_onnx(d, path, (const uint8_t *)buf, len, dirname(copy), dims, ndims) : NULL;
+  free(copy);
+  free(buf);
+  return g;
+}

@@ -1,0 +1,90 @@
+/* onnx.h: the ONNX importer's internals, shared by the loader (onnx.c), the
+ * compile-time evaluator of constant subgraphs (onnx_fold.c) and the
+ * per-operator converters (onnx_ops.c).
+ *
+ * Every ONNX value is either a graph node (computed by the step) or a host
+ * tensor known at compile time (initializers that are not parameters,
+ * Constant nodes, and everything computed from known values only: the
+ * Shape -> Gather -> Unsqueeze -> Concat -> Reshape arithmetic exporters
+ * write).  Known values are folded on the host and become graph constants
+ * only where a computed op needs them.
+ */
+#ifndef NOVA_ONNX_H
+#define NOVA_ONNX_H
+
+#include "frontend.h"
+#include "onnx.pb-c.h"
+
+typedef struct ox_tensor { /* a value known at compile time (owned data) */
+  nova_dtype dt;
+  int rank;
+  int64_t shape[NOVA_MAX_RANK];
+  void *data;
+} ox_tensor;
+
+typedef struct ox_val {
+  nv_node *node;   /* computed by the step, or */
+  ox_tensor *k;    /* known now (owned by the value table) */
+  bool present;    /* false for an omitted optional input ("") */
+} ox_val;
+
+typedef struct ox_ctx {
+  nv_diag *d;
+  nv_graph *g;
+  const char *file;           /* the model's path, interned */
+  int64_t opset;              /* of the default domain */
+  const Onnx__NodeProto *node;/* being converted */
+  nv_loc loc;                 /* "model.onnx: node 'X' (Op)" */
+  fe_dim_binding *dims;
+  int ndims;
+} ox_ctx;
+
+/* ---- known tensors (onnx.c) ---- */
+ox_tensor *ox_tensor_new(nova_dtype dt, int rank, const int64_t *shape);
+void ox_tensor_free(ox_tensor *t);
+int64_t ox_numel(const ox_tensor *t);
+/* Element i as int64 / double, whatever the dtype. */
+int64_t ox_geti(const ox_tensor *t, int64_t i);
+double ox_getf(const ox_tensor *t, int64_t i);
+void ox_set(ox_tensor *t, int64_t i, double f, int64_t v); /* v for integer dtypes, f for floats */
+
+/* A TensorProto attribute as a known tensor (NULL after a diagnostic). */
+ox_tensor *ox_decode_tensor(ox_ctx *x, const Onnx__TensorProto *tp);
+
+/* ---- errors ---- */
+/* Records "model.onnx: node 'X' (Op): error: ..." and returns -1. */
+int ox_err(ox_ctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- attributes of the current node ---- */
+const Onnx__AttributeProto *ox_attr(ox_ctx *x, const char *name);
+int64_t ox_attr_i(ox_ctx *x, const char *name, int64_t dflt);
+double ox_attr_f(ox_ctx *x, const char *name, double dflt);
+/* Copies up to max ints; returns the count, or -1 if absent. */
+int ox_attr_ints(ox_ctx *x, const char *name, int64_t *out, int max);
+const char *ox_attr_s(ox_ctx *x, const char *name, const char *dflt, char *buf, size_t n);
+
+/* ---- values ---- */
+/* The node computing v, making a graph constant of a known value. */
+nv_node *ox_node(ox_ctx *x, ox_val v);
+/* A new graph node (NULL after a diagnostic, which names the ONNX node). */
+nv_node *ox_add(ox_ctx *x, nv_op op, int nin, nv_node **in, const nv_node *attrs);
+/* A known tensor's int64 values (shape, axes, ...), with a clear error if
+ * the input is computed at run time. Returns the count or -1. */
+int ox_const_ints(ox_ctx *x, ox_val v, const char *what, int64_t *out, int max);
+nova_dtype ox_dtype_of_onnx(int32_t onnx_type); /* 0 if unsupported */
+int ox_val_rank(ox_val v);
+const int64_t *ox_val_shape(ox_val v);
+nova_dtype ox_val_dtype(ox_val v);
+
+/* ---- conversion (onnx_ops.c) ---- */
+/* Converts the current node: in[nin] -> out[nout] (out[i].present set for
+ * each output produced).  Folds on the host when every input is known and
+ * the op can be evaluated (onnx_fold.c). */
+int ox_convert(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout);
+/* Host evaluation: 1 if folded into out, 0 if this op/input can't be
+ * folded, -1 after an error. */
+int ox_fold(ox_ctx *x, const char *op, ox_val *in, int nin, ox_val *out, int nout);
+/* out = the known in[0] under a new shape (same element count). */
+int ox_fold_reshape(ox_val *in, int rank, const int64_t *shape, ox_val *out);
+
+#endif

@@ -1,0 +1,885 @@
+/* onnx_ops.c: ONNX operators -> nova graph nodes, one converter per op.
+ *
+ * Each converter follows the operator's definition for opsets 13 to 21
+ * (attributes and their defaults as the spec gives them), checks what the
+ * spec requires of its inputs, and says what is not supported instead of
+ * approximating it.  Values known at compile time are folded first
+ * (onnx_fold.c).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "onnx.h"
+
+typedef int (*ox_conv_fn)(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout);
+
+/* ---- small helpers -------------------------------------------------- */
+
+static int need(ox_ctx *x, ox_val *in, int nin, int min, int max) {
+  if (nin < min || (max >= 0 && nin > max))
+    return ox_err(x, "takes %d to %d inputs, got %d", min, max, nin);
+  for (int i = 0; i < min; i++)
+    if (!in[i].present) return ox_err(x, "input %d is required", i);
+  return 0;
+}
+
+static int set_out(ox_val *out, nv_node *n) {
+  if (!n) return -1;
+  out[0] = (ox_val){.node = n, .present = true};
+  return 0;
+}
+
+static nv_node *N(ox_ctx *x, ox_val v) { return ox_node(x, v); }
+
+static nv_node *op1(ox_ctx *x, nv_op op, nv_node *a) { return a ? ox_add(x, op, 1, &a, NULL) : NULL; }
+static nv_node *op2(ox_ctx *x, nv_op op, nv_node *a, nv_node *b) {
+  nv_node *in[2] = {a, b};
+  return ox_add(x, op, 2, in, NULL);
+}
+static nv_node *op3(ox_ctx *x, nv_op op, nv_node *a, nv_node *b, nv_node *c) {
+  nv_node *in[3] = {a, b, c};
+  return ox_add(x, op, 3, in, NULL);
+}
+
+/* A scalar constant of dtype dt. */
+static nv_node *scalar(ox_ctx *x, nova_dtype dt, double v) {
+  nv_node *n = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, dt, 0, NULL, x->loc);
+  if (n) n->init = (nv_init){.kind = NV_INIT_CONST, .a = v};
+  return n;
+}
+
+static nv_node *reshape(ox_ctx *x, nv_node *a, int rank, const int64_t *shape) {
+  if (!a) return NULL;
+  if (a->rank == rank && !memcmp(a->shape, shape, (size_t)rank * sizeof *shape)) return a;
+  nv_node at = {.nlist = rank};
+  memcpy(at.list, shape, (size_t)rank * sizeof *shape);
+  return ox_add(x, NV_OP_RESHAPE, 1, &a, &at);
+}
+
+static nv_node *transpose(ox_ctx *x, nv_node *a, const int64_t *perm) {
+  if (!a) return NULL;
+  nv_node at = {.nlist = a->rank};
+  memcpy(at.list, perm, (size_t)a->rank * sizeof *perm);
+  return ox_add(x, NV_OP_TRANSPOSE, 1, &a, &at);
+}
+
+static nv_node *broadcast_to(ox_ctx *x, nv_node *a, int rank, const int64_t *shape) {
+  if (!a) return NULL;
+  if (a->rank == rank && !memcmp(a->shape, shape, (size_t)rank * sizeof *shape)) return a;
+  nv_node at = {.nlist = rank};
+  memcpy(at.list, shape, (size_t)rank * sizeof *shape);
+  return ox_add(x, NV_OP_BROADCAST, 1, &a, &at);
+}
+
+static nv_node *reduce(ox_ctx *x, nv_op op, nv_node *a, int naxes, const int64_t *axes, bool keep) {
+  if (!a) return NULL;
+  nv_node at = {.nlist = naxes, .keepdims = keep};
+  memcpy(at.list, axes, (size_t)naxes * sizeof *axes);
+  return ox_add(x, op, 1, &a, &at);
+}
+
+static nv_node *slice1(ox_ctx *x, nv_node *a, int64_t axis, int64_t start, int64_t end, int64_t step) {
+  nv_node at = {.axis = axis, .start = start, .end = end, .step = step};
+  return a ? ox_add(x, NV_OP_SLICE, 1, &a, &at) : NULL;
+}
+
+static int norm_axis(ox_ctx *x, int64_t *axis, int rank) {
+  if (*axis < -rank || *axis >= (rank ? rank : 1)) return ox_err(x, "axis %lld is out of range for rank %d", (long long)*axis, rank);
+  if (*axis < 0) *axis += rank;
+  return 0;
+}
+
+/* ---- elementwise ------------------------------------------------------ */
+
+static int cv_binary(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out) {
+  if (need(x, in, nin, 2, 2)) return -1;
+  nv_node *a = N(x, in[0]), *b = N(x, in[1]);
+  if (a && b && op == NV_OP_POW && b->dtype != a->dtype) { /* Pow(T, T1): the exponent may be another type */
+    nv_node at = {.to = a->dtype};
+    b = ox_add(x, NV_OP_CAST, 1, &b, &at);
+  }
+  return set_out(out, a && b ? op2(x, op, a, b) : NULL);
+}
+#define BIN(name, op) \
+  static int cv_##name(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_binary(x, op, in, nin, out); }
+BIN(add, NV_OP_ADD)
+BIN(sub, NV_OP_SUB)
+BIN(mul, NV_OP_MUL)
+BIN(div, NV_OP_DIV)
+BIN(pow, NV_OP_POW)
+BIN(equal, NV_OP_EQUAL)
+BIN(less, NV_OP_LESS)
+BIN(greater, NV_OP_GREATER)
+
+static int cv_unary(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out) {
+  if (need(x, in, nin, 1, 1)) return -1;
+  return set_out(out, op1(x, op, N(x, in[0])));
+}
+#define UN(name, op) \
+  static int cv_##name(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_unary(x, op, in, nin, out); }
+UN(neg, NV_OP_NEG)
+UN(abs, NV_OP_ABS)
+UN(exp, NV_OP_EXP)
+UN(log, NV_OP_LOG)
+UN(sqrt, NV_OP_SQRT)
+UN(tanh, NV_OP_TANH)
+UN(sigmoid, NV_OP_SIGMOID)
+UN(relu, NV_OP_RELU)
+UN(erf, NV_OP_ERF)
+
+static int cv_reciprocal(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = N(x, in[0]);
+  return set_out(out, a ? op2(x, NV_OP_DIV, scalar(x, a->dtype, 1.0), a) : NULL);
+}
+
+static int cv_leaky_relu(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = N(x, in[0]);
+  if (!a) return -1;
+  double alpha = ox_attr_f(x, "alpha", 0.01);
+  nv_node *neg = op2(x, NV_OP_LESS, a, scalar(x, a->dtype, 0.0));
+  return set_out(out, op3(x, NV_OP_WHERE, neg, op2(x, NV_OP_MUL, a, scalar(x, a->dtype, alpha)), a));
+}
+
+static int cv_gelu(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 1)) return -1;
+  char buf[32];
+  const char *approx = ox_attr_s(x, "approximate", "none", buf, sizeof buf);
+  nv_node *a = N(x, in[0]);
+  if (!a) return -1;
+  if (!strcmp(approx, "none")) return set_out(out, op1(x, NV_OP_GELU, a));
+  if (strcmp(approx, "tanh")) return ox_err(x, "approximate='%s'; expected 'none' or 'tanh'", approx);
+  /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+  nova_dtype dt = a->dtype;
+  nv_node *x3 = op2(x, NV_OP_MUL, op2(x, NV_OP_MUL, a, a), a);
+  nv_node *inner = op2(x, NV_OP_MUL, scalar(x, dt, sqrt(2.0 / M_PI)),
+                       op2(x, NV_OP_ADD, a, op2(x, NV_OP_MUL, scalar(x, dt, 0.044715), x3)));
+  nv_node *t = op2(x, NV_OP_ADD, scalar(x, dt, 1.0), op1(x, NV_OP_TANH, inner));
+  return set_out(out, op2(x, NV_OP_MUL, op2(x, NV_OP_MUL, scalar(x, dt, 0.5), a), t));
+}
+
+static int cv_minmax(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out) {
+  if (need(x, in, nin, 1, -1)) return -1;
+  nv_node *acc = N(x, in[0]);
+  for (int i = 1; i < nin && acc; i++) acc = op2(x, op, acc, N(x, in[i]));
+  return set_out(out, acc);
+}
+static int cv_min(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_minmax(x, NV_OP_MINIMUM, in, nin, out); }
+static int cv_max(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_minmax(x, NV_OP_MAXIMUM, in, nin, out); }
+
+static int cv_clip(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 3)) return -1;
+  nv_node *a = N(x, in[0]);
+  if (a && nin > 1 && in[1].present) a = op2(x, NV_OP_MAXIMUM, a, N(x, in[1]));
+  if (a && nin > 2 && in[2].present) a = op2(x, NV_OP_MINIMUM, a, N(x, in[2]));
+  return set_out(out, a);
+}
+
+static int cv_where(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 3, 3)) return -1;
+  return set_out(out, op3(x, NV_OP_WHERE, N(x, in[0]), N(x, in[1]), N(x, in[2])));
+}
+
+static int cv_cast(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 1)) return -1;
+  int64_t to = ox_attr_i(x, "to", 0);
+  nv_node at = {.to = ox_dtype_of_onnx((int32_t)to)};
+  if (!at.to) return ox_err(x, "cast to ONNX type %lld is not supported (float, double, int64, int32, bool)", (long long)to);
+  nv_node *a = N(x, in[0]);
+  if (a && a->dtype == at.to) return set_out(out, a);
+  return set_out(out, a ? ox_add(x, NV_OP_CAST, 1, &a, &at) : NULL);
+}
+
+static int cv_identity(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 1)) return -1;
+  return set_out(out, N(x, in[0]));
+}
+
+static int cv_dropout(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  if (need(x, in, nin, 1, 3)) return -1;
+  if (nin > 2 && in[2].present) {
+    if (!in[2].k) return ox_err(x, "training_mode must be known when compiling");
+    if (ox_geti(in[2].k, 0)) return ox_err(x, "Dropout in training mode is not supported yet");
+  }
+  nv_node *a = N(x, in[0]);
+  if (set_out(out, a)) return -1;
+  if (nout > 1) { /* mask: all true in inference */
+    ox_tensor *m = ox_tensor_new(NOVA_DTYPE_BOOL, a->rank, a->shape);
+    if (!m) return -1;
+    memset(m->data, 1, (size_t)fe_numel(a));
+    out[1] = (ox_val){.k = m, .present = true};
+  }
+  return 0;
+}
+
+/* ---- matrix products ---------------------------------------------------- */
+
+/* ONNX MatMul: numpy semantics (1-D operands promoted, batch dims broadcast). */
+static nv_node *matmul(ox_ctx *x, nv_node *a, nv_node *b) {
+  if (!a || !b) return NULL;
+  int ra = a->rank, rb = b->rank;
+  if (ra == 0 || rb == 0) {
+    ox_err(x, "MatMul operands must have rank >= 1");
+    return NULL;
+  }
+  if (ra == 1) a = reshape(x, a, 2, (int64_t[]){1, a->shape[0]});
+  if (rb == 1) b = reshape(x, b, 2, (int64_t[]){b->shape[0], 1});
+  if (!a || !b) return NULL;
+  if (a->rank > 2 || b->rank > 2) { /* broadcast batch dims */
+    int r = a->rank > b->rank ? a->rank : b->rank;
+    int64_t batch[NOVA_MAX_RANK];
+    for (int i = 0; i < r - 2; i++) {
+      int ia = i - (r - a->rank), ib = i - (r - b->rank);
+      int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
+      if (da != db && da != 1 && db != 1) {
+        ox_err(x, "MatMul batch dimensions %lld and %lld cannot be broadcast", (long long)da, (long long)db);
+        return NULL;
+      }
+      batch[i] = da == 1 ? db : da;
+    }
+    int64_t sa[NOVA_MAX_RANK], sb[NOVA_MAX_RANK];
+    memcpy(sa, batch, sizeof batch);
+    memcpy(sb, batch, sizeof batch);
+    sa[r - 2] = a->shape[a->rank - 2], sa[r - 1] = a->shape[a->rank - 1];
+    sb[r - 2] = b->shape[b->rank - 2], sb[r - 1] = b->shape[b->rank - 1];
+    a = broadcast_to(x, a, r, sa);
+    if (b->rank != 2 || a->rank != r) b = broadcast_to(x, b, r, sb);
+  }
+  nv_node *y = op2(x, NV_OP_MATMUL, a, b);
+  if (!y) return NULL;
+  if (ra == 1 || rb == 1) { /* drop the promoted dims */
+    int64_t s[NOVA_MAX_RANK];
+    int k = 0;
+    for (int i = 0; i < y->rank; i++)
+      if (!((ra == 1 && i == y->rank - 2) || (rb == 1 && i == y->rank - 1))) s[k++] = y->shape[i];
+    y = reshape(x, y, k, s);
+  }
+  return y;
+}
+
+static int cv_matmul(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 2, 2)) return -1;
+  return set_out(out, matmul(x, N(x, in[0]), N(x, in[1])));
+}
+
+static int cv_gemm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 2, 3)) return -1;
+  nv_node *a = N(x, in[0]), *b = N(x, in[1]);
+  if (!a || !b) return -1;
+  if (a->rank != 2 || b->rank != 2) return ox_err(x, "Gemm needs 2-D A and B");
+  double alpha = ox_attr_f(x, "alpha", 1.0), beta = ox_attr_f(x, "beta", 1.0);
+  if (ox_attr_i(x, "transA", 0)) a = transpose(x, a, (int64_t[]){1, 0});
+  if (ox_attr_i(x, "transB", 0)) b = transpose(x, b, (int64_t[]){1, 0});
+  nv_node *y = op2(x, NV_OP_MATMUL, a, b);
+  if (y && alpha != 1.0) y = op2(x, NV_OP_MUL, y, scalar(x, y->dtype, alpha));
+  if (y && nin > 2 && in[2].present && beta != 0.0) {
+    nv_node *c = N(x, in[2]);
+    if (c && beta != 1.0) c = op2(x, NV_OP_MUL, c, scalar(x, c->dtype, beta));
+    y = c ? op2(x, NV_OP_ADD, y, c) : NULL;
+  }
+  return set_out(out, y);
+}
+
+/* ---- normalisation ------------------------------------------------------ */
+
+static int cv_softmax_like(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out) {
+  if (need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = N(x, in[0]);
+  if (!a) return -1;
+  nv_node at = {.axis = ox_attr_i(x, "axis", -1)};
+  return set_out(out, ox_add(x, op, 1, &a, &at));
+}
+static int cv_softmax(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_softmax_like(x, NV_OP_SOFTMAX, in, nin, out); }
+static int cv_log_softmax(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_softmax_like(x, NV_OP_LOG_SOFTMAX, in, nin, out); }
+
+static int cv_layer_norm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  if (need(x, in, nin, 2, 3)) return -1;
+  nv_node *a = N(x, in[0]), *sc = N(x, in[1]), *bias = nin > 2 && in[2].present ? N(x, in[2]) : NULL;
+  if (!a || !sc) return -1;
+  int64_t axis = ox_attr_i(x, "axis", -1);
+  if (norm_axis(x, &axis, a->rank)) return -1;
+  double eps = ox_attr_f(x, "epsilon", 1e-5);
+  int64_t inner = 1, fs[NOVA_MAX_RANK];
+  for (int i = (int)axis; i < a->rank; i++) inner *= a->shape[i];
+  for (int i = 0; i < axis; i++) fs[i] = a->shape[i];
+  fs[axis] = inner;
+  /* scale and bias broadcast to the normalised dims, then flattened */
+  int tail = a->rank - (int)axis;
+  sc = reshape(x, broadcast_to(x, sc, tail, a->shape + axis), 1, &inner);
+  bias = bias ? reshape(x, broadcast_to(x, bias, tail, a->shape + axis), 1, &inner) : NULL;
+  if (!bias) {
+    ox_tensor *z = ox_tensor_new(a->dtype, 1, &inner);
+    if (!z) return -1;
+    bias = ox_node(x, (ox_val){.k = z, .present = true});
+    ox_tensor_free(z);
+  }
+  nv_node *flat = reshape(x, a, (int)axis + 1, fs);
+  nv_node *in3[3] = {flat, sc, bias}, at = {.eps = eps};
+  nv_node *y = ox_add(x, NV_OP_LAYER_NORM, 3, in3, &at);
+  if (set_out(out, reshape(x, y, a->rank, a->shape))) return -1;
+  if (nout > 1) { /* Mean and InvStdDev, shaped like X with 1s from axis on */
+    int64_t ax[NOVA_MAX_RANK];
+    for (int i = 0; i < tail; i++) ax[i] = axis + i;
+    nv_node *mean = reduce(x, NV_OP_REDUCE_MEAN, a, tail, ax, true);
+    out[1] = (ox_val){.node = mean, .present = mean != NULL};
+    if (nout > 2 && mean) {
+      nv_node *dlt = op2(x, NV_OP_SUB, a, mean);
+      nv_node *var = reduce(x, NV_OP_REDUCE_MEAN, op2(x, NV_OP_MUL, dlt, dlt), tail, ax, true);
+      nv_node *inv = op2(x, NV_OP_DIV, scalar(x, a->dtype, 1.0),
+                         op1(x, NV_OP_SQRT, op2(x, NV_OP_ADD, var, scalar(x, a->dtype, eps))));
+      out[2] = (ox_val){.node = inv, .present = inv != NULL};
+    }
+  }
+  return 0;
+}
+
+/* x shaped [N, C, ...]: a per-channel vector as [C, 1, ...]. */
+static nv_node *per_channel(ox_ctx *x, nv_node *v, const nv_node *like) {
+  int64_t s[NOVA_MAX_RANK];
+  s[0] = like->shape[1];
+  for (int i = 2; i < like->rank; i++) s[i - 1] = 1;
+  return reshape(x, v, like->rank - 1, s);
+}
+
+static int cv_batch_norm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  if (need(x, in, nin, 5, 5)) return -1;
+  nv_node *a = N(x, in[0]);
+  if (!a) return -1;
+  if (a->rank < 2) return ox_err(x, "BatchNormalization needs X of rank >= 2 (N, C, ...)");
+  nova_dtype dt = a->dtype;
+  double eps = ox_attr_f(x, "epsilon", 1e-5), mom = ox_attr_f(x, "momentum", 0.9);
+  nv_node *sc = per_channel(x, N(x, in[1]), a), *b = per_channel(x, N(x, in[2]), a);
+  nv_node *mean = N(x, in[3]), *var = N(x, in[4]);
+  bool training = ox_attr_i(x, "training_mode", 0) != 0;
+  nv_node *m = per_channel(x, mean, a), *v = per_channel(x, var, a);
+  nv_node *cur_mean = NULL, *cur_var = NULL;
+  if (training) { /* batch statistics over every axis but C */
+    int64_t ax[NOVA_MAX_RANK];
+    int k = 0;
+    for (int i = 0; i < a->rank; i++)
+      if (i != 1) ax[k++] = i;
+    cur_mean = reduce(x, NV_OP_REDUCE_MEAN, a, k, ax, false);
+    nv_node *dl = op2(x, NV_OP_SUB, a, per_channel(x, cur_mean, a));
+    cur_var = reduce(x, NV_OP_REDUCE_MEAN, op2(x, NV_OP_MUL, dl, dl), k, ax, false);
+    m = per_channel(x, cur_mean, a);
+    v = per_channel(x, cur_var, a);
+  }
+  nv_node *den = op1(x, NV_OP_SQRT, op2(x, NV_OP_ADD, v, scalar(x, dt, eps)));
+  nv_node *y = op2(x, NV_OP_ADD, op2(x, NV_OP_MUL, op2(x, NV_OP_DIV, op2(x, NV_OP_SUB, a, m), den), sc), b);
+  if (set_out(out, y)) return -1;
+  if (training && nout > 1) {
+    nv_node *rm = op2(x, NV_OP_ADD, op2(x, NV_OP_MUL, mean, scalar(x, dt, mom)),
+                      op2(x, NV_OP_MUL, cur_mean, scalar(x, dt, 1 - mom)));
+    out[1] = (ox_val){.node = rm, .present = rm != NULL};
+    if (nout > 2) {
+      nv_node *rv = op2(x, NV_OP_ADD, op2(x, NV_OP_MUL, var, scalar(x, dt, mom)),
+                        op2(x, NV_OP_MUL, cur_var, scalar(x, dt, 1 - mom)));
+      out[2] = (ox_val){.node = rv, .present = rv != NULL};
+    }
+  } else if (nout > 1)
+    return ox_err(x, "running mean/var outputs need training_mode=1");
+  return 0;
+}
+
+/* ---- shape and data movement --------------------------------------------- */
+
+/* Reshape/Flatten/Squeeze/Unsqueeze/Expand result: fold known data, else a node. */
+static int reshaped(ox_ctx *x, ox_val *in, int rank, const int64_t *shape, ox_val *out) {
+  if (in[0].k) {
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) n *= shape[i];
+    if (n != ox_numel(in[0].k)) return ox_err(x, "cannot reshape %lld elements", (long long)ox_numel(in[0].k));
+    return ox_fold_reshape(in, rank, shape, out) < 0 ? -1 : 0;
+  }
+  return set_out(out, reshape(x, in[0].node, rank, shape));
+}
+
+static int cv_reshape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 2, 2)) return -1;
+  int64_t s[NOVA_MAX_RANK + 1];
+  int n = ox_const_ints(x, in[1], "the target shape", s, NOVA_MAX_RANK);
+  if (n < 0) return -1;
+  bool allowzero = ox_attr_i(x, "allowzero", 0) != 0;
+  int r = ox_val_rank(in[0]);
+  const int64_t *src = ox_val_shape(in[0]);
+  int64_t total = 1, known = 1;
+  int infer = -1;
+  for (int i = 0; i < r; i++) total *= src[i];
+  for (int i = 0; i < n; i++) {
+    if (s[i] == 0 && !allowzero) {
+      if (i >= r) return ox_err(x, "shape entry %d is 0 (copy) but the input has rank %d", i, r);
+      s[i] = src[i];
+    }
+    if (s[i] == -1) {
+      if (infer >= 0) return ox_err(x, "more than one -1 in the target shape");
+      infer = i;
+    } else if (s[i] <= 0)
+      return ox_err(x, "target shape entry %d is %lld (empty tensors are not supported)", i, (long long)s[i]);
+    else
+      known *= s[i];
+  }
+  if (infer >= 0) {
+    if (known == 0 || total % known) return ox_err(x, "cannot infer -1: %lld elements, %lld known", (long long)total, (long long)known);
+    s[infer] = total / known;
+  }
+  return reshaped(x, in, n, s, out);
+}
+
+static int cv_flatten(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 1)) return -1;
+  int r = ox_val_rank(in[0]);
+  const int64_t *src = ox_val_shape(in[0]);
+  int64_t axis = ox_attr_i(x, "axis", 1);
+  if (axis < -r || axis > r) return ox_err(x, "axis %lld out of range for rank %d", (long long)axis, r);
+  if (axis < 0) axis += r;
+  int64_t s[2] = {1, 1};
+  for (int i = 0; i < r; i++) s[i >= axis] *= src[i];
+  return reshaped(x, in, 2, s, out);
+}
+
+static int axes_list(ox_ctx *x, ox_val *in, int nin, int idx, int64_t *axes) {
+  if (x->opset >= 13 && nin > idx && in[idx].present) return ox_const_ints(x, in[idx], "axes", axes, NOVA_MAX_RANK);
+  return ox_attr_ints(x, "axes", axes, NOVA_MAX_RANK); /* -1: absent */
+}
+
+static int cv_unsqueeze(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 2)) return -1;
+  int64_t axes[NOVA_MAX_RANK], s[NOVA_MAX_RANK];
+  int na = axes_list(x, in, nin, 1, axes);
+  if (na <= 0) return na < 0 ? ox_err(x, "Unsqueeze needs axes") : ox_err(x, "Unsqueeze with empty axes");
+  int r = ox_val_rank(in[0]), ro = r + na;
+  if (ro > NOVA_MAX_RANK) return ox_err(x, "result rank %d exceeds %d", ro, NOVA_MAX_RANK);
+  bool ins[NOVA_MAX_RANK] = {0};
+  for (int i = 0; i < na; i++) {
+    int64_t a = axes[i];
+    if (norm_axis(x, &a, ro)) return -1;
+    if (ins[a]) return ox_err(x, "axis %lld repeated", (long long)a);
+    ins[a] = true;
+  }
+  const int64_t *src = ox_val_shape(in[0]);
+  for (int i = 0, k = 0; i < ro; i++) s[i] = ins[i] ? 1 : src[k++];
+  return reshaped(x, in, ro, s, out);
+}
+
+static int cv_squeeze(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 2)) return -1;
+  int64_t axes[NOVA_MAX_RANK], s[NOVA_MAX_RANK];
+  int na = axes_list(x, in, nin, 1, axes), r = ox_val_rank(in[0]), k = 0;
+  const int64_t *src = ox_val_shape(in[0]);
+  bool drop[NOVA_MAX_RANK] = {0};
+  if (na <= 0)
+    for (int i = 0; i < r; i++) drop[i] = src[i] == 1;
+  for (int i = 0; i < na; i++) {
+    int64_t a = axes[i];
+    if (norm_axis(x, &a, r)) return -1;
+    if (src[a] != 1) return ox_err(x, "cannot squeeze axis %lld of size %lld", (long long)a, (long long)src[a]);
+    drop[a] = true;
+  }
+  for (int i = 0; i < r; i++)
+    if (!drop[i]) s[k++] = src[i];
+  return reshaped(x, in, k, s, out);
+}
+
+static int cv_expand(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 2, 2)) return -1;
+  int64_t s[NOVA_MAX_RANK], o[NOVA_MAX_RANK];
+  int n = ox_const_ints(x, in[1], "the shape", s, NOVA_MAX_RANK);
+  if (n < 0) return -1;
+  int r = ox_val_rank(in[0]), ro = r > n ? r : n;
+  const int64_t *src = ox_val_shape(in[0]);
+  for (int i = 0; i < ro; i++) { /* bidirectional broadcast */
+    int ia = i - (ro - r), ib = i - (ro - n);
+    int64_t da = ia >= 0 ? src[ia] : 1, db = ib >= 0 ? s[ib] : 1;
+    if (da != db && da != 1 && db != 1) return ox_err(x, "cannot expand dimension %lld to %lld", (long long)da, (long long)db);
+    o[i] = da == 1 ? db : da;
+  }
+  if (in[0].k) in[0] = (ox_val){.node = N(x, in[0]), .present = true};
+  return set_out(out, broadcast_to(x, in[0].node, ro, o));
+}
+
+static int cv_transpose(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = N(x, in[0]);
+  if (!a) return -1;
+  nv_node at = {0};
+  at.nlist = ox_attr_ints(x, "perm", at.list, NOVA_MAX_RANK);
+  if (at.nlist < 0) at.nlist = 0;
+  return set_out(out, ox_add(x, NV_OP_TRANSPOSE, 1, &a, &at));
+}
+
+static int cv_concat(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, -1)) return -1;
+  nv_node at = {.axis = ox_attr_i(x, "axis", 0)};
+  nv_node *acc = N(x, in[0]);
+  for (int i = 1; i < nin && acc; i++) {
+    nv_node *pair[2] = {acc, N(x, in[i])};
+    acc = ox_add(x, NV_OP_CONCAT, 2, pair, &at);
+  }
+  return set_out(out, acc);
+}
+
+static int cv_split(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  if (need(x, in, nin, 1, 2)) return -1;
+  nv_node *a = N(x, in[0]);
+  if (!a) return -1;
+  int64_t axis = ox_attr_i(x, "axis", 0), parts[64];
+  if (norm_axis(x, &axis, a->rank)) return -1;
+  int64_t dim = a->shape[axis];
+  int np;
+  if (nin > 1 && in[1].present) {
+    np = ox_const_ints(x, in[1], "split", parts, 64);
+    if (np < 0) return -1;
+  } else if ((np = ox_attr_ints(x, "split", parts, 64)) < 0) {
+    int64_t k = ox_attr_i(x, "num_outputs", nout);
+    if (k <= 0 || k > 64) return ox_err(x, "bad number of outputs %lld", (long long)k);
+    np = (int)k;
+    int64_t each = (dim + k - 1) / k; /* the last part may be smaller */
+    for (int i = 0; i < np; i++) parts[i] = i < np - 1 ? each : dim - each * (np - 1);
+  }
+  if (np != nout) return ox_err(x, "%d split sizes for %d outputs", np, nout);
+  int64_t off = 0;
+  for (int i = 0; i < np; i++) {
+    if (parts[i] <= 0) return ox_err(x, "split part %d has size %lld (empty tensors are not supported)", i, (long long)parts[i]);
+    nv_node *p = slice1(x, a, axis, off, off + parts[i], 1);
+    if (!p) return -1;
+    out[i] = (ox_val){.node = p, .present = true};
+    off += parts[i];
+  }
+  if (off != dim) return ox_err(x, "split sizes add up to %lld, the axis has %lld", (long long)off, (long long)dim);
+  return 0;
+}
+
+static int cv_slice(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 3, 5)) return -1;
+  nv_node *a = N(x, in[0]);
+  if (!a) return -1;
+  int64_t st[NOVA_MAX_RANK], en[NOVA_MAX_RANK], ax[NOVA_MAX_RANK], sp[NOVA_MAX_RANK];
+  int n = ox_const_ints(x, in[1], "starts", st, NOVA_MAX_RANK);
+  if (n < 0 || ox_const_ints(x, in[2], "ends", en, NOVA_MAX_RANK) != n) return n < 0 ? -1 : ox_err(x, "starts and ends differ in length");
+  for (int i = 0; i < n; i++) ax[i] = i, sp[i] = 1;
+  if (nin > 3 && in[3].present && ox_const_ints(x, in[3], "axes", ax, NOVA_MAX_RANK) != n) return -1;
+  if (nin > 4 && in[4].present && ox_const_ints(x, in[4], "steps", sp, NOVA_MAX_RANK) != n) return -1;
+  for (int i = 0; i < n && a; i++) {
+    int64_t axis = ax[i];
+    if (norm_axis(x, &axis, a->rank)) return -1;
+    int64_t dim = a->shape[axis], s = st[i] < 0 ? st[i] + dim : st[i], e = en[i] < 0 ? en[i] + dim : en[i];
+    if (sp[i] <= 0) return ox_err(x, "a step of %lld is not supported (steps must be positive)", (long long)sp[i]);
+    s = s < 0 ? 0 : s > dim ? dim : s;
+    e = e < 0 ? 0 : e > dim ? dim : e;
+    if (e <= s) return ox_err(x, "the slice of axis %lld is empty (empty tensors are not supported)", (long long)axis);
+    if (s == 0 && e == dim && sp[i] == 1) continue;
+    a = slice1(x, a, axis, s, e, sp[i]);
+  }
+  return set_out(out, a);
+}
+
+static int cv_gather(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 2, 2)) return -1;
+  nv_node *d = N(x, in[0]);
+  if (!d) return -1;
+  int64_t axis = ox_attr_i(x, "axis", 0);
+  if (norm_axis(x, &axis, d->rank)) return -1;
+  ox_val iv = in[1];
+  ox_tensor *fixed = NULL;
+  if (iv.k) { /* known indices: make negative ones positive (ONNX allows [-n, n)) */
+    fixed = ox_tensor_new(iv.k->dt, iv.k->rank, iv.k->shape);
+    if (!fixed) return -1;
+    for (int64_t i = 0, n = ox_numel(iv.k); i < n; i++) {
+      int64_t v = ox_geti(iv.k, i);
+      ox_set(fixed, i, 0, v < 0 ? v + d->shape[axis] : v);
+    }
+    iv = (ox_val){.k = fixed, .present = true};
+  }
+  nv_node *idx = N(x, iv);
+  ox_tensor_free(fixed);
+  nv_node *pair[2] = {d, idx}, at = {.axis = axis};
+  return set_out(out, idx ? ox_add(x, NV_OP_GATHER, 2, pair, &at) : NULL);
+}
+
+/* ---- constants and shapes -------------------------------------------------- */
+
+static int known(ox_val *out, ox_tensor *t) {
+  if (!t) return -1;
+  out[0] = (ox_val){.k = t, .present = true};
+  return 0;
+}
+
+static int cv_constant(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)in, (void)nin, (void)nout;
+  const Onnx__AttributeProto *a;
+  if ((a = ox_attr(x, "value")) && a->t) {
+    return known(out, ox_decode_tensor(x, a->t));
+  }
+  if ((a = ox_attr(x, "value_float")) && a->has_f) {
+    ox_tensor *t = ox_tensor_new(NOVA_DTYPE_F32, 0, NULL);
+    if (t) ox_set(t, 0, a->f, 0);
+    return known(out, t);
+  }
+  if ((a = ox_attr(x, "value_int")) && a->has_i) {
+    ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 0, NULL);
+    if (t) ox_set(t, 0, 0, a->i);
+    return known(out, t);
+  }
+  if ((a = ox_attr(x, "value_floats"))) {
+    int64_t n = (int64_t)a->n_floats;
+    if (!n) return ox_err(x, "empty constants are not supported");
+    ox_tensor *t = ox_tensor_new(NOVA_DTYPE_F32, 1, &n);
+    for (int64_t i = 0; t && i < n; i++) ox_set(t, i, a->floats[i], 0);
+    return known(out, t);
+  }
+  if ((a = ox_attr(x, "value_ints"))) {
+    int64_t n = (int64_t)a->n_ints;
+    if (!n) return ox_err(x, "empty constants are not supported");
+    ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 1, &n);
+    for (int64_t i = 0; t && i < n; i++) ox_set(t, i, 0, a->ints[i]);
+    return known(out, t);
+  }
+  return ox_err(x, "Constant without a supported value (value, value_float(s), value_int(s); strings and sparse "
+                "tensors are not supported)");
+}
+
+static int cv_constant_of_shape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 1)) return -1;
+  int64_t s[NOVA_MAX_RANK];
+  int n = ox_const_ints(x, in[0], "the shape", s, NOVA_MAX_RANK);
+  if (n < 0) return -1;
+  for (int i = 0; i < n; i++)
+    if (s[i] <= 0) return ox_err(x, "shape entry %d is %lld (empty tensors are not supported)", i, (long long)s[i]);
+  nova_dtype dt = NOVA_DTYPE_F32;
+  double fv = 0;
+  int64_t iv = 0;
+  const Onnx__AttributeProto *a = ox_attr(x, "value");
+  if (a && a->t) {
+    ox_tensor *v = ox_decode_tensor(x, a->t);
+    if (!v) return -1;
+    dt = v->dt;
+    fv = ox_getf(v, 0);
+    iv = ox_geti(v, 0);
+    ox_tensor_free(v);
+  }
+  ox_tensor *t = ox_tensor_new(dt, n, s);
+  for (int64_t i = 0, e = t ? ox_numel(t) : 0; i < e; i++) ox_set(t, i, fv, iv);
+  return known(out, t);
+}
+
+static int cv_shape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 1)) return -1;
+  int r = ox_val_rank(in[0]);
+  int64_t s = ox_attr_i(x, "start", 0), e = ox_attr_i(x, "end", r);
+  s = s < 0 ? s + r : s;
+  e = e < 0 ? e + r : e;
+  s = s < 0 ? 0 : s > r ? r : s;
+  e = e < 0 ? 0 : e > r ? r : e;
+  int64_t n = e - s;
+  if (n <= 0) return ox_err(x, "the requested shape is empty (empty tensors are not supported)");
+  ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 1, &n);
+  for (int64_t i = 0; t && i < n; i++) ox_set(t, i, 0, ox_val_shape(in[0])[s + i]);
+  return known(out, t);
+}
+
+static int cv_range(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)out, (void)nout;
+  if (need(x, in, nin, 3, 3)) return -1;
+  return ox_err(x, "Range with inputs computed by the step is not supported (its length must be known when compiling)");
+}
+
+static int cv_trilu(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 2)) return -1;
+  nv_node *a = N(x, in[0]);
+  if (!a) return -1;
+  if (a->rank < 2) return ox_err(x, "Trilu needs rank >= 2");
+  int64_t k = 0;
+  if (nin > 1 && in[1].present && ox_const_ints(x, in[1], "k", &k, 1) != 1) return -1;
+  bool upper = ox_attr_i(x, "upper", 1) != 0;
+  int64_t rows = a->shape[a->rank - 2], cols = a->shape[a->rank - 1], s[2] = {rows, cols};
+  ox_tensor *m = ox_tensor_new(NOVA_DTYPE_BOOL, 2, s);
+  if (!m) return -1;
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) ox_set(m, i * cols + j, 0, upper ? j - i >= k : j - i <= k);
+  nv_node *mask = ox_node(x, (ox_val){.k = m, .present = true});
+  ox_tensor_free(m);
+  return set_out(out, op3(x, NV_OP_WHERE, mask, a, scalar(x, a->dtype, 0)));
+}
+
+/* ---- reductions ------------------------------------------------------------ */
+
+static int cv_reduce(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out, bool axes_input) {
+  if (need(x, in, nin, 1, 2)) return -1;
+  nv_node *a = N(x, in[0]);
+  if (!a) return -1;
+  int64_t axes[NOVA_MAX_RANK];
+  int na = axes_input && nin > 1 && in[1].present ? ox_const_ints(x, in[1], "axes", axes, NOVA_MAX_RANK)
+           : axes_input ? 0 : ox_attr_ints(x, "axes", axes, NOVA_MAX_RANK);
+  if (na < 0 && (axes_input || ox_attr(x, "axes"))) return -1;
+  if (na < 0) na = 0;
+  bool keep = ox_attr_i(x, "keepdims", 1) != 0;
+  if (na == 0 && ox_attr_i(x, "noop_with_empty_axes", 0)) return set_out(out, a);
+  return set_out(out, reduce(x, op, a, na, axes, keep));
+}
+/* ReduceSum takes axes as an input from opset 13, Mean and Max from 18. */
+static int cv_reduce_sum(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_reduce(x, NV_OP_REDUCE_SUM, in, nin, out, true); }
+static int cv_reduce_mean(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_reduce(x, NV_OP_REDUCE_MEAN, in, nin, out, x->opset >= 18); }
+static int cv_reduce_max(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_reduce(x, NV_OP_REDUCE_MAX, in, nin, out, x->opset >= 18); }
+
+/* ---- losses ------------------------------------------------------------------ */
+
+/* Negative log-likelihood of log-probabilities lp [N, C, d...] at labels
+ * [N, d...], with optional class weights and ignore_index, reduced as the
+ * spec says.  The label's entry is picked with a one-hot mask (labels equal
+ * to ignore_index match no class and weigh 0), so no index can go out of
+ * bounds whatever the label values. */
+static nv_node *nll(ox_ctx *x, nv_node *lp, nv_node *lab, nv_node *w, bool has_ii, int64_t ii, const char *red) {
+  if (!lp || !lab) return NULL;
+  if (lp->rank < 2 || lab->rank != lp->rank - 1 || !fe_dtype_is_int(lab->dtype)) {
+    ox_err(x, "expected scores [N, C, ...] and integer labels [N, ...]");
+    return NULL;
+  }
+  for (int i = 0; i < lab->rank; i++)
+    if (lab->shape[i] != lp->shape[i ? i + 1 : 0]) {
+      ox_err(x, "labels do not match the scores' shape (without C)");
+      return NULL;
+    }
+  nova_dtype dt = lp->dtype;
+  int64_t C = lp->shape[1], r = lp->rank;
+  /* classes [C, 1, ...] against labels [N, 1, d...] */
+  ox_tensor *cls = ox_tensor_new(lab->dtype, 1, &C);
+  if (!cls) return NULL;
+  for (int64_t i = 0; i < C; i++) ox_set(cls, i, 0, i);
+  int64_t cs[NOVA_MAX_RANK], ls[NOVA_MAX_RANK];
+  cs[0] = C;
+  for (int i = 1; i < r - 1; i++) cs[i] = 1;
+  ls[0] = lab->shape[0], ls[1] = 1;
+  for (int i = 1; i < lab->rank; i++) ls[i + 1] = lab->shape[i];
+  nv_node *classes = reshape(x, ox_node(x, (ox_val){.k = cls, .present = true}), (int)r - 1, cs);
+  ox_tensor_free(cls);
+  nv_node *onehot = op2(x, NV_OP_EQUAL, reshape(x, lab, (int)r, ls), classes); /* [N, C, d...] */
+  nv_node *zero = scalar(x, dt, 0.0);
+  nv_node *picked = reduce(x, NV_OP_REDUCE_SUM, op3(x, NV_OP_WHERE, onehot, lp, zero), 1, (int64_t[]){1}, false);
+  /* per-element weight: w[label], 0 for ignored labels */
+  nv_node *wt;
+  if (w) {
+    if (w->rank != 1 || w->shape[0] != C) {
+      ox_err(x, "weights must be [C]");
+      return NULL;
+    }
+    nv_node *wc = reshape(x, w, (int)r - 1, cs);
+    wt = reduce(x, NV_OP_REDUCE_SUM, op3(x, NV_OP_WHERE, onehot, wc, zero), 1, (int64_t[]){1}, false);
+  } else if (has_ii)
+    wt = op3(x, NV_OP_WHERE, op2(x, NV_OP_EQUAL, lab, scalar(x, lab->dtype, (double)ii)), zero, scalar(x, dt, 1.0));
+  else
+    wt = NULL;
+  if (w && has_ii)
+    wt = op3(x, NV_OP_WHERE, op2(x, NV_OP_EQUAL, lab, scalar(x, lab->dtype, (double)ii)), zero, wt);
+  nv_node *loss = op1(x, NV_OP_NEG, picked);
+  if (wt) loss = op2(x, NV_OP_MUL, loss, wt);
+  if (!loss) return NULL;
+  if (!strcmp(red, "none")) return loss;
+  nv_node *sum = reduce(x, NV_OP_REDUCE_SUM, loss, 0, NULL, false);
+  if (!strcmp(red, "sum")) return sum;
+  if (strcmp(red, "mean")) {
+    ox_err(x, "reduction '%s'; expected none, sum or mean", red);
+    return NULL;
+  }
+  if (!wt) return op2(x, NV_OP_DIV, sum, scalar(x, dt, (double)fe_numel(lab)));
+  return op2(x, NV_OP_DIV, sum, reduce(x, NV_OP_REDUCE_SUM, wt, 0, NULL, false));
+}
+
+static int cv_sce_loss(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  if (need(x, in, nin, 2, 3)) return -1;
+  nv_node *s = N(x, in[0]), *lab = N(x, in[1]), *w = nin > 2 && in[2].present ? N(x, in[2]) : NULL;
+  if (!s || !lab) return -1;
+  char buf[16];
+  const char *red = ox_attr_s(x, "reduction", "mean", buf, sizeof buf);
+  bool has_ii = ox_attr(x, "ignore_index") != NULL;
+  int64_t ii = ox_attr_i(x, "ignore_index", 0);
+  nv_node *y;
+  if (s->rank == 2 && !w && !has_ii && !strcmp(red, "mean") && nout < 2) {
+    y = op2(x, NV_OP_CROSS_ENTROPY, s, lab); /* the fused op: labels checked at run time */
+    return set_out(out, y);
+  }
+  if (s->rank < 2) return ox_err(x, "scores must be [N, C, ...]");
+  nv_node at = {.axis = 1};
+  nv_node *lp = ox_add(x, NV_OP_LOG_SOFTMAX, 1, &s, &at);
+  if (set_out(out, nll(x, lp, lab, w, has_ii, ii, red))) return -1;
+  if (nout > 1) out[1] = (ox_val){.node = lp, .present = lp != NULL};
+  return 0;
+}
+
+static int cv_nll_loss(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 2, 3)) return -1;
+  char buf[16];
+  const char *red = ox_attr_s(x, "reduction", "mean", buf, sizeof buf);
+  return set_out(out, nll(x, N(x, in[0]), N(x, in[1]), nin > 2 && in[2].present ? N(x, in[2]) : NULL,
+                          ox_attr(x, "ignore_index") != NULL, ox_attr_i(x, "ignore_index", 0), red));
+}
+
+static int cv_global_avg_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = N(x, in[0]);
+  if (!a) return -1;
+  if (a->rank < 3) return ox_err(x, "GlobalAveragePool needs X of rank >= 3 (N, C, spatial...)");
+  int64_t ax[NOVA_MAX_RANK];
+  for (int i = 2; i < a->rank; i++) ax[i - 2] = i;
+  return set_out(out, reduce(x, NV_OP_REDUCE_MEAN, a, a->rank - 2, ax, true));
+}
+
+/* ---- dispatch ------------------------------------------------------------------ */
+
+static const struct {
+  const char *name;
+  ox_conv_fn fn;
+} table[] = {
+    {"Add", cv_add}, {"Sub", cv_sub}, {"Mul", cv_mul}, {"Div", cv_div}, {"Pow", cv_pow},
+    {"Equal", cv_equal}, {"Less", cv_less}, {"Greater", cv_greater}, {"Neg", cv_neg}, {"Abs", cv_abs},
+    {"Exp", cv_exp}, {"Log", cv_log}, {"Sqrt", cv_sqrt}, {"Tanh", cv_tanh}, {"Sigmoid", cv_sigmoid},
+    {"Relu", cv_relu}, {"Erf", cv_erf}, {"Reciprocal", cv_reciprocal}, {"LeakyRelu", cv_leaky_relu},
+    {"Gelu", cv_gelu}, {"Min", cv_min}, {"Max", cv_max}, {"Clip", cv_clip}, {"Where", cv_where},
+    {"Cast", cv_cast}, {"Identity", cv_identity}, {"Dropout", cv_dropout}, {"MatMul", cv_matmul},
+    {"Gemm", cv_gemm}, {"Softmax", cv_softmax}, {"LogSoftmax", cv_log_softmax},
+    {"LayerNormalization", cv_layer_norm}, {"BatchNormalization", cv_batch_norm}, {"Reshape", cv_reshape},
+    {"Flatten", cv_flatten}, {"Unsqueeze", cv_unsqueeze}, {"Squeeze", cv_squeeze}, {"Expand", cv_expand},
+    {"Transpose", cv_transpose}, {"Concat", cv_concat}, {"Split", cv_split}, {"Slice", cv_slice},
+    {"Gather", cv_gather}, {"Constant", cv_constant}, {"ConstantOfShape", cv_constant_of_shape},
+    {"Shape", cv_shape}, {"Range", cv_range}, {"Trilu", cv_trilu}, {"ReduceSum", cv_reduce_sum},
+    {"ReduceMean", cv_reduce_mean}, {"ReduceMax", cv_reduce_max}, {"SoftmaxCrossEntropyLoss", cv_sce_loss},
+    {"NegativeLogLikelihoodLoss", cv_nll_loss}, {"GlobalAveragePool", cv_global_avg_pool},
+};
+
+int ox_convert(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  const char *op = x->node->op_type;
+  for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
+    if (strcmp(table[i].name, op)) continue;
+    int f = ox_fold(x, op, in, nin, out, nout);
+    if (f) return f < 0 ? -1 : 0;
+    int before = nv_diag_count(x->d);
+    int rc = table[i].fn(x, in, nin, out, nout);
+    if (rc && nv_diag_count(x->d) == before) ox_err(x, "could not be converted");
+    return rc ? -1 : 0;
+  }
+  return ox_err(x, "operator %s (domain ai.onnx, opset %lld) is not supported", op, (long long)x->opset);
+}
