@@ -540,6 +540,206 @@ static tv lower_slice(lw *L, tv x, MlirOperation op, const tv *res) {
   return r;
 }
 
+/* ---- convolution and pooling ------------------------------------------ */
+
+typedef struct window {
+  int ns;
+  int64_t k[3], s[3], dl[3], pb[3], pe[3];
+} window;
+
+/* x padded with `value` so every window of the result lies inside it. */
+static tv pad_for(lw *L, tv x, const window *w, const tv *res, double value) {
+  int64_t hi[3], shape[NOVA_MAX_RANK];
+  bool any = false;
+  memcpy(shape, x.shape, sizeof shape);
+  for (int i = 0; i < w->ns; i++) {
+    int64_t need = (res->shape[2 + i] - 1) * w->s[i] + w->dl[i] * (w->k[i] - 1) + 1 - (x.shape[2 + i] + w->pb[i]);
+    hi[i] = need > 0 ? need : 0;
+    shape[2 + i] = x.shape[2 + i] + w->pb[i] + hi[i];
+    any |= w->pb[i] || hi[i];
+  }
+  if (!any) return x;
+  tv r = fresh(L, x.rank, shape, x.dt);
+  int c = L->next_id++;
+  emit(L, "%%v%d = arith.constant %s : %s", c, FL(value, x.dt), ety(x.dt));
+  nv_sbuf b = {0};
+  nv_sb_printf(&b, "%%v%d = tensor.pad %%v%d low[0, 0", r.id, x.id);
+  for (int i = 0; i < w->ns; i++) nv_sb_printf(&b, ", %lld", (long long)w->pb[i]);
+  nv_sb_printf(&b, "] high[0, 0");
+  for (int i = 0; i < w->ns; i++) nv_sb_printf(&b, ", %lld", (long long)hi[i]);
+  nv_sb_printf(&b, "] {\n    ^bb0(");
+  for (int i = 0; i < x.rank; i++) nv_sb_printf(&b, "%s%%i%d: index", i ? ", " : "", i);
+  nv_sb_printf(&b, "):\n      tensor.yield %%v%d : %s\n    } : %s to %s", c, ety(x.dt), TT(x), TT(r));
+  emit(L, "%s", b.s ? b.s : "");
+  nv_sb_free(&b);
+  return r;
+}
+
+/* A structured op whose maps are given as text (strided windows). */
+static tv generic_text(lw *L, int nin, const tv *ins, const char *const *maps, const char *outmap, int nloops,
+                       const char *iters, tv init, const char *body) {
+  tv r = fresh(L, init.rank, init.shape, init.dt);
+  nv_sbuf b = {0};
+  nv_sb_printf(&b, "%%v%d = linalg.generic {indexing_maps = [", r.id);
+  for (int i = 0; i < nin; i++) nv_sb_printf(&b, "%s, ", maps[i]);
+  nv_sb_printf(&b, "%s], iterator_types = [", outmap);
+  for (int i = 0; i < nloops; i++) nv_sb_printf(&b, "%s\"%s\"", i ? ", " : "", iters[i] == 'r' ? "reduction" : "parallel");
+  nv_sb_printf(&b, "]} ins(");
+  for (int i = 0; i < nin; i++) nv_sb_printf(&b, "%s%%v%d", i ? ", " : "", ins[i].id);
+  nv_sb_printf(&b, " : ");
+  for (int i = 0; i < nin; i++) nv_sb_printf(&b, "%s%s", i ? ", " : "", TT(ins[i]));
+  nv_sb_printf(&b, ") outs(%%v%d : %s) {\n    ^bb0(", init.id, TT(init));
+  for (int i = 0; i < nin; i++) nv_sb_printf(&b, "%%in%d: %s, ", i, ety(ins[i].dt));
+  nv_sb_printf(&b, "%%acc: %s):\n", ety(init.dt));
+  for (const char *p = body; *p;) {
+    const char *e = strchr(p, '\n');
+    size_t n = e ? (size_t)(e - p) : strlen(p);
+    if (n) nv_sb_printf(&b, "      %.*s%s\n", (int)n, p, L->loc);
+    p += n + (e ? 1 : 0);
+  }
+  nv_sb_printf(&b, "      linalg.yield %%r : %s%s\n    } -> %s", ety(init.dt), L->loc, TT(r));
+  emit(L, "%s", b.s ? b.s : "");
+  nv_sb_free(&b);
+  return r;
+}
+
+/* "affine_map<(d0, ...) -> (" with nloops dims. */
+static void map_head(nv_sbuf *b, int nloops) {
+  nv_sb_printf(b, "affine_map<(");
+  for (int i = 0; i < nloops; i++) nv_sb_printf(b, "%sd%d", i ? ", " : "", i);
+  nv_sb_printf(b, ") -> (");
+}
+
+static void read_window(MlirOperation op, window *w, int ns) {
+  int64_t v[6];
+  w->ns = ns;
+  for (int i = 0; i < ns; i++) w->k[i] = w->s[i] = w->dl[i] = 1, w->pb[i] = w->pe[i] = 0;
+  if (!mlirAttributeIsNull(mlirOperationGetAttributeByName(op, nova_str("kernel")))) {
+    iarray(op, "kernel", v);
+    memcpy(w->k, v, (size_t)ns * sizeof *v);
+  }
+  iarray(op, "strides", v);
+  memcpy(w->s, v, (size_t)ns * sizeof *v);
+  if (!mlirAttributeIsNull(mlirOperationGetAttributeByName(op, nova_str("dilations")))) {
+    iarray(op, "dilations", v);
+    memcpy(w->dl, v, (size_t)ns * sizeof *v);
+  }
+  iarray(op, "pads", v);
+  for (int i = 0; i < ns; i++) w->pb[i] = v[i], w->pe[i] = v[ns + i];
+}
+
+/* conv: x [N, C, S...], w [F, C/G, K...] -> [N, F, O...], computed as
+ * [N, G, F/G, O...] over loops (n, g, f, o..., c, k...). */
+static tv lower_conv(lw *L, MlirOperation op, tv x, tv wt, const tv *res) {
+  int ns = x.rank - 2;
+  window w;
+  read_window(op, &w, ns);
+  for (int i = 0; i < ns; i++) w.k[i] = wt.shape[2 + i];
+  int64_t G = iattr(op, "groups"), C = x.shape[1], F = wt.shape[0], Cg = C / G, Fg = F / G;
+  tv xp = pad_for(L, x, &w, res, 0.0);
+  int64_t xs[NOVA_MAX_RANK] = {xp.shape[0], G, Cg}, ws[NOVA_MAX_RANK] = {G, Fg, Cg}, os[NOVA_MAX_RANK] = {res->shape[0], G, Fg};
+  for (int i = 0; i < ns; i++) xs[3 + i] = xp.shape[2 + i], ws[3 + i] = w.k[i], os[3 + i] = res->shape[2 + i];
+  tv xg = reshape(L, xp, ns + 3, xs), wg = reshape(L, wt, ns + 3, ws);
+  int nl = 4 + 2 * ns; /* n g f o... c k... */
+  char iters[16] = {0};
+  for (int i = 0; i < nl; i++) iters[i] = i < 3 + ns ? 'p' : 'r';
+  nv_sbuf mx = {0}, mw = {0}, mo = {0};
+  map_head(&mx, nl);
+  nv_sb_printf(&mx, "d0, d1, d%d", 3 + ns);
+  for (int i = 0; i < ns; i++)
+    nv_sb_printf(&mx, ", d%d * %lld + d%d * %lld", 3 + i, (long long)w.s[i], 4 + ns + i, (long long)w.dl[i]);
+  nv_sb_printf(&mx, ")>");
+  map_head(&mw, nl);
+  nv_sb_printf(&mw, "d1, d2, d%d", 3 + ns);
+  for (int i = 0; i < ns; i++) nv_sb_printf(&mw, ", d%d", 4 + ns + i);
+  nv_sb_printf(&mw, ")>");
+  map_head(&mo, nl);
+  nv_sb_printf(&mo, "d0, d1, d2");
+  for (int i = 0; i < ns; i++) nv_sb_printf(&mo, ", d%d", 3 + i);
+  nv_sb_printf(&mo, ")>");
+  tv init = filled(L, ns + 3, os, x.dt, 0.0);
+  char body[200];
+  snprintf(body, sizeof body, "%%p = arith.mulf %%in0, %%in1 : %s\n%%r = arith.addf %%acc, %%p : %s", ety(x.dt), ety(x.dt));
+  tv ins[2] = {xg, wg};
+  const char *maps[2] = {mx.s, mw.s};
+  tv y = generic_text(L, 2, ins, maps, mo.s, nl, iters, init, body);
+  nv_sb_free(&mx);
+  nv_sb_free(&mw);
+  nv_sb_free(&mo);
+  return reshape(L, y, res->rank, res->shape);
+}
+
+/* Window positions of output o on one axis that fall inside [lo, hi). */
+static int64_t window_count(int64_t o, const window *w, int i, int64_t lo, int64_t hi) {
+  int64_t n = 0;
+  for (int64_t k = 0; k < w->k[i]; k++) {
+    int64_t p = o * w->s[i] + k * w->dl[i] - w->pb[i];
+    n += p >= lo && p < hi;
+  }
+  return n;
+}
+
+/* max_pool / avg_pool over loops (n, c, o..., k...), with a [K...] window
+ * operand giving the k loops their range. */
+static tv lower_pool(lw *L, MlirOperation op, nv_op kind, tv x, const tv *res) {
+  int ns = x.rank - 2;
+  window w;
+  read_window(op, &w, ns);
+  bool avg = kind == NV_OP_AVG_POOL;
+  tv xp = pad_for(L, x, &w, res, avg ? 0.0 : -INFINITY);
+  tv win = empty(L, ns, w.k, x.dt);
+  int nl = 2 + 2 * ns;
+  char iters[16] = {0};
+  for (int i = 0; i < nl; i++) iters[i] = i < 2 + ns ? 'p' : 'r';
+  nv_sbuf mx = {0}, mw = {0}, mo = {0};
+  map_head(&mx, nl);
+  nv_sb_printf(&mx, "d0, d1");
+  for (int i = 0; i < ns; i++)
+    nv_sb_printf(&mx, ", d%d * %lld + d%d * %lld", 2 + i, (long long)w.s[i], 2 + ns + i, (long long)w.dl[i]);
+  nv_sb_printf(&mx, ")>");
+  map_head(&mw, nl);
+  for (int i = 0; i < ns; i++) nv_sb_printf(&mw, "%sd%d", i ? ", " : "", 2 + ns + i);
+  nv_sb_printf(&mw, ")>");
+  map_head(&mo, nl);
+  nv_sb_printf(&mo, "d0, d1");
+  for (int i = 0; i < ns; i++) nv_sb_printf(&mo, ", d%d", 2 + i);
+  nv_sb_printf(&mo, ")>");
+  tv init = filled(L, res->rank, res->shape, x.dt, avg ? 0.0 : -INFINITY);
+  char body[200];
+  snprintf(body, sizeof body, "%%r = %s %%in0, %%acc : %s", avg ? "arith.addf" : "arith.maximumf", ety(x.dt));
+  tv ins[2] = {xp, win};
+  const char *maps[2] = {mx.s, mw.s};
+  tv y = generic_text(L, 2, ins, maps, mo.s, nl, iters, init, body);
+  nv_sb_free(&mx);
+  nv_sb_free(&mw);
+  nv_sb_free(&mo);
+  if (!avg) return y;
+  /* divide by the number of elements each window counts: a constant over O... */
+  bool incl = iattr(op, "count_include_pad") != 0;
+  int64_t nout = 1, os[3];
+  for (int i = 0; i < ns; i++) nout *= (os[i] = res->shape[2 + i]);
+  tv cnt = fresh(L, 1, &nout, x.dt);
+  nv_sbuf b = {0};
+  nv_sb_printf(&b, "%%v%d = arith.constant dense<[", cnt.id);
+  int64_t idx[3] = {0};
+  for (int64_t e = 0; e < nout; e++) {
+    int64_t c = 1;
+    for (int i = 0; i < ns; i++) {
+      int64_t lo = incl ? -w.pb[i] : 0, hi = x.shape[2 + i] + (incl ? w.pe[i] : 0);
+      c *= window_count(idx[i], &w, i, lo, hi);
+    }
+    nv_sb_printf(&b, "%s%s", e ? ", " : "", FL((double)(c ? c : 1), x.dt));
+    for (int i = ns - 1; i >= 0 && ++idx[i] == os[i]; i--) idx[i] = 0;
+  }
+  nv_sb_printf(&b, "]> : %s", TT(cnt));
+  emit(L, "%s", b.s ? b.s : "");
+  nv_sb_free(&b);
+  tv div[2] = {y, reshape(L, cnt, ns, os)};
+  char db[120];
+  snprintf(db, sizeof db, "%%r = arith.divf %%in0, %%in1 : %s", ety(x.dt));
+  return elementwise(L, 2, div, res->rank, res->shape, x.dt, db);
+}
+
 static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   int nin = (int)mlirOperationGetNumOperands(op);
   tv in[64];
@@ -603,6 +803,9 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_CAST:
     r = elementwise(L, 1, in, res.rank, res.shape, res.dt, cast_body(in[0].dt, res.dt, body, sizeof body));
     break;
+  case NV_OP_CONV: r = lower_conv(L, op, in[0], in[1], &res); break;
+  case NV_OP_MAX_POOL:
+  case NV_OP_AVG_POOL: r = lower_pool(L, op, kind, in[0], &res); break;
   case NV_OP_NEG: case NV_OP_EXP: case NV_OP_LOG: case NV_OP_SQRT: case NV_OP_TANH:
   case NV_OP_SIGMOID: case NV_OP_RELU: case NV_OP_GELU:
     r = elementwise(L, 1, in, res.rank, res.shape, res.dt, unary_body(kind, res.dt, body, sizeof body));

@@ -393,6 +393,12 @@ void cg_graph_hash(const nv_graph *g, char out[17]) {
     MIX(x->list, (size_t)x->nlist * sizeof x->list[0]);
     MIX(&x->eps, sizeof x->eps);
     MIX(&x->value, sizeof x->value);
+    int64_t win[16] = {x->nspatial, x->groups, x->count_include_pad, x->ceil_mode, x->to};
+    memcpy(win + 5, x->kernel, 3 * sizeof(int64_t));
+    memcpy(win + 8, x->strides, 3 * sizeof(int64_t));
+    memcpy(win + 11, x->dilations, 3 * sizeof(int64_t));
+    MIX(win, sizeof win);
+    MIX(x->pads, sizeof x->pads);
     int32_t ik = (int32_t)x->init.kind;
     MIX(&ik, sizeof ik);
     MIX(&x->init.a, sizeof x->init.a);

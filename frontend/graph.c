@@ -513,6 +513,64 @@ static int infer_layer_norm(nv_diag *d, nv_node *n, const nv_node *x, const nv_n
   return set_shape(d, n, x->rank, x->shape);
 }
 
+/* Output size of a sliding window: floor (or ceil) of
+ * (in + pad_b + pad_e - dil (k - 1) - 1) / stride + 1; with ceil_mode the
+ * last window must start inside the input or its begin padding. */
+static int64_t window_out(int64_t in, int64_t k, int64_t s, int64_t dl, int64_t pb, int64_t pe, bool ceil_mode) {
+  int64_t span = in + pb + pe - dl * (k - 1) - 1;
+  if (span < 0) return 0;
+  int64_t o = (ceil_mode ? (span + s - 1) / s : span / s) + 1;
+  if (ceil_mode && (o - 1) * s >= in + pb) o--;
+  return o;
+}
+
+/* conv (x [N, C, S...], w [F, C/groups, K...]) and pools (x [N, C, S...]). */
+static int infer_window(nv_diag *d, nv_node *n, const nv_node *x, const nv_node *w) {
+  if (need_float(d, n, x, "input")) return -1;
+  int ns = x->rank - 2;
+  if (ns < 1 || ns > 3) {
+    nv_error(d, n->loc, "%s: input must be [N, C, spatial...] with 1 to 3 spatial dims, got %s", nv_op_name(n->op), SHP(x));
+    return -1;
+  }
+  n->nspatial = ns;
+  int64_t s[NOVA_MAX_RANK] = {x->shape[0], x->shape[1]};
+  if (w) {
+    if (w->dtype != x->dtype || w->rank != x->rank) {
+      nv_error(d, n->loc, "conv: weight %s %s must be %s [F, C/groups, kernel...] of rank %d", fe_dtype_name(w->dtype),
+               SHP(w), fe_dtype_name(x->dtype), x->rank);
+      return -1;
+    }
+    if (n->groups <= 0 || x->shape[1] % n->groups || w->shape[0] % n->groups || w->shape[1] * n->groups != x->shape[1]) {
+      nv_error(d, n->loc, "conv: %lld groups do not fit input %s and weight %s (C = groups * weight dim 1, F divisible by groups)",
+               (long long)n->groups, SHP(x), SHP(w));
+      return -1;
+    }
+    s[1] = w->shape[0];
+    for (int i = 0; i < ns; i++) n->kernel[i] = w->shape[2 + i];
+  }
+  for (int i = 0; i < ns; i++) {
+    if (n->kernel[i] <= 0 || n->strides[i] <= 0 || n->dilations[i] <= 0 || n->pads[i] < 0 || n->pads[ns + i] < 0) {
+      nv_error(d, n->loc, "%s: kernel, strides and dilations must be positive and pads >= 0", nv_op_name(n->op));
+      return -1;
+    }
+    if (n->pads[i] >= n->kernel[i] * n->dilations[i] || n->pads[ns + i] >= n->kernel[i] * n->dilations[i]) {
+      nv_error(d, n->loc, "%s: a pad of %lld is not smaller than the window (%lld) on spatial axis %d", nv_op_name(n->op),
+               (long long)(n->pads[i] > n->pads[ns + i] ? n->pads[i] : n->pads[ns + i]),
+               (long long)(n->kernel[i] * n->dilations[i]), i);
+      return -1;
+    }
+    s[2 + i] = window_out(x->shape[2 + i], n->kernel[i], n->strides[i], n->dilations[i], n->pads[i], n->pads[ns + i],
+                          n->ceil_mode);
+    if (s[2 + i] <= 0) {
+      nv_error(d, n->loc, "%s: the window (%lld, dilation %lld) is larger than spatial axis %d of %s with its padding",
+               nv_op_name(n->op), (long long)n->kernel[i], (long long)n->dilations[i], i, SHP(x));
+      return -1;
+    }
+  }
+  n->dtype = x->dtype;
+  return set_shape(d, n, x->rank, s);
+}
+
 static int infer(nv_diag *d, nv_node *n) {
   nv_node **in = n->in;
   switch (n->op) {
@@ -555,6 +613,9 @@ static int infer(nv_diag *d, nv_node *n) {
     if (need_number(d, n, in[0], "operand")) return -1;
     n->dtype = in[0]->dtype;
     return set_shape(d, n, in[0]->rank, in[0]->shape);
+  case NV_OP_CONV: return infer_window(d, n, in[0], in[1]);
+  case NV_OP_MAX_POOL:
+  case NV_OP_AVG_POOL: return infer_window(d, n, in[0], NULL);
   case NV_OP_CAST:
     if (!fe_dtype_size(n->to)) {
       nv_error(d, n->loc, "cast: unsupported target dtype %d", (int)n->to);

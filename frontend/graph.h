@@ -58,7 +58,10 @@
   X(EQUAL, "equal", 2, 2)                 \
   X(LESS, "less", 2, 2)                   \
   X(GREATER, "greater", 2, 2)             \
-  X(CAST, "cast", 1, 1)
+  X(CAST, "cast", 1, 1)                   \
+  X(CONV, "conv", 2, 2)                   \
+  X(MAX_POOL, "max_pool", 1, 1)           \
+  X(AVG_POOL, "avg_pool", 1, 1)
 
 typedef enum nv_op {
 #define X(e, n, a, b) NV_OP_##e,
@@ -106,6 +109,11 @@ struct nv_node {
   double eps;           /* layer_norm */
   double value;         /* constant (scalar, broadcast to shape) */
   nova_dtype to;        /* cast */
+  /* conv and pools: nspatial = rank - 2 spatial dims (1 to 3) */
+  int nspatial;
+  int64_t kernel[3], strides[3], dilations[3], pads[6]; /* pads: begins, then ends */
+  int64_t groups;       /* conv */
+  bool count_include_pad, ceil_mode; /* avg_pool; ceil_mode: pools */
   /* inputs, params and constants (constants: init gives the value) */
   nova_role role;
   int64_t index_bound;  /* integer inputs used as indices: values must lie in [0, bound) */

@@ -848,6 +848,77 @@ static int cv_global_avg_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int n
   return set_out(out, reduce(x, NV_OP_REDUCE_MEAN, a, a->rank - 2, ax, true));
 }
 
+/* ---- convolution and pooling ------------------------------------------------- */
+
+/* Fills the window attributes of `at` from the node (kernel must be set for
+ * the auto_pad computation). */
+static int window_attrs(ox_ctx *x, nv_node *at, const nv_node *a, bool with_dilations) {
+  int ns = a->rank - 2;
+  if (ns < 1 || ns > 3) return ox_err(x, "input must be [N, C, spatial...] with 1 to 3 spatial dims");
+  at->nspatial = ns;
+  int64_t v[6];
+  for (int i = 0; i < ns; i++) at->strides[i] = at->dilations[i] = 1, at->pads[i] = at->pads[ns + i] = 0;
+  int n;
+  if ((n = ox_attr_ints(x, "strides", v, 3)) >= 0) {
+    if (n != ns) return ox_err(x, "strides has %d entries for %d spatial dims", n, ns);
+    memcpy(at->strides, v, (size_t)ns * sizeof *v);
+  }
+  if ((n = ox_attr_ints(x, "dilations", v, 3)) >= 0) {
+    if (n != ns) return ox_err(x, "dilations has %d entries for %d spatial dims", n, ns);
+    for (int i = 0; i < ns; i++)
+      if (!with_dilations && v[i] != 1) return ox_err(x, "dilations other than 1 are not supported here");
+    memcpy(at->dilations, v, (size_t)ns * sizeof *v);
+  }
+  char buf[32];
+  const char *ap = ox_attr_s(x, "auto_pad", "NOTSET", buf, sizeof buf);
+  if (!strcmp(ap, "NOTSET")) {
+    if ((n = ox_attr_ints(x, "pads", v, 6)) >= 0) {
+      if (n != 2 * ns) return ox_err(x, "pads has %d entries for %d spatial dims", n, ns);
+      memcpy(at->pads, v, (size_t)n * sizeof *v);
+    }
+  } else if (!strcmp(ap, "SAME_UPPER") || !strcmp(ap, "SAME_LOWER")) {
+    for (int i = 0; i < ns; i++) {
+      int64_t in = a->shape[2 + i], o = (in + at->strides[i] - 1) / at->strides[i];
+      int64_t total = (o - 1) * at->strides[i] + (at->kernel[i] - 1) * at->dilations[i] + 1 - in;
+      if (total < 0) total = 0;
+      int64_t small = total / 2;
+      at->pads[i] = !strcmp(ap, "SAME_UPPER") ? small : total - small;
+      at->pads[ns + i] = total - at->pads[i];
+    }
+  } else if (strcmp(ap, "VALID"))
+    return ox_err(x, "auto_pad '%s' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID", ap);
+  return 0;
+}
+
+static int cv_conv(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (need(x, in, nin, 2, 3)) return -1;
+  nv_node *a = N(x, in[0]), *w = N(x, in[1]);
+  if (!a || !w) return -1;
+  nv_node at = {.groups = ox_attr_i(x, "group", 1)};
+  for (int i = 0; i + 2 < w->rank && i < 3; i++) at.kernel[i] = w->shape[2 + i];
+  if (window_attrs(x, &at, a, true)) return -1;
+  nv_node *pair[2] = {a, w};
+  nv_node *y = ox_add(x, NV_OP_CONV, 2, pair, &at);
+  if (y && nin > 2 && in[2].present) y = op2(x, NV_OP_ADD, y, per_channel(x, N(x, in[2]), y));
+  return set_out(out, y);
+}
+
+static int cv_pool(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out, int nout) {
+  if (need(x, in, nin, 1, 1)) return -1;
+  if (nout > 1) return ox_err(x, "the Indices output is not supported");
+  nv_node *a = N(x, in[0]);
+  if (!a) return -1;
+  nv_node at = {.ceil_mode = ox_attr_i(x, "ceil_mode", 0) != 0, .count_include_pad = ox_attr_i(x, "count_include_pad", 0) != 0};
+  int n = ox_attr_ints(x, "kernel_shape", at.kernel, 3);
+  if (n != a->rank - 2) return ox_err(x, "kernel_shape must have one entry per spatial dim (%d)", a->rank - 2);
+  if (ox_attr_i(x, "storage_order", 0)) return ox_err(x, "storage_order=1 is not supported");
+  if (window_attrs(x, &at, a, op == NV_OP_MAX_POOL)) return -1;
+  return set_out(out, ox_add(x, op, 1, &a, &at));
+}
+static int cv_max_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { return cv_pool(x, NV_OP_MAX_POOL, in, nin, out, nout); }
+static int cv_avg_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { return cv_pool(x, NV_OP_AVG_POOL, in, nin, out, nout); }
+
 /* ---- dispatch ------------------------------------------------------------------ */
 
 static const struct {
@@ -868,6 +939,7 @@ static const struct {
     {"Shape", cv_shape}, {"Range", cv_range}, {"Trilu", cv_trilu}, {"ReduceSum", cv_reduce_sum},
     {"ReduceMean", cv_reduce_mean}, {"ReduceMax", cv_reduce_max}, {"SoftmaxCrossEntropyLoss", cv_sce_loss},
     {"NegativeLogLikelihoodLoss", cv_nll_loss}, {"GlobalAveragePool", cv_global_avg_pool},
+    {"Conv", cv_conv}, {"MaxPool", cv_max_pool}, {"AveragePool", cv_avg_pool},
 };
 
 int ox_convert(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {

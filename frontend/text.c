@@ -333,6 +333,9 @@ static const char *allowed_attrs(nv_op op) {
   case NV_OP_RESHAPE: case NV_OP_BROADCAST: return "shape";
   case NV_OP_TRANSPOSE: return "perm";
   case NV_OP_CAST: return "to";
+  case NV_OP_CONV: return "strides pads dilations groups";
+  case NV_OP_MAX_POOL: return "kernel strides pads dilations ceil_mode";
+  case NV_OP_AVG_POOL: return "kernel strides pads count_include_pad ceil_mode";
   case NV_OP_SLICE: return "axis start end step";
   default: return "";
   }
@@ -384,6 +387,35 @@ static bool parse_attr(parser *P, nv_op op, const char *key, nv_loc kloc, nv_nod
              *al ? "; it takes: " : "", al);
     P->failed = true;
     return false;
+  }
+  if (!strcmp(key, "kernel") || !strcmp(key, "strides") || !strcmp(key, "pads") || !strcmp(key, "dilations")) {
+    int64_t *dst = !strcmp(key, "kernel") ? a->kernel : !strcmp(key, "strides") ? a->strides
+                 : !strcmp(key, "pads") ? a->pads : a->dilations;
+    int max = !strcmp(key, "pads") ? 6 : 3, n = 0;
+    if (!expect(P, '[', "to start a list")) return false;
+    while (!is_punct(P, ']')) {
+      if (n == max) {
+        nv_error(P->d, P->t.loc, "'%s' has more than %d entries", key, max);
+        P->failed = true;
+        return false;
+      }
+      if (!parse_int_value(P, key, &dst[n++])) return false;
+      if (!is_punct(P, ']') && !expect(P, ',', "between list entries")) return false;
+    }
+    next(P);
+    if (!strcmp(key, "pads") && n % 2) {
+      nv_error(P->d, kloc, "pads lists the begin pads, then the end pads: an even number of entries");
+      P->failed = true;
+      return false;
+    }
+    if (!strcmp(key, "pads") && n < 6) { /* [b..., e...] with n/2 spatial dims: move the ends to slot 3.. later */
+      int64_t tmp[6] = {0};
+      memcpy(tmp, dst, (size_t)n * sizeof *dst);
+      memset(dst, 0, 6 * sizeof *dst);
+      for (int i = 0; i < n / 2; i++) dst[i] = tmp[i], dst[3 + i] = tmp[n / 2 + i];
+      a->nspatial = n / 2; /* checked against the input's rank */
+    }
+    return true;
   }
   if (strcmp(key, "axes") == 0 || strcmp(key, "shape") == 0 || strcmp(key, "perm") == 0) {
     if (!expect(P, '[', "to start a list")) return false;
@@ -445,6 +477,16 @@ static bool parse_attr(parser *P, nv_op op, const char *key, nv_loc kloc, nv_nod
     a->end = v;
     *seen_end = true;
   } else if (strcmp(key, "step") == 0) a->step = v;
+  else if (strcmp(key, "groups") == 0) a->groups = v;
+  else if (strcmp(key, "ceil_mode") == 0 || strcmp(key, "count_include_pad") == 0) {
+    if (v != 0 && v != 1) {
+      nv_error(P->d, kloc, "%s must be 0 or 1", key);
+      P->failed = true;
+      return false;
+    }
+    if (key[0] == 'c' && key[1] == 'e') a->ceil_mode = v;
+    else a->count_include_pad = v;
+  }
   return true;
 }
 
@@ -464,6 +506,8 @@ static ev parse_call_args(parser *P, nv_op op, nv_loc loc) {
   a.axis = (op == NV_OP_SOFTMAX || op == NV_OP_LOG_SOFTMAX) ? -1 : 0;
   a.eps = 1e-5;
   a.step = 1;
+  a.groups = 1;
+  for (int i = 0; i < 3; i++) a.strides[i] = a.dilations[i] = 1;
   a.end = INT64_MAX;
   bool seen_end = false, seen_shape = false;
   nv_node *in[64];
@@ -502,6 +546,20 @@ static ev parse_call_args(parser *P, nv_op op, nv_loc loc) {
   if (P->failed) return fail_ev(P);
   next(P); /* ) */
   (void)seen_end;
+  if ((op == NV_OP_CONV || op == NV_OP_MAX_POOL || op == NV_OP_AVG_POOL) && nin >= 1 && in[0]->rank >= 3) {
+    int ns = in[0]->rank - 2; /* pads were read as [b..., e...] into slots 0.. and 3.. */
+    if (a.nspatial && a.nspatial != ns) {
+      nv_error(P->d, loc, "pads has %d entries; the input has %d spatial dims", 2 * a.nspatial, ns);
+      return fail_ev(P);
+    }
+    int64_t p[6];
+    memcpy(p, a.pads, sizeof p);
+    for (int i = 0; i < ns; i++) a.pads[i] = p[i], a.pads[ns + i] = p[3 + i];
+    if (op != NV_OP_CONV && a.kernel[0] == 0) {
+      nv_error(P->d, loc, "%s needs kernel=[...]", nv_op_name(op));
+      return fail_ev(P);
+    }
+  }
   if (op == NV_OP_CAST && !a.to) {
     nv_error(P->d, loc, "cast needs a target dtype: cast(x, to=f32)");
     return fail_ev(P);

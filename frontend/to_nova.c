@@ -110,6 +110,18 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
   case NV_OP_BROADCAST: out[k++] = named(ctx, "shape", mlirDenseI64ArrayGet(ctx, n->rank, n->shape)); break;
   case NV_OP_TRANSPOSE: out[k++] = named(ctx, "perm", mlirDenseI64ArrayGet(ctx, n->nlist, n->list)); break;
   case NV_OP_CAST: out[k++] = named(ctx, "to", i64_attr(ctx, (int64_t)n->to)); break; /* a nova_dtype code */
+  case NV_OP_CONV:
+  case NV_OP_MAX_POOL:
+  case NV_OP_AVG_POOL: {
+    int ns = n->nspatial;
+    if (n->op != NV_OP_CONV) out[k++] = named(ctx, "kernel", mlirDenseI64ArrayGet(ctx, ns, n->kernel));
+    out[k++] = named(ctx, "strides", mlirDenseI64ArrayGet(ctx, ns, n->strides));
+    out[k++] = named(ctx, "pads", mlirDenseI64ArrayGet(ctx, 2 * ns, n->pads));
+    if (n->op != NV_OP_AVG_POOL) out[k++] = named(ctx, "dilations", mlirDenseI64ArrayGet(ctx, ns, n->dilations));
+    if (n->op == NV_OP_CONV) out[k++] = named(ctx, "groups", i64_attr(ctx, n->groups));
+    if (n->op == NV_OP_AVG_POOL) out[k++] = named(ctx, "count_include_pad", i64_attr(ctx, n->count_include_pad));
+    break;
+  }
   case NV_OP_SLICE:
     out[k++] = named(ctx, "axis", i64_attr(ctx, n->axis));
     out[k++] = named(ctx, "start", i64_attr(ctx, n->start));

@@ -26,6 +26,8 @@ static const char *const op_attrs[] = {
     [NV_OP_CROSS_ENTROPY] = "", [NV_OP_POW] = "", [NV_OP_ABS] = "", [NV_OP_ERF] = "",
     [NV_OP_MINIMUM] = "", [NV_OP_MAXIMUM] = "", [NV_OP_WHERE] = "", [NV_OP_EQUAL] = "",
     [NV_OP_LESS] = "", [NV_OP_GREATER] = "", [NV_OP_CAST] = "to",
+    [NV_OP_CONV] = "strides pads dilations groups", [NV_OP_MAX_POOL] = "kernel strides pads dilations",
+    [NV_OP_AVG_POOL] = "kernel strides pads count_include_pad",
 };
 static_assert(sizeof op_attrs / sizeof op_attrs[0] == NV_OP_COUNT, "attribute table out of step with NV_OPS");
 
@@ -34,7 +36,9 @@ const char *nova_op_attrs(nv_op op) { return op < NV_OP_COUNT && op_attrs[op] ? 
 /* The IRDL base of an attribute, by name. */
 static const char *attr_base(const char *name) {
   if (!strcmp(name, "value")) return "#builtin.dense_int_or_fp_elements";
-  if (!strcmp(name, "axes") || !strcmp(name, "perm") || !strcmp(name, "shape")) return "#builtin.dense_array";
+  if (!strcmp(name, "axes") || !strcmp(name, "perm") || !strcmp(name, "shape") || !strcmp(name, "kernel") ||
+      !strcmp(name, "strides") || !strcmp(name, "pads") || !strcmp(name, "dilations"))
+    return "#builtin.dense_array";
   if (!strcmp(name, "eps")) return "#builtin.float";
   return "#builtin.integer";
 }

@@ -35,6 +35,49 @@ def op_case(name, body, inputs, ref, dt="f32", files=None, extra=""):
     case("%s.%s" % (name, dt), run)
 
 
+def conv_ref(x, w, strides, pads, dil, groups):
+    ns = x.ndim - 2
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[ns + i]) for i in range(ns)])
+    N, C = x.shape[:2]
+    F, Cg = w.shape[:2]
+    K = w.shape[2:]
+    O = [(xp.shape[2 + i] - dil[i] * (K[i] - 1) - 1) // strides[i] + 1 for i in range(ns)]
+    y = np.zeros((N, F, *O))
+    Fg = F // groups
+    for o in np.ndindex(*O):
+        for k in np.ndindex(*K):
+            idx = tuple(o[i] * strides[i] + k[i] * dil[i] for i in range(ns))
+            xs = xp[(slice(None), slice(None)) + idx]  # N, C
+            for g in range(groups):
+                y[(slice(None), slice(g * Fg, (g + 1) * Fg)) + o] += xs[:, g * Cg:(g + 1) * Cg] @ w[(slice(g * Fg, (g + 1) * Fg), slice(None)) + k].T
+    return y
+
+
+def pool_ref(x, K, S, pads, ceil, kind, incl):
+    ns = x.ndim - 2
+    I = x.shape[2:]
+    O = []
+    for i in range(ns):
+        span = I[i] + pads[i] + pads[ns + i] - (K[i] - 1) - 1
+        o = (-(-span // S[i]) if ceil else span // S[i]) + 1
+        if ceil and (o - 1) * S[i] >= I[i] + pads[i]:
+            o -= 1
+        O.append(o)
+    y = np.zeros(x.shape[:2] + tuple(O))
+    for o in np.ndindex(*O):
+        vals, cnt = [], 0
+        for k in np.ndindex(*K):
+            p = [o[i] * S[i] + k[i] - pads[i] for i in range(ns)]
+            inside = all(0 <= p[i] < I[i] for i in range(ns))
+            inpad = all(-pads[i] <= p[i] < I[i] + pads[ns + i] for i in range(ns))
+            if inside:
+                vals.append(x[(slice(None), slice(None)) + tuple(p)])
+            cnt += inpad if incl else inside
+        v = np.stack(vals)
+        y[(slice(None), slice(None)) + o] = v.max(0) if kind == "max" else v.sum(0) / cnt
+    return y
+
+
 def r(*shape, lo=-2.0, hi=2.0):
     return rng.uniform(lo, hi, size=shape)
 
@@ -123,6 +166,19 @@ for dt in ("f32", "f64"):
             lambda i, j: (i * j + i - np.trunc(j / (j * j + 1)).astype(np.int64)).astype(np.float64), dt)
     op_case("cast_float_to_int", "r = cast(cast(a, to=i32), to=%s)" % dt, {"a": r(3, 4, lo=-9, hi=9)},
             lambda a: np.trunc(a), dt)
+    op_case("conv2d_strided_dilated_padded", "r = conv(x, w, strides=[2, 1], pads=[1, 0, 1, 1], dilations=[1, 2])",
+            {"x": r(2, 3, 9, 8), "w": r(4, 3, 3, 2)}, lambda x, w: conv_ref(x, w, (2, 1), (1, 0, 1, 1), (1, 2), 1), dt)
+    op_case("conv2d_groups", "r = conv(x, w, groups=3, pads=[1, 1, 1, 1])", {"x": r(1, 3, 5, 5), "w": r(6, 1, 3, 3)},
+            lambda x, w: conv_ref(x, w, (1, 1), (1, 1, 1, 1), (1, 1), 3), dt)
+    op_case("conv1d", "r = conv(x, w, strides=[2])", {"x": r(2, 2, 11), "w": r(3, 2, 4)},
+            lambda x, w: conv_ref(x, w, (2,), (0, 0), (1,), 1), dt)
+    op_case("max_pool_ceil", "r = max_pool(x, kernel=[3, 2], strides=[2, 2], pads=[1, 1, 1, 0], ceil_mode=1)",
+            {"x": r(2, 3, 9, 8)}, lambda x: pool_ref(x, (3, 2), (2, 2), (1, 1, 1, 0), True, "max", False), dt)
+    op_case("avg_pool_exclude_pad", "r = avg_pool(x, kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])",
+            {"x": r(2, 3, 9, 8)}, lambda x: pool_ref(x, (3, 3), (2, 2), (1, 1, 1, 1), False, "avg", False), dt)
+    op_case("avg_pool_include_pad_ceil", "r = avg_pool(x, kernel=[2, 3], strides=[2, 2], pads=[0, 1, 1, 1], "
+            "count_include_pad=1, ceil_mode=1)", {"x": r(1, 2, 7, 6)},
+            lambda x: pool_ref(x, (2, 3), (2, 2), (0, 1, 1, 1), True, "avg", True), dt)
     c = rng.uniform(-1, 1, (3, 4))
     op_case("const_file", "r = a * c", {"a": r(3, 4)}, lambda a: a * c.astype(np.float32 if dt == "f32" else np.float64),
             dt, files={"c.bin": c.astype(NP[dt])}, extra="const c: %s[3, 4] = file(\"c.bin\")\n" % dt)
