@@ -23,9 +23,11 @@ suite() { # name, command...
 suite novac "$LLVM_BIN/lit" -v --no-progress-bar testsuite/lit
 suite e2e-ops python3 testsuite/e2e/test_ops.py
 suite e2e-examples python3 testsuite/e2e/test_examples.py
+suite e2e-onnx-models python3 testsuite/e2e/test_onnx_models.py
 [ -f testsuite/runtime/run.sh ] && suite runtime sh testsuite/runtime/run.sh "$B"
 [ -f testsuite/bad/run.sh ] && suite bad sh testsuite/bad/run.sh "$B"
 [ -f testsuite/fuzz/mutate.py ] && suite fuzz python3 testsuite/fuzz/mutate.py "$B" 200
+[ -f testsuite/onnx/subset.txt ] && suite onnx python3 testsuite/onnx/conformance.py --build "$B" --subset testsuite/onnx/subset.txt
 
 pass=$(grep -cE '^PASS: ' "$log")
 fail=$(grep -cE '^(FAIL|XPASS|UNRESOLVED|TIMEOUT): ' "$log")

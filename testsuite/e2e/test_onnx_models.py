@@ -1,0 +1,33 @@
+"""Models exported by PyTorch (testsuite/onnx/models, made by export.py with
+torch.onnx.export): compiled unmodified with a bound batch size, run on the
+stored inputs, compared with PyTorch's outputs (relative error <= 1e-5)."""
+import os
+import shutil
+import tempfile
+
+from harness import NOVAC, NOVARUN, case, check_close, read_pb, run
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MODELS = os.path.join(ROOT, "testsuite", "onnx", "models")
+
+
+def check_model(name):
+    def go():
+        src = os.path.join(MODELS, name)
+        data = os.path.join(src, "test_data_set_0")
+        d = tempfile.mkdtemp(prefix="nova-onnx-")
+        try:
+            so = os.path.join(d, "m.so")
+            run([NOVAC, os.path.join(src, "model.onnx"), "--dim=batch=4", "-o", so])
+            run([NOVARUN, so, "--inputs", data, "--outputs", os.path.join(d, "out"), "-q"])
+            for i, what in enumerate(("logits", "loss")):
+                got = read_pb(os.path.join(d, "out", "output_%d.pb" % i))
+                ref = read_pb(os.path.join(data, "output_%d.pb" % i))
+                check_close(got, ref, 1e-5, what)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    case("onnx_models.%s" % name, go)
+
+
+for m in ("mlp", "cnn", "gpt_block"):
+    check_model(m)
