@@ -39,7 +39,7 @@ RT_DIR      := $(B)/lib/novac
 RT_LIB      := $(RT_DIR)/libnovart.a
 RT_HDRS     := $(RT_DIR)/include/nova/step.h $(RT_DIR)/include/rt_graph.h
 
-.PHONY: all deps check-deps demo check check-asan check-lit check-e2e check-bad check-unit install clean
+.PHONY: all deps check-deps demo check check-asan check-lit check-e2e check-bad check-unit check-onnx install clean
 all: check-deps $(BIN_NOVAC) $(BIN_NOVARUN) $(RT_LIB) $(RT_HDRS)
 
 # ---- dependencies -------------------------------------------------------
@@ -113,6 +113,10 @@ check: deps-auto
 check-asan:
 	@$(MAKE) --no-print-directory B=build-asan SAN='-fsanitize=address,undefined -fno-omit-frame-pointer' all
 	@ASAN_OPTIONS=detect_leaks=1 sh testsuite/run.sh build-asan
+
+# The ONNX backend node tests of the op set novac imports; writes the report.
+check-onnx: all
+	python3 testsuite/onnx/conformance.py --build $(B) --write-md testsuite/onnx/CONFORMANCE.md
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/novac/include/nova \
