@@ -31,3 +31,30 @@ def check_model(name):
 
 for m in ("mlp", "cnn", "gpt_block"):
     check_model(m)
+
+
+def test_external_data():
+    """The MLP with its weights in an external data file."""
+    import onnx
+    src = os.path.join(MODELS, "mlp")
+    data = os.path.join(src, "test_data_set_0")
+    d = tempfile.mkdtemp(prefix="nova-onnx-")
+    try:
+        m = onnx.load(os.path.join(src, "model.onnx"))
+        onnx.save_model(m, os.path.join(d, "ext.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location="weights.bin", size_threshold=0)
+        if not os.path.exists(os.path.join(d, "weights.bin")):
+            raise Exception("the model was not saved with external data")
+        so = os.path.join(d, "m.so")
+        run([NOVAC, os.path.join(d, "ext.onnx"), "--dim=batch=4", "-o", so])
+        run([NOVARUN, so, "--inputs", data, "--outputs", os.path.join(d, "out"), "-q"])
+        check_close(read_pb(os.path.join(d, "out", "output_0.pb")), read_pb(os.path.join(data, "output_0.pb")), 1e-5)
+        os.remove(os.path.join(d, "weights.bin"))
+        p = run([NOVAC, os.path.join(d, "ext.onnx"), "--dim=batch=4", "-o", so], expect_rc=1)
+        if "weights.bin" not in p.stderr:
+            raise Exception("a missing external data file should be named:\n" + p.stderr)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+case("onnx_models.external_data", test_external_data)
