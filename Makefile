@@ -39,7 +39,7 @@ RT_DIR      := $(B)/lib/novac
 RT_LIB      := $(RT_DIR)/libnovart.a
 RT_HDRS     := $(RT_DIR)/include/nova/step.h $(RT_DIR)/include/rt_graph.h
 
-.PHONY: all deps check-deps demo check check-asan check-lit check-e2e check-bad check-unit check-onnx install clean
+.PHONY: all deps check-deps demo check check-asan check-lit check-e2e check-bad check-unit check-onnx fuzz-onnx install clean
 all: check-deps $(BIN_NOVAC) $(BIN_NOVARUN) $(RT_LIB) $(RT_HDRS)
 
 # ---- dependencies -------------------------------------------------------
@@ -117,6 +117,16 @@ check-asan:
 # The ONNX backend node tests of the op set novac imports; writes the report.
 check-onnx: all
 	python3 testsuite/onnx/conformance.py --build $(B) --write-md testsuite/onnx/CONFORMANCE.md
+
+# libFuzzer harness for the ONNX loader (needs clang); links only what
+# fe_parse_onnx needs.  Run: build-fuzz/fuzz_onnx -max_len=65536 DIR testsuite/fuzz/corpus_onnx
+FUZZ_ONNX_SRC := testsuite/fuzz/fuzz_onnx.c frontend/graph.c frontend/onnx.c frontend/onnx_ops.c \
+  frontend/onnx_fold.c driver/diag.c driver/util.c $(GEN_ONNX)
+fuzz-onnx: build-fuzz/fuzz_onnx
+build-fuzz/fuzz_onnx: $(FUZZ_ONNX_SRC) $(wildcard frontend/*.h driver/*.h)
+	@mkdir -p $(dir $@)
+	clang -fsanitize=fuzzer,address,undefined -g -O1 -std=c11 -D_GNU_SOURCE $(CPPFLAGS_ALL) \
+	  $(FUZZ_ONNX_SRC) -o $@ -lprotobuf-c -lm
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/novac/include/nova \

@@ -452,7 +452,11 @@ static tv lower_gather(lw *L, tv data, tv idx, int axis, const tv *res) {
   for (int i = 0; i < idx.rank; i++) im[i] = axis + i;
   iota(om, res->rank);
   nv_sbuf b = {0};
-  nv_sb_printf(&b, "%%i = arith.index_cast %%in0 : %s to index\n", ety(idx.dt));
+  /* indices may count from the end (ONNX): i < 0 ? i + n : i */
+  nv_sb_printf(&b, "%%ii = arith.index_cast %%in0 : %s to index\n%%n = arith.constant %lld : index\n"
+               "%%z = arith.constant 0 : index\n%%neg = arith.cmpi slt, %%ii, %%z : index\n"
+               "%%iw = arith.addi %%ii, %%n : index\n%%i = arith.select %%neg, %%iw, %%ii : index\n",
+               ety(idx.dt), (long long)data.shape[axis]);
   for (int i = 0; i < res->rank; i++) nv_sb_printf(&b, "%%l%d = linalg.index %d : index\n", i, i);
   nv_sb_printf(&b, "%%r = tensor.extract %%v%d[", data.id);
   for (int j = 0; j < data.rank; j++) {

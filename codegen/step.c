@@ -106,8 +106,9 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
     c_string(&b, t[i].name);
     nv_sb_printf(&b, ", %d, %d, %d, {", (int)t[i].role, (int)x->dtype, x->rank);
     for (int k = 0; k < x->rank; k++) nv_sb_printf(&b, "%s%lld", k ? ", " : "", (long long)x->shape[k]);
-    nv_sb_printf(&b, "%s}, %lld, %lld},\n", x->rank ? "" : "0",
-                 (long long)(t[i].role == NOVA_ROLE_OUTPUT ? 0 : x->index_bound), (long long)t[i].init_offset);
+    int64_t bound = t[i].role == NOVA_ROLE_OUTPUT ? 0 : x->index_bound;
+    nv_sb_printf(&b, "%s}, %lld, %lld, %lld},\n", x->rank ? "" : "0", (long long)bound, (long long)t[i].init_offset,
+                 (long long)(bound && x->index_negative ? -bound : 0));
   }
   nv_sb_printf(&b, "};\nstatic const int32_t args[] = {");
   for (int i = 0; i < n; i++) nv_sb_printf(&b, "%s%d", i ? ", " : "", i);
@@ -192,7 +193,10 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
     double bytes = (double)fe_numel(x) * (double)fe_dtype_size(x->dtype);
     cJSON_AddNumberToObject(e, "bytes", bytes);
     cJSON_AddNumberToObject(e, "argument", i);
-    if (t[i].role != NOVA_ROLE_OUTPUT && x->index_bound > 0) cJSON_AddNumberToObject(e, "index_bound", (double)x->index_bound);
+    if (t[i].role != NOVA_ROLE_OUTPUT && x->index_bound > 0) {
+      cJSON_AddNumberToObject(e, "index_bound", (double)x->index_bound);
+      if (x->index_negative) cJSON_AddNumberToObject(e, "index_lower", (double)-x->index_bound);
+    }
     if (t[i].node->loc.file) {
       char where[600];
       snprintf(where, sizeof where, "%s:%d:%d", x->loc.file, x->loc.line, x->loc.col);
@@ -404,7 +408,7 @@ void cg_graph_hash(const nv_graph *g, char out[17]) {
     MIX(&x->init.a, sizeof x->init.a);
     MIX(&x->init.b, sizeof x->init.b);
     if (x->name) MIX(x->name, strlen(x->name) + 1);
-    int32_t role = (int32_t)x->role;
+    int32_t role = (int32_t)x->role + 16 * x->index_negative;
     MIX(&role, sizeof role);
     if (x->init.path) MIX(x->init.path, strlen(x->init.path) + 1);
   }

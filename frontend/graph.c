@@ -397,9 +397,10 @@ bad:
  * arithmetic is not allowed), so the inputs an index tensor is made of are
  * found by walking back; each gets the tightest bound any use needs, and
  * the step checks them at run time. */
-static const nv_node *mark_index_bound(nv_node *n, int64_t bound) {
+static const nv_node *mark_index_bound(nv_node *n, int64_t bound, bool neg) {
   switch (n->op) {
   case NV_OP_INPUT:
+    n->index_negative = (n->index_bound == 0 || n->index_negative) && neg;
     if (n->index_bound == 0 || bound < n->index_bound) n->index_bound = bound;
     return NULL;
   case NV_OP_RESHAPE:
@@ -407,22 +408,22 @@ static const nv_node *mark_index_bound(nv_node *n, int64_t bound) {
   case NV_OP_SLICE:
   case NV_OP_BROADCAST:
   case NV_OP_GATHER: /* the values are those of the data operand */
-    return mark_index_bound(n->in[0], bound);
+    return mark_index_bound(n->in[0], bound, neg);
   case NV_OP_CONCAT:
     for (int i = 0; i < n->nin; i++) {
-      const nv_node *bad = mark_index_bound(n->in[i], bound);
+      const nv_node *bad = mark_index_bound(n->in[i], bound, neg);
       if (bad) return bad;
     }
     return NULL;
   case NV_OP_WHERE: {
-    const nv_node *bad = mark_index_bound(n->in[1], bound);
-    return bad ? bad : mark_index_bound(n->in[2], bound);
+    const nv_node *bad = mark_index_bound(n->in[1], bound, neg);
+    return bad ? bad : mark_index_bound(n->in[2], bound, neg);
   }
   case NV_OP_CONSTANT: /* known now: check every value */
     if (n->init.kind == NV_INIT_DATA && fe_dtype_is_int(n->dtype)) {
       for (int64_t i = 0, e = fe_numel(n); i < e; i++) {
         int64_t v = n->dtype == NOVA_DTYPE_I64 ? ((const int64_t *)n->init.data)[i] : ((const int32_t *)n->init.data)[i];
-        if (v < 0 || v >= bound) return n;
+        if (v < (neg ? -bound : 0) || v >= bound) return n;
       }
       return NULL;
     }
@@ -433,8 +434,8 @@ static const nv_node *mark_index_bound(nv_node *n, int64_t bound) {
 }
 
 /* Marks the bound, or reports that the indices are computed. */
-static int index_operand(nv_diag *d, nv_node *user, nv_node *idx, int64_t bound) {
-  const nv_node *bad = mark_index_bound(idx, bound);
+static int index_operand(nv_diag *d, nv_node *user, nv_node *idx, int64_t bound, bool neg) {
+  const nv_node *bad = mark_index_bound(idx, bound, neg);
   if (!bad) return 0;
   if (bad->op == NV_OP_CONSTANT) {
     nv_error(d, user->loc, "%s: constant indices hold a value outside [0, %lld)", nv_op_name(user->op), (long long)bound);
@@ -465,7 +466,7 @@ static int infer_gather(nv_diag *d, nv_node *n, const nv_node *x, nv_node *idx) 
   for (int i = 0; i < n->axis; i++) s[k++] = x->shape[i];
   for (int i = 0; i < idx->rank; i++) s[k++] = idx->shape[i];
   for (int i = (int)n->axis + 1; i < x->rank; i++) s[k++] = x->shape[i];
-  if (index_operand(d, n, idx, x->shape[n->axis])) return -1;
+  if (index_operand(d, n, idx, x->shape[n->axis], n->index_negative)) return -1;
   n->dtype = x->dtype;
   return set_shape(d, n, r, s);
 }
@@ -484,7 +485,7 @@ static int infer_cross_entropy(nv_diag *d, nv_node *n, const nv_node *logits, nv
              SHP(labels), SHP(logits));
     return -1;
   }
-  if (index_operand(d, n, labels, logits->shape[logits->rank - 1])) return -1;
+  if (index_operand(d, n, labels, logits->shape[logits->rank - 1], false)) return -1;
   if (labels->op == NV_OP_INPUT) labels->role = NOVA_ROLE_LABEL;
   n->dtype = logits->dtype;
   return set_shape(d, n, 0, NULL);

@@ -117,6 +117,8 @@ struct nv_node {
   /* inputs, params and constants (constants: init gives the value) */
   nova_role role;
   int64_t index_bound;  /* integer inputs used as indices: values must lie in [0, bound) */
+  bool index_negative;  /* inputs: every index use also allows [-bound, 0) (ONNX Gather);
+                           gather: its indices may count from the end */
   nv_init init;
 };
 

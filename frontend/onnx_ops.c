@@ -95,6 +95,13 @@ static int norm_axis(ox_ctx *x, int64_t *axis, int rank) {
 static int cv_binary(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out) {
   if (need(x, in, nin, 2, 2)) return -1;
   nv_node *a = N(x, in[0]), *b = N(x, in[1]);
+  if (a && b && op == NV_OP_POW && !fe_dtype_is_float(a->dtype)) {
+    /* integer base: computed in float64, truncated back to the base's type */
+    nv_node f64 = {.to = NOVA_DTYPE_F64}, back = {.to = a->dtype};
+    nv_node *af = ox_add(x, NV_OP_CAST, 1, &a, &f64), *bf = b->dtype == NOVA_DTYPE_F64 ? b : ox_add(x, NV_OP_CAST, 1, &b, &f64);
+    nv_node *p = af && bf ? op2(x, NV_OP_POW, af, bf) : NULL;
+    return set_out(out, p ? ox_add(x, NV_OP_CAST, 1, &p, &back) : NULL);
+  }
   if (a && b && op == NV_OP_POW && b->dtype != a->dtype) { /* Pow(T, T1): the exponent may be another type */
     nv_node at = {.to = a->dtype};
     b = ox_add(x, NV_OP_CAST, 1, &b, &at);
@@ -208,7 +215,9 @@ static int cv_dropout(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   if (need(x, in, nin, 1, 3)) return -1;
   if (nin > 2 && in[2].present) {
     if (!in[2].k) return ox_err(x, "training_mode must be known when compiling");
-    if (ox_geti(in[2].k, 0)) return ox_err(x, "Dropout in training mode is not supported yet");
+    double ratio = nin > 1 && in[1].present && in[1].k ? ox_getf(in[1].k, 0) : nin > 1 && in[1].present ? -1 : 0.5;
+    if (ox_geti(in[2].k, 0) && ratio != 0)
+      return ox_err(x, "Dropout in training mode is not supported yet (only ratio 0, which keeps every element)");
   }
   nv_node *a = N(x, in[0]);
   if (set_out(out, a)) return -1;
@@ -582,7 +591,22 @@ static int cv_slice(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
     int64_t axis = ax[i];
     if (norm_axis(x, &axis, a->rank)) return -1;
     int64_t dim = a->shape[axis], s = st[i] < 0 ? st[i] + dim : st[i], e = en[i] < 0 ? en[i] + dim : en[i];
-    if (sp[i] <= 0) return ox_err(x, "a step of %lld is not supported (steps must be positive)", (long long)sp[i]);
+    if (sp[i] == 0) return ox_err(x, "a step of 0");
+    if (sp[i] < 0) { /* the same elements ascending, then reversed with a gather */
+      int64_t step = -sp[i];
+      s = s < 0 ? -1 : s > dim - 1 ? dim - 1 : s;
+      e = e < -1 ? -1 : e > dim - 1 ? dim - 1 : e;
+      if (s <= e) return ox_err(x, "the slice of axis %lld is empty (empty tensors are not supported)", (long long)axis);
+      int64_t cnt = (s - e - 1) / step + 1, lo = s - (cnt - 1) * step;
+      a = slice1(x, a, axis, lo, s + 1, step);
+      ox_tensor *rev = ox_tensor_new(NOVA_DTYPE_I64, 1, &cnt);
+      if (!rev || !a) return -1;
+      for (int64_t j = 0; j < cnt; j++) ox_set(rev, j, 0, cnt - 1 - j);
+      nv_node *pair[2] = {a, ox_node(x, (ox_val){.k = rev, .present = true})}, at = {.axis = axis};
+      ox_tensor_free(rev);
+      a = ox_add(x, NV_OP_GATHER, 2, pair, &at);
+      continue;
+    }
     s = s < 0 ? 0 : s > dim ? dim : s;
     e = e < 0 ? 0 : e > dim ? dim : e;
     if (e <= s) return ox_err(x, "the slice of axis %lld is empty (empty tensors are not supported)", (long long)axis);
@@ -612,7 +636,7 @@ static int cv_gather(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   }
   nv_node *idx = N(x, iv);
   ox_tensor_free(fixed);
-  nv_node *pair[2] = {d, idx}, at = {.axis = axis};
+  nv_node *pair[2] = {d, idx}, at = {.axis = axis, .index_negative = true};
   return set_out(out, idx ? ox_add(x, NV_OP_GATHER, 2, pair, &at) : NULL);
 }
 
@@ -913,7 +937,7 @@ static int cv_pool(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out, int no
   int n = ox_attr_ints(x, "kernel_shape", at.kernel, 3);
   if (n != a->rank - 2) return ox_err(x, "kernel_shape must have one entry per spatial dim (%d)", a->rank - 2);
   if (ox_attr_i(x, "storage_order", 0)) return ox_err(x, "storage_order=1 is not supported");
-  if (window_attrs(x, &at, a, op == NV_OP_MAX_POOL)) return -1;
+  if (window_attrs(x, &at, a, true)) return -1;
   return set_out(out, ox_add(x, op, 1, &a, &at));
 }
 static int cv_max_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { return cv_pool(x, NV_OP_MAX_POOL, in, nin, out, nout); }

@@ -335,7 +335,7 @@ static const char *allowed_attrs(nv_op op) {
   case NV_OP_CAST: return "to";
   case NV_OP_CONV: return "strides pads dilations groups";
   case NV_OP_MAX_POOL: return "kernel strides pads dilations ceil_mode";
-  case NV_OP_AVG_POOL: return "kernel strides pads count_include_pad ceil_mode";
+  case NV_OP_AVG_POOL: return "kernel strides pads dilations count_include_pad ceil_mode";
   case NV_OP_SLICE: return "axis start end step";
   default: return "";
   }

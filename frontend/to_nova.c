@@ -117,7 +117,7 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
     if (n->op != NV_OP_CONV) out[k++] = named(ctx, "kernel", mlirDenseI64ArrayGet(ctx, ns, n->kernel));
     out[k++] = named(ctx, "strides", mlirDenseI64ArrayGet(ctx, ns, n->strides));
     out[k++] = named(ctx, "pads", mlirDenseI64ArrayGet(ctx, 2 * ns, n->pads));
-    if (n->op != NV_OP_AVG_POOL) out[k++] = named(ctx, "dilations", mlirDenseI64ArrayGet(ctx, ns, n->dilations));
+    out[k++] = named(ctx, "dilations", mlirDenseI64ArrayGet(ctx, ns, n->dilations));
     if (n->op == NV_OP_CONV) out[k++] = named(ctx, "groups", i64_attr(ctx, n->groups));
     if (n->op == NV_OP_AVG_POOL) out[k++] = named(ctx, "count_include_pad", i64_attr(ctx, n->count_include_pad));
     break;

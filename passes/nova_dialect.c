@@ -27,7 +27,7 @@ static const char *const op_attrs[] = {
     [NV_OP_MINIMUM] = "", [NV_OP_MAXIMUM] = "", [NV_OP_WHERE] = "", [NV_OP_EQUAL] = "",
     [NV_OP_LESS] = "", [NV_OP_GREATER] = "", [NV_OP_CAST] = "to",
     [NV_OP_CONV] = "strides pads dilations groups", [NV_OP_MAX_POOL] = "kernel strides pads dilations",
-    [NV_OP_AVG_POOL] = "kernel strides pads count_include_pad",
+    [NV_OP_AVG_POOL] = "kernel strides pads dilations count_include_pad",
 };
 static_assert(sizeof op_attrs / sizeof op_attrs[0] == NV_OP_COUNT, "attribute table out of step with NV_OPS");
 

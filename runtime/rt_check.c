@@ -31,6 +31,9 @@ static nova_status rt_check_tensor(const rt_graph *g, int i, size_t *nbytes, cha
   if (!rt_tensor_nbytes(t->dtype, t->rank, t->shape, nbytes))
     return rt_bad(err, "malformed step: tensor '%s': bad shape %s (rank %d)", name,
                     rt_shape_str(shape, sizeof shape, t->rank, t->shape), (int)t->rank);
+  if (t->index_lower != 0 && t->index_lower != -t->index_bound)
+    return rt_bad(err, "malformed step: tensor '%s': index_lower %lld with index_bound %lld", name,
+                  (long long)t->index_lower, (long long)t->index_bound);
   if (t->index_bound < 0 || (t->index_bound > 0 && t->dtype != NOVA_DTYPE_I32 && t->dtype != NOVA_DTYPE_I64))
     return rt_bad(err, "malformed step: tensor '%s': index_bound %lld on a %s tensor", name,
                     (long long)t->index_bound, rt_dtype_name(t->dtype));
@@ -83,9 +86,9 @@ nova_status rt_check_index(nova_step *s, int i) {
   for (size_t k = 0; k < n; k++) {
     int64_t v = t->dtype == NOVA_DTYPE_I64 ? ((const int64_t *)s->buffers[i])[k]
                                            : ((const int32_t *)s->buffers[i])[k];
-    if (v < 0 || v >= t->index_bound)
-      return rt_fail(s, NOVA_ERR_OUT_OF_RANGE, "tensor '%s': value %lld at flat index %zu is outside [0, %lld)",
-                     t->name, (long long)v, k, (long long)t->index_bound);
+    if (v < t->index_lower || v >= t->index_bound)
+      return rt_fail(s, NOVA_ERR_OUT_OF_RANGE, "tensor '%s': value %lld at flat index %zu is outside [%lld, %lld)",
+                     t->name, (long long)v, k, (long long)t->index_lower, (long long)t->index_bound);
   }
   return NOVA_OK;
 }
