@@ -878,7 +878,8 @@ MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule m) {
 
   /* signature: same arguments (read-only buffers) and results */
   MlirAttribute argattrs = mlirOperationGetAttributeByName(func, nova_str("arg_attrs"));
-  nv_sb_printf(&L.out, "module {\n  func.func @forward(");
+  MlirStringRef fname = mlirStringAttrGetValue(mlirOperationGetAttributeByName(func, nova_str("sym_name")));
+  nv_sb_printf(&L.out, "module {\n  func.func @%.*s(", (int)fname.length, fname.data);
   for (int i = 0; i < nargs; i++) {
     MlirValue a = mlirBlockGetArgument(body, i);
     MlirType t = mlirValueGetType(a);

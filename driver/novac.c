@@ -7,6 +7,7 @@
  * printed), 2 bad usage.
  */
 #include <errno.h>
+#include <math.h>
 #include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 
 #include "../codegen/codegen.h"
 #include "../frontend/frontend.h"
+#include "../passes/autodiff.h"
 #include "diag.h"
 #include "util.h"
 
@@ -28,6 +30,8 @@ typedef struct opts {
   emit_kind emit;
   int opt_level;
   bool train, time_passes, verbose, explain_config;
+  ad_options ad;
+  bool lr_set, wd_set;
   fe_dim_binding dims[32];
   int ndims;
   nv_sbuf flags;     /* the flags that affect the output, for the manifest */
@@ -46,7 +50,12 @@ static void usage(FILE *f) {
         "  -O0 .. -O3            optimisation level (default -O2)\n"
         "  --dump-after=STAGE    print the IR after STAGE (frontend, linalg, llvm) to stderr\n"
         "  --time-passes         report the time of each stage\n"
-        "  --train               synthesize backward and optimizer (not available yet)\n"
+        "  --train               compile a training step: forward, backward and optimizer update\n"
+        "  --loss=NAME           the loss output (default: the one scalar float output)\n"
+        "  --freeze=GLOB[,GLOB]  params kept constant (every other float param is trained)\n"
+        "  --optimizer=sgd|momentum|adamw, --nesterov\n"
+        "  --lr=F                learning rate (default 0.01; adamw 0.001); also a run-time input 'lr'\n"
+        "  --momentum=F --beta1=F --beta2=F --eps=F --weight-decay=F\n"
         "  -v                    print the commands run\n"
         "  --print-nova-dialect  print the nova dialect's IRDL definition (for mlir-opt --irdl-file)\n"
         "  --version, --help\n",
@@ -69,9 +78,22 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name) {
   return NULL;
 }
 
+/* A finite number for option NAME, or bad usage. */
+static int num_value(const char *name, const char *v, double *out) {
+  char *end;
+  double x = strtod(v, &end);
+  if (!*v || *end || !isfinite(x)) {
+    fprintf(stderr, "novac: %s takes a number, got '%s'\nTry 'novac --help'.\n", name, v);
+    return 2;
+  }
+  *out = x;
+  return 0;
+}
+
 static int parse_args(int argc, char **argv, opts *o) {
   o->opt_level = 2;
   o->target = "cpu";
+  o->ad = (ad_options){.optimizer = AD_SGD, .momentum = 0.9, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -121,6 +143,29 @@ static int parse_args(int argc, char **argv, opts *o) {
       o->opt_level = a[2] - '0';
       nv_sb_printf(&o->flags, " %s", a);
     } else if (!strcmp(a, "--train")) o->train = true;
+    else if ((v = opt_value(argc, argv, &i, "--loss"))) o->ad.loss = v;
+    else if ((v = opt_value(argc, argv, &i, "--freeze"))) o->ad.freeze = v;
+    else if ((v = opt_value(argc, argv, &i, "--optimizer"))) {
+      if (!strcmp(v, "sgd")) o->ad.optimizer = AD_SGD;
+      else if (!strcmp(v, "momentum")) o->ad.optimizer = AD_MOMENTUM;
+      else if (!strcmp(v, "adamw")) o->ad.optimizer = AD_ADAMW;
+      else return bad_usage("unknown --optimizer '%s' (sgd, momentum, adamw)", v);
+      nv_sb_printf(&o->flags, " --optimizer=%s", v);
+    } else if (!strcmp(a, "--nesterov")) {
+      o->ad.nesterov = true;
+      nv_sb_printf(&o->flags, " --nesterov");
+    } else if ((v = opt_value(argc, argv, &i, "--lr")) || (v = opt_value(argc, argv, &i, "--momentum")) ||
+               (v = opt_value(argc, argv, &i, "--beta1")) || (v = opt_value(argc, argv, &i, "--beta2")) ||
+               (v = opt_value(argc, argv, &i, "--eps")) || (v = opt_value(argc, argv, &i, "--weight-decay"))) {
+      const char *nm = a[2] == 'l' ? "--lr" : a[2] == 'm' ? "--momentum" : !strncmp(a, "--beta1", 7) ? "--beta1"
+                     : !strncmp(a, "--beta2", 7) ? "--beta2" : a[2] == 'e' ? "--eps" : "--weight-decay";
+      double *dst = a[2] == 'l' ? &o->ad.lr : a[2] == 'm' ? &o->ad.momentum : !strncmp(a, "--beta1", 7) ? &o->ad.beta1
+                  : !strncmp(a, "--beta2", 7) ? &o->ad.beta2 : a[2] == 'e' ? &o->ad.eps : &o->ad.weight_decay;
+      if (num_value(nm, v, dst)) return 2;
+      o->lr_set |= dst == &o->ad.lr;
+      o->wd_set |= dst == &o->ad.weight_decay;
+      nv_sb_printf(&o->flags, " %s=%s", nm, v);
+    }
     else if (!strcmp(a, "--time-passes")) o->time_passes = true;
     else if (!strcmp(a, "--explain-config")) o->explain_config = true;
     else if (!strcmp(a, "-v")) o->verbose = true;
@@ -129,6 +174,9 @@ static int parse_args(int argc, char **argv, opts *o) {
     else o->input = a;
   }
   if (!o->input) return bad_usage("no input file%s", "");
+  if (!o->lr_set) o->ad.lr = o->ad.optimizer == AD_ADAMW ? 1e-3 : 1e-2;       /* torch.optim's usual values */
+  if (!o->wd_set) o->ad.weight_decay = o->ad.optimizer == AD_ADAMW ? 1e-2 : 0;
+  if (o->train) nv_sb_printf(&o->flags, " --train");
   return 0;
 }
 
@@ -249,13 +297,20 @@ static int compile(nv_diag *d, opts *o) {
     nv_error_plain(d, "unknown --dump-after stage '%s'; stages: frontend, linalg, llvm", o->dump_after);
     return -1;
   }
-  if (o->train) {
-    nv_error_plain(d, "--train is not available yet: this version compiles the forward function only");
-    return -1;
-  }
   nv_graph *g = load_input(d, o);
   stage_done(&tm, "frontend");
   if (!g) return -1;
+  if (o->train) {
+    if (ad_train(g, d, &o->ad)) {
+      fe_graph_destroy(g);
+      return -1;
+    }
+    stage_done(&tm, "autodiff + optimizer");
+  } else if (o->ad.loss || o->ad.freeze) {
+    nv_error_plain(d, "--loss and --freeze need --train");
+    fe_graph_destroy(g);
+    return -1;
+  }
   nova_ctx c;
   int rc = -1;
   MlirModule nova = {NULL}, lin = {NULL};

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +35,9 @@ static const char usage_text[] =
     "  --dump DIR     after the last run, write DIR/param.NAME.pb for every parameter\n"
     "                 and DIR/loss.pb for the loss, if any (DIR is created)\n"
     "  --repeat N     run N times and report the median time per run (default 1)\n"
+    "  --steps N      train: run a training step N times on the batch from --inputs,\n"
+    "                 with a progress line (step, loss, samples/s, ETA)\n"
+    "  --lr F         bind the training step's learning rate (default: novac --lr)\n"
     "  --print        print the first values and min/max/mean of each output\n"
     "  -q             no summary on stderr\n"
     "  -h, --help     this help;  --version  the version\n"
@@ -92,7 +96,7 @@ static const char *nr_option_value(int argc, char **argv, int *i, const char *op
 #define NR_MAX_REPEAT 10000000L
 
 /* Training options: reserved for steps compiled with novac --train. */
-static const char *const training_options[] = {"--steps", "--data", "--seed", "--save", "--load"};
+static const char *const training_options[] = {"--data", "--seed", "--save", "--load"};
 
 /* Parses one option at ARGV[*I] into O.  Returns -1 to go on, else the
  * exit status. */
@@ -121,6 +125,21 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
   }
   if ((v = nr_option_value(argc, argv, i, "--outputs", &missing))) {
     o->outputs_dir = v;
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--steps", &missing))) {
+    char *end;
+    errno = 0;
+    o->steps = strtol(v, &end, 10);
+    if (errno || end == v || *end || o->steps < 1 || o->steps > NR_MAX_REPEAT)
+      return nr_usage_error("--steps needs an integer from 1 to %ld, not '%s'", NR_MAX_REPEAT, v);
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--lr", &missing))) {
+    char *end;
+    o->lr = strtod(v, &end);
+    if (end == v || *end || !(o->lr >= 0) || o->lr > 1e9) return nr_usage_error("--lr needs a number >= 0, not '%s'", v);
+    o->lr_set = 1;
     return -1;
   }
   if ((v = nr_option_value(argc, argv, i, "--dump", &missing))) {
@@ -164,9 +183,7 @@ static int nr_parse_args(int argc, char **argv, nr_options *o) {
     }
   }
   if (!o->step_path) return nr_usage_error("no step.so given");
-  if (o->training_option)
-    return nr_error("%s is not supported by this step.so: it was not compiled for training (novac --train)",
-                    o->training_option);
+  if (o->training_option) return nr_error("%s is not supported yet", o->training_option);
   return -1;
 }
 
@@ -255,6 +272,52 @@ static int nr_run(nr_step *s, const nr_options *o, double *median) {
   return 0;
 }
 
+/* The step's loss, or NULL. */
+static const float *nr_loss(nr_step *s, nova_dtype *dt) {
+  nova_tensor_info info;
+  int n = s->api.num_tensors(s->step);
+  for (int i = 0; i < n; i++) {
+    const void *data;
+    if (s->api.tensor(s->step, i, &info) == NOVA_OK && info.role == NOVA_ROLE_LOSS &&
+        s->api.get(s->step, info.name, &data, &info) == NOVA_OK) {
+      *dt = info.dtype;
+      return data;
+    }
+  }
+  return NULL;
+}
+
+/* --steps: runs the step N times (same batch), with a progress line:
+ * step, loss, samples/s, ETA; updated in place on a terminal. */
+static int nr_train(nr_step *s, const nr_options *o) {
+  nova_dtype dt = NOVA_DTYPE_F32;
+  int tty = isatty(2), every = o->steps > 20 ? (int)(o->steps / 20) : 1;
+  int64_t batch = 0;
+  nova_tensor_info info;
+  for (int i = 0, n = s->api.num_tensors(s->step); i < n && !batch; i++)
+    if (s->api.tensor(s->step, i, &info) == NOVA_OK && info.role == NOVA_ROLE_INPUT && info.rank > 0)
+      batch = info.shape[0];
+  double t0 = nr_now(), first = 0, last = 0;
+  for (long k = 1; k <= o->steps; k++) {
+    if (s->api.run(s->step) != NOVA_OK) return nr_error("%s: step %ld failed: %s", s->path, k, s->api.error(s->step));
+    const void *lp = nr_loss(s, &dt);
+    double loss = !lp ? 0 : dt == NOVA_DTYPE_F64 ? *(const double *)lp : *(const float *)lp;
+    if (k == 1) first = loss;
+    last = loss;
+    if (!isfinite(loss)) return nr_error("step %ld: the loss is %g; training diverged (lower --lr?)", k, loss);
+    if (!o->quiet && (tty || k % every == 0 || k == o->steps)) {
+      double el = nr_now() - t0, rate = el > 0 ? (double)k * (double)(batch ? batch : 1) / el : 0;
+      fprintf(stderr, "%sstep %ld/%ld  loss %.6f  %.0f samples/s  ETA %.1f s%s", tty ? "\r" : "", k, o->steps, loss,
+              rate, el / (double)k * (double)(o->steps - k), tty ? "   " : "\n");
+    }
+  }
+  double el = nr_now() - t0;
+  if (!o->quiet)
+    fprintf(stderr, "%snovarun: %ld steps in %.3f s (%.3f ms/step): loss %.6f -> %.6f\n", tty ? "\n" : "", o->steps, el,
+            el * 1e3 / (double)o->steps, first, last);
+  return 0;
+}
+
 static int nr_main(const nr_options *o) {
   nr_step s;
   int nbound = 0;
@@ -263,6 +326,19 @@ static int nr_main(const nr_options *o) {
   if (!rc) rc = nr_bind_inputs(&s, o, &nbound);
   if (!rc && o->outputs_dir) rc = nr_make_dirs(o->outputs_dir);
   if (!rc && o->dump_dir) rc = nr_make_dirs(o->dump_dir);
+  if (!rc && o->lr_set) {
+    float lr = (float)o->lr;
+    if (s.api.bind(s.step, "lr", NOVA_DTYPE_F32, 0, NULL, &lr) != NOVA_OK)
+      rc = nr_error("--lr: %s (the step has no run-time learning rate: compile it with novac --train)",
+                    s.api.error(s.step));
+  }
+  if (!rc && o->steps) {
+    rc = nr_train(&s, o);
+    if (!rc) rc = nr_report_outputs(&s, o);
+    if (!rc && o->dump_dir) rc = nr_dump(&s, o);
+    nr_close(&s);
+    return rc;
+  }
   if (!rc) rc = nr_run(&s, o, &median);
   if (!rc && !o->quiet) {
     fprintf(stderr, "novarun: step %s: %d tensors, %d bound from %s\n", o->step_path, s.api.num_tensors(s.step),

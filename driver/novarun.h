@@ -22,6 +22,9 @@ typedef struct nr_options {
   const char *step_path;
   const char *inputs_dir;  /* NULL: no inputs given */
   const char *outputs_dir; /* NULL: outputs are not written */
+  long steps;              /* --steps: train for this many steps (0: one inference run) */
+  double lr;               /* --lr, when lr_set */
+  int lr_set;
   const char *dump_dir;    /* --dump: param.NAME.pb (values after the run), loss.pb */
   long repeat;             /* >= 1 */
   int print;               /* --print: values and statistics on stdout */

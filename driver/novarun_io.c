@@ -80,7 +80,8 @@ static int nr_check_inputs_given(nr_step *s, const nr_options *o) {
   int n = s->api.num_tensors(s->step), fed = 0;
   const char *first = NULL;
   for (int i = 0; i < n; i++)
-    if (s->api.tensor(s->step, i, &info) == NOVA_OK && nr_is_fed(info.role) && fed++ == 0) first = info.name;
+    if (s->api.tensor(s->step, i, &info) == NOVA_OK && nr_is_fed(info.role) && !info.has_default && fed++ == 0)
+      first = info.name;
   if (fed == 0 || o->inputs_dir) return 0;
   return nr_error("%s: the step has %d input%s ('%s'%s); give %s with --inputs DIR", o->step_path, fed,
                   fed > 1 ? "s" : "", first, fed > 1 ? ", ..." : "", fed > 1 ? "them" : "it");
@@ -97,6 +98,10 @@ int nr_bind_inputs(nr_step *s, const nr_options *o, int *nbound) {
   for (int i = 0; i < n; i++) {
     if (s->api.tensor(s->step, i, &info) != NOVA_OK) return nr_error("%s: cannot query tensor %d", o->step_path, i);
     if (!nr_is_fed(info.role)) continue;
+    if (info.has_default) { /* e.g. lr: bound from DIR/NAME.pb only if that file exists */
+      char path[NR_PATH_LEN];
+      if (!o->inputs_dir || nr_path(path, o->inputs_dir, "%s.pb", info.name) || access(path, F_OK)) continue;
+    }
     if (nr_bind_one(s, o, *nbound, &info)) return 1;
     ++*nbound;
   }
@@ -211,15 +216,18 @@ int nr_dump(nr_step *s, const nr_options *o) {
   int n = s->api.num_tensors(s->step);
   for (int i = 0; i < n; i++) {
     if (s->api.tensor(s->step, i, &info) != NOVA_OK) return nr_error("%s: cannot query tensor %d", o->step_path, i);
-    if (info.role != NOVA_ROLE_PARAM && info.role != NOVA_ROLE_LOSS) continue;
+    if (info.role != NOVA_ROLE_PARAM && info.role != NOVA_ROLE_LOSS && info.role != NOVA_ROLE_GRAD) continue;
     const void *data = NULL;
     nova_tensor_info got;
     if (s->api.get(s->step, info.name, &data, &got) != NOVA_OK)
       return nr_error("%s: %s", o->step_path, s->api.error(s->step));
     char path[NR_PATH_LEN], part[256];
     nr_file_part(part, sizeof part, got.name);
+    size_t pl = strlen(part);
+    if (got.role == NOVA_ROLE_GRAD && pl > 5 && !strcmp(part + pl - 5, ".grad")) part[pl - 5] = 0; /* NAME.grad */
     if (got.role == NOVA_ROLE_LOSS ? nr_path(path, o->dump_dir, "loss.pb%s", "")
-                                   : nr_path(path, o->dump_dir, "param.%s.pb", part))
+        : got.role == NOVA_ROLE_GRAD ? nr_path(path, o->dump_dir, "grad.%s.pb", part)
+                                     : nr_path(path, o->dump_dir, "param.%s.pb", part))
       return 1;
     if (nr_write_tensor(path, &got, data)) return 1;
   }

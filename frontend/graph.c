@@ -718,6 +718,6 @@ int fe_graph_add_output(nv_graph *g, nv_diag *d, const char *name, nv_node *n, n
     g->outputs = p;
     g->capoutputs = cap;
   }
-  g->outputs[g->noutputs++] = (nv_output){strdup(name), n, loc};
+  g->outputs[g->noutputs++] = (nv_output){strdup(name), n, loc, NOVA_ROLE_OUTPUT, NULL};
   return 0;
 }

@@ -115,7 +115,8 @@ struct nv_node {
   int64_t groups;       /* conv */
   bool count_include_pad, ceil_mode; /* avg_pool; ceil_mode: pools */
   /* inputs, params and constants (constants: init gives the value) */
-  nova_role role;
+  nova_role role;       /* params: NOVA_ROLE_PARAM or NOVA_ROLE_OPT_STATE */
+  bool has_default;     /* inputs: init gives a value used until one is bound (lr) */
   int64_t index_bound;  /* integer inputs used as indices: values must lie in [0, bound) */
   bool index_negative;  /* inputs: every index use also allows [-bound, 0) (ONNX Gather);
                            gather: its indices may count from the end */
@@ -126,6 +127,8 @@ typedef struct nv_output {
   char *name;
   nv_node *node;
   nv_loc loc;
+  nova_role role;       /* output, loss, grad or update */
+  const nv_node *updates; /* role update: the param or opt_state it replaces */
 } nv_output;
 
 typedef struct nv_graph {
@@ -134,6 +137,7 @@ typedef struct nv_graph {
   int noutputs, capoutputs;
   nv_output *outputs;
   uint64_t seed;        /* parameter initialisation */
+  bool train;           /* a training step (autodiff ran): entry @train_step */
 } nv_graph;
 
 nv_graph *fe_graph_create(void);

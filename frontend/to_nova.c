@@ -209,7 +209,7 @@ MlirModule nova_build_module(nova_ctx *c, const nv_graph *g) {
   mlirRegionAppendOwnedBlock(region, body);
   MlirOperationState fs = mlirOperationStateGet(nova_str("func.func"), unk);
   MlirNamedAttribute fa[4] = {
-      named(ctx, "sym_name", mlirStringAttrGet(ctx, nova_str("forward"))),
+      named(ctx, "sym_name", mlirStringAttrGet(ctx, nova_str(g->train ? "train_step" : "forward"))),
       named(ctx, "function_type", mlirTypeAttrGet(fty)),
       named(ctx, "arg_attrs", mlirArrayAttrGet(ctx, nargs, argattr)),
       named(ctx, "nova.outputs", mlirArrayAttrGet(ctx, g->noutputs, outnames)),

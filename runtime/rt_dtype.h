@@ -50,6 +50,8 @@ static inline const char *rt_role_name(int role) {
   case NOVA_ROLE_OPT_STATE: return "opt_state";
   case NOVA_ROLE_OUTPUT: return "output";
   case NOVA_ROLE_LOSS: return "loss";
+  case NOVA_ROLE_GRAD: return "grad";
+  case NOVA_ROLE_UPDATE: return "update";
   default: return "?";
   }
 }

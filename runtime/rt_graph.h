@@ -19,6 +19,8 @@ typedef struct rt_tensor_desc {
   int64_t shape[NOVA_MAX_RANK];
   int64_t index_bound;   /* > 0: integer input whose every value must lie in [0, index_bound) */
   int64_t init_offset;   /* >= 0: byte offset of the initial value in init_data; -1: zeros */
+  int32_t updates;       /* >= 0 (role update): after each run this tensor is copied over
+                            tensors[updates] (a param or opt_state); -1 otherwise */
   int64_t index_lower;   /* with index_bound: the lowest value allowed, 0 or -index_bound (ONNX
                             Gather counts negative indices from the end) */
 } rt_tensor_desc;

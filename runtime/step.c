@@ -125,6 +125,7 @@ static void rt_fill_info(const nova_step *s, int i, nova_tensor_info *info) {
   info->rank = t->rank;
   info->shape = t->shape;
   info->nbytes = s->nbytes[i];
+  info->has_default = (t->role == NOVA_ROLE_INPUT || t->role == NOVA_ROLE_LABEL) && t->init_offset >= 0;
 }
 
 NOVA_API int nova_step_num_tensors(const nova_step *step) {
@@ -192,12 +193,16 @@ NOVA_API nova_status nova_step_run(nova_step *step) {
   const rt_graph *g = step->graph;
   for (int i = 0; i < g->ntensors; i++) {
     const rt_tensor_desc *t = &g->tensors[i];
-    if ((t->role == NOVA_ROLE_INPUT || t->role == NOVA_ROLE_LABEL) && !step->bound[i])
+    /* an input with an initial value (a training step's lr) has a default */
+    if ((t->role == NOVA_ROLE_INPUT || t->role == NOVA_ROLE_LABEL) && !step->bound[i] && t->init_offset < 0)
       return rt_fail(step, NOVA_ERR_UNBOUND, "%s '%s' was never bound", rt_role_name(t->role), t->name);
   }
   for (int i = 0; i < g->ntensors; i++)
     if (g->tensors[i].index_bound > 0 && rt_check_index(step, i) != NOVA_OK) return NOVA_ERR_OUT_OF_RANGE;
   g->entry(step->args);
+  /* a training step's new parameters and optimizer state replace the old */
+  for (int i = 0; i < g->ntensors; i++)
+    if (g->tensors[i].updates >= 0) memcpy(step->buffers[g->tensors[i].updates], step->buffers[i], step->nbytes[i]);
   return rt_ok(step);
 }
 

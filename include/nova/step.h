@@ -58,7 +58,9 @@ typedef enum nova_role {
   NOVA_ROLE_PARAM = 2,
   NOVA_ROLE_OPT_STATE = 3,
   NOVA_ROLE_OUTPUT = 4,
-  NOVA_ROLE_LOSS = 5
+  NOVA_ROLE_LOSS = 5,
+  NOVA_ROLE_GRAD = 6,   /* a parameter's gradient, computed by a training step; named NAME.grad */
+  NOVA_ROLE_UPDATE = 7  /* internal: a new param/opt_state value, copied over it after each run */
 } nova_role;
 
 typedef struct nova_tensor_info {
@@ -68,6 +70,7 @@ typedef struct nova_tensor_info {
   int rank;
   const int64_t *shape; /* borrowed, rank entries */
   size_t nbytes;
+  int has_default;      /* an input with a value until one is bound (a training step's lr) */
 } nova_tensor_info;
 
 typedef struct nova_step nova_step;

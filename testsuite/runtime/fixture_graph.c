@@ -28,16 +28,16 @@
 enum { T_X, T_SCALE, T_IDX, T_LBL, T_W, T_EMB, T_RUNS, T_Y, T_G, T_LOSS, T_COUNT };
 
 static const rt_tensor_desc fixture_tensors[T_COUNT] = {
-    [T_X] = {"x", NOVA_ROLE_INPUT, NOVA_DTYPE_F32, 2, {2, 3}, 0, -1},
-    [T_SCALE] = {"scale", NOVA_ROLE_INPUT, NOVA_DTYPE_F32, 0, {0}, 0, -1},
-    [T_IDX] = {"idx", NOVA_ROLE_INPUT, NOVA_DTYPE_I64, 1, {4}, 5, -1},
-    [T_LBL] = {"lbl", NOVA_ROLE_LABEL, NOVA_DTYPE_I32, 1, {2}, 3, -1},
-    [T_W] = {"w", NOVA_ROLE_PARAM, NOVA_DTYPE_F32, 1, {3}, 0, 0},
-    [T_EMB] = {"emb", NOVA_ROLE_PARAM, NOVA_DTYPE_F32, 1, {5}, 0, 3 * sizeof(float)},
-    [T_RUNS] = {"runs", NOVA_ROLE_OPT_STATE, NOVA_DTYPE_F32, 1, {1}, 0, -1},
-    [T_Y] = {"y", NOVA_ROLE_OUTPUT, NOVA_DTYPE_F32, 2, {2, 3}, 0, -1},
-    [T_G] = {"g", NOVA_ROLE_OUTPUT, NOVA_DTYPE_F32, 1, {4}, 0, -1},
-    [T_LOSS] = {"loss", NOVA_ROLE_LOSS, NOVA_DTYPE_F32, 0, {0}, 0, -1},
+    [T_X] = {"x", NOVA_ROLE_INPUT, NOVA_DTYPE_F32, 2, {2, 3}, 0, -1, -1},
+    [T_SCALE] = {"scale", NOVA_ROLE_INPUT, NOVA_DTYPE_F32, 0, {0}, 0, -1, -1},
+    [T_IDX] = {"idx", NOVA_ROLE_INPUT, NOVA_DTYPE_I64, 1, {4}, 5, -1, -1},
+    [T_LBL] = {"lbl", NOVA_ROLE_LABEL, NOVA_DTYPE_I32, 1, {2}, 3, -1, -1},
+    [T_W] = {"w", NOVA_ROLE_PARAM, NOVA_DTYPE_F32, 1, {3}, 0, 0, -1},
+    [T_EMB] = {"emb", NOVA_ROLE_PARAM, NOVA_DTYPE_F32, 1, {5}, 0, 3 * sizeof(float), -1},
+    [T_RUNS] = {"runs", NOVA_ROLE_OPT_STATE, NOVA_DTYPE_F32, 1, {1}, 0, -1, -1},
+    [T_Y] = {"y", NOVA_ROLE_OUTPUT, NOVA_DTYPE_F32, 2, {2, 3}, 0, -1, -1},
+    [T_G] = {"g", NOVA_ROLE_OUTPUT, NOVA_DTYPE_F32, 1, {4}, 0, -1, -1},
+    [T_LOSS] = {"loss", NOVA_ROLE_LOSS, NOVA_DTYPE_F32, 0, {0}, 0, -1, -1},
 };
 
 /* Entry argument a is the buffer of tensor fixture_args[a]. */

@@ -358,8 +358,8 @@ static void test_malformed(void) {
   bad_tensors[0].dtype = 8;
   EXPECT_REFUSED("tensor 'x': unknown dtype 8");
   bad_reset();
-  bad_tensors[0].role = 6;
-  EXPECT_REFUSED("tensor 'x': unknown role 6");
+  bad_tensors[0].role = 99;
+  EXPECT_REFUSED("tensor 'x': unknown role 99");
   bad_reset();
   bad_tensors[0].shape[1] = -3;
   EXPECT_REFUSED("tensor 'x': bad shape [2,-3]");

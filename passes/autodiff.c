@@ -1,0 +1,540 @@
+/* autodiff.c: reverse-mode differentiation and the optimizer update, on
+ * the checked graph (see autodiff.h for the contract).
+ *
+ * One switch holds every backward rule (vjp): given the gradient g of a
+ * node's result, it adds the gradients of the operands that need one.
+ * Broadcasting operands get g summed back to their shape.  Rules are
+ * written with the same node constructors as the frontend, so every node
+ * they make is shape-checked, and carries the location of the forward op
+ * it differentiates.
+ */
+#include "autodiff.h"
+
+#include <assert.h>
+#include <fnmatch.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct ad {
+  nv_graph *g;
+  nv_diag *d;
+  nv_loc loc;      /* of the forward op being differentiated */
+  nv_node **grad;  /* by node id: accumulated gradient, or NULL */
+  bool *needs;     /* by node id: depends on a trainable parameter */
+  int nforward;    /* nodes before the backward pass */
+  bool failed;
+} ad;
+
+/* ---- node constructors ------------------------------------------------ */
+
+static nv_node *mk(ad *A, nv_op op, int nin, nv_node **in, const nv_node *attrs) {
+  for (int i = 0; i < nin; i++)
+    if (!in[i]) return NULL;
+  nv_node *n = fe_graph_add(A->g, A->d, op, nin, in, attrs, A->loc);
+  if (!n) A->failed = true;
+  return n;
+}
+static nv_node *u1(ad *A, nv_op op, nv_node *a) { return mk(A, op, 1, &a, NULL); }
+static nv_node *b2(ad *A, nv_op op, nv_node *a, nv_node *b) { return mk(A, op, 2, (nv_node *[]){a, b}, NULL); }
+static nv_node *w3(ad *A, nv_node *c, nv_node *a, nv_node *b) { return mk(A, NV_OP_WHERE, 3, (nv_node *[]){c, a, b}, NULL); }
+static nv_node *add(ad *A, nv_node *a, nv_node *b) { return b2(A, NV_OP_ADD, a, b); }
+static nv_node *sub(ad *A, nv_node *a, nv_node *b) { return b2(A, NV_OP_SUB, a, b); }
+static nv_node *mul(ad *A, nv_node *a, nv_node *b) { return b2(A, NV_OP_MUL, a, b); }
+static nv_node *dvd(ad *A, nv_node *a, nv_node *b) { return b2(A, NV_OP_DIV, a, b); }
+
+static nv_node *konst(ad *A, nova_dtype dt, double v) {
+  nv_node *n = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, dt, 0, NULL, A->loc);
+  if (n) n->init = (nv_init){.kind = NV_INIT_CONST, .a = v};
+  else A->failed = true;
+  return n;
+}
+
+static nv_node *zeros_like(ad *A, const nv_node *x) {
+  nv_node *n = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, x->dtype, x->rank, x->shape, A->loc);
+  if (n) n->init = (nv_init){.kind = NV_INIT_ZEROS};
+  else A->failed = true;
+  return n;
+}
+
+static nv_node *reshape(ad *A, nv_node *a, int rank, const int64_t *shape) {
+  if (!a) return NULL;
+  if (a->rank == rank && !memcmp(a->shape, shape, (size_t)rank * sizeof *shape)) return a;
+  nv_node at = {.nlist = rank};
+  memcpy(at.list, shape, (size_t)rank * sizeof *shape);
+  return mk(A, NV_OP_RESHAPE, 1, &a, &at);
+}
+
+static nv_node *bcast(ad *A, nv_node *a, int rank, const int64_t *shape) {
+  if (!a) return NULL;
+  if (a->rank == rank && !memcmp(a->shape, shape, (size_t)rank * sizeof *shape)) return a;
+  nv_node at = {.nlist = rank};
+  memcpy(at.list, shape, (size_t)rank * sizeof *shape);
+  return mk(A, NV_OP_BROADCAST, 1, &a, &at);
+}
+
+static nv_node *rsum(ad *A, nv_node *a, int n, const int64_t *axes, bool keep) {
+  if (!a) return NULL;
+  nv_node at = {.nlist = n, .keepdims = keep};
+  if (n) memcpy(at.list, axes, (size_t)n * sizeof *axes);
+  return mk(A, NV_OP_REDUCE_SUM, 1, &a, &at);
+}
+
+static nv_node *transpose(ad *A, nv_node *a, const int64_t *perm) {
+  if (!a) return NULL;
+  nv_node at = {.nlist = a->rank};
+  memcpy(at.list, perm, (size_t)a->rank * sizeof *perm);
+  return mk(A, NV_OP_TRANSPOSE, 1, &a, &at);
+}
+
+/* Swaps the last two axes. */
+static nv_node *tr_last(ad *A, nv_node *a) {
+  if (!a) return NULL;
+  int64_t p[NOVA_MAX_RANK];
+  for (int i = 0; i < a->rank; i++) p[i] = i;
+  p[a->rank - 2] = a->rank - 1, p[a->rank - 1] = a->rank - 2;
+  return transpose(A, a, p);
+}
+
+/* g (broadcast result) summed back to the shape of x. */
+static nv_node *unbroadcast(ad *A, nv_node *g, const nv_node *x) {
+  if (!g) return NULL;
+  if (g->rank == x->rank && !memcmp(g->shape, x->shape, (size_t)x->rank * sizeof *x->shape)) return g;
+  int64_t axes[NOVA_MAX_RANK];
+  int n = 0, lead = g->rank - x->rank;
+  for (int i = 0; i < g->rank; i++)
+    if (i < lead || (x->shape[i - lead] == 1 && g->shape[i] != 1)) axes[n++] = i;
+  return reshape(A, rsum(A, g, n, axes, false), x->rank, x->shape);
+}
+
+/* A reduced gradient (shape of y = reduce(x, axes)) broadcast back to x. */
+static nv_node *expand_back(ad *A, nv_node *g, const nv_node *x, const nv_node *y) {
+  int64_t keep[NOVA_MAX_RANK];
+  bool red[NOVA_MAX_RANK] = {0};
+  for (int i = 0; i < y->nlist; i++) red[y->list[i]] = true;
+  for (int i = 0; i < x->rank; i++) keep[i] = red[i] ? 1 : x->shape[i];
+  return bcast(A, reshape(A, g, x->rank, keep), x->rank, x->shape);
+}
+
+/* ---- the rules --------------------------------------------------------- */
+
+static void accumulate(ad *A, nv_node *x, nv_node *g) {
+  if (!g || !A->needs[x->id]) return;
+  A->grad[x->id] = A->grad[x->id] ? add(A, A->grad[x->id], g) : g;
+}
+
+static int64_t numel(const nv_node *n) { return fe_numel(n); }
+
+/* Softmax of x along axis (recomputed for log_softmax and cross_entropy). */
+static nv_node *softmax(ad *A, nv_node *x, int64_t axis) {
+  nv_node at = {.axis = axis};
+  return mk(A, NV_OP_SOFTMAX, 1, &x, &at);
+}
+
+static bool rule(ad *A, nv_node *y, nv_node *g) {
+  nv_node **in = y->in, *x = y->nin ? in[0] : NULL;
+  nova_dtype dt = y->dtype;
+  switch (y->op) {
+  case NV_OP_INPUT: case NV_OP_PARAM: case NV_OP_CONSTANT:
+  case NV_OP_EQUAL: case NV_OP_LESS: case NV_OP_GREATER:
+    return true; /* leaves; comparisons are not differentiable (bool) */
+  case NV_OP_ADD:
+    accumulate(A, in[0], unbroadcast(A, g, in[0]));
+    accumulate(A, in[1], unbroadcast(A, g, in[1]));
+    return true;
+  case NV_OP_SUB:
+    accumulate(A, in[0], unbroadcast(A, g, in[0]));
+    if (A->needs[in[1]->id]) accumulate(A, in[1], unbroadcast(A, u1(A, NV_OP_NEG, g), in[1]));
+    return true;
+  case NV_OP_MUL:
+    if (A->needs[in[0]->id]) accumulate(A, in[0], unbroadcast(A, mul(A, g, in[1]), in[0]));
+    if (A->needs[in[1]->id]) accumulate(A, in[1], unbroadcast(A, mul(A, g, in[0]), in[1]));
+    return true;
+  case NV_OP_DIV: /* d(a/b) = g/b, -g a / b^2 = -g y / b */
+    if (A->needs[in[0]->id]) accumulate(A, in[0], unbroadcast(A, dvd(A, g, in[1]), in[0]));
+    if (A->needs[in[1]->id]) accumulate(A, in[1], unbroadcast(A, u1(A, NV_OP_NEG, dvd(A, mul(A, g, y), in[1])), in[1]));
+    return true;
+  case NV_OP_POW: /* d a^b = b a^(b-1), a^b log a */
+    if (A->needs[in[0]->id])
+      accumulate(A, in[0], unbroadcast(A, mul(A, g, mul(A, in[1], b2(A, NV_OP_POW, in[0], sub(A, in[1], konst(A, dt, 1))))), in[0]));
+    if (A->needs[in[1]->id]) accumulate(A, in[1], unbroadcast(A, mul(A, g, mul(A, y, u1(A, NV_OP_LOG, in[0]))), in[1]));
+    return true;
+  case NV_OP_NEG: accumulate(A, x, u1(A, NV_OP_NEG, g)); return true;
+  case NV_OP_EXP: accumulate(A, x, mul(A, g, y)); return true;
+  case NV_OP_LOG: accumulate(A, x, dvd(A, g, x)); return true;
+  case NV_OP_SQRT: accumulate(A, x, dvd(A, mul(A, g, konst(A, dt, 0.5)), y)); return true;
+  case NV_OP_TANH: accumulate(A, x, mul(A, g, sub(A, konst(A, dt, 1), mul(A, y, y)))); return true;
+  case NV_OP_SIGMOID: accumulate(A, x, mul(A, g, mul(A, y, sub(A, konst(A, dt, 1), y)))); return true;
+  case NV_OP_RELU: accumulate(A, x, w3(A, b2(A, NV_OP_GREATER, x, konst(A, dt, 0)), g, konst(A, dt, 0))); return true;
+  case NV_OP_ABS: {
+    nv_node *z = konst(A, dt, 0);
+    accumulate(A, x, w3(A, b2(A, NV_OP_GREATER, x, z), g, w3(A, b2(A, NV_OP_LESS, x, z), u1(A, NV_OP_NEG, g), z)));
+    return true;
+  }
+  case NV_OP_ERF: /* 2/sqrt(pi) exp(-x^2) */
+    accumulate(A, x, mul(A, g, mul(A, konst(A, dt, 2 / sqrt(M_PI)), u1(A, NV_OP_EXP, u1(A, NV_OP_NEG, mul(A, x, x))))));
+    return true;
+  case NV_OP_GELU: { /* Phi(x) + x phi(x) */
+    nv_node *cdf = mul(A, konst(A, dt, 0.5), add(A, konst(A, dt, 1), u1(A, NV_OP_ERF, mul(A, x, konst(A, dt, M_SQRT1_2)))));
+    nv_node *pdf = mul(A, konst(A, dt, 1 / sqrt(2 * M_PI)), u1(A, NV_OP_EXP, mul(A, konst(A, dt, -0.5), mul(A, x, x))));
+    accumulate(A, x, mul(A, g, add(A, cdf, mul(A, x, pdf))));
+    return true;
+  }
+  case NV_OP_MINIMUM:
+  case NV_OP_MAXIMUM: { /* ties send the gradient to the first operand */
+    nv_node *first = b2(A, y->op == NV_OP_MINIMUM ? NV_OP_GREATER : NV_OP_LESS, in[0], in[1]);
+    nv_node *z = konst(A, dt, 0);
+    if (A->needs[in[0]->id]) accumulate(A, in[0], unbroadcast(A, w3(A, first, z, g), in[0]));
+    if (A->needs[in[1]->id]) accumulate(A, in[1], unbroadcast(A, w3(A, first, g, z), in[1]));
+    return true;
+  }
+  case NV_OP_WHERE: {
+    nv_node *z = konst(A, dt, 0);
+    if (A->needs[in[1]->id]) accumulate(A, in[1], unbroadcast(A, w3(A, in[0], g, z), in[1]));
+    if (A->needs[in[2]->id]) accumulate(A, in[2], unbroadcast(A, w3(A, in[0], z, g), in[2]));
+    return true;
+  }
+  case NV_OP_CAST:
+    if (fe_dtype_is_float(x->dtype)) {
+      nv_node at = {.to = x->dtype};
+      accumulate(A, x, x->dtype == dt ? g : mk(A, NV_OP_CAST, 1, &g, &at));
+    }
+    return true;
+  case NV_OP_MATMUL: {
+    nv_node *a = in[0], *b = in[1];
+    if (A->needs[a->id]) accumulate(A, a, b2(A, NV_OP_MATMUL, g, tr_last(A, b)));
+    if (A->needs[b->id]) {
+      if (b->rank == 2 && a->rank > 2) { /* b shared by the batch: (a^T g) over all rows */
+        int64_t ak[2] = {numel(a) / a->shape[a->rank - 1], a->shape[a->rank - 1]};
+        int64_t gn[2] = {numel(g) / g->shape[g->rank - 1], g->shape[g->rank - 1]};
+        accumulate(A, b, b2(A, NV_OP_MATMUL, tr_last(A, reshape(A, a, 2, ak)), reshape(A, g, 2, gn)));
+      } else
+        accumulate(A, b, b2(A, NV_OP_MATMUL, tr_last(A, a), g));
+    }
+    return true;
+  }
+  case NV_OP_SOFTMAX: { /* y (g - sum(g y)) */
+    int64_t ax = y->axis;
+    accumulate(A, x, mul(A, y, sub(A, g, rsum(A, mul(A, g, y), 1, &ax, true))));
+    return true;
+  }
+  case NV_OP_LOG_SOFTMAX: { /* g - exp(y) sum(g) */
+    int64_t ax = y->axis;
+    accumulate(A, x, sub(A, g, mul(A, u1(A, NV_OP_EXP, y), rsum(A, g, 1, &ax, true))));
+    return true;
+  }
+  case NV_OP_LAYER_NORM: {
+    /* xhat = (x - mu) rstd; dgamma = sum(g xhat), dbeta = sum(g),
+     * dx = rstd (gh - mean(gh) - xhat mean(gh xhat)), gh = g gamma */
+    int64_t last = x->rank - 1, rows[NOVA_MAX_RANK];
+    for (int i = 0; i < last; i++) rows[i] = i;
+    nv_node *C = konst(A, dt, (double)x->shape[last]);
+    nv_node *mu = dvd(A, rsum(A, x, 1, &last, true), C);
+    nv_node *xc = sub(A, x, mu);
+    nv_node *var = dvd(A, rsum(A, mul(A, xc, xc), 1, &last, true), C);
+    nv_node *rstd = dvd(A, konst(A, dt, 1), u1(A, NV_OP_SQRT, add(A, var, konst(A, dt, y->eps))));
+    nv_node *xhat = mul(A, xc, rstd);
+    if (A->needs[in[1]->id]) accumulate(A, in[1], rsum(A, mul(A, g, xhat), (int)last, rows, false));
+    if (A->needs[in[2]->id]) accumulate(A, in[2], rsum(A, g, (int)last, rows, false));
+    if (A->needs[x->id]) {
+      nv_node *gh = mul(A, g, in[1]);
+      nv_node *m1 = dvd(A, rsum(A, gh, 1, &last, true), C);
+      nv_node *m2 = dvd(A, rsum(A, mul(A, gh, xhat), 1, &last, true), C);
+      accumulate(A, x, mul(A, rstd, sub(A, sub(A, gh, m1), mul(A, xhat, m2))));
+    }
+    return true;
+  }
+  case NV_OP_REDUCE_SUM: accumulate(A, x, expand_back(A, g, x, y)); return true;
+  case NV_OP_REDUCE_MEAN:
+    accumulate(A, x, expand_back(A, dvd(A, g, konst(A, dt, (double)numel(x) / (double)numel(y))), x, y));
+    return true;
+  case NV_OP_REDUCE_MAX: { /* split evenly between tied maxima */
+    nv_node *yb = expand_back(A, y, x, y);
+    nv_node *hit = w3(A, b2(A, NV_OP_EQUAL, x, yb), konst(A, dt, 1), konst(A, dt, 0));
+    nv_node *cnt = expand_back(A, rsum(A, hit, y->nlist, y->list, y->keepdims), x, y);
+    accumulate(A, x, mul(A, expand_back(A, g, x, y), dvd(A, hit, cnt)));
+    return true;
+  }
+  case NV_OP_RESHAPE: accumulate(A, x, reshape(A, g, x->rank, x->shape)); return true;
+  case NV_OP_TRANSPOSE: {
+    int64_t inv[NOVA_MAX_RANK];
+    for (int i = 0; i < y->nlist; i++) inv[y->list[i]] = i;
+    accumulate(A, x, transpose(A, g, inv));
+    return true;
+  }
+  case NV_OP_BROADCAST: accumulate(A, x, unbroadcast(A, g, x)); return true;
+  case NV_OP_CONCAT: {
+    int64_t off = 0;
+    for (int i = 0; i < 2; i++) {
+      nv_node at = {.axis = y->axis, .start = off, .end = off + in[i]->shape[y->axis], .step = 1};
+      if (A->needs[in[i]->id]) accumulate(A, in[i], mk(A, NV_OP_SLICE, 1, &g, &at));
+      off += in[i]->shape[y->axis];
+    }
+    return true;
+  }
+  case NV_OP_SLICE: { /* g placed back between zeros (step 1) */
+    if (y->step != 1) return false;
+    nv_node *acc = g;
+    int64_t s[NOVA_MAX_RANK];
+    memcpy(s, x->shape, sizeof s);
+    nv_node at = {.axis = y->axis};
+    if (y->start > 0) {
+      s[y->axis] = y->start;
+      nv_node *z = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, dt, x->rank, s, A->loc);
+      if (z) z->init.kind = NV_INIT_ZEROS;
+      acc = mk(A, NV_OP_CONCAT, 2, (nv_node *[]){z, acc}, &at);
+    }
+    if (y->end < x->shape[y->axis]) {
+      s[y->axis] = x->shape[y->axis] - y->end;
+      nv_node *z = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, dt, x->rank, s, A->loc);
+      if (z) z->init.kind = NV_INIT_ZEROS;
+      acc = mk(A, NV_OP_CONCAT, 2, (nv_node *[]){acc, z}, &at);
+    }
+    accumulate(A, x, acc);
+    return true;
+  }
+  case NV_OP_GATHER: { /* scatter-add as one-hot^T @ g: [n, V]^T [n, D] */
+    if (!A->needs[x->id]) return true;
+    if (y->axis != 0) return false;
+    nv_node *idx = in[1];
+    int64_t V = x->shape[0], n = numel(idx), D = numel(x) / V;
+    nv_node *cls = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, idx->dtype, 1, &V, A->loc);
+    if (!cls) return false;
+    cls->init.kind = NV_INIT_DATA;
+    size_t es = fe_dtype_size(idx->dtype);
+    cls->init.data = malloc((size_t)V * es);
+    if (!cls->init.data) return false;
+    for (int64_t i = 0; i < V; i++) {
+      if (es == 8) ((int64_t *)cls->init.data)[i] = i;
+      else ((int32_t *)cls->init.data)[i] = (int32_t)i;
+    }
+    int64_t ncol[2] = {n, 1}, gs[2] = {n, D};
+    nv_node *idxn = reshape(A, idx, 2, ncol);
+    if (idx->index_negative || y->index_negative) { /* i < 0 counts from the end */
+      nv_node *w = add(A, idxn, konst(A, idx->dtype, (double)V));
+      idxn = w3(A, b2(A, NV_OP_LESS, idxn, konst(A, idx->dtype, 0)), w, idxn);
+    }
+    nv_node at = {.to = dt};
+    nv_node *hit = b2(A, NV_OP_EQUAL, idxn, cls);
+    nv_node *oh = mk(A, NV_OP_CAST, 1, &hit, &at);
+    accumulate(A, x, reshape(A, b2(A, NV_OP_MATMUL, tr_last(A, oh), reshape(A, g, 2, gs)), x->rank, x->shape));
+    return true;
+  }
+  case NV_OP_CROSS_ENTROPY: { /* (softmax(x) - onehot(labels)) g / n */
+    nv_node *lab = in[1];
+    int64_t C = x->shape[x->rank - 1], n = numel(lab);
+    nv_node *cls = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, lab->dtype, 1, &C, A->loc);
+    if (!cls) return false;
+    cls->init.kind = NV_INIT_DATA;
+    size_t es = fe_dtype_size(lab->dtype);
+    cls->init.data = malloc((size_t)C * es);
+    if (!cls->init.data) return false;
+    for (int64_t i = 0; i < C; i++) {
+      if (es == 8) ((int64_t *)cls->init.data)[i] = i;
+      else ((int32_t *)cls->init.data)[i] = (int32_t)i;
+    }
+    int64_t ls[NOVA_MAX_RANK];
+    memcpy(ls, lab->shape, sizeof ls);
+    ls[lab->rank] = 1;
+    nv_node at = {.to = dt};
+    nv_node *hit = b2(A, NV_OP_EQUAL, reshape(A, lab, lab->rank + 1, ls), cls);
+    nv_node *oh = mk(A, NV_OP_CAST, 1, &hit, &at);
+    nv_node *p = softmax(A, x, x->rank - 1);
+    accumulate(A, x, mul(A, sub(A, p, oh), dvd(A, g, konst(A, dt, (double)n))));
+    return true;
+  }
+  case NV_OP_CONV: case NV_OP_MAX_POOL: case NV_OP_AVG_POOL:
+  case NV_OP_COUNT:
+    return false;
+  }
+  return false;
+}
+
+bool ad_has_rule(nv_op op) {
+  switch (op) {
+  case NV_OP_CONV: case NV_OP_MAX_POOL: case NV_OP_AVG_POOL: return false;
+  default: return op < NV_OP_COUNT;
+  }
+}
+
+/* ---- optimizer ----------------------------------------------------------- */
+
+/* A new optimizer-state tensor (zeros), an argument of the step. */
+static nv_node *state(ad *A, const nv_node *p, const char *suffix) {
+  char name[600];
+  snprintf(name, sizeof name, "%s.%s", p->name, suffix);
+  nv_node *s = fe_graph_leaf(A->g, A->d, NV_OP_PARAM, name, p->dtype, p->rank, p->shape, p->loc);
+  if (!s) {
+    A->failed = true;
+    return NULL;
+  }
+  s->role = NOVA_ROLE_OPT_STATE;
+  s->init.kind = NV_INIT_ZEROS;
+  return s;
+}
+
+static int add_update(ad *A, const nv_node *target, nv_node *value) {
+  if (!value) return -1;
+  char name[600];
+  snprintf(name, sizeof name, "%s.next", target->name);
+  if (fe_graph_add_output(A->g, A->d, name, value, target->loc)) return -1;
+  A->g->outputs[A->g->noutputs - 1].role = NOVA_ROLE_UPDATE;
+  A->g->outputs[A->g->noutputs - 1].updates = target;
+  return 0;
+}
+
+/* The new value of param p with gradient gr; lr is the run-time input,
+ * t1 (adamw) the step count after this step. */
+static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *lr, nv_node *t1) {
+  nova_dtype dt = p->dtype;
+  A->loc = p->loc;
+  nv_node *lrp = dt == lr->dtype ? lr : mk(A, NV_OP_CAST, 1, &lr, &(nv_node){.to = dt});
+  if (o->optimizer == AD_SGD) { /* p - lr (g + wd p) */
+    nv_node *d = o->weight_decay ? add(A, gr, mul(A, konst(A, dt, o->weight_decay), p)) : gr;
+    return add_update(A, p, sub(A, p, mul(A, lrp, d)));
+  }
+  if (o->optimizer == AD_MOMENTUM) { /* v = mu v + g; p - lr (nesterov ? g + mu v : v) */
+    nv_node *d = o->weight_decay ? add(A, gr, mul(A, konst(A, dt, o->weight_decay), p)) : gr;
+    nv_node *v = state(A, p, "momentum");
+    nv_node *v1 = add(A, mul(A, konst(A, dt, o->momentum), v), d);
+    nv_node *step = o->nesterov ? add(A, d, mul(A, konst(A, dt, o->momentum), v1)) : v1;
+    if (add_update(A, v, v1)) return -1;
+    return add_update(A, p, sub(A, p, mul(A, lrp, step)));
+  }
+  /* adamw: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+   * p - lr wd p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) */
+  nv_node *m = state(A, p, "adam_m"), *v = state(A, p, "adam_v");
+  nv_node *m1 = add(A, mul(A, konst(A, dt, o->beta1), m), mul(A, konst(A, dt, 1 - o->beta1), gr));
+  nv_node *v1 = add(A, mul(A, konst(A, dt, o->beta2), v), mul(A, konst(A, dt, 1 - o->beta2), mul(A, gr, gr)));
+  nv_node *tt = dt == t1->dtype ? t1 : mk(A, NV_OP_CAST, 1, &t1, &(nv_node){.to = dt});
+  nv_node *bc1 = sub(A, konst(A, dt, 1), b2(A, NV_OP_POW, konst(A, dt, o->beta1), tt));
+  nv_node *bc2 = sub(A, konst(A, dt, 1), b2(A, NV_OP_POW, konst(A, dt, o->beta2), tt));
+  nv_node *den = add(A, u1(A, NV_OP_SQRT, dvd(A, v1, bc2)), konst(A, dt, o->eps));
+  nv_node *pd = o->weight_decay ? sub(A, p, mul(A, mul(A, lrp, konst(A, dt, o->weight_decay)), p)) : p;
+  nv_node *p1 = sub(A, pd, mul(A, lrp, dvd(A, dvd(A, m1, bc1), den)));
+  if (add_update(A, m, m1) || add_update(A, v, v1)) return -1;
+  return add_update(A, p, p1);
+}
+
+/* ---- the pass --------------------------------------------------------------- */
+
+static bool frozen(const char *name, const char *globs, bool *matched, int nglobs) {
+  if (!globs) return false;
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s", globs);
+  bool hit = false;
+  int k = 0;
+  char *save = NULL;
+  for (char *gl = strtok_r(buf, ",", &save); gl && k < nglobs; gl = strtok_r(NULL, ",", &save), k++)
+    if (fnmatch(gl, name, 0) == 0) hit = matched[k] = true;
+  return hit;
+}
+
+int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
+  nv_loc nowhere = {0};
+  /* the loss */
+  int li = -1;
+  for (int i = 0; i < g->noutputs; i++) {
+    const nv_node *n = g->outputs[i].node;
+    if (o->loss ? !strcmp(g->outputs[i].name, o->loss) : (n->rank == 0 && fe_dtype_is_float(n->dtype))) {
+      if (!o->loss && li >= 0) {
+        nv_error(d, g->outputs[i].loc, "--train: outputs '%s' and '%s' are both scalars; choose the loss with --loss=NAME",
+                 g->outputs[li].name, g->outputs[i].name);
+        return -1;
+      }
+      li = i;
+    }
+  }
+  if (li < 0) {
+    if (o->loss) nv_error_plain(d, "--loss=%s: the model has no output named '%s'", o->loss, o->loss);
+    else nv_error_plain(d, "--train needs a loss: a scalar floating-point output (or --loss=NAME)");
+    return -1;
+  }
+  nv_node *loss = g->outputs[li].node;
+  if (loss->rank != 0 || !fe_dtype_is_float(loss->dtype)) {
+    nv_error(d, g->outputs[li].loc, "the loss '%s' must be a scalar f32 or f64, got %s with %d dims",
+             g->outputs[li].name, fe_dtype_name(loss->dtype), loss->rank);
+    return -1;
+  }
+  int nf = g->nnodes;
+  ad A = {.g = g, .d = d, .nforward = nf};
+  A.grad = calloc((size_t)nf + 1, sizeof *A.grad);
+  A.needs = calloc((size_t)nf + 1, sizeof *A.needs);
+  bool matched[64] = {0};
+  int nglobs = 0, rc = -1;
+  if (o->freeze)
+    for (const char *p = o->freeze; *p; p++) nglobs += *p == ',';
+  if (o->freeze) nglobs++;
+  if (!A.grad || !A.needs) goto out;
+  /* forward: which values depend on a trainable parameter */
+  int ntrain = 0;
+  for (int i = 0; i < nf; i++) {
+    nv_node *n = g->nodes[i];
+    if (n->op == NV_OP_PARAM) {
+      A.needs[i] = n->role == NOVA_ROLE_PARAM && !frozen(n->name, o->freeze, matched, nglobs < 64 ? nglobs : 64) &&
+                   fe_dtype_is_float(n->dtype);
+      ntrain += A.needs[i];
+    }
+    for (int k = 0; k < n->nin && !A.needs[i]; k++) A.needs[i] = A.needs[n->in[k]->id] && fe_dtype_is_float(n->dtype);
+  }
+  for (int k = 0; k < nglobs && k < 64; k++)
+    if (!matched[k]) {
+      nv_error_plain(d, "--freeze: pattern %d of '%s' matches no parameter", k + 1, o->freeze);
+      goto out;
+    }
+  if (!ntrain) {
+    nv_error_plain(d, "--train: the model has no trainable parameters%s", o->freeze ? " (all are frozen)" : "");
+    goto out;
+  }
+  if (!A.needs[loss->id]) {
+    nv_error(d, g->outputs[li].loc, "the loss '%s' does not depend on any trainable parameter", g->outputs[li].name);
+    goto out;
+  }
+  /* backward, in reverse topological order */
+  A.loc = loss->loc;
+  A.grad[loss->id] = konst(&A, loss->dtype, 1.0);
+  for (int i = nf - 1; i >= 0 && !A.failed; i--) {
+    nv_node *n = g->nodes[i];
+    if (!A.grad[i] || !A.needs[i]) continue;
+    A.loc = n->loc;
+    if (!rule(&A, n, A.grad[i]) && !A.failed) {
+      nv_error(d, n->loc, "--train: %s has no backward rule%s", nv_op_name(n->op),
+               n->op == NV_OP_SLICE ? " for steps other than 1" : n->op == NV_OP_GATHER ? " for axes other than 0" : "");
+      A.failed = true;
+    }
+  }
+  if (A.failed || nv_diag_count(d)) goto out;
+  /* the optimizer */
+  nv_node *lr = fe_graph_leaf(g, d, NV_OP_INPUT, "lr", NOVA_DTYPE_F32, 0, NULL, nowhere);
+  if (!lr) goto out;
+  lr->has_default = true;
+  lr->init = (nv_init){.kind = NV_INIT_CONST, .a = o->lr};
+  nv_node *t1 = NULL;
+  if (o->optimizer == AD_ADAMW) {
+    nv_node *t = fe_graph_leaf(g, d, NV_OP_PARAM, "adam.step", NOVA_DTYPE_F32, 0, NULL, nowhere);
+    if (!t) goto out;
+    t->role = NOVA_ROLE_OPT_STATE;
+    A.loc = nowhere;
+    t1 = add(&A, t, konst(&A, NOVA_DTYPE_F32, 1.0));
+    if (add_update(&A, t, t1)) goto out;
+  }
+  g->outputs[li].role = NOVA_ROLE_LOSS;
+  for (int i = 0; i < nf && !A.failed; i++) {
+    nv_node *p = g->nodes[i];
+    if (p->op != NV_OP_PARAM || !A.needs[i]) continue;
+    A.loc = p->loc;
+    nv_node *gr = A.grad[i] ? A.grad[i] : zeros_like(&A, p);
+    char name[600];
+    snprintf(name, sizeof name, "%s.grad", p->name);
+    if (!gr || fe_graph_add_output(g, d, name, gr, p->loc)) goto out;
+    g->outputs[g->noutputs - 1].role = NOVA_ROLE_GRAD;
+    if (update(&A, o, p, gr, lr, t1)) goto out;
+  }
+  if (A.failed || nv_diag_count(d)) goto out;
+  g->train = true;
+  rc = 0;
+out:
+  free(A.grad);
+  free(A.needs);
+  return rc;
+}

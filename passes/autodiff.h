@@ -1,0 +1,37 @@
+/* autodiff.h: the training step, synthesized on the checked graph.
+ *
+ * Requires: a checked graph with a scalar floating-point loss output.
+ * Produces (in place): the same graph extended with the backward pass
+ * (reverse topological order, gradients accumulated where a value fans
+ * out, no work for values that do not lead from a trainable parameter to
+ * the loss) and the optimizer update, so that the step computes
+ *   train_step(batch..., lr, params..., opt_state...) ->
+ *     (loss, other outputs..., grads..., params'..., opt_state'...)
+ * where the primed values are written back over the state by the runtime
+ * after each run (role "update").  The graph is emitted as nova IR like any
+ * other: forward, backward and update are one function.
+ */
+#ifndef NOVA_AUTODIFF_H
+#define NOVA_AUTODIFF_H
+
+#include "../frontend/graph.h"
+
+typedef enum ad_optimizer { AD_SGD, AD_MOMENTUM, AD_ADAMW } ad_optimizer;
+
+typedef struct ad_options {
+  const char *loss;         /* output name; NULL: the one scalar float output */
+  const char *freeze;       /* comma-separated globs of params kept constant, or NULL */
+  ad_optimizer optimizer;
+  double lr, momentum, beta1, beta2, eps, weight_decay;
+  bool nesterov;
+} ad_options;
+
+/* Returns 0, or -1 with diagnostics (no loss, a loss no parameter reaches,
+ * an op without a backward rule on the way, a freeze pattern that matches
+ * nothing). */
+int ad_train(nv_graph *g, nv_diag *d, const ad_options *o);
+
+/* Whether op has a backward rule (for the rule-coverage test). */
+bool ad_has_rule(nv_op op);
+
+#endif
