@@ -777,7 +777,16 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
                   : kind == NV_OP_DIV ? (fl ? "arith.divf" : "arith.divsi")
                   : kind == NV_OP_MINIMUM ? (fl ? "arith.minimumf" : "arith.minsi")
                   : kind == NV_OP_MAXIMUM ? (fl ? "arith.maximumf" : "arith.maxsi") : "math.powf";
-    snprintf(body, sizeof body, "%%r = %s %%in0, %%in1 : %s", o, T);
+    if (kind == NV_OP_DIV && !fl) /* no trap: x / 0 = 0, x / -1 = -x (wrapping) */
+      snprintf(body, sizeof body,
+               "%%z = arith.constant 0 : %s\n%%one = arith.constant 1 : %s\n%%m1 = arith.constant -1 : %s\n"
+               "%%isz = arith.cmpi eq, %%in1, %%z : %s\n%%ism = arith.cmpi eq, %%in1, %%m1 : %s\n"
+               "%%bad = arith.ori %%isz, %%ism : i1\n%%d = arith.select %%bad, %%one, %%in1 : %s\n"
+               "%%q = arith.divsi %%in0, %%d : %s\n%%ng = arith.subi %%z, %%in0 : %s\n"
+               "%%q2 = arith.select %%ism, %%ng, %%q : %s\n%%r = arith.select %%isz, %%z, %%q2 : %s",
+               T, T, T, T, T, T, T, T, T, T);
+    else
+      snprintf(body, sizeof body, "%%r = %s %%in0, %%in1 : %s", o, T);
     r = elementwise(L, 2, in, res.rank, res.shape, res.dt, body);
     break;
   }

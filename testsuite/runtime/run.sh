@@ -292,7 +292,7 @@ open('$T/bad/input_1.pb', 'wb').write(t.SerializeToString())"
   fi
   echo x >"$T/afile"
   bad bad.outputs_not_a_dir 1 "novarun: $T/afile exists and is not a directory" "$T/fixture.so" --inputs "$T/in" --outputs "$T/afile"
-  bad bad.training_option 1 "--steps is not supported by this step.so" "$T/fixture.so" --steps 10
+  bad bad.training_option 1 "--save is not supported yet" "$T/fixture.so" --save ck.safetensors
   bad usage.no_arguments 2 "novarun: no step.so given"
   bad usage.unknown_option 2 "unknown option '--frobnicate'" "$T/fixture.so" --frobnicate
   bad usage.bad_repeat 2 "--repeat needs an integer from 1 to 10000000, not 'x'" "$T/fixture.so" --repeat x
