@@ -38,6 +38,7 @@ static const char usage_text[] =
     "  --steps N      train: run a training step N times on the batch from --inputs,\n"
     "                 with a progress line (step, loss, samples/s, ETA)\n"
     "  --lr F         bind the training step's learning rate (default: novac --lr)\n"
+    "  --loss-log F   with --steps: write 'STEP LOSS' for every step to F\n"
     "  --print        print the first values and min/max/mean of each output\n"
     "  -q             no summary on stderr\n"
     "  -h, --help     this help;  --version  the version\n"
@@ -133,6 +134,10 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
     o->steps = strtol(v, &end, 10);
     if (errno || end == v || *end || o->steps < 1 || o->steps > NR_MAX_REPEAT)
       return nr_usage_error("--steps needs an integer from 1 to %ld, not '%s'", NR_MAX_REPEAT, v);
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--loss-log", &missing))) {
+    o->loss_log = v;
     return -1;
   }
   if ((v = nr_option_value(argc, argv, i, "--lr", &missing))) {
@@ -297,6 +302,8 @@ static int nr_train(nr_step *s, const nr_options *o) {
   for (int i = 0, n = s->api.num_tensors(s->step); i < n && !batch; i++)
     if (s->api.tensor(s->step, i, &info) == NOVA_OK && info.role == NOVA_ROLE_INPUT && info.rank > 0)
       batch = info.shape[0];
+  FILE *log = o->loss_log ? fopen(o->loss_log, "w") : NULL;
+  if (o->loss_log && !log) return nr_error("%s: %s", o->loss_log, strerror(errno));
   double t0 = nr_now(), first = 0, last = 0;
   for (long k = 1; k <= o->steps; k++) {
     if (s->api.run(s->step) != NOVA_OK) return nr_error("%s: step %ld failed: %s", s->path, k, s->api.error(s->step));
@@ -304,7 +311,11 @@ static int nr_train(nr_step *s, const nr_options *o) {
     double loss = !lp ? 0 : dt == NOVA_DTYPE_F64 ? *(const double *)lp : *(const float *)lp;
     if (k == 1) first = loss;
     last = loss;
-    if (!isfinite(loss)) return nr_error("step %ld: the loss is %g; training diverged (lower --lr?)", k, loss);
+    if (log) fprintf(log, "%ld %.9g\n", k, loss);
+    if (!isfinite(loss)) {
+      if (log) fclose(log);
+      return nr_error("step %ld: the loss is %g; training diverged (lower --lr?)", k, loss);
+    }
     if (!o->quiet && (tty || k % every == 0 || k == o->steps)) {
       double el = nr_now() - t0, rate = el > 0 ? (double)k * (double)(batch ? batch : 1) / el : 0;
       fprintf(stderr, "%sstep %ld/%ld  loss %.6f  %.0f samples/s  ETA %.1f s%s", tty ? "\r" : "", k, o->steps, loss,
@@ -312,6 +323,7 @@ static int nr_train(nr_step *s, const nr_options *o) {
     }
   }
   double el = nr_now() - t0;
+  if (log && fclose(log)) return nr_error("%s: %s", o->loss_log, strerror(errno));
   if (!o->quiet)
     fprintf(stderr, "%snovarun: %ld steps in %.3f s (%.3f ms/step): loss %.6f -> %.6f\n", tty ? "\n" : "", o->steps, el,
             el * 1e3 / (double)o->steps, first, last);

@@ -25,6 +25,7 @@ typedef struct nr_options {
   long steps;              /* --steps: train for this many steps (0: one inference run) */
   double lr;               /* --lr, when lr_set */
   int lr_set;
+  const char *loss_log;    /* --loss-log FILE */
   const char *dump_dir;    /* --dump: param.NAME.pb (values after the run), loss.pb */
   long repeat;             /* >= 1 */
   int print;               /* --print: values and statistics on stdout */

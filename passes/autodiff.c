@@ -50,13 +50,6 @@ static nv_node *konst(ad *A, nova_dtype dt, double v) {
   return n;
 }
 
-static nv_node *zeros_like(ad *A, const nv_node *x) {
-  nv_node *n = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, x->dtype, x->rank, x->shape, A->loc);
-  if (n) n->init = (nv_init){.kind = NV_INIT_ZEROS};
-  else A->failed = true;
-  return n;
-}
-
 static nv_node *reshape(ad *A, nv_node *a, int rank, const int64_t *shape) {
   if (!a) return NULL;
   if (a->rank == rank && !memcmp(a->shape, shape, (size_t)rank * sizeof *shape)) return a;
@@ -523,7 +516,11 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     nv_node *p = g->nodes[i];
     if (p->op != NV_OP_PARAM || !A.needs[i]) continue;
     A.loc = p->loc;
-    nv_node *gr = A.grad[i] ? A.grad[i] : zeros_like(&A, p);
+    if (!A.grad[i]) { /* no differentiable path to the loss (e.g. a mask used through a comparison) */
+      nv_note(d, p->loc, "param '%s' does not affect the loss through differentiable ops; it is kept constant", p->name);
+      continue;
+    }
+    nv_node *gr = A.grad[i];
     char name[600];
     snprintf(name, sizeof name, "%s.grad", p->name);
     if (!gr || fe_graph_add_output(g, d, name, gr, p->loc)) goto out;
