@@ -316,7 +316,7 @@ static int nr_train(nr_step *s, const nr_options *o) {
       if (log) fclose(log);
       return nr_error("step %ld: the loss is %g; training diverged (lower --lr?)", k, loss);
     }
-    if (!o->quiet && (tty || k % every == 0 || k == o->steps)) {
+    if (!o->quiet && (tty || k == 1 || k % every == 0 || k == o->steps)) {
       double el = nr_now() - t0, rate = el > 0 ? (double)k * (double)(batch ? batch : 1) / el : 0;
       fprintf(stderr, "%sstep %ld/%ld  loss %.6f  %.0f samples/s  ETA %.1f s%s", tty ? "\r" : "", k, o->steps, loss,
               rate, el / (double)k * (double)(o->steps - k), tty ? "   " : "\n");

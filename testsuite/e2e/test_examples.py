@@ -134,3 +134,25 @@ def test_index_bounds_through_data_movement():
 
 
 case("examples.index_bounds_through_data_movement", test_index_bounds_through_data_movement)
+
+
+def test_training_lowers_the_loss():
+    """The bundled MLP trained for 100 AdamW steps on the bundled batch (what make demo shows)."""
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix="nova-e2e-")
+    try:
+        so = os.path.join(d, "t.so")
+        run([NOVAC, os.path.join(ROOT, "examples", "mlp.nova"), "--dim=batch=8", "--train", "--optimizer=adamw",
+             "--lr=0.001", "-o", so])
+        log = os.path.join(d, "loss.log")
+        run([NOVARUN, so, "--inputs", os.path.join(ROOT, "examples", "data", "mlp"), "--steps", "100", "--loss-log",
+             log, "-q"])
+        losses = [float(l.split()[1]) for l in open(log)]
+        if len(losses) != 100 or not losses[-1] < 0.1 * losses[0]:
+            raise Failure("loss %g -> %g after %d steps" % (losses[0], losses[-1], len(losses)))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+case("examples.training_lowers_the_loss", test_training_lowers_the_loss)
