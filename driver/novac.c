@@ -404,7 +404,11 @@ out:
 int main(int argc, char **argv) {
   opts o = {0};
   int u = parse_args(argc, argv, &o);
-  if (u) return u;
+  if (u) {
+    for (int i = 0; i < o.ndims; i++) free((char *)o.dims[i].name);
+    nv_sb_free(&o.flags);
+    return u;
+  }
   nv_diag *d = nv_diag_create(stderr);
   if (!d) return 1;
   int rc = compile(d, &o);

@@ -75,7 +75,7 @@ static nv_node *broadcast_to(ox_ctx *x, nv_node *a, int rank, const int64_t *sha
 static nv_node *reduce(ox_ctx *x, nv_op op, nv_node *a, int naxes, const int64_t *axes, bool keep) {
   if (!a) return NULL;
   nv_node at = {.nlist = naxes, .keepdims = keep};
-  memcpy(at.list, axes, (size_t)naxes * sizeof *axes);
+  if (naxes) memcpy(at.list, axes, (size_t)naxes * sizeof *axes);
   return ox_add(x, op, 1, &a, &at);
 }
 

@@ -2,8 +2,9 @@
 run it with novarun on .pb inputs, read the outputs back, compare with a
 reference computed independently in numpy (float64).
 
-Every test prints one line, 'PASS: e2e :: NAME' or 'FAIL: e2e :: NAME', and
-the reason on the following lines when it fails.
+Every test prints one line, 'PASS: e2e :: NAME' or 'FAIL: e2e :: NAME' (another
+suite name than e2e if case() is given one), and the reason on the following
+lines when it fails.
 """
 import math
 import os
@@ -47,9 +48,9 @@ def run(cmd, expect_rc=0):
     return p
 
 
-def compile_and_run(model_text, inputs, files=None, flags=(), dump=False):
-    """Compiles model_text, binds inputs (dict name -> array), returns
-    (outputs in order, dict of dumped params or None, workdir)."""
+def _compile_and_run(model_text, inputs, files, flags, dump, steps):
+    """Compiles and runs once (or trains `steps` steps); returns (outputs in
+    order, dict of everything --dump wrote: NAME.pb -> array, or None)."""
     d = tempfile.mkdtemp(prefix="nova-e2e-")
     try:
         for name, arr in (files or {}).items():
@@ -65,6 +66,8 @@ def compile_and_run(model_text, inputs, files=None, flags=(), dump=False):
             write_pb(os.path.join(ind, name + ".pb"), arr, name)
         outd = os.path.join(d, "out")
         cmd = [NOVARUN, so, "--inputs", ind, "--outputs", outd, "-q"]
+        if steps is not None:
+            cmd += ["--steps", str(steps)]
         if dump:
             cmd += ["--dump", os.path.join(d, "dump")]
         run(cmd)
@@ -73,15 +76,35 @@ def compile_and_run(model_text, inputs, files=None, flags=(), dump=False):
         while os.path.exists(os.path.join(outd, "output_%d.pb" % i)):
             outs.append(read_pb(os.path.join(outd, "output_%d.pb" % i)))
             i += 1
-        params = None
+        dumped = None
         if dump:
-            params = {}
-            for fn in os.listdir(os.path.join(d, "dump")):
-                if fn.startswith("param.") and fn.endswith(".pb"):
-                    params[fn[6:-3]] = read_pb(os.path.join(d, "dump", fn))
-        return outs, params
+            dumped = {fn[:-3]: read_pb(os.path.join(d, "dump", fn))
+                      for fn in os.listdir(os.path.join(d, "dump")) if fn.endswith(".pb")}
+        return outs, dumped
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def compile_and_run(model_text, inputs, files=None, flags=(), dump=False, steps=None):
+    """Compiles model_text, binds inputs (dict name -> array), returns
+    (outputs in order, dict of dumped params or None).  steps=N runs
+    N training steps (novarun --steps N) instead of one plain run."""
+    outs, dumped = _compile_and_run(model_text, inputs, files, flags, dump, steps)
+    params = None
+    if dump:
+        params = {k[6:]: v for k, v in dumped.items() if k.startswith("param.")}
+    return outs, params
+
+
+def compile_and_train(model_text, inputs, files=None, flags=(), steps=1):
+    """Compiles model_text with --train plus flags, trains `steps` steps on
+    inputs and returns (grads, params, loss) as --dump wrote them after the
+    last step: dicts param name -> gradient (computed in that step) and
+    param name -> value (after its update), and the loss of that step."""
+    _, dumped = _compile_and_run(model_text, inputs, files, ["--train"] + list(flags), True, steps)
+    grads = {k[5:]: v for k, v in dumped.items() if k.startswith("grad.")}
+    params = {k[6:]: v for k, v in dumped.items() if k.startswith("param.")}
+    return grads, params, dumped.get("loss")
 
 
 def rel_err(got, ref):
@@ -101,13 +124,13 @@ def check_close(got, ref, tol, what="output"):
     return e
 
 
-def case(name, fn):
+def case(name, fn, suite="e2e"):
     try:
         fn()
-        print("PASS: e2e :: %s" % name, flush=True)
+        print("PASS: %s :: %s" % (suite, name), flush=True)
         results["pass"] += 1
     except Exception as e:  # a failing test reports, the suite goes on
-        print("FAIL: e2e :: %s" % name, flush=True)
+        print("FAIL: %s :: %s" % (suite, name), flush=True)
         print("    " + str(e).replace("\n", "\n    "), flush=True)
         results["fail"] += 1
 
