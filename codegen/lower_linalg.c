@@ -744,6 +744,182 @@ static tv lower_pool(lw *L, MlirOperation op, nv_op kind, tv x, const tv *res) {
   return elementwise(L, 2, div, res->rank, res->shape, x.dt, db);
 }
 
+/* ---- backward of convolution and pooling -------------------------------- */
+
+/* The window-sum target: a zero tensor [N, C', P...] large enough for
+ * every window position (P_i covers the padded input and all of O). */
+static tv window_target(lw *L, const window *w, int64_t n, int64_t c2, int64_t c3, const int64_t *in,
+                        const int64_t *out, nova_dtype dt, int lead) {
+  int64_t s[NOVA_MAX_RANK] = {n, c2, c3};
+  for (int i = 0; i < w->ns; i++) {
+    int64_t need = (out[i] - 1) * w->s[i] + w->dl[i] * (w->k[i] - 1) + 1, have = in[i] + w->pb[i] + w->pe[i];
+    s[lead + i] = need > have ? need : have;
+  }
+  return filled(L, lead + w->ns, s, dt, 0.0);
+}
+
+/* full[..., pb_i : pb_i + I_i] as [lead dims..., I...]. */
+static tv interior(lw *L, tv full, const window *w, int lead, const int64_t *in) {
+  int64_t s[NOVA_MAX_RANK];
+  memcpy(s, full.shape, sizeof s);
+  for (int i = 0; i < w->ns; i++) s[lead + i] = in[i];
+  tv r = fresh(L, full.rank, s, full.dt);
+  nv_sbuf b = {0};
+  nv_sb_printf(&b, "%%v%d = tensor.extract_slice %%v%d[", r.id, full.id);
+  for (int i = 0; i < full.rank; i++) nv_sb_printf(&b, "%s%lld", i ? ", " : "", (long long)(i < lead ? 0 : w->pb[i - lead]));
+  nv_sb_printf(&b, "] [");
+  for (int i = 0; i < full.rank; i++) nv_sb_printf(&b, "%s%lld", i ? ", " : "", (long long)s[i]);
+  nv_sb_printf(&b, "] [");
+  for (int i = 0; i < full.rank; i++) nv_sb_printf(&b, "%s1", i ? ", " : "");
+  nv_sb_printf(&b, "] : %s to %s", TT(full), TT(r));
+  emit(L, "%s", b.s ? b.s : "");
+  nv_sb_free(&b);
+  return r;
+}
+
+/* "affine_map<(...) -> (d0, d1, [d2,] dO*s + dK*d ...)>" for a window access. */
+static void window_map(nv_sbuf *b, int nl, const char *lead, int o0, int k0, const window *w) {
+  map_head(b, nl);
+  nv_sb_printf(b, "%s", lead);
+  for (int i = 0; i < w->ns; i++)
+    nv_sb_printf(b, ", d%d * %lld + d%d * %lld", o0 + i, (long long)w->s[i], k0 + i, (long long)w->dl[i]);
+  nv_sb_printf(b, ")>");
+}
+
+static void plain_map(nv_sbuf *b, int nl, const char *lead, int first, int n) {
+  map_head(b, nl);
+  nv_sb_printf(b, "%s", lead);
+  for (int i = 0; i < n; i++) nv_sb_printf(b, "%sd%d", *lead || i ? ", " : "", first + i);
+  nv_sb_printf(b, ")>");
+}
+
+/* dx of conv: loops (n, g, f, o..., c, k...), dx[n, g, c, o s + k d] += dy[n, g, f, o] w[g, f, c, k]. */
+static tv lower_conv_grad_input(lw *L, MlirOperation op, tv gy, tv wt, const tv *res) {
+  int ns = res->rank - 2;
+  window w;
+  read_window(op, &w, ns);
+  for (int i = 0; i < ns; i++) w.k[i] = wt.shape[2 + i];
+  int64_t G = iattr(op, "groups"), F = wt.shape[0], Cg = wt.shape[1], Fg = F / G, N = res->shape[0];
+  int64_t gs[NOVA_MAX_RANK] = {N, G, Fg}, ws[NOVA_MAX_RANK] = {G, Fg, Cg};
+  for (int i = 0; i < ns; i++) gs[3 + i] = gy.shape[2 + i], ws[3 + i] = w.k[i];
+  tv g2 = reshape(L, gy, ns + 3, gs), w2 = reshape(L, wt, ns + 3, ws);
+  tv acc = window_target(L, &w, N, G, Cg, res->shape + 2, gy.shape + 2, res->dt, 3);
+  int nl = 4 + 2 * ns;
+  char iters[16] = {0}, lead[32];
+  for (int i = 0; i < nl; i++) iters[i] = (i == 0 || i == 1 || i == 3 + ns) ? 'p' : 'r';
+  nv_sbuf mg = {0}, mw = {0}, mo = {0};
+  plain_map(&mg, nl, "d0, d1, d2", 3, ns);
+  snprintf(lead, sizeof lead, "d1, d2, d%d", 3 + ns);
+  plain_map(&mw, nl, lead, 4 + ns, ns);
+  snprintf(lead, sizeof lead, "d0, d1, d%d", 3 + ns);
+  window_map(&mo, nl, lead, 3, 4 + ns, &w);
+  char body[200];
+  snprintf(body, sizeof body, "%%p = arith.mulf %%in0, %%in1 : %s\n%%r = arith.addf %%acc, %%p : %s", ety(res->dt),
+           ety(res->dt));
+  tv ins[2] = {g2, w2};
+  const char *maps[2] = {mg.s, mw.s};
+  tv full = generic_text(L, 2, ins, maps, mo.s, nl, iters, acc, body);
+  nv_sb_free(&mg);
+  nv_sb_free(&mw);
+  nv_sb_free(&mo);
+  return reshape(L, interior(L, full, &w, 3, res->shape + 2), res->rank, res->shape);
+}
+
+/* dw of conv: loops (g, f, c, k..., n, o...), dw[g, f, c, k] += x[n, g, c, o s + k d] dy[n, g, f, o]. */
+static tv lower_conv_grad_weight(lw *L, MlirOperation op, tv x, tv gy, const tv *res) {
+  int ns = x.rank - 2;
+  window w;
+  read_window(op, &w, ns);
+  for (int i = 0; i < ns; i++) w.k[i] = res->shape[2 + i];
+  int64_t G = iattr(op, "groups"), F = res->shape[0], Cg = res->shape[1], Fg = F / G, N = x.shape[0];
+  tv xp = pad_for(L, x, &w, &gy, 0.0);
+  int64_t xs[NOVA_MAX_RANK] = {N, G, Cg}, gs[NOVA_MAX_RANK] = {N, G, Fg}, os[NOVA_MAX_RANK] = {G, Fg, Cg};
+  for (int i = 0; i < ns; i++) xs[3 + i] = xp.shape[2 + i], gs[3 + i] = gy.shape[2 + i], os[3 + i] = w.k[i];
+  tv x2 = reshape(L, xp, ns + 3, xs), g2 = reshape(L, gy, ns + 3, gs);
+  int nl = 4 + 2 * ns; /* g f c k... n o... */
+  char iters[16] = {0}, lead[32];
+  for (int i = 0; i < nl; i++) iters[i] = i < 3 + ns ? 'p' : 'r';
+  nv_sbuf mx = {0}, mg = {0}, mo = {0};
+  snprintf(lead, sizeof lead, "d%d, d0, d2", 3 + ns);
+  window_map(&mx, nl, lead, 4 + ns, 3, &w);
+  snprintf(lead, sizeof lead, "d%d, d0, d1", 3 + ns);
+  plain_map(&mg, nl, lead, 4 + ns, ns);
+  plain_map(&mo, nl, "d0, d1, d2", 3, ns);
+  tv init = filled(L, ns + 3, os, res->dt, 0.0);
+  char body[200];
+  snprintf(body, sizeof body, "%%p = arith.mulf %%in0, %%in1 : %s\n%%r = arith.addf %%acc, %%p : %s", ety(res->dt),
+           ety(res->dt));
+  tv ins[2] = {x2, g2};
+  const char *maps[2] = {mx.s, mg.s};
+  tv y = generic_text(L, 2, ins, maps, mo.s, nl, iters, init, body);
+  nv_sb_free(&mx);
+  nv_sb_free(&mg);
+  nv_sb_free(&mo);
+  return reshape(L, y, res->rank, res->shape);
+}
+
+/* dx of max_pool: every input position equal to its window's maximum
+ * receives that window's gradient; dx of avg_pool: each window spreads its
+ * gradient over the elements it counted.  Loops (n, c, o..., k...). */
+static tv lower_pool_grad(lw *L, MlirOperation op, nv_op kind, tv *in, const tv *res) {
+  int ns = res->rank - 2;
+  window w;
+  read_window(op, &w, ns);
+  bool avg = kind == NV_OP_AVG_POOL_GRAD;
+  tv gy = avg ? in[0] : in[2];
+  const int64_t *I = res->shape + 2, *O = gy.shape + 2;
+  tv acc = window_target(L, &w, res->shape[0], res->shape[1], 0, I, O, res->dt, 2);
+  tv win = empty(L, ns, w.k, res->dt);
+  int nl = 2 + 2 * ns;
+  char iters[16] = {0};
+  for (int i = 0; i < nl; i++) iters[i] = i < 2 ? 'p' : 'r';
+  nv_sbuf mo = {0}, my = {0}, mw = {0}, mx = {0};
+  window_map(&mo, nl, "d0, d1", 2, 2 + ns, &w);
+  plain_map(&my, nl, "d0, d1", 2, ns);
+  plain_map(&mw, nl, "", 2 + ns, ns);
+  char body[400];
+  tv full;
+  const char *T = ety(res->dt);
+  if (avg) {
+    bool incl = iattr(op, "count_include_pad") != 0;
+    int64_t nout = 1, os[3], idx[3] = {0};
+    for (int i = 0; i < ns; i++) nout *= (os[i] = O[i]);
+    tv cnt = fresh(L, 1, &nout, res->dt);
+    nv_sbuf b = {0};
+    nv_sb_printf(&b, "%%v%d = arith.constant dense<[", cnt.id);
+    for (int64_t e = 0; e < nout; e++) {
+      int64_t c = 1;
+      for (int i = 0; i < ns; i++) c *= window_count(idx[i], &w, i, incl ? -w.pb[i] : 0, I[i] + (incl ? w.pe[i] : 0));
+      nv_sb_printf(&b, "%s%s", e ? ", " : "", FL((double)(c ? c : 1), res->dt));
+      for (int i = ns - 1; i >= 0 && ++idx[i] == os[i]; i--) idx[i] = 0;
+    }
+    nv_sb_printf(&b, "]> : %s", TT(cnt));
+    emit(L, "%s", b.s ? b.s : "");
+    nv_sb_free(&b);
+    tv dv[2] = {gy, reshape(L, cnt, ns, os)};
+    char db[120];
+    snprintf(db, sizeof db, "%%r = arith.divf %%in0, %%in1 : %s", T);
+    tv q = elementwise(L, 2, dv, gy.rank, gy.shape, res->dt, db);
+    snprintf(body, sizeof body, "%%r = arith.addf %%acc, %%in0 : %s", T);
+    tv ins[2] = {q, win};
+    const char *maps[2] = {my.s, mw.s};
+    full = generic_text(L, 2, ins, maps, mo.s, nl, iters, acc, body);
+  } else {
+    tv xp = pad_for(L, in[0], &w, &gy, -INFINITY);
+    window_map(&mx, nl, "d0, d1", 2, 2 + ns, &w);
+    snprintf(body, sizeof body, "%%eq = arith.cmpf oeq, %%in0, %%in1 : %s\n%%s = arith.addf %%acc, %%in2 : %s\n"
+             "%%r = arith.select %%eq, %%s, %%acc : %s", T, T, T);
+    tv ins[4] = {xp, in[1], gy, win};
+    const char *maps[4] = {mx.s, my.s, my.s, mw.s};
+    full = generic_text(L, 4, ins, maps, mo.s, nl, iters, acc, body);
+  }
+  nv_sb_free(&mo);
+  nv_sb_free(&my);
+  nv_sb_free(&mw);
+  nv_sb_free(&mx);
+  return interior(L, full, &w, 2, I);
+}
+
 static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   int nin = (int)mlirOperationGetNumOperands(op);
   tv in[64];
@@ -819,6 +995,10 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_CONV: r = lower_conv(L, op, in[0], in[1], &res); break;
   case NV_OP_MAX_POOL:
   case NV_OP_AVG_POOL: r = lower_pool(L, op, kind, in[0], &res); break;
+  case NV_OP_CONV_GRAD_INPUT: r = lower_conv_grad_input(L, op, in[0], in[1], &res); break;
+  case NV_OP_CONV_GRAD_WEIGHT: r = lower_conv_grad_weight(L, op, in[0], in[1], &res); break;
+  case NV_OP_MAX_POOL_GRAD:
+  case NV_OP_AVG_POOL_GRAD: r = lower_pool_grad(L, op, kind, in, &res); break;
   case NV_OP_NEG: case NV_OP_EXP: case NV_OP_LOG: case NV_OP_SQRT: case NV_OP_TANH:
   case NV_OP_SIGMOID: case NV_OP_RELU: case NV_OP_GELU:
     r = elementwise(L, 1, in, res.rank, res.shape, res.dt, unary_body(kind, res.dt, body, sizeof body));

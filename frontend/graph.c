@@ -615,6 +615,18 @@ static int infer(nv_diag *d, nv_node *n) {
     n->dtype = in[0]->dtype;
     return set_shape(d, n, in[0]->rank, in[0]->shape);
   case NV_OP_CONV: return infer_window(d, n, in[0], in[1]);
+  /* backward ops made by autodiff: the result is shaped like the forward
+   * operand (list holds its shape) */
+  case NV_OP_CONV_GRAD_INPUT:   /* (g [N, F, O...], w) -> [N, C, I...] */
+  case NV_OP_AVG_POOL_GRAD:     /* (g) -> [N, C, I...] */
+  case NV_OP_CONV_GRAD_WEIGHT:  /* (x, g) -> w [F, C/groups, K...] */
+    n->dtype = in[0]->dtype;
+    n->nspatial = in[0]->rank - 2;
+    return set_shape(d, n, n->nlist, n->list);
+  case NV_OP_MAX_POOL_GRAD:     /* (x, y, g) -> [N, C, I...] */
+    n->dtype = in[0]->dtype;
+    n->nspatial = in[0]->rank - 2;
+    return set_shape(d, n, in[0]->rank, in[0]->shape);
   case NV_OP_MAX_POOL:
   case NV_OP_AVG_POOL: return infer_window(d, n, in[0], NULL);
   case NV_OP_CAST:

@@ -61,7 +61,11 @@
   X(CAST, "cast", 1, 1)                   \
   X(CONV, "conv", 2, 2)                   \
   X(MAX_POOL, "max_pool", 1, 1)           \
-  X(AVG_POOL, "avg_pool", 1, 1)
+  X(AVG_POOL, "avg_pool", 1, 1)           \
+  X(CONV_GRAD_INPUT, "conv_grad_input", 2, 2)   \
+  X(CONV_GRAD_WEIGHT, "conv_grad_weight", 2, 2) \
+  X(MAX_POOL_GRAD, "max_pool_grad", 3, 3)       \
+  X(AVG_POOL_GRAD, "avg_pool_grad", 1, 1)
 
 typedef enum nv_op {
 #define X(e, n, a, b) NV_OP_##e,

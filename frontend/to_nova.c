@@ -112,14 +112,22 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
   case NV_OP_CAST: out[k++] = named(ctx, "to", i64_attr(ctx, (int64_t)n->to)); break; /* a nova_dtype code */
   case NV_OP_CONV:
   case NV_OP_MAX_POOL:
-  case NV_OP_AVG_POOL: {
+  case NV_OP_AVG_POOL:
+  case NV_OP_CONV_GRAD_INPUT:
+  case NV_OP_CONV_GRAD_WEIGHT:
+  case NV_OP_MAX_POOL_GRAD:
+  case NV_OP_AVG_POOL_GRAD: {
     int ns = n->nspatial;
-    if (n->op != NV_OP_CONV) out[k++] = named(ctx, "kernel", mlirDenseI64ArrayGet(ctx, ns, n->kernel));
+    bool conv = n->op == NV_OP_CONV || n->op == NV_OP_CONV_GRAD_INPUT || n->op == NV_OP_CONV_GRAD_WEIGHT;
+    bool avg = n->op == NV_OP_AVG_POOL || n->op == NV_OP_AVG_POOL_GRAD;
+    if (!conv) out[k++] = named(ctx, "kernel", mlirDenseI64ArrayGet(ctx, ns, n->kernel));
     out[k++] = named(ctx, "strides", mlirDenseI64ArrayGet(ctx, ns, n->strides));
     out[k++] = named(ctx, "pads", mlirDenseI64ArrayGet(ctx, 2 * ns, n->pads));
     out[k++] = named(ctx, "dilations", mlirDenseI64ArrayGet(ctx, ns, n->dilations));
-    if (n->op == NV_OP_CONV) out[k++] = named(ctx, "groups", i64_attr(ctx, n->groups));
-    if (n->op == NV_OP_AVG_POOL) out[k++] = named(ctx, "count_include_pad", i64_attr(ctx, n->count_include_pad));
+    if (conv) out[k++] = named(ctx, "groups", i64_attr(ctx, n->groups));
+    if (avg) out[k++] = named(ctx, "count_include_pad", i64_attr(ctx, n->count_include_pad));
+    if (n->op == NV_OP_CONV_GRAD_INPUT || n->op == NV_OP_CONV_GRAD_WEIGHT || n->op == NV_OP_AVG_POOL_GRAD)
+      out[k++] = named(ctx, "shape", mlirDenseI64ArrayGet(ctx, n->rank, n->shape));
     break;
   }
   case NV_OP_SLICE:

@@ -336,16 +336,41 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     accumulate(A, x, mul(A, sub(A, p, oh), dvd(A, g, konst(A, dt, (double)n))));
     return true;
   }
-  case NV_OP_CONV: case NV_OP_MAX_POOL: case NV_OP_AVG_POOL:
+  case NV_OP_CONV: { /* window ops keep the forward op's attributes */
+    nv_node at = *y;
+    if (A->needs[x->id]) {
+      at.nlist = x->rank;
+      memcpy(at.list, x->shape, sizeof at.list);
+      accumulate(A, x, mk(A, NV_OP_CONV_GRAD_INPUT, 2, (nv_node *[]){g, in[1]}, &at));
+    }
+    if (A->needs[in[1]->id]) {
+      at.nlist = in[1]->rank;
+      memcpy(at.list, in[1]->shape, sizeof at.list);
+      accumulate(A, in[1], mk(A, NV_OP_CONV_GRAD_WEIGHT, 2, (nv_node *[]){x, g}, &at));
+    }
+    return true;
+  }
+  case NV_OP_MAX_POOL:
+    accumulate(A, x, mk(A, NV_OP_MAX_POOL_GRAD, 3, (nv_node *[]){x, y, g}, y));
+    return true;
+  case NV_OP_AVG_POOL: {
+    nv_node at = *y;
+    at.nlist = x->rank;
+    memcpy(at.list, x->shape, sizeof at.list);
+    accumulate(A, x, mk(A, NV_OP_AVG_POOL_GRAD, 1, &g, &at));
+    return true;
+  }
+  case NV_OP_CONV_GRAD_INPUT: case NV_OP_CONV_GRAD_WEIGHT: case NV_OP_MAX_POOL_GRAD: case NV_OP_AVG_POOL_GRAD:
   case NV_OP_COUNT:
-    return false;
+    return false; /* no second derivatives */
   }
   return false;
 }
 
 bool ad_has_rule(nv_op op) {
   switch (op) {
-  case NV_OP_CONV: case NV_OP_MAX_POOL: case NV_OP_AVG_POOL: return false;
+  case NV_OP_CONV_GRAD_INPUT: case NV_OP_CONV_GRAD_WEIGHT: case NV_OP_MAX_POOL_GRAD: case NV_OP_AVG_POOL_GRAD:
+    return false;
   default: return op < NV_OP_COUNT;
   }
 }

@@ -73,6 +73,6 @@ def adamw_trajectory(name):
     case("train_onnx.%s.adamw_20_steps" % name, go)
 
 
-for m in ("mlp", "gpt_block"):
+for m in ("mlp", "cnn", "gpt_block"):
     sgd_step(m)
     adamw_trajectory(m)
