@@ -431,6 +431,8 @@ void cg_graph_hash(const nv_graph *g, char out[17]) {
     int32_t role = (int32_t)x->role + 16 * x->index_negative;
     MIX(&role, sizeof role);
     if (x->init.path) MIX(x->init.path, strlen(x->init.path) + 1);
+    if (x->op == NV_OP_CONSTANT && x->init.kind == NV_INIT_DATA && x->init.data) /* folded ONNX values */
+      MIX(x->init.data, (size_t)fe_numel(x) * fe_dtype_size(x->dtype));
   }
   MIX(&g->seed, sizeof g->seed);
   for (int i = 0; i < g->noutputs; i++) MIX(g->outputs[i].name, strlen(g->outputs[i].name) + 1);

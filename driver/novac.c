@@ -175,6 +175,15 @@ static int parse_args(int argc, char **argv, opts *o) {
   }
   if (!o->input) return bad_usage("no input file%s", "");
   if (!o->lr_set) o->ad.lr = o->ad.optimizer == AD_ADAMW ? 1e-3 : 1e-2;       /* torch.optim's usual values */
+  if (o->ad.lr < 0 || o->ad.momentum < 0 || o->ad.weight_decay < 0 || !(o->ad.eps > 0) || o->ad.beta1 < 0 ||
+      o->ad.beta1 >= 1 || o->ad.beta2 < 0 || o->ad.beta2 >= 1)
+    return bad_usage("optimizer settings out of range%s: need lr, momentum, weight-decay >= 0, eps > 0 and "
+                     "0 <= beta1, beta2 < 1", "");
+  if (o->ad.freeze) {
+    int n = 1;
+    for (const char *p = o->ad.freeze; *p; p++) n += *p == ',';
+    if (n > 64 || strlen(o->ad.freeze) > 1000) return bad_usage("--freeze takes at most 64 patterns and 1000 characters%s", "");
+  }
   if (!o->wd_set) o->ad.weight_decay = o->ad.optimizer == AD_ADAMW ? 1e-2 : 0;
   if (o->train) nv_sb_printf(&o->flags, " --train");
   return 0;
