@@ -21,6 +21,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <mlir-c/BuiltinAttributes.h>
+
 #include "../driver/util.h"
 #include "codegen.h"
 
@@ -48,20 +50,62 @@ static int run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const c
   return rc;
 }
 
+/* After bufferization a function may return one buffer twice (two outputs
+ * with the same value), which buffer-results-to-out-params does not handle:
+ * each repeated result gets its own buffer, a copy. */
+static void distinct_results(nova_ctx *c, MlirModule m) {
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f)) {
+    MlirRegion r = mlirOperationGetFirstRegion(f);
+    if (mlirRegionIsNull(r) || mlirBlockIsNull(mlirRegionGetFirstBlock(r))) continue;
+    MlirBlock b = mlirRegionGetFirstBlock(r);
+    MlirOperation ret = mlirBlockGetTerminator(b);
+    if (mlirOperationIsNull(ret)) continue;
+    intptr_t n = mlirOperationGetNumOperands(ret);
+    for (intptr_t i = 1; i < n; i++)
+      for (intptr_t j = 0; j < i; j++) {
+        MlirValue v = mlirOperationGetOperand(ret, i);
+        if (!mlirValueEqual(v, mlirOperationGetOperand(ret, j))) continue;
+        MlirLocation loc = mlirOperationGetLocation(ret);
+        MlirType t = mlirValueGetType(v);
+        MlirOperationState as = mlirOperationStateGet(nova_str("memref.alloc"), loc);
+        mlirOperationStateAddResults(&as, 1, &t);
+        int32_t seg[2] = {0, 0};
+        MlirNamedAttribute na = mlirNamedAttributeGet(mlirIdentifierGet(c->ctx, nova_str("operandSegmentSizes")),
+                                                      mlirDenseI32ArrayGet(c->ctx, 2, seg));
+        mlirOperationStateAddAttributes(&as, 1, &na);
+        MlirOperation alloc = mlirOperationCreate(&as);
+        mlirBlockInsertOwnedOperationBefore(b, ret, alloc);
+        MlirValue fresh = mlirOperationGetResult(alloc, 0);
+        MlirOperationState cs = mlirOperationStateGet(nova_str("memref.copy"), loc);
+        MlirValue ops[2] = {v, fresh};
+        mlirOperationStateAddOperands(&cs, 2, ops);
+        mlirBlockInsertOwnedOperationBefore(b, ret, mlirOperationCreate(&cs));
+        mlirOperationSetOperand(ret, i, fresh);
+        break;
+      }
+  }
+}
+
 int cg_lower_to_llvm(nova_ctx *c, MlirModule m, int opt_level) {
   nv_sbuf p = {0};
   nv_sb_printf(&p, "builtin.module(");
   if (opt_level > 0) nv_sb_printf(&p, "func.func(canonicalize,cse,linalg-fuse-elementwise-ops,canonicalize),");
   nv_sb_printf(&p,
                "one-shot-bufferize{bufferize-function-boundaries=1 "
-               "function-boundary-type-conversion=identity-layout-map},"
-               "buffer-results-to-out-params{hoist-static-allocs=1 modify-public-functions=1},"
+               "function-boundary-type-conversion=identity-layout-map})");
+  int rc = p.oom ? -1 : run_pipeline(c, m, p.s, "bufferization");
+  nv_sb_free(&p);
+  if (rc) return rc;
+  distinct_results(c, m);
+  nv_sb_printf(&p,
+               "builtin.module(buffer-results-to-out-params{hoist-static-allocs=1 modify-public-functions=1},"
                "buffer-deallocation-pipeline,"
                "func.func(convert-linalg-to-loops),convert-scf-to-cf,expand-strided-metadata,lower-affine,"
                "convert-math-to-llvm,convert-math-to-libm,finalize-memref-to-llvm,convert-arith-to-llvm,"
                "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,"
                "convert-ub-to-llvm,reconcile-unrealized-casts)");
-  int rc = p.oom ? -1 : run_pipeline(c, m, p.s, "lowering to LLVM");
+  rc = p.oom ? -1 : run_pipeline(c, m, p.s, "lowering to LLVM");
   nv_sb_free(&p);
   return rc;
 }

@@ -123,7 +123,8 @@ static tv empty(lw *L, int rank, const int64_t *shape, nova_dtype dt) {
 static tv filled(lw *L, int rank, const int64_t *shape, nova_dtype dt, double v) {
   tv e = empty(L, rank, shape, dt);
   int c = L->next_id++;
-  emit(L, "%%v%d = arith.constant %s : %s", c, FL(v, dt), ety(dt));
+  if (fe_dtype_is_float(dt)) emit(L, "%%v%d = arith.constant %s : %s", c, FL(v, dt), ety(dt));
+  else emit(L, "%%v%d = arith.constant %lld : %s", c, (long long)v, ety(dt));
   tv f = fresh(L, rank, shape, dt);
   emit(L, "%%v%d = linalg.fill ins(%%v%d : %s) outs(%%v%d : %s) -> %s", f.id, c, ety(dt), e.id,
        TT(e), TT(f));
@@ -186,6 +187,12 @@ static tv generic(lw *L, int nin, const tv *ins, const int *const *maps, int nlo
 }
 
 static const tv NO_INIT = {.id = -1};
+
+static int64_t tv_numel(const tv *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->shape[i];
+  return n;
+}
 
 /* Identity map over n loops. */
 static void iota(int *m, int n) {
@@ -510,6 +517,7 @@ static tv lower_concat(lw *L, int n, const tv *in, int axis, const tv *res) {
   tv acc = empty(L, res->rank, res->shape, res->dt);
   int64_t off = 0;
   for (int i = 0; i < n; i++) {
+    if (tv_numel(&in[i]) == 0) continue; /* an empty operand adds nothing */
     tv r = fresh(L, res->rank, res->shape, res->dt);
     nv_sbuf b = {0};
     nv_sb_printf(&b, "%%v%d = tensor.insert_slice %%v%d into %%v%d[", r.id, in[i].id, acc.id);
@@ -530,6 +538,7 @@ static tv lower_concat(lw *L, int n, const tv *in, int axis, const tv *res) {
 static tv lower_slice(lw *L, tv x, MlirOperation op, const tv *res) {
   int axis = (int)iattr(op, "axis");
   int64_t start = iattr(op, "start"), step = iattr(op, "step");
+  if (tv_numel(res) == 0) return empty(L, res->rank, res->shape, res->dt); /* nothing to copy */
   tv r = fresh(L, res->rank, res->shape, res->dt);
   nv_sbuf b = {0};
   nv_sb_printf(&b, "%%v%d = tensor.extract_slice %%v%d[", r.id, x.id);
@@ -1069,12 +1078,21 @@ MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule m) {
   MlirAttribute argattrs = mlirOperationGetAttributeByName(func, nova_str("arg_attrs"));
   MlirStringRef fname = mlirStringAttrGetValue(mlirOperationGetAttributeByName(func, nova_str("sym_name")));
   nv_sb_printf(&L.out, "module {\n  func.func @%.*s(", (int)fname.length, fname.data);
+  /* Empty tensors (a 0 dimension) cross the function boundary as a
+   * one-element placeholder: the bare-pointer calling convention does not
+   * take 0-sized memrefs, and an empty tensor carries no data anyway. */
+  int nempty = 0, empties[256];
   for (int i = 0; i < nargs; i++) {
     MlirValue a = mlirBlockGetArgument(body, i);
     MlirType t = mlirValueGetType(a);
     tv v = {.id = L.next_id++, .rank = (int)mlirShapedTypeGetRank(t), .dt = nova_dtype_of(t)};
     for (int k = 0; k < v.rank; k++) v.shape[k] = mlirShapedTypeGetDimSize(t, k);
     map_put(&L, a, v);
+    if (tv_numel(&v) == 0 && nempty < 256) {
+      empties[nempty++] = i;
+      v.rank = 1;
+      v.shape[0] = 1;
+    }
     nv_sbuf d = {0};
     if (!mlirAttributeIsNull(argattrs)) mlirAttributePrint(mlirArrayAttrGetElement(argattrs, i), attr_cb, &d);
     /* drop the closing brace of the dictionary and add writable = false */
@@ -1090,10 +1108,16 @@ MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule m) {
     MlirType t = mlirFunctionTypeGetResult(fty, i);
     tv v = {.rank = (int)mlirShapedTypeGetRank(t), .dt = nova_dtype_of(t)};
     for (int k = 0; k < v.rank; k++) v.shape[k] = mlirShapedTypeGetDimSize(t, k);
+    if (tv_numel(&v) == 0) v.rank = 1, v.shape[0] = 1;
     nv_sb_printf(&L.out, "%s%s", i ? ", " : "", TT(v));
   }
   nv_sb_printf(&L.out, ") {\n");
 
+  for (int e = 0; e < nempty; e++) { /* the real (empty) value of a placeholder argument */
+    tv v = map_get(&L, mlirBlockGetArgument(body, empties[e]));
+    tv r = empty(&L, v.rank, v.shape, v.dt);
+    map_put(&L, mlirBlockGetArgument(body, empties[e]), r);
+  }
   int rc = 0;
   for (MlirOperation o = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(o) && !rc;
        o = mlirOperationGetNextInBlock(o)) {
@@ -1107,10 +1131,15 @@ MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule m) {
     int n = (int)mlirOperationGetNumOperands(o);
     L.loc[0] = 0;
     nv_sbuf b = {0};
+    tv rv[256];
+    for (int i = 0; i < n && i < 256; i++) {
+      rv[i] = map_get(&L, mlirOperationGetOperand(o, i));
+      if (tv_numel(&rv[i]) == 0) rv[i] = filled(&L, 1, (int64_t[]){1}, rv[i].dt, 0.0); /* placeholder */
+    }
     nv_sb_printf(&b, "return ");
-    for (int i = 0; i < n; i++) nv_sb_printf(&b, "%s%%v%d", i ? ", " : "", map_get(&L, mlirOperationGetOperand(o, i)).id);
+    for (int i = 0; i < n && i < 256; i++) nv_sb_printf(&b, "%s%%v%d", i ? ", " : "", rv[i].id);
     nv_sb_printf(&b, " : ");
-    for (int i = 0; i < n; i++) nv_sb_printf(&b, "%s%s", i ? ", " : "", TT(map_get(&L, mlirOperationGetOperand(o, i))));
+    for (int i = 0; i < n && i < 256; i++) nv_sb_printf(&b, "%s%s", i ? ", " : "", TT(rv[i]));
     emit(&L, "%s", b.s ? b.s : "");
     nv_sb_free(&b);
   }

@@ -124,12 +124,12 @@ static int set_shape(nv_diag *d, nv_node *n, int rank, const int64_t *shape) {
   }
   int64_t e = 1;
   for (int i = 0; i < rank; i++) {
-    if (shape[i] <= 0) {
+    if (shape[i] < 0 || (shape[i] == 0 && !n->allow_empty)) {
       nv_error(d, n->loc, "%s: dimension %d is %lld; dimensions must be positive",
                nv_op_name(n->op), i, (long long)shape[i]);
       return -1;
     }
-    if (shape[i] > NV_MAX_NUMEL || e > NV_MAX_NUMEL / shape[i]) {
+    if (shape[i] > NV_MAX_NUMEL || (shape[i] && e > NV_MAX_NUMEL / shape[i])) {
       nv_error(d, n->loc, "%s: tensor of shape %s is too large (more than 2^34 elements)",
                nv_op_name(n->op), fe_shape_str((char[160]){0}, 160, rank, shape));
       return -1;
@@ -151,6 +151,7 @@ nv_node *fe_graph_leaf(nv_graph *g, nv_diag *d, nv_op op, const char *name, nova
   n->name = name ? strdup(name) : NULL;
   n->role = op == NV_OP_PARAM ? NOVA_ROLE_PARAM : NOVA_ROLE_INPUT;
   n->init.kind = NV_INIT_ZEROS;
+  n->allow_empty = g->allow_empty;
   if (set_shape(d, n, rank, shape) != 0 || !push(g, n)) {
     free_node(n);
     return NULL;
@@ -273,6 +274,8 @@ static int infer_reshape(nv_diag *d, nv_node *n, const nv_node *x) {
   for (int i = 0; i < n->nlist; i++) {
     s[i] = n->list[i];
     if (s[i] == -1 && infer < 0) infer = i;
+    else if (s[i] == 0 && n->allow_empty)
+      known = 0;
     else if (s[i] <= 0) {
       nv_error(d, n->loc, "reshape: target dimension %d is %lld (use positive sizes and at most one -1)",
                i, (long long)s[i]);
@@ -285,6 +288,10 @@ static int infer_reshape(nv_diag *d, nv_node *n, const nv_node *x) {
   }
   int64_t e = fe_numel(x);
   if (infer >= 0) {
+    if (known == 0) {
+      nv_error(d, n->loc, "reshape: cannot infer the -1 dimension of an empty target shape");
+      return -1;
+    }
     if (e % known) {
       nv_error(d, n->loc, "reshape: cannot infer the -1 dimension: %lld elements of %s do not divide by %lld",
                (long long)e, SHP(x), (long long)known);
@@ -381,10 +388,10 @@ static int infer_slice(nv_diag *d, nv_node *n, const nv_node *x) {
     nv_error(d, n->loc, "slice: step must be positive, got %lld", (long long)n->step);
     return -1;
   }
-  if (n->start < 0 || n->start >= n->end || n->end > dim) goto bad;
+  if (n->start < 0 || n->end > dim || n->start > n->end || (n->start == n->end && !n->allow_empty)) goto bad;
   int64_t s[NOVA_MAX_RANK];
   memcpy(s, x->shape, sizeof s);
-  s[n->axis] = (n->end - n->start - 1) / n->step + 1; /* no overflow for any step > 0 */
+  s[n->axis] = n->end > n->start ? (n->end - n->start - 1) / n->step + 1 : 0; /* no overflow for any step > 0 */
   n->dtype = x->dtype;
   return set_shape(d, n, x->rank, s);
 bad:
@@ -685,6 +692,7 @@ nv_node *fe_graph_add(nv_graph *g, nv_diag *d, nv_op op, int nin, nv_node **in,
   n->init = (nv_init){0};
   n->op = op;
   n->loc = loc;
+  n->allow_empty = g->allow_empty;
   n->nin = nin;
   n->in = nin ? malloc((size_t)nin * sizeof *n->in) : NULL;
   if (nin && !n->in) {

@@ -113,6 +113,7 @@ struct nv_node {
   double eps;           /* layer_norm */
   double value;         /* constant (scalar, broadcast to shape) */
   nova_dtype to;        /* cast */
+  bool allow_empty;     /* set from the graph: a 0 dimension is not an error */
   /* conv and pools: nspatial = rank - 2 spatial dims (1 to 3) */
   int nspatial;
   int64_t kernel[3], strides[3], dilations[3], pads[6]; /* pads: begins, then ends */
@@ -142,6 +143,7 @@ typedef struct nv_graph {
   nv_output *outputs;
   uint64_t seed;        /* parameter initialisation */
   bool train;           /* a training step (autodiff ran): entry @train_step */
+  bool allow_empty;     /* dimensions may be 0 (ONNX models); the .nova format wants them positive */
 } nv_graph;
 
 nv_graph *fe_graph_create(void);

@@ -572,6 +572,7 @@ nv_graph *fe_parse_onnx(nv_diag *d, const char *name, const uint8_t *bytes, size
     goto out;
   }
   g = fe_graph_create();
+  if (g) g->allow_empty = true; /* ONNX tensors may have 0-sized dimensions */
   x.g = g;
   if (!g || import_graph(&x, m->graph, basedir) || nv_diag_count(d)) {
     fe_graph_destroy(g);

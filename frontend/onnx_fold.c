@@ -254,7 +254,7 @@ static int fold_range(ox_ctx *x, ox_val *in, ox_val *out) {
     n = id > 0 ? (ie - is + id - 1) / id : (is - ie - id - 1) / -id;
   }
   if (n < 0) n = 0;
-  if (n == 0) return ox_err(x, "Range is empty; novac does not support empty tensors");
+
   if (n > NV_MAX_NUMEL) return ox_err(x, "Range has too many elements");
   ox_tensor *o = ox_tensor_new(s->dt, 1, &n);
   if (!o) return -1;

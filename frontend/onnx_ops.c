@@ -90,6 +90,18 @@ static int norm_axis(ox_ctx *x, int64_t *axis, int rank) {
   return 0;
 }
 
+/* A float initializer is a parameter, but where an operand must be known
+ * when compiling (Range bounds, Dropout's ratio) its initial value serves:
+ * returns a known copy (owned) or NULL. */
+static ox_tensor *initial_value(ox_val v) {
+  if (v.k) return NULL;
+  nv_node *n = v.node;
+  if (!n || n->op != NV_OP_PARAM || n->init.kind != NV_INIT_DATA || !n->init.data) return NULL;
+  ox_tensor *t = ox_tensor_new(n->dtype, n->rank, n->shape);
+  if (t) memcpy(t->data, n->init.data, (size_t)fe_numel(n) * fe_dtype_size(n->dtype));
+  return t;
+}
+
 /* ---- elementwise ------------------------------------------------------ */
 
 static int cv_binary(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out) {
@@ -215,7 +227,10 @@ static int cv_dropout(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   if (need(x, in, nin, 1, 3)) return -1;
   if (nin > 2 && in[2].present) {
     if (!in[2].k) return ox_err(x, "training_mode must be known when compiling");
-    double ratio = nin > 1 && in[1].present && in[1].k ? ox_getf(in[1].k, 0) : nin > 1 && in[1].present ? -1 : 0.5;
+    ox_tensor *iv = nin > 1 && in[1].present ? initial_value(in[1]) : NULL;
+    const ox_tensor *rk = nin > 1 && in[1].present ? (in[1].k ? in[1].k : iv) : NULL;
+    double ratio = rk ? ox_getf(rk, 0) : nin > 1 && in[1].present ? -1 : 0.5;
+    ox_tensor_free(iv);
     if (ox_geti(in[2].k, 0) && ratio != 0)
       return ox_err(x, "Dropout in training mode is not supported yet (only ratio 0, which keeps every element)");
   }
@@ -434,8 +449,8 @@ static int cv_reshape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
     if (s[i] == -1) {
       if (infer >= 0) return ox_err(x, "more than one -1 in the target shape");
       infer = i;
-    } else if (s[i] <= 0)
-      return ox_err(x, "target shape entry %d is %lld (empty tensors are not supported)", i, (long long)s[i]);
+    } else if (s[i] < 0)
+      return ox_err(x, "target shape entry %d is %lld", i, (long long)s[i]);
     else
       known *= s[i];
   }
@@ -566,7 +581,7 @@ static int cv_split(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   if (np != nout) return ox_err(x, "%d split sizes for %d outputs", np, nout);
   int64_t off = 0;
   for (int i = 0; i < np; i++) {
-    if (parts[i] <= 0) return ox_err(x, "split part %d has size %lld (empty tensors are not supported)", i, (long long)parts[i]);
+    if (parts[i] < 0) return ox_err(x, "split part %d has size %lld", i, (long long)parts[i]);
     nv_node *p = slice1(x, a, axis, off, off + parts[i], 1);
     if (!p) return -1;
     out[i] = (ox_val){.node = p, .present = true};
@@ -596,7 +611,10 @@ static int cv_slice(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
       int64_t step = -sp[i];
       s = s < 0 ? -1 : s > dim - 1 ? dim - 1 : s;
       e = e < -1 ? -1 : e > dim - 1 ? dim - 1 : e;
-      if (s <= e) return ox_err(x, "the slice of axis %lld is empty (empty tensors are not supported)", (long long)axis);
+      if (s <= e) { /* empty */
+        a = slice1(x, a, axis, 0, 0, 1);
+        continue;
+      }
       int64_t cnt = (s - e - 1) / step + 1, lo = s - (cnt - 1) * step;
       a = slice1(x, a, axis, lo, s + 1, step);
       ox_tensor *rev = ox_tensor_new(NOVA_DTYPE_I64, 1, &cnt);
@@ -609,7 +627,7 @@ static int cv_slice(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
     }
     s = s < 0 ? 0 : s > dim ? dim : s;
     e = e < 0 ? 0 : e > dim ? dim : e;
-    if (e <= s) return ox_err(x, "the slice of axis %lld is empty (empty tensors are not supported)", (long long)axis);
+    if (e < s) e = s; /* empty */
     if (s == 0 && e == dim && sp[i] == 1) continue;
     a = slice1(x, a, axis, s, e, sp[i]);
   }
@@ -666,14 +684,12 @@ static int cv_constant(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   }
   if ((a = ox_attr(x, "value_floats"))) {
     int64_t n = (int64_t)a->n_floats;
-    if (!n) return ox_err(x, "empty constants are not supported");
     ox_tensor *t = ox_tensor_new(NOVA_DTYPE_F32, 1, &n);
     for (int64_t i = 0; t && i < n; i++) ox_set(t, i, a->floats[i], 0);
     return known(out, t);
   }
   if ((a = ox_attr(x, "value_ints"))) {
     int64_t n = (int64_t)a->n_ints;
-    if (!n) return ox_err(x, "empty constants are not supported");
     ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 1, &n);
     for (int64_t i = 0; t && i < n; i++) ox_set(t, i, 0, a->ints[i]);
     return known(out, t);
@@ -689,7 +705,7 @@ static int cv_constant_of_shape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int
   int n = ox_const_ints(x, in[0], "the shape", s, NOVA_MAX_RANK);
   if (n < 0) return -1;
   for (int i = 0; i < n; i++)
-    if (s[i] <= 0) return ox_err(x, "shape entry %d is %lld (empty tensors are not supported)", i, (long long)s[i]);
+    if (s[i] < 0) return ox_err(x, "shape entry %d is %lld", i, (long long)s[i]);
   nova_dtype dt = NOVA_DTYPE_F32;
   double fv = 0;
   int64_t iv = 0;
@@ -716,16 +732,23 @@ static int cv_shape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   e = e < 0 ? e + r : e;
   s = s < 0 ? 0 : s > r ? r : s;
   e = e < 0 ? 0 : e > r ? r : e;
-  int64_t n = e - s;
-  if (n <= 0) return ox_err(x, "the requested shape is empty (empty tensors are not supported)");
+  int64_t n = e > s ? e - s : 0;
   ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 1, &n);
   for (int64_t i = 0; t && i < n; i++) ox_set(t, i, 0, ox_val_shape(in[0])[s + i]);
   return known(out, t);
 }
 
 static int cv_range(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
-  (void)out, (void)nout;
   if (need(x, in, nin, 3, 3)) return -1;
+  ox_val k[3];
+  ox_tensor *own[3] = {0};
+  for (int i = 0; i < 3; i++) {
+    k[i] = in[i];
+    if (!k[i].k && (own[i] = initial_value(in[i]))) k[i] = (ox_val){.k = own[i], .present = true};
+  }
+  int f = k[0].k && k[1].k && k[2].k ? ox_fold(x, "Range", k, 3, out, nout) : 0;
+  for (int i = 0; i < 3; i++) ox_tensor_free(own[i]);
+  if (f) return f < 0 ? -1 : 0;
   return ox_err(x, "Range with inputs computed by the step is not supported (its length must be known when compiling)");
 }
 
