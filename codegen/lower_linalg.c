@@ -929,6 +929,53 @@ static tv lower_pool_grad(lw *L, MlirOperation op, nv_op kind, tv *in, const tv 
   return interior(L, full, &w, 2, I);
 }
 
+/* ONNX MaxPool's Indices: per window, the row-major flat index into x of
+ * its first maximum; loops (n, c, o..., k...). */
+static tv lower_pool_indices(lw *L, MlirOperation op, tv x, tv y, const tv *res) {
+  int ns = x.rank - 2;
+  window w;
+  read_window(op, &w, ns);
+  tv xp = pad_for(L, x, &w, &y, -INFINITY);
+  tv win = empty(L, ns, w.k, x.dt);
+  int nl = 2 + 2 * ns;
+  char iters[16] = {0};
+  for (int i = 0; i < nl; i++) iters[i] = i < 2 + ns ? 'p' : 'r';
+  nv_sbuf mx = {0}, my = {0}, mw = {0}, b = {0};
+  window_map(&mx, nl, "d0, d1", 2, 2 + ns, &w);
+  plain_map(&my, nl, "d0, d1", 2, ns);
+  plain_map(&mw, nl, "", 2 + ns, ns);
+  tv init = filled(L, res->rank, res->shape, NOVA_DTYPE_I64, 0x1p62); /* above any index */
+  bool colmajor = iattr(op, "storage_order") != 0;
+  nv_sb_printf(&b, "%%eq = arith.cmpf oeq, %%in0, %%in1 : %s\n", ety(x.dt));
+  for (int i = 0; i < nl; i++) nv_sb_printf(&b, "%%l%d = linalg.index %d : index\n", i, i);
+  /* flat = ((n C + c) I0 + h0) I1 + h1 ..., h_i = o_i s_i + k_i d_i - pb_i */
+  nv_sb_printf(&b, "%%cC = arith.constant %lld : index\n%%f1 = arith.muli %%l0, %%cC : index\n"
+               "%%f2 = arith.addi %%f1, %%l1 : index\n", (long long)x.shape[1]);
+  int cur = 2;
+  for (int q = 0; q < ns; q++) {
+    int i = colmajor ? ns - 1 - q : q; /* storage_order 1: the last spatial axis varies slowest */
+    nv_sb_printf(&b, "%%s%d = arith.constant %lld : index\n%%d%d = arith.constant %lld : index\n"
+                 "%%p%d = arith.constant %lld : index\n%%I%d = arith.constant %lld : index\n"
+                 "%%os%d = arith.muli %%l%d, %%s%d : index\n%%kd%d = arith.muli %%l%d, %%d%d : index\n"
+                 "%%h%d = arith.addi %%os%d, %%kd%d : index\n%%hh%d = arith.subi %%h%d, %%p%d : index\n"
+                 "%%m%d = arith.muli %%f%d, %%I%d : index\n%%f%d = arith.addi %%m%d, %%hh%d : index\n",
+                 i, (long long)w.s[i], i, (long long)w.dl[i], i, (long long)w.pb[i], i, (long long)x.shape[2 + i],
+                 i, 2 + i, i, i, 2 + ns + i, i, i, i, i, i, i, i, i, cur, i, cur + 1, i, i);
+
+    cur++;
+  }
+  nv_sb_printf(&b, "%%fi = arith.index_cast %%f%d : index to i64\n%%mn = arith.minsi %%acc, %%fi : i64\n"
+               "%%r = arith.select %%eq, %%mn, %%acc : i64", cur);
+  tv ins[3] = {xp, y, win};
+  const char *maps[3] = {mx.s, my.s, mw.s};
+  tv r = generic_text(L, 3, ins, maps, my.s, nl, iters, init, b.s ? b.s : "");
+  nv_sb_free(&mx);
+  nv_sb_free(&my);
+  nv_sb_free(&mw);
+  nv_sb_free(&b);
+  return r;
+}
+
 static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   int nin = (int)mlirOperationGetNumOperands(op);
   tv in[64];
@@ -1005,6 +1052,7 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_MAX_POOL:
   case NV_OP_AVG_POOL: r = lower_pool(L, op, kind, in[0], &res); break;
   case NV_OP_CONV_GRAD_INPUT: r = lower_conv_grad_input(L, op, in[0], in[1], &res); break;
+  case NV_OP_MAX_POOL_INDICES: r = lower_pool_indices(L, op, in[0], in[1], &res); break;
   case NV_OP_CONV_GRAD_WEIGHT: r = lower_conv_grad_weight(L, op, in[0], in[1], &res); break;
   case NV_OP_MAX_POOL_GRAD:
   case NV_OP_AVG_POOL_GRAD: r = lower_pool_grad(L, op, kind, in, &res); break;

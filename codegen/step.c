@@ -417,7 +417,7 @@ void cg_graph_hash(const nv_graph *g, char out[17]) {
     MIX(x->list, (size_t)x->nlist * sizeof x->list[0]);
     MIX(&x->eps, sizeof x->eps);
     MIX(&x->value, sizeof x->value);
-    int64_t win[16] = {x->nspatial, x->groups, x->count_include_pad, x->ceil_mode, x->to};
+    int64_t win[16] = {x->nspatial, x->groups, x->count_include_pad, x->ceil_mode + 2 * x->col_major, x->to};
     memcpy(win + 5, x->kernel, 3 * sizeof(int64_t));
     memcpy(win + 8, x->strides, 3 * sizeof(int64_t));
     memcpy(win + 11, x->dilations, 3 * sizeof(int64_t));

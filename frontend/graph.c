@@ -630,6 +630,10 @@ static int infer(nv_diag *d, nv_node *n) {
     n->dtype = in[0]->dtype;
     n->nspatial = in[0]->rank - 2;
     return set_shape(d, n, n->nlist, n->list);
+  case NV_OP_MAX_POOL_INDICES:  /* (x, y) -> i64 like y: flat index into x of each window's first maximum */
+    n->dtype = NOVA_DTYPE_I64;
+    n->nspatial = in[0]->rank - 2;
+    return set_shape(d, n, in[1]->rank, in[1]->shape);
   case NV_OP_MAX_POOL_GRAD:     /* (x, y, g) -> [N, C, I...] */
     n->dtype = in[0]->dtype;
     n->nspatial = in[0]->rank - 2;

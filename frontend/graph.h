@@ -65,7 +65,8 @@
   X(CONV_GRAD_INPUT, "conv_grad_input", 2, 2)   \
   X(CONV_GRAD_WEIGHT, "conv_grad_weight", 2, 2) \
   X(MAX_POOL_GRAD, "max_pool_grad", 3, 3)       \
-  X(AVG_POOL_GRAD, "avg_pool_grad", 1, 1)
+  X(AVG_POOL_GRAD, "avg_pool_grad", 1, 1)       \
+  X(MAX_POOL_INDICES, "max_pool_indices", 2, 2)
 
 typedef enum nv_op {
 #define X(e, n, a, b) NV_OP_##e,
@@ -119,6 +120,7 @@ struct nv_node {
   int64_t kernel[3], strides[3], dilations[3], pads[6]; /* pads: begins, then ends */
   int64_t groups;       /* conv */
   bool count_include_pad, ceil_mode; /* avg_pool; ceil_mode: pools */
+  bool col_major;       /* max_pool_indices: ONNX storage_order 1 */
   /* inputs, params and constants (constants: init gives the value) */
   nova_role role;       /* params: NOVA_ROLE_PARAM or NOVA_ROLE_OPT_STATE */
   bool has_default;     /* inputs: init gives a value used until one is bound (lr) */

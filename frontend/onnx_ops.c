@@ -784,6 +784,11 @@ static int cv_reduce(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out, bool
   if (na < 0) na = 0;
   bool keep = ox_attr_i(x, "keepdims", 1) != 0;
   if (na == 0 && ox_attr_i(x, "noop_with_empty_axes", 0)) return set_out(out, a);
+  if (a->dtype == NOVA_DTYPE_BOOL && op == NV_OP_REDUCE_MAX) { /* "any": max over 0/1, empty sets give false */
+    nv_node f32 = {.to = NOVA_DTYPE_F32};
+    nv_node *m = reduce(x, op, ox_add(x, NV_OP_CAST, 1, &a, &f32), na, axes, keep);
+    return set_out(out, m ? op2(x, NV_OP_GREATER, m, scalar(x, NOVA_DTYPE_F32, 0.5)) : NULL);
+  }
   return set_out(out, reduce(x, op, a, na, axes, keep));
 }
 /* ReduceSum takes axes as an input from opset 13, Mean and Max from 18. */
@@ -953,15 +958,22 @@ static int cv_conv(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
 
 static int cv_pool(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out, int nout) {
   if (need(x, in, nin, 1, 1)) return -1;
-  if (nout > 1) return ox_err(x, "the Indices output is not supported");
+  if (nout > 1 && op != NV_OP_MAX_POOL) return ox_err(x, "has one output");
   nv_node *a = N(x, in[0]);
   if (!a) return -1;
   nv_node at = {.ceil_mode = ox_attr_i(x, "ceil_mode", 0) != 0, .count_include_pad = ox_attr_i(x, "count_include_pad", 0) != 0};
   int n = ox_attr_ints(x, "kernel_shape", at.kernel, 3);
   if (n != a->rank - 2) return ox_err(x, "kernel_shape must have one entry per spatial dim (%d)", a->rank - 2);
-  if (ox_attr_i(x, "storage_order", 0)) return ox_err(x, "storage_order=1 is not supported");
+  at.col_major = ox_attr_i(x, "storage_order", 0) != 0;
   if (window_attrs(x, &at, a, true)) return -1;
-  return set_out(out, ox_add(x, op, 1, &a, &at));
+  nv_node *y = ox_add(x, op, 1, &a, &at);
+  if (set_out(out, y)) return -1;
+  if (nout > 1) { /* Indices: flat row-major positions in X of each window's maximum */
+    nv_node *ix = ox_add(x, NV_OP_MAX_POOL_INDICES, 2, (nv_node *[]){a, y}, &at);
+    out[1] = (ox_val){.node = ix, .present = ix != NULL};
+    if (!ix) return -1;
+  }
+  return 0;
 }
 static int cv_max_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { return cv_pool(x, NV_OP_MAX_POOL, in, nin, out, nout); }
 static int cv_avg_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { return cv_pool(x, NV_OP_AVG_POOL, in, nin, out, nout); }

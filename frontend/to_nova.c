@@ -116,6 +116,7 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
   case NV_OP_CONV_GRAD_INPUT:
   case NV_OP_CONV_GRAD_WEIGHT:
   case NV_OP_MAX_POOL_GRAD:
+  case NV_OP_MAX_POOL_INDICES:
   case NV_OP_AVG_POOL_GRAD: {
     int ns = n->nspatial;
     bool conv = n->op == NV_OP_CONV || n->op == NV_OP_CONV_GRAD_INPUT || n->op == NV_OP_CONV_GRAD_WEIGHT;
@@ -126,6 +127,7 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
     out[k++] = named(ctx, "dilations", mlirDenseI64ArrayGet(ctx, ns, n->dilations));
     if (conv) out[k++] = named(ctx, "groups", i64_attr(ctx, n->groups));
     if (avg) out[k++] = named(ctx, "count_include_pad", i64_attr(ctx, n->count_include_pad));
+    if (n->op == NV_OP_MAX_POOL_INDICES) out[k++] = named(ctx, "storage_order", i64_attr(ctx, n->col_major));
     if (n->op == NV_OP_CONV_GRAD_INPUT || n->op == NV_OP_CONV_GRAD_WEIGHT || n->op == NV_OP_AVG_POOL_GRAD)
       out[k++] = named(ctx, "shape", mlirDenseI64ArrayGet(ctx, n->rank, n->shape));
     break;

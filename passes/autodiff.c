@@ -360,6 +360,8 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     accumulate(A, x, mk(A, NV_OP_AVG_POOL_GRAD, 1, &g, &at));
     return true;
   }
+  case NV_OP_MAX_POOL_INDICES:
+    return true; /* integer result */
   case NV_OP_CONV_GRAD_INPUT: case NV_OP_CONV_GRAD_WEIGHT: case NV_OP_MAX_POOL_GRAD: case NV_OP_AVG_POOL_GRAD:
   case NV_OP_COUNT:
     return false; /* no second derivatives */

@@ -31,6 +31,7 @@ static const char *const op_attrs[] = {
     [NV_OP_CONV_GRAD_INPUT] = "strides pads dilations groups shape",
     [NV_OP_CONV_GRAD_WEIGHT] = "strides pads dilations groups shape",
     [NV_OP_MAX_POOL_GRAD] = "kernel strides pads dilations",
+    [NV_OP_MAX_POOL_INDICES] = "kernel strides pads dilations storage_order",
     [NV_OP_AVG_POOL_GRAD] = "kernel strides pads dilations count_include_pad shape",
 };
 static_assert(sizeof op_attrs / sizeof op_attrs[0] == NV_OP_COUNT, "attribute table out of step with NV_OPS");

@@ -52,6 +52,7 @@ NOT_DIFFERENTIABLE.update({
     "conv_grad_input": "backward op made by autodiff (no second derivatives)",
     "conv_grad_weight": "backward op made by autodiff (no second derivatives)",
     "max_pool_grad": "backward op made by autodiff (no second derivatives)",
+    "max_pool_indices": "integer result (ONNX MaxPool Indices), not differentiable",
     "avg_pool_grad": "backward op made by autodiff (no second derivatives)",
 })
 NO_RULE = {}  # op -> a model using it; novac --train must refuse it
