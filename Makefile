@@ -86,7 +86,7 @@ $(BIN_NOVAC): $(NOVAC_OBJ)
 
 $(BIN_NOVARUN): $(NOVARUN_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(SAN) $^ -o $@ -lprotobuf-c -ldl -lm
+	$(CC) $(SAN) $^ -o $@ -lcjson -lprotobuf-c -ldl -lm
 
 $(RT_LIB): $(RT_OBJ)
 	@mkdir -p $(dir $@)

@@ -1,7 +1,10 @@
-/* novarun: loads a step.so written by novac, feeds it inputs from ONNX
- * TensorProto files, runs it and reports or writes its outputs.
+/* novarun: loads a step.so written by novac, feeds it inputs (ONNX
+ * TensorProto files, a safetensors data file or synthetic batches), runs it
+ * once or trains it for N steps, and reports or writes its outputs.
  *
- *   novarun STEP.so [--inputs DIR] [--outputs DIR] [--repeat N] [--print] [-q]
+ *   novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]
+ *                   [--lr F] [--load FILE] [--save FILE] [--outputs DIR] [--dump DIR]
+ *                   [--repeat N] [--print] [-q]
  *
  * Exit status: 0 success, 1 user error (one `novarun: ...` line on
  * stderr), 2 bad usage.  See man/novarun.1.
@@ -23,22 +26,34 @@
 #endif
 
 static const char usage_text[] =
-    "usage: novarun STEP.so [--inputs DIR] [--outputs DIR] [--dump DIR] [--repeat N] [--print] [-q]\n"
+    "usage: novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]\n"
+    "                       [--lr F] [--load FILE] [--save FILE] [--outputs DIR] [--dump DIR]\n"
+    "                       [--repeat N] [--print] [-q]\n"
     "       novarun -h | --help | --version\n"
     "\n"
-    "Runs a step compiled by novac once (or N times) on inputs read from ONNX\n"
-    "TensorProto files and reports its outputs.\n"
+    "Runs a step compiled by novac once (or N times), or trains it for N steps,\n"
+    "and reports its outputs.\n"
     "\n"
     "  --inputs DIR   read each input and label from DIR/input_K.pb (K-th in the\n"
     "                 step's order) or DIR/NAME.pb\n"
+    "  --data FILE    batches from a safetensors file: for an input [B,...] of the\n"
+    "                 step, a tensor of the same name [S,...] of S samples; step k\n"
+    "                 takes samples (k-1)*B .. k*B-1, wrapping around modulo S\n"
+    "  --seed N       synthetic batches from seed N (0 to 2^64-1): standard normal\n"
+    "                 floats, uniform indices below each index input's bound\n"
     "  --outputs DIR  write outputs and losses to DIR/output_K.pb (DIR is created)\n"
     "  --dump DIR     after the last run, write DIR/param.NAME.pb for every parameter\n"
     "                 and DIR/loss.pb for the loss, if any (DIR is created)\n"
     "  --repeat N     run N times and report the median time per run (default 1)\n"
-    "  --steps N      train: run a training step N times on the batch from --inputs,\n"
-    "                 with a progress line (step, loss, samples/s, ETA)\n"
+    "  --steps N      train: run a training step N times (a new batch each step with\n"
+    "                 --data or --seed), with a progress line (step, loss,\n"
+    "                 samples/s, ETA)\n"
     "  --lr F         bind the training step's learning rate (default: novac --lr)\n"
     "  --loss-log F   with --steps: write 'STEP LOSS' for every step to F\n"
+    "  --load FILE    before the first step, restore every parameter and optimizer\n"
+    "                 state from a safetensors checkpoint; steps count on from it\n"
+    "  --save FILE    after the last step, write every parameter and optimizer state\n"
+    "                 to FILE, a safetensors checkpoint (atomically)\n"
     "  --print        print the first values and min/max/mean of each output\n"
     "  -q             no summary on stderr\n"
     "  -h, --help     this help;  --version  the version\n"
@@ -96,9 +111,6 @@ static const char *nr_option_value(int argc, char **argv, int *i, const char *op
 /* --repeat keeps every time to take the median: at most 80 MB of them. */
 #define NR_MAX_REPEAT 10000000L
 
-/* Training options: reserved for steps compiled with novac --train. */
-static const char *const training_options[] = {"--data", "--seed", "--save", "--load"};
-
 /* Parses one option at ARGV[*I] into O.  Returns -1 to go on, else the
  * exit status. */
 static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
@@ -151,6 +163,27 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
     o->dump_dir = v;
     return -1;
   }
+  if ((v = nr_option_value(argc, argv, i, "--data", &missing))) {
+    o->data_path = v;
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--seed", &missing))) {
+    char *end;
+    errno = 0;
+    o->seed = strtoull(v, &end, 10);
+    if (errno || end == v || *end || !(*v >= '0' && *v <= '9'))
+      return nr_usage_error("--seed needs an integer from 0 to 18446744073709551615, not '%s'", v);
+    o->seed_set = 1;
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--save", &missing))) {
+    o->save_path = v;
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--load", &missing))) {
+    o->load_path = v;
+    return -1;
+  }
   if ((v = nr_option_value(argc, argv, i, "--repeat", &missing))) {
     char *end;
     errno = 0;
@@ -159,11 +192,6 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
       return nr_usage_error("--repeat needs an integer from 1 to %ld, not '%s'", NR_MAX_REPEAT, v);
     return -1;
   }
-  for (size_t t = 0; !missing && t < sizeof training_options / sizeof *training_options; t++)
-    if (nr_option_value(argc, argv, i, training_options[t], &missing)) {
-      o->training_option = training_options[t];
-      return -1;
-    }
   if (missing) return nr_usage_error("option '%s' needs a value", a);
   return nr_usage_error("unknown option '%s'", a);
 }
@@ -188,7 +216,9 @@ static int nr_parse_args(int argc, char **argv, nr_options *o) {
     }
   }
   if (!o->step_path) return nr_usage_error("no step.so given");
-  if (o->training_option) return nr_error("%s is not supported yet", o->training_option);
+  if (!!o->inputs_dir + !!o->data_path + o->seed_set > 1)
+    return nr_usage_error("%s and %s both give the batch; give one of --inputs, --data and --seed",
+                          o->inputs_dir ? "--inputs" : "--data", o->seed_set ? "--seed" : "--data");
   return -1;
 }
 
@@ -221,6 +251,8 @@ static int nr_load(const char *path, nr_api *api) {
            NR_SYM(api, num_tensors, "nova_step_num_tensors") && NR_SYM(api, tensor, "nova_step_tensor") &&
            NR_SYM(api, bind, "nova_step_bind") && NR_SYM(api, run, "nova_step_run") &&
            NR_SYM(api, get, "nova_step_get") && NR_SYM(api, error, "nova_step_error");
+  /* optional: a step.so from before it has no graph hash to report */
+  if (!NR_SYM(api, graph_hash, "nova_step_graph_hash")) api->graph_hash = NULL;
   if (!ok) {
     dlclose(api->handle);
     api->handle = NULL;
@@ -292,9 +324,11 @@ static const float *nr_loss(nr_step *s, nova_dtype *dt) {
   return NULL;
 }
 
-/* --steps: runs the step N times (same batch), with a progress line:
- * step, loss, samples/s, ETA; updated in place on a terminal. */
-static int nr_train(nr_step *s, const nr_options *o) {
+/* --steps: runs the step N times, with a progress line: step, loss,
+ * samples/s, ETA; updated in place on a terminal.  Steps are numbered on
+ * from START (the steps a loaded checkpoint had done); B, if not NULL,
+ * binds each step's batch, else every step runs on the bound inputs. */
+static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long start) {
   nova_dtype dt = NOVA_DTYPE_F32;
   int tty = isatty(2), every = o->steps > 20 ? (int)(o->steps / 20) : 1;
   int64_t batch = 0;
@@ -306,20 +340,28 @@ static int nr_train(nr_step *s, const nr_options *o) {
   if (o->loss_log && !log) return nr_error("%s: %s", o->loss_log, strerror(errno));
   double t0 = nr_now(), first = 0, last = 0;
   for (long k = 1; k <= o->steps; k++) {
-    if (s->api.run(s->step) != NOVA_OK) return nr_error("%s: step %ld failed: %s", s->path, k, s->api.error(s->step));
+    long long step = start + k;
+    if (b && nr_batches_bind(b, s, step)) {
+      if (log) fclose(log);
+      return 1;
+    }
+    if (s->api.run(s->step) != NOVA_OK) {
+      if (log) fclose(log);
+      return nr_error("%s: step %lld failed: %s", s->path, step, s->api.error(s->step));
+    }
     const void *lp = nr_loss(s, &dt);
     double loss = !lp ? 0 : dt == NOVA_DTYPE_F64 ? *(const double *)lp : *(const float *)lp;
     if (k == 1) first = loss;
     last = loss;
-    if (log) fprintf(log, "%ld %.9g\n", k, loss);
+    if (log) fprintf(log, "%lld %.9g\n", step, loss);
     if (!isfinite(loss)) {
       if (log) fclose(log);
-      return nr_error("step %ld: the loss is %g; training diverged (lower --lr?)", k, loss);
+      return nr_error("step %lld: the loss is %g; training diverged (lower --lr?)", step, loss);
     }
     if (!o->quiet && (tty || k == 1 || k % every == 0 || k == o->steps)) {
       double el = nr_now() - t0, rate = el > 0 ? (double)k * (double)(batch ? batch : 1) / el : 0;
-      fprintf(stderr, "%sstep %ld/%ld  loss %.6f  %.0f samples/s  ETA %.1f s%s", tty ? "\r" : "", k, o->steps, loss,
-              rate, el / (double)k * (double)(o->steps - k), tty ? "   " : "\n");
+      fprintf(stderr, "%sstep %lld/%lld  loss %.6f  %.0f samples/s  ETA %.1f s%s", tty ? "\r" : "", step,
+              start + o->steps, loss, rate, el / (double)k * (double)(o->steps - k), tty ? "   " : "\n");
     }
   }
   double el = nr_now() - t0;
@@ -330,12 +372,51 @@ static int nr_train(nr_step *s, const nr_options *o) {
   return 0;
 }
 
+/* 1 if S is a training step: a run updates its params or optimizer state. */
+static int nr_is_training_step(nr_step *s) {
+  nova_tensor_info info;
+  for (int i = 0, n = s->api.num_tensors(s->step); i < n; i++)
+    if (s->api.tensor(s->step, i, &info) == NOVA_OK && info.role == NOVA_ROLE_UPDATE) return 1;
+  return 0;
+}
+
+/* --steps, or one plain run (O->repeat times); *DONE = the steps done
+ * after it, counting from START. */
+static int nr_execute(nr_step *s, const nr_options *o, nr_batches *b, long long start, long long *done) {
+  double median = 0;
+  int rc;
+  *done = start;
+  if (o->steps) {
+    rc = nr_train(s, o, b, start);
+    if (!rc) *done = start + o->steps;
+    return rc;
+  }
+  /* every run of a plain run sees the same batch: that of the next step */
+  if (b && nr_batches_bind(b, s, start + 1)) return 1;
+  if ((rc = nr_run(s, o, &median))) return rc;
+  if (nr_is_training_step(s)) *done = start + o->repeat;
+  if (!o->quiet) {
+    const char *from = o->inputs_dir ? o->inputs_dir : o->data_path ? o->data_path : o->seed_set ? "--seed" : NULL;
+    fprintf(stderr, "novarun: step %s: %d tensors, %d bound from %s\n", o->step_path, s->api.num_tensors(s->step),
+            b ? nr_batches_count(b) : s->nbound, from ? from : "(no --inputs)");
+    if (median < 1e-3)
+      fprintf(stderr, "novarun: %.2f us per run (median of %ld)\n", median * 1e6, o->repeat);
+    else
+      fprintf(stderr, "novarun: %.3f ms per run (median of %ld)\n", median * 1e3, o->repeat);
+  }
+  return 0;
+}
+
+/* Order: the checkpoint, then the batch source, then the output folders:
+ * nothing is created or run unless every input checked out. */
 static int nr_main(const nr_options *o) {
   nr_step s;
-  int nbound = 0;
-  double median = 0;
+  nr_batches *b = NULL;
+  long long start = 0, done = 0;
   int rc = nr_open(&s, o->step_path);
-  if (!rc) rc = nr_bind_inputs(&s, o, &nbound);
+  if (!rc && o->load_path) rc = nr_checkpoint_load(&s, o->load_path, &start);
+  if (!rc && (o->data_path || o->seed_set)) rc = nr_batches_create(&s, o, &b);
+  else if (!rc) rc = nr_bind_inputs(&s, o, &s.nbound);
   if (!rc && o->outputs_dir) rc = nr_make_dirs(o->outputs_dir);
   if (!rc && o->dump_dir) rc = nr_make_dirs(o->dump_dir);
   if (!rc && o->lr_set) {
@@ -344,24 +425,11 @@ static int nr_main(const nr_options *o) {
       rc = nr_error("--lr: %s (the step has no run-time learning rate: compile it with novac --train)",
                     s.api.error(s.step));
   }
-  if (!rc && o->steps) {
-    rc = nr_train(&s, o);
-    if (!rc) rc = nr_report_outputs(&s, o);
-    if (!rc && o->dump_dir) rc = nr_dump(&s, o);
-    nr_close(&s);
-    return rc;
-  }
-  if (!rc) rc = nr_run(&s, o, &median);
-  if (!rc && !o->quiet) {
-    fprintf(stderr, "novarun: step %s: %d tensors, %d bound from %s\n", o->step_path, s.api.num_tensors(s.step),
-            nbound, o->inputs_dir ? o->inputs_dir : "(no --inputs)");
-    if (median < 1e-3)
-      fprintf(stderr, "novarun: %.2f us per run (median of %ld)\n", median * 1e6, o->repeat);
-    else
-      fprintf(stderr, "novarun: %.3f ms per run (median of %ld)\n", median * 1e3, o->repeat);
-  }
+  if (!rc) rc = nr_execute(&s, o, b, start, &done);
   if (!rc) rc = nr_report_outputs(&s, o);
   if (!rc && o->dump_dir) rc = nr_dump(&s, o);
+  if (!rc && o->save_path) rc = nr_checkpoint_save(&s, o->save_path, done);
+  nr_batches_destroy(b);
   nr_close(&s);
   return rc;
 }

@@ -1,5 +1,7 @@
-/* novarun.h: what novarun.c (command line, loading, running) and
- * novarun_io.c (input and output tensors) share. */
+/* novarun.h: what the parts of novarun share: novarun.c (command line,
+ * loading, running), novarun_io.c (input and output tensors as .pb files),
+ * novarun_st.c (safetensors files), novarun_ckpt.c (--save, --load) and
+ * novarun_data.c (batches from --data and --seed). */
 #ifndef NOVA_NOVARUN_H
 #define NOVA_NOVARUN_H
 
@@ -16,6 +18,7 @@ typedef struct nr_api {
   nova_status (*run)(nova_step *);
   nova_status (*get)(nova_step *, const char *, const void **, nova_tensor_info *);
   const char *(*error)(const nova_step *);
+  const char *(*graph_hash)(const nova_step *); /* NULL in a step.so older than it */
 } nr_api;
 
 typedef struct nr_options {
@@ -30,7 +33,11 @@ typedef struct nr_options {
   long repeat;             /* >= 1 */
   int print;               /* --print: values and statistics on stdout */
   int quiet;               /* -q: no summary on stderr */
-  const char *training_option; /* first of --steps, --data, ... given: refused */
+  const char *data_path;   /* --data FILE: batches from a safetensors file */
+  uint64_t seed;           /* --seed N, when seed_set: synthetic batches */
+  int seed_set;
+  const char *save_path;   /* --save FILE: checkpoint after the last step */
+  const char *load_path;   /* --load FILE: checkpoint before the first step */
 } nr_options;
 
 /* A loaded, opened step. */
@@ -38,6 +45,7 @@ typedef struct nr_step {
   nr_api api;
   nova_step *step;
   const char *path;
+  int nbound;   /* inputs bound from --inputs */
 } nr_step;
 
 /* Prints "novarun: MESSAGE" on stderr; returns 1, the exit status of a
@@ -48,6 +56,10 @@ void nr_warning(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Reads and binds every input and label of S from O->inputs_dir; returns
  * 0 and the number bound in *NBOUND, or 1 after a diagnostic. */
 int nr_bind_inputs(nr_step *s, const nr_options *o, int *nbound);
+
+/* nova_step_tensor into *INFO, zeroed first (a step.so older than a field
+ * leaves it 0); returns 0, or 1 after a diagnostic. */
+int nr_tensor(nr_step *s, int i, nova_tensor_info *info);
 
 /* mkdir -p DIR; returns 0, or 1 after a diagnostic. */
 int nr_make_dirs(const char *dir);
@@ -60,5 +72,96 @@ int nr_report_outputs(nr_step *s, const nr_options *o);
 /* --dump: writes DIR/param.NAME.pb for every param (its value after the
  * last run) and DIR/loss.pb for the loss, if the step has one. */
 int nr_dump(nr_step *s, const nr_options *o);
+
+/* ---- safetensors (novarun_st.c) ------------------------------------------ */
+
+#define NR_ST_MAX_RANK (NOVA_MAX_RANK + 1) /* a --data tensor has one extra dimension */
+
+/* One tensor of a safetensors file's header. */
+typedef struct nr_st_tensor {
+  const char *name;      /* borrowed from the header */
+  nova_dtype dtype;
+  int rank;
+  int64_t shape[NR_ST_MAX_RANK];
+  uint64_t begin, end;   /* data_offsets: bytes [begin, end) of the data section */
+} nr_st_tensor;
+
+/* An open safetensors file whose header passed nr_st_open's checks. */
+typedef struct nr_st_file {
+  const char *path;
+  int fd;
+  uint64_t data_start;   /* 8 + header length: where the data section begins */
+  uint64_t data_size;    /* bytes from data_start to the end of the file */
+  int ntensors;
+  nr_st_tensor *tensors; /* [ntensors] owned, in header order */
+  void *header;          /* owned: the parsed header (cJSON) */
+} nr_st_file;
+
+/* Opens PATH and checks its header: the length, the JSON, every entry
+ * (dtype, shape, data_offsets matching dtype and shape, inside the data
+ * section, no two overlapping), names unique, __metadata__ a map of
+ * strings.  Returns 0, or 1 after a diagnostic (F then holds nothing). */
+int nr_st_open(const char *path, nr_st_file *f);
+void nr_st_close(nr_st_file *f);
+
+/* The tensor of F named NAME, or NULL. */
+const nr_st_tensor *nr_st_find(const nr_st_file *f, const char *name);
+
+/* __metadata__[KEY] of F, or NULL.  Borrowed. */
+const char *nr_st_metadata(const nr_st_file *f, const char *key);
+
+/* Reads N bytes at OFFSET of F's data section into BUF; 0, or 1 after a
+ * diagnostic. */
+int nr_st_read(const nr_st_file *f, uint64_t offset, void *buf, size_t n);
+
+/* One tensor to write. */
+typedef struct nr_st_out {
+  const char *name;
+  nova_dtype dtype;
+  int rank;
+  const int64_t *shape;
+  size_t nbytes;
+  const void *data;
+} nr_st_out;
+
+/* Writes N tensors and the metadata (NMETA pairs KEYS[i] = VALUES[i]) to
+ * PATH as a safetensors file, atomically: into a temporary file in the same
+ * folder, fsync, rename over PATH.  Returns 0, or 1 after a diagnostic
+ * (PATH is then unchanged). */
+int nr_st_write(const char *path, int n, const nr_st_out *tensors, int nmeta, const char *const *keys,
+                const char *const *values);
+
+/* "F32", ... the safetensors name of DTYPE. */
+const char *nr_st_dtype_name(nova_dtype dtype);
+
+/* "f32 [2,3]" into BUF (N bytes), for ranks up to NR_ST_MAX_RANK. */
+char *nr_type_str(char *buf, size_t n, nova_dtype dtype, int rank, const int64_t *shape);
+
+/* ---- checkpoints (novarun_ckpt.c) ------------------------------------------ */
+
+/* --load: checks every tensor of the checkpoint PATH against S's params
+ * and opt_state, then binds them all; *STEP = the steps done recorded in
+ * the file (0 if none).  Returns 0, or 1 after a diagnostic with S
+ * unchanged. */
+int nr_checkpoint_load(nr_step *s, const char *path, long long *step);
+
+/* --save: writes every param and opt_state of S to PATH, with STEP as the
+ * steps done.  Returns 0, or 1 after a diagnostic. */
+int nr_checkpoint_save(nr_step *s, const char *path, long long step);
+
+/* ---- batches (novarun_data.c) ---------------------------------------------- */
+
+/* Where each step's inputs and labels come from with --data or --seed. */
+typedef struct nr_batches nr_batches;
+
+/* Checks O->data_path (or --seed) against S's inputs and labels; *B is
+ * then ready for nr_batches_bind.  Returns 0, or 1 after a diagnostic. */
+int nr_batches_create(nr_step *s, const nr_options *o, nr_batches **b);
+
+/* Binds the batch of step STEP (1-based, counted over every run, loaded
+ * checkpoints included) to S.  Returns 0, or 1 after a diagnostic. */
+int nr_batches_bind(nr_batches *b, nr_step *s, long long step);
+int nr_batches_count(const nr_batches *b); /* tensors bound per step */
+void nr_batches_destroy(nr_batches *b);
 
 #endif

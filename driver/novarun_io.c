@@ -30,6 +30,12 @@ __attribute__((format(printf, 3, 4))) static int nr_path(char *path, const char 
   return 0;
 }
 
+int nr_tensor(nr_step *s, int i, nova_tensor_info *info) {
+  memset(info, 0, sizeof *info);
+  if (s->api.tensor(s->step, i, info) != NOVA_OK) return nr_error("%s: cannot query tensor %d", s->path, i);
+  return 0;
+}
+
 /* ---- inputs -------------------------------------------------------------- */
 
 /* The file holding input K (INFO) under DIR into PATH: DIR/input_K.pb if
@@ -83,7 +89,8 @@ static int nr_check_inputs_given(nr_step *s, const nr_options *o) {
     if (s->api.tensor(s->step, i, &info) == NOVA_OK && nr_is_fed(info.role) && !info.has_default && fed++ == 0)
       first = info.name;
   if (fed == 0 || o->inputs_dir) return 0;
-  return nr_error("%s: the step has %d input%s ('%s'%s); give %s with --inputs DIR", o->step_path, fed,
+  return nr_error("%s: the step has %d input%s ('%s'%s); give %s with --inputs DIR, --data FILE or --seed N",
+                  o->step_path, fed,
                   fed > 1 ? "s" : "", first, fed > 1 ? ", ..." : "", fed > 1 ? "them" : "it");
 }
 

@@ -126,6 +126,7 @@ static void rt_fill_info(const nova_step *s, int i, nova_tensor_info *info) {
   info->shape = t->shape;
   info->nbytes = s->nbytes[i];
   info->has_default = (t->role == NOVA_ROLE_INPUT || t->role == NOVA_ROLE_LABEL) && t->init_offset >= 0;
+  info->index_bound = t->index_bound;
 }
 
 NOVA_API int nova_step_num_tensors(const nova_step *step) {
@@ -153,9 +154,11 @@ NOVA_API nova_status nova_step_find(const nova_step *step, const char *name, int
 static nova_status rt_check_bind(nova_step *s, int i, nova_dtype dtype, int rank, const int64_t *shape) {
   const rt_tensor_desc *t = &s->graph->tensors[i];
   char given[256], want[256];
-  if (t->role != NOVA_ROLE_INPUT && t->role != NOVA_ROLE_LABEL && t->role != NOVA_ROLE_PARAM)
-    return rt_fail(s, NOVA_ERR_ROLE, "tensor '%s' has role %s; only inputs, labels and params can be bound",
-                   t->name, rt_role_name(t->role));
+  if (t->role != NOVA_ROLE_INPUT && t->role != NOVA_ROLE_LABEL && t->role != NOVA_ROLE_PARAM &&
+      t->role != NOVA_ROLE_OPT_STATE)
+    return rt_fail(s, NOVA_ERR_ROLE,
+                   "tensor '%s' has role %s; only inputs, labels, params and opt_state can be bound", t->name,
+                   rt_role_name(t->role));
   if ((int)dtype != t->dtype)
     return rt_fail(s, NOVA_ERR_DTYPE, "tensor '%s': dtype %s given, step compiled for %s", t->name,
                    rt_dtype_name(dtype), rt_dtype_name(t->dtype));
@@ -217,6 +220,10 @@ NOVA_API nova_status nova_step_get(nova_step *step, const char *name, const void
   *data = step->buffers[i];
   rt_fill_info(step, i, info);
   return rt_ok(step);
+}
+
+NOVA_API const char *nova_step_graph_hash(const nova_step *step) {
+  return step && step->graph && step->graph->graph_hash ? step->graph->graph_hash : "";
 }
 
 NOVA_API const char *nova_step_error(const nova_step *step) {

@@ -26,6 +26,7 @@ suite e2e-examples python3 testsuite/e2e/test_examples.py
 suite e2e-onnx-models python3 testsuite/e2e/test_onnx_models.py
 suite grad python3 testsuite/e2e/test_grads.py
 suite e2e-train python3 testsuite/e2e/test_train_onnx.py
+suite e2e-checkpoint python3 testsuite/e2e/test_checkpoint.py
 [ -f testsuite/runtime/run.sh ] && suite runtime sh testsuite/runtime/run.sh "$B"
 [ -f testsuite/bad/run.sh ] && suite bad sh testsuite/bad/run.sh "$B"
 [ -f testsuite/fuzz/mutate.py ] && suite fuzz python3 testsuite/fuzz/mutate.py "$B" 200

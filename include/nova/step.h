@@ -71,6 +71,8 @@ typedef struct nova_tensor_info {
   const int64_t *shape; /* borrowed, rank entries */
   size_t nbytes;
   int has_default;      /* an input with a value until one is bound (a training step's lr) */
+  int64_t index_bound;  /* > 0: an integer input used as an index; run() accepts only values
+                           in [0, index_bound) (ONNX Gather also [-index_bound, 0)); 0: none */
 } nova_tensor_info;
 
 typedef struct nova_step nova_step;
@@ -85,8 +87,9 @@ int nova_step_num_tensors(const nova_step *step);
 nova_status nova_step_tensor(const nova_step *step, int index, nova_tensor_info *info);
 nova_status nova_step_find(const nova_step *step, const char *name, int *index);
 
-/* Copies data into the tensor NAME (role input, label or param).  dtype, rank
- * and shape must equal the compiled ones. */
+/* Copies data into the tensor NAME (role input, label, param or opt_state:
+ * restoring a checkpoint binds the optimizer state too).  dtype, rank and
+ * shape must equal the compiled ones. */
 nova_status nova_step_bind(nova_step *step, const char *name, nova_dtype dtype,
                            int rank, const int64_t *shape, const void *data);
 
@@ -97,6 +100,10 @@ nova_status nova_step_run(nova_step *step);
 /* Borrowed view of any tensor's current value (outputs after a run). */
 nova_status nova_step_get(nova_step *step, const char *name, const void **data,
                           nova_tensor_info *info);
+
+/* The structural hash of the graph the step was compiled from (hex, as in
+ * the manifest's graph_hash); "" if unknown.  Borrowed. */
+const char *nova_step_graph_hash(const nova_step *step);
 
 /* The last error's message; "" after success.  Borrowed. */
 const char *nova_step_error(const nova_step *step);

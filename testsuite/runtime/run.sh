@@ -99,7 +99,7 @@ build novarun.build $CC $CFLAGS $SAN $INC "$here/tpb_tool.c" $PB_SRC -o "$T/tpb_
 
 # (names starting with _ are the toolchain's, e.g. ASan's __odr_asan.*)
 exports=$(nm -D --defined-only "$T/fixture.so" | awk '$3 !~ /^_/ {print $3}' | sort | tr '\n' ' ')
-want="nova_dtype_name nova_dtype_size nova_role_name nova_rt_graph nova_step_bind nova_step_close nova_step_error nova_step_find nova_step_get nova_step_num_tensors nova_step_open nova_step_run nova_step_tensor "
+want="nova_dtype_name nova_dtype_size nova_role_name nova_rt_graph nova_step_bind nova_step_close nova_step_error nova_step_find nova_step_get nova_step_graph_hash nova_step_num_tensors nova_step_open nova_step_run nova_step_tensor "
 if [ "$exports" = "$want" ]; then pass novarun.exports; else fail novarun.exports "exported: $exports" "expected: $want"; fi
 
 # ---- .pb files ---------------------------------------------------------------
@@ -292,21 +292,127 @@ open('$T/bad/input_1.pb', 'wb').write(t.SerializeToString())"
   fi
   echo x >"$T/afile"
   bad bad.outputs_not_a_dir 1 "novarun: $T/afile exists and is not a directory" "$T/fixture.so" --inputs "$T/in" --outputs "$T/afile"
-  bad bad.training_option 1 "--save is not supported yet" "$T/fixture.so" --save ck.safetensors
   bad usage.no_arguments 2 "novarun: no step.so given"
   bad usage.unknown_option 2 "unknown option '--frobnicate'" "$T/fixture.so" --frobnicate
   bad usage.bad_repeat 2 "--repeat needs an integer from 1 to 10000000, not 'x'" "$T/fixture.so" --repeat x
   bad usage.zero_repeat 2 "--repeat needs an integer from 1 to 10000000, not '0'" --repeat=0 "$T/fixture.so"
   bad usage.missing_value 2 "option '--inputs' needs a value" "$T/fixture.so" --inputs
   bad usage.two_steps 2 "more than one step.so given" "$T/fixture.so" "$T/abi99.so"
+  bad usage.two_batch_sources 2 "--inputs and --seed both give the batch" "$T/fixture.so" --inputs "$T/in" --seed 1
+  bad usage.data_and_seed 2 "--data and --seed both give the batch" "$T/fixture.so" --data x.st --seed=1
+  bad usage.bad_seed 2 "--seed needs an integer from 0 to 18446744073709551615, not '-1'" "$T/fixture.so" --seed -1
   novarun usage.help 0 --help && has usage.help "$T/out" "usage: novarun STEP.so" && pass usage.help
   novarun usage.version 0 --version && has usage.version "$T/out" "novarun $(cat "$root/VERSION")" &&
     pass usage.version
 }
 
+# ---- checkpoints (--save, --load) and batches (--data, --seed) ----------------
+# mkst FILE SPEC: a safetensors file (st_tool.py write); showst FILE: its lines.
+mkst() { python3 "$here/st_tool.py" write "$@"; }
+showst() { python3 "$here/st_tool.py" print "$1"; }
+
+# The fixture's state: w [3], emb [5] (params), runs [1] (opt_state, +1 per run).
+ST_W='"w": ["f32", [3], [0, 0, 100]]'
+ST_EMB='"emb": ["f32", [5], [10, 20, 30, 40, 50]]'
+
+# lines_are NAME GOT WANT: GOT (text) equals WANT, else NAME fails.
+lines_are() {
+  [ "$2" = "$3" ] && return 0
+  fail "$1" "got: $2" "expected: $3"
+  return 1
+}
+
+run_checkpoint() {
+  mkdir -p "$T/ck" && novarun ckpt.save 0 "$T/fixture.so" --inputs "$T/in" --save "$T/ck/one.st" -q &&
+    lines_are ckpt.save "$(showst "$T/ck/one.st")" "w f32 [3] 0.5 -1 2
+emb f32 [5] 10 20 30 40 50
+runs f32 [1] 1
+meta format novac
+meta graph_hash 0123456789abcdef
+meta step 0" &&
+    lines_are ckpt.save "$(ls -a "$T/ck" | tr '\n' ' ')" ". .. one.st " && pass ckpt.save
+
+  # runs comes back as 1, so this run's loss is 45 + 3 + 2
+  novarun ckpt.load 0 "$T/fixture.so" --inputs "$T/in" --load "$T/ck/one.st" --outputs "$T/ck/out" -q &&
+    output_is ckpt.load "$T/ck/out/output_2.pb" 'loss f32 [] 50' && pass ckpt.load
+
+  # w = [0, 0, 100], runs = 10: the loss is sum(y) 242 + lbl 3 + runs 11
+  mkst "$T/ck/w.st" "{$ST_W, $ST_EMB, \"runs\": [\"f32\", [1], [10]]}" &&
+    novarun ckpt.load_values 0 "$T/fixture.so" --inputs "$T/in" --load "$T/ck/w.st" --outputs "$T/ck/out2" &&
+    output_is ckpt.load_values "$T/ck/out2/output_0.pb" 'y f32 [2,3] 2 4 106 8 10 112' &&
+    output_is ckpt.load_values "$T/ck/out2/output_2.pb" 'loss f32 [] 256' &&
+    has ckpt.load_values "$T/err" "records no graph_hash; its tensors match the step" && pass ckpt.load_values
+
+  mkst "$T/ck/other.st" "{\"__metadata__\": {\"graph_hash\": \"feedfeedfeedfeed\", \"step\": \"7\"}, $ST_W, $ST_EMB,
+    \"runs\": [\"f32\", [1], [0]]}" &&
+    novarun ckpt.other_graph 0 "$T/fixture.so" --inputs "$T/in" --load "$T/ck/other.st" --save "$T/ck/again.st" -q &&
+    has ckpt.other_graph "$T/err" "was written for graph feedfeedfeedfeed, this step is graph 0123456789abcdef" &&
+    has ckpt.other_graph "$T/err" "match by name, dtype and shape" &&
+    lines_are ckpt.other_graph "$(showst "$T/ck/again.st" | tail -n 2)" "meta graph_hash 0123456789abcdef
+meta step 7" && pass ckpt.other_graph
+
+  mkst "$T/ck/lacks.st" "{\"__metadata__\": {\"graph_hash\": \"feedfeedfeedfeed\"}, $ST_W, $ST_EMB}"
+  bad ckpt.missing_opt_state 1 "the checkpoint lacks opt_state 'runs' (f32 [1]) of the step (the checkpoint was written for graph feedfeedfeedfeed, this step is graph 0123456789abcdef)" \
+    "$T/fixture.so" --inputs "$T/in" --load "$T/ck/lacks.st"
+  mkst "$T/ck/role.st" "{$ST_W, $ST_EMB, \"runs\": [\"f32\", [1], [0]], \"y\": [\"f32\", [2,3], [1,2,3,4,5,6]]}"
+  bad ckpt.not_state 1 "tensor 'y' is the step's output, not a param or opt_state" \
+    "$T/fixture.so" --inputs "$T/in" --load "$T/ck/role.st"
+  mkst "$T/ck/shape.st" "{$ST_W, $ST_EMB, \"runs\": [\"f32\", [], [0]]}"
+  bad ckpt.opt_state_shape 1 "tensor 'runs': the checkpoint holds f32 [], the step's opt_state is f32 [1]" \
+    "$T/fixture.so" --inputs "$T/in" --load "$T/ck/shape.st"
+  mkst "$T/ck/step.st" "{\"__metadata__\": {\"step\": \"-3\"}, $ST_W, $ST_EMB, \"runs\": [\"f32\", [1], [0]]}"
+  bad ckpt.bad_step 1 "__metadata__ \"step\" is \"-3\", not a number of steps" \
+    "$T/fixture.so" --inputs "$T/in" --load "$T/ck/step.st"
+  bad ckpt.save_no_dir 1 "cannot create a temporary file next to $T/ck/none/x.st" \
+    "$T/fixture.so" --inputs "$T/in" --save "$T/ck/none/x.st"
+}
+
+run_batches() {
+  # x [2,3], scale [], idx [4], lbl [2] from 4 samples: step 2 takes samples 2-3 of x
+  # and lbl, 1 of scale, all of idx; step 3 wraps around to samples 0-1 and 2
+  mkdir -p "$T/data"
+  mkst "$T/data/d.st" '{"x": ["f32", [4,3], [1,2,3,4,5,6,0,0,0,0,0,0]], "scale": ["f32", [4], [2,1,2,9]],
+    "idx": ["i64", [4], [4,0,2,1]], "lbl": ["i32", [4], [1,2,0,0]]}' &&
+    novarun data.steps 0 "$T/fixture.so" --data "$T/data/d.st" --steps 3 --loss-log "$T/data/log" -q &&
+    lines_are data.steps "$(cat "$T/data/log")" "1 49
+2 5
+3 51" && pass data.steps
+  novarun data.plain_run 0 "$T/fixture.so" --data "$T/data/d.st" --outputs "$T/data/out" &&
+    output_is data.plain_run "$T/data/out/output_2.pb" 'loss f32 [] 49' &&
+    has data.plain_run "$T/err" "4 bound from $T/data/d.st" && pass data.plain_run
+  mkst "$T/data/s.st" '{"x": ["f32", [4,3], [1,2,3,4,5,6,0,0,0,0,0,0]], "scale": ["f32", [3], [2,1,2]],
+    "idx": ["i64", [4], [4,0,2,1]], "lbl": ["i32", [4], [1,2,0,0]]}'
+  bad data.unequal_samples 1 "tensor 'scale' holds 3 samples, the tensors before it 4" \
+    "$T/fixture.so" --data "$T/data/s.st"
+  mkst "$T/data/few.st" '{"x": ["f32", [1,3], [1,2,3]], "scale": ["f32", [1], [2]],
+    "idx": ["i64", [1], [4]], "lbl": ["i32", [1], [1]]}'
+  bad data.too_few_samples 1 "tensor 'x' holds 1 samples, fewer than one batch of the step's input (2)" \
+    "$T/fixture.so" --data "$T/data/few.st"
+  mkst "$T/data/dt.st" '{"x": ["f64", [4,3], [1,2,3,4,5,6,0,0,0,0,0,0]]}'
+  bad data.wrong_dtype 1 "tensor 'x' is f64 [4,3], but for the step's input f32 [2,3] it must be f32 [S,3] (S samples)" \
+    "$T/fixture.so" --data "$T/data/dt.st"
+  mkst "$T/data/miss.st" '{"x": ["f32", [4,3], [1,2,3,4,5,6,0,0,0,0,0,0]]}'
+  bad data.missing 1 "no tensor 'scale' for the step's input 'scale' (f32 [])" "$T/fixture.so" --data "$T/data/miss.st"
+  mkst "$T/data/extra.st" '{"w": ["f32", [4,3], [1,2,3,4,5,6,0,0,0,0,0,0]]}'
+  bad data.not_an_input 1 "tensor 'w' is the step's param, not an input or label" \
+    "$T/fixture.so" --data "$T/data/extra.st"
+
+  # --seed: idx and lbl must land inside their bounds, or the runs fail
+  novarun seed.steps 0 "$T/fixture.so" --seed 7 --steps 4 --loss-log "$T/data/seed1" -q &&
+    novarun seed.steps 0 "$T/fixture.so" --seed=7 --steps 4 --loss-log "$T/data/seed2" -q &&
+    novarun seed.steps 0 "$T/fixture.so" --seed 8 --steps 4 --loss-log "$T/data/seed3" -q &&
+    lines_are seed.steps "$(cat "$T/data/seed2")" "$(cat "$T/data/seed1")" &&
+    if cmp -s "$T/data/seed1" "$T/data/seed3"; then fail seed.steps "seeds 7 and 8 gave the same losses";
+    else pass seed.steps; fi
+}
+
 NOVARUN_PREFIX=
 run_ok
 run_bad
+if python3 -c '' 2>/dev/null; then
+  run_checkpoint
+  run_batches
+fi
 
 # The same success and failure paths once more under valgrind: no error, no leak.
 if [ -n "$VALGRIND" ]; then
@@ -315,5 +421,12 @@ if [ -n "$VALGRIND" ]; then
     output_is valgrind.novarun_run "$T/out5/output_0.pb" "$Y" && pass valgrind.novarun_run
   novarun valgrind.novarun_bad_input 1 "$T/fixture.so" --inputs "$T/bad" && pass valgrind.novarun_bad_input
   novarun valgrind.novarun_abi 1 "$T/abi99.so" && pass valgrind.novarun_abi
+  if python3 -c '' 2>/dev/null; then
+    novarun valgrind.novarun_checkpoint 0 "$T/fixture.so" --data "$T/data/d.st" --steps 3 --load "$T/ck/one.st" \
+      --save "$T/ck/vg.st" -q && pass valgrind.novarun_checkpoint
+    novarun valgrind.novarun_bad_checkpoint 1 "$T/fixture.so" --seed 3 --steps 2 --load "$T/ck/role.st" &&
+      pass valgrind.novarun_bad_checkpoint
+    novarun valgrind.novarun_bad_data 1 "$T/fixture.so" --data "$T/data/s.st" && pass valgrind.novarun_bad_data
+  fi
 fi
 exit 0

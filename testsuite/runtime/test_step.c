@@ -162,6 +162,28 @@ static void test_bind_param(void) {
   nova_step_close(s);
 }
 
+/* Optimizer state can be bound (a checkpoint restores it), with the same
+ * dtype and shape checks as any other tensor; the next run starts from it. */
+static void test_bind_opt_state(void) {
+  nova_step *s = open_ok();
+  const float runs = 41;
+  const double wide = 41;
+  const int64_t one[1] = {1}, two[1] = {2};
+  bind_all(s);
+  EXPECT_STATUS(s, nova_step_bind(s, "runs", NOVA_DTYPE_F64, 1, one, &wide), NOVA_ERR_DTYPE,
+                "tensor 'runs': dtype f64 given, step compiled for f32");
+  EXPECT_STATUS(s, nova_step_bind(s, "runs", NOVA_DTYPE_F32, 1, two, &runs), NOVA_ERR_SHAPE,
+                "tensor 'runs': shape [2] given, step compiled for [1]");
+  EXPECT_STATUS(s, nova_step_bind(s, "runs", NOVA_DTYPE_F32, 0, NULL, &runs), NOVA_ERR_SHAPE,
+                "tensor 'runs': shape [] given, step compiled for [1]");
+  EXPECT(*get_f32(s, "runs", 1) == 0.0f); /* a refused bind changes nothing */
+  EXPECT_STATUS(s, nova_step_bind(s, "runs", NOVA_DTYPE_F32, 1, one, &runs), NOVA_OK, "");
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_OK, "");
+  EXPECT(*get_f32(s, "runs", 1) == 42.0f);
+  EXPECT(*get_f32(s, "loss", 1) == 49.0f - 1.0f + 42.0f);
+  nova_step_close(s);
+}
+
 static void test_steps_independent(void) {
   nova_step *a = open_ok(), *b = open_ok();
   bind_all(a);
@@ -205,11 +227,9 @@ static void test_bind_shape(void) {
 static void test_bind_role_and_name(void) {
   nova_step *s = open_ok();
   const float v[6] = {0};
-  const int64_t one[1] = {1};
   EXPECT_STATUS(s, nova_step_bind(s, "y", NOVA_DTYPE_F32, 2, x_shape, v), NOVA_ERR_ROLE,
-                "tensor 'y' has role output; only inputs, labels and params can be bound");
+                "tensor 'y' has role output; only inputs, labels, params and opt_state can be bound");
   EXPECT_STATUS(s, nova_step_bind(s, "loss", NOVA_DTYPE_F32, 0, NULL, v), NOVA_ERR_ROLE, "role loss");
-  EXPECT_STATUS(s, nova_step_bind(s, "runs", NOVA_DTYPE_F32, 1, one, v), NOVA_ERR_ROLE, "role opt_state");
   EXPECT_STATUS(s, nova_step_bind(s, "xx", NOVA_DTYPE_F32, 2, x_shape, v), NOVA_ERR_NOT_FOUND,
                 "no tensor named 'xx'");
   nova_step_close(s);
@@ -334,6 +354,25 @@ static void expect_refused_at(const char *text, const char *file, int line) {
   nova_step_close(s);
 }
 
+/* The graph hash of the descriptor, and each tensor's index bound. */
+static void test_graph_hash_and_bounds(void) {
+  nova_step *s = open_ok();
+  nova_tensor_info info;
+  EXPECT(strcmp(nova_step_graph_hash(s), "0123456789abcdef") == 0);
+  EXPECT(strcmp(nova_step_graph_hash(NULL), "") == 0);
+  EXPECT(nova_step_tensor(s, 2, &info) == NOVA_OK && strcmp(info.name, "idx") == 0 && info.index_bound == 5);
+  EXPECT(nova_step_tensor(s, 3, &info) == NOVA_OK && strcmp(info.name, "lbl") == 0 && info.index_bound == 3);
+  EXPECT(nova_step_tensor(s, 0, &info) == NOVA_OK && info.index_bound == 0);
+  EXPECT(nova_step_tensor(s, 4, &info) == NOVA_OK && info.index_bound == 0);
+  nova_step_close(s);
+  bad_reset();
+  bad_graph.abi_version = NOVA_STEP_ABI_VERSION + 1;
+  s = NULL;
+  EXPECT(rt_step_open_graph(&bad_graph, &s) == NOVA_ERR_ABI && s != NULL);
+  EXPECT(strcmp(nova_step_graph_hash(s), "") == 0); /* nothing of a refused descriptor is read */
+  nova_step_close(s);
+}
+
 static void test_abi_mismatch(void) {
   bad_reset();
   bad_graph.abi_version = NOVA_STEP_ABI_VERSION + 1;
@@ -426,6 +465,8 @@ int main(void) {
   run_case("initial_values", test_initial_values);
   run_case("run_values", test_run_values);
   run_case("bind_param", test_bind_param);
+  run_case("bind_opt_state", test_bind_opt_state);
+  run_case("graph_hash_and_bounds", test_graph_hash_and_bounds);
   run_case("steps_independent", test_steps_independent);
   run_case("bind_dtype", test_bind_dtype);
   run_case("bind_shape", test_bind_shape);
