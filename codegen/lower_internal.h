@@ -1,0 +1,59 @@
+/* lower_internal.h: what the nova -> linalg lowering's files share
+ * (lower_linalg.c: the value map, text helpers and most ops;
+ * lower_window.c: convolution and pooling, forward and backward). */
+#ifndef NOVA_LOWER_INTERNAL_H
+#define NOVA_LOWER_INTERNAL_H
+
+#include <mlir-c/IR.h>
+
+#include "../driver/util.h"
+#include "codegen.h"
+
+typedef struct tv { /* a tensor value in the emitted text */
+  int id;
+  int rank;
+  int64_t shape[NOVA_MAX_RANK];
+  nova_dtype dt;
+} tv;
+
+typedef struct vmap_ent {
+  const void *key;
+  tv val;
+} vmap_ent;
+
+typedef struct lw {
+  nova_ctx *c;
+  nv_sbuf out;
+  int next_id;
+  char loc[600];       /* " loc(...)" of the nova op being lowered */
+  vmap_ent *map;       /* open addressing, MlirValue.ptr -> tv */
+  size_t mapcap;
+} lw;
+
+
+/* text helpers (lower_linalg.c) */
+const char *lw_ety(nova_dtype dt);   /* "f32", "i64", "i1", ... */
+const char *lw_ttype(char *buf, size_t n, int rank, const int64_t *shape, nova_dtype dt);
+const char *lw_flit(char *buf, size_t n, double v, nova_dtype dt);
+#define TT(t) lw_ttype((char[200]){0}, 200, (t).rank, (t).shape, (t).dt)
+#define FL(v, dt) lw_flit((char[64]){0}, 64, (v), (dt))
+/* Appends one op line (with the current location). */
+void lw_emit(lw *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+tv lw_fresh(lw *L, int rank, const int64_t *shape, nova_dtype dt);
+tv lw_empty(lw *L, int rank, const int64_t *shape, nova_dtype dt);
+tv lw_filled(lw *L, int rank, const int64_t *shape, nova_dtype dt, double v);
+int64_t lw_tv_numel(const tv *t);
+tv lw_elementwise(lw *L, int nin, const tv *ins, int orank, const int64_t *oshape, nova_dtype odt, const char *body);
+tv lw_reshape(lw *L, tv x, int rank, const int64_t *shape);
+int64_t lw_iattr(MlirOperation op, const char *name);
+int lw_iarray(MlirOperation op, const char *name, int64_t *out);
+
+/* window ops (lower_window.c) */
+tv lw_lower_conv(lw *L, MlirOperation op, tv x, tv wt, const tv *res);
+tv lw_lower_pool(lw *L, MlirOperation op, nv_op kind, tv x, const tv *res);
+tv lw_lower_conv_grad_input(lw *L, MlirOperation op, tv gy, tv wt, const tv *res);
+tv lw_lower_conv_grad_weight(lw *L, MlirOperation op, tv x, tv gy, const tv *res);
+tv lw_lower_pool_grad(lw *L, MlirOperation op, nv_op kind, tv *in, const tv *res);
+tv lw_lower_pool_indices(lw *L, MlirOperation op, tv x, tv y, const tv *res);
+
+#endif
