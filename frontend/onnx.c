@@ -18,6 +18,14 @@
 /* ---- known tensors -------------------------------------------------- */
 
 ox_tensor *ox_tensor_new(nova_dtype dt, int rank, const int64_t *shape) {
+  /* known values are shapes, indices and constants: 2^28 elements at most
+   * (larger data belongs in initializers, which become parameters) */
+  int64_t total = 1;
+  if (rank < 0 || rank > NOVA_MAX_RANK) return NULL;
+  for (int i = 0; i < rank; i++) {
+    if (shape[i] < 0 || (shape[i] && total > (INT64_C(1) << 28) / shape[i])) return NULL;
+    total *= shape[i];
+  }
   ox_tensor *t = calloc(1, sizeof *t);
   if (!t) return NULL;
   t->dt = dt;
@@ -197,7 +205,10 @@ static ox_entry *tab_find(ox_table *t, const char *name) {
 static int tab_put(ox_table *t, const char *name, ox_val v) {
   if (2 * (t->n + 1) > t->cap) {
     ox_table bigger = {calloc(t->cap * 2, sizeof(ox_entry)), t->cap * 2, 0};
-    if (!bigger.e) return -1;
+    if (!bigger.e) {
+      ox_tensor_free(v.k);
+      return -1;
+    }
     for (size_t i = 0; i < t->cap; i++)
       if (t->e[i].name) {
         *tab_find(&bigger, t->e[i].name) = t->e[i];
@@ -212,9 +223,13 @@ static int tab_put(ox_table *t, const char *name, ox_val v) {
     return 1;
   }
   e->name = strdup(name);
+  if (!e->name) {
+    ox_tensor_free(v.k);
+    return -1;
+  }
   e->v = v;
   t->n++;
-  return e->name ? 0 : -1;
+  return 0;
 }
 
 static void tab_free(ox_table *t) {
@@ -276,12 +291,23 @@ static ox_tensor *decode_tensor(ox_ctx *x, const Onnx__TensorProto *tp, const ch
     }
     n *= tp->dims[i];
   }
+  size_t es = fe_dtype_size(dt), bytes = (size_t)n * es;
+  bool external = tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
+  if (!external) { /* the data must be there before anything is allocated for it */
+    size_t have = tp->has_raw_data ? tp->raw_data.len
+                : dt == NOVA_DTYPE_F32 ? tp->n_float_data * es : dt == NOVA_DTYPE_F64 ? tp->n_double_data * es
+                : dt == NOVA_DTYPE_I64 ? tp->n_int64_data * es : tp->n_int32_data * es;
+    if (have != bytes) {
+      ox_err(x, "tensor '%s': holds %zu bytes of data, its shape %s needs %zu", tn, have,
+             fe_shape_str((char[160]){0}, 160, (int)tp->n_dims, tp->dims), bytes);
+      return NULL;
+    }
+  }
   ox_tensor *t = ox_tensor_new(dt, (int)tp->n_dims, tp->dims);
   if (!t) {
-    ox_err(x, "tensor '%s': out of memory for %lld elements", tn, (long long)n);
+    ox_err(x, "tensor '%s': %lld elements is more than novac loads (2^28 elements per tensor)", tn, (long long)n);
     return NULL;
   }
-  size_t es = fe_dtype_size(dt), bytes = (size_t)n * es;
   bool ok = true;
   if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
     ok = read_external(x, tp, basedir, t->data, bytes) == 0;
@@ -504,20 +530,20 @@ static int import_graph(ox_ctx *x, const Onnx__GraphProto *gr, const char *based
       in[j] = e->v;
       in[j].k = e->v.k; /* borrowed */
     }
-    if (ox_convert(x, in, (int)nd->n_input, out, (int)nd->n_output)) goto out;
-    for (size_t j = 0; j < nd->n_output; j++) {
-      const char *nm = nd->output[j];
-      if (!nm || !*nm || !out[j].present) {
+    int crc = ox_convert(x, in, (int)nd->n_input, out, (int)nd->n_output);
+    /* the table takes the named outputs; everything else a converter made is freed */
+    int err = crc;
+    for (size_t j = 0; j < OX_MAX_IO; j++) {
+      const char *nm = j < nd->n_output ? nd->output[j] : NULL;
+      if (err || !nm || !*nm || !out[j].present) {
         ox_tensor_free(out[j].k);
         continue;
       }
-      int r = tab_put(&tab, nm, out[j]);
-      if (r < 0) goto out;
-      if (r > 0) {
-        ox_err(x, "output '%s' is already defined (a value may be assigned once)", nm);
-        goto out;
-      }
+      int r = tab_put(&tab, nm, out[j]); /* frees the value when it fails */
+      if (r > 0) ox_err(x, "output '%s' is already defined (a value may be assigned once)", nm);
+      if (r) err = -1;
     }
+    if (err) goto out;
   }
   if (nv_diag_count(x->d)) goto out;
   /* outputs */

@@ -307,9 +307,11 @@ int ox_fold_reshape(ox_val *in, int rank, const int64_t *shape, ox_val *out) {
 
 int ox_fold(ox_ctx *x, const char *op, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
+  /* every operand known; only Slice's axes and steps may be omitted */
+  int required = !strcmp(op, "Slice") ? 3 : nin;
   for (int i = 0; i < nin; i++)
-    if (in[i].present && !in[i].k) return 0;
-  if (nin == 0 || !in[0].present) return 0;
+    if ((in[i].present && !in[i].k) || (!in[i].present && i < required)) return 0;
+  if (nin == 0) return 0;
   static const char *const ew[] = {"Add", "Sub", "Mul", "Div", "Pow", "Min", "Max", "Equal", "Less", "Greater",
                                    "Where", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp"};
   for (size_t i = 0; i < sizeof ew / sizeof *ew; i++)

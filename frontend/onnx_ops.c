@@ -18,8 +18,9 @@ typedef int (*ox_conv_fn)(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout)
 
 static int need(ox_ctx *x, ox_val *in, int nin, int min, int max) {
   if (nin < min || (max >= 0 && nin > max))
-    return ox_err(x, "takes %d to %d inputs, got %d", min, max, nin);
-  for (int i = 0; i < min; i++)
+    return max >= 0 ? ox_err(x, "takes %d to %d inputs, got %d", min, max, nin)
+                    : ox_err(x, "takes at least %d inputs, got %d", min, nin);
+  for (int i = 0; i < (max < 0 ? nin : min); i++) /* variadic inputs are all required */
     if (!in[i].present) return ox_err(x, "input %d is required", i);
   return 0;
 }
@@ -1005,9 +1006,11 @@ int ox_convert(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   const char *op = x->node->op_type;
   for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
     if (strcmp(table[i].name, op)) continue;
-    int f = ox_fold(x, op, in, nin, out, nout);
-    if (f) return f < 0 ? -1 : 0;
     int before = nv_diag_count(x->d);
+    int f = ox_fold(x, op, in, nin, out, nout);
+    if (f < 0 && nv_diag_count(x->d) == before)
+      ox_err(x, "evaluating it when compiling failed: its result is too large (more than 2^28 elements) or memory ran out");
+    if (f) return f < 0 ? -1 : 0;
     int rc = table[i].fn(x, in, nin, out, nout);
     if (rc && nv_diag_count(x->d) == before) ox_err(x, "could not be converted");
     return rc ? -1 : 0;
