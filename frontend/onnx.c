@@ -93,7 +93,7 @@ nova_dtype ox_dtype_of_onnx(int32_t t) {
   }
 }
 
-static const char *onnx_type_name(int32_t t) {
+const char *ox_onnx_type_name(int32_t t) {
   static const char *n[] = {"undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string",
                             "bool", "float16", "double", "uint32", "uint64", "complex64", "complex128", "bfloat16"};
   return t >= 0 && t < 17 ? n[t] : "an unknown type";
@@ -276,7 +276,7 @@ static ox_tensor *decode_tensor(ox_ctx *x, const Onnx__TensorProto *tp, const ch
   nova_dtype dt = ox_dtype_of_onnx(tp->data_type);
   if (!dt) {
     ox_err(x, "tensor '%s' has element type %s; supported: float, double, int64, int32, bool", tn,
-           onnx_type_name(tp->data_type));
+           ox_onnx_type_name(tp->data_type));
     return NULL;
   }
   if (tp->n_dims > NOVA_MAX_RANK) {
@@ -379,7 +379,7 @@ static nv_node *make_input(ox_ctx *x, const Onnx__ValueInfoProto *vi) {
   nova_dtype dt = ox_dtype_of_onnx(tt->elem_type);
   if (!dt) {
     ox_err(x, "graph input '%s' has element type %s; supported: float, double, int64, int32, bool", name,
-           onnx_type_name(tt->elem_type));
+           ox_onnx_type_name(tt->elem_type));
     return NULL;
   }
   if (!tt->shape) {
@@ -436,7 +436,7 @@ static int check_declared(ox_ctx *x, const Onnx__ValueInfoProto *vi, const nv_no
   const Onnx__TypeProto__Tensor *tt = vi->type->tensor_type;
   nova_dtype dt = ox_dtype_of_onnx(tt->elem_type);
   if (tt->has_elem_type && tt->elem_type && dt != n->dtype)
-    return ox_err(x, "graph output '%s' is declared %s, the graph computes %s", vi->name, onnx_type_name(tt->elem_type),
+    return ox_err(x, "graph output '%s' is declared %s, the graph computes %s", vi->name, ox_onnx_type_name(tt->elem_type),
                   fe_dtype_name(n->dtype));
   if (!tt->shape) return 0;
   if ((int)tt->shape->n_dim != n->rank)

@@ -72,6 +72,7 @@ nv_node *ox_add(ox_ctx *x, nv_op op, int nin, nv_node **in, const nv_node *attrs
  * the input is computed at run time. Returns the count or -1. */
 int ox_const_ints(ox_ctx *x, ox_val v, const char *what, int64_t *out, int max);
 nova_dtype ox_dtype_of_onnx(int32_t onnx_type); /* 0 if unsupported */
+const char *ox_onnx_type_name(int32_t onnx_type); /* "float16", ... */
 int ox_val_rank(ox_val v);
 const int64_t *ox_val_shape(ox_val v);
 nova_dtype ox_val_dtype(ox_val v);

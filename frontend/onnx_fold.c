@@ -246,16 +246,15 @@ static int fold_slice(ox_ctx *x, ox_val *in, int nin, ox_val *out) {
 static int fold_range(ox_ctx *x, ox_val *in, ox_val *out) {
   const ox_tensor *s = in[0].k, *l = in[1].k, *dl = in[2].k;
   bool fl = fe_dtype_is_float(s->dt);
+  if (ox_numel(s) != 1 || ox_numel(l) != 1 || ox_numel(dl) != 1) return ox_err(x, "Range takes scalars");
   double fs = ox_getf(s, 0), fe = ox_getf(l, 0), fd = ox_getf(dl, 0);
-  if (fd == 0) return ox_err(x, "Range: delta is 0");
-  int64_t n = (int64_t)ceil((fe - fs) / fd);
-  if (!fl) {
-    int64_t is = ox_geti(s, 0), ie = ox_geti(l, 0), id = ox_geti(dl, 0);
-    n = id > 0 ? (ie - is + id - 1) / id : (is - ie - id - 1) / -id;
-  }
-  if (n < 0) n = 0;
-
-  if (n > NV_MAX_NUMEL) return ox_err(x, "Range has too many elements");
+  if (!isfinite(fs) || !isfinite(fe) || !isfinite(fd)) return ox_err(x, "start, limit and delta must be finite");
+  if (fd == 0) return ox_err(x, "delta is 0");
+  /* the count, computed in long double so no integer arithmetic overflows */
+  long double cnt = fl ? ceill(((long double)fe - fs) / fd)
+                       : ceill(((long double)ox_geti(l, 0) - (long double)ox_geti(s, 0)) / (long double)ox_geti(dl, 0));
+  if (cnt > (long double)(INT64_C(1) << 28)) return ox_err(x, "the range is too large (%.3Lg elements; at most 2^28)", cnt);
+  int64_t n = cnt > 0 ? (int64_t)cnt : 0;
   ox_tensor *o = ox_tensor_new(s->dt, 1, &n);
   if (!o) return -1;
   for (int64_t i = 0; i < n; i++) ox_set(o, i, fs + (double)i * fd, ox_geti(s, 0) + i * ox_geti(dl, 0));

@@ -212,7 +212,7 @@ static int cv_cast(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   if (need(x, in, nin, 1, 1)) return -1;
   int64_t to = ox_attr_i(x, "to", 0);
   nv_node at = {.to = ox_dtype_of_onnx((int32_t)to)};
-  if (!at.to) return ox_err(x, "cast to ONNX type %lld is not supported (float, double, int64, int32, bool)", (long long)to);
+  if (!at.to) return ox_err(x, "cast to %s is not supported (float, double, int64, int32, bool)", ox_onnx_type_name((int32_t)to));
   nv_node *a = N(x, in[0]);
   if (a && a->dtype == at.to) return set_out(out, a);
   return set_out(out, a ? ox_add(x, NV_OP_CAST, 1, &a, &at) : NULL);
@@ -720,7 +720,8 @@ static int cv_constant_of_shape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int
     ox_tensor_free(v);
   }
   ox_tensor *t = ox_tensor_new(dt, n, s);
-  for (int64_t i = 0, e = t ? ox_numel(t) : 0; i < e; i++) ox_set(t, i, fv, iv);
+  if (!t) return ox_err(x, "the constant is too large (more than 2^28 elements)");
+  for (int64_t i = 0, e = ox_numel(t); i < e; i++) ox_set(t, i, fv, iv);
   return known(out, t);
 }
 
