@@ -144,7 +144,6 @@ const char *ox_attr_s(ox_ctx *x, const char *name, const char *dflt, char *buf, 
 
 int ox_val_rank(ox_val v) { return v.node ? v.node->rank : v.k ? v.k->rank : 0; }
 const int64_t *ox_val_shape(ox_val v) { return v.node ? v.node->shape : v.k->shape; }
-nova_dtype ox_val_dtype(ox_val v) { return v.node ? v.node->dtype : v.k ? v.k->dt : (nova_dtype)0; }
 
 nv_node *ox_add(ox_ctx *x, nv_op op, int nin, nv_node **in, const nv_node *attrs) {
   for (int i = 0; i < nin; i++)

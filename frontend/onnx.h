@@ -75,7 +75,6 @@ nova_dtype ox_dtype_of_onnx(int32_t onnx_type); /* 0 if unsupported */
 const char *ox_onnx_type_name(int32_t onnx_type); /* "float16", ... */
 int ox_val_rank(ox_val v);
 const int64_t *ox_val_shape(ox_val v);
-nova_dtype ox_val_dtype(ox_val v);
 
 /* ---- conversion (onnx_ops.c) ---- */
 /* Converts the current node: in[nin] -> out[nout] (out[i].present set for

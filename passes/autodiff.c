@@ -369,14 +369,6 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
   return false;
 }
 
-bool ad_has_rule(nv_op op) {
-  switch (op) {
-  case NV_OP_CONV_GRAD_INPUT: case NV_OP_CONV_GRAD_WEIGHT: case NV_OP_MAX_POOL_GRAD: case NV_OP_AVG_POOL_GRAD:
-    return false;
-  default: return op < NV_OP_COUNT;
-  }
-}
-
 /* ---- optimizer ----------------------------------------------------------- */
 
 /* A new optimizer-state tensor (zeros), an argument of the step. */

@@ -31,7 +31,4 @@ typedef struct ad_options {
  * nothing). */
 int ad_train(nv_graph *g, nv_diag *d, const ad_options *o);
 
-/* Whether op has a backward rule (for the rule-coverage test). */
-bool ad_has_rule(nv_op op);
-
 #endif
