@@ -452,6 +452,8 @@ static int cv_reshape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
       infer = i;
     } else if (s[i] < 0)
       return ox_err(x, "target shape entry %d is %lld", i, (long long)s[i]);
+    else if (s[i] && known > NV_MAX_NUMEL / s[i])
+      return ox_err(x, "reshape: target shape is too large (more than 2^34 elements)");
     else
       known *= s[i];
   }
