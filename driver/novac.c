@@ -309,6 +309,11 @@ static int compile(nv_diag *d, opts *o) {
   nv_graph *g = load_input(d, o);
   stage_done(&tm, "frontend");
   if (!g) return -1;
+  if (o->explain_config) {
+    nv_error_plain(d, "--explain-config is not available yet: the configurator does not exist in this version");
+    fe_graph_destroy(g);
+    return -1;
+  }
   if (o->train) {
     if (ad_train(g, d, &o->ad)) {
       fe_graph_destroy(g);
