@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from refs import conv_ref, pool_ref
 from harness import NOVAC, Failure, case, compile_and_train, erf, rel_err, results
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -385,57 +386,21 @@ def _mlp():
 _mlp()
 
 
-def conv_np(x, w, strides, pads, dil, groups):
-    ns = x.ndim - 2
-    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[ns + i]) for i in range(ns)])
-    N, F, Cg = x.shape[0], w.shape[0], w.shape[1]
-    K = w.shape[2:]
-    O = [(xp.shape[2 + i] - dil[i] * (K[i] - 1) - 1) // strides[i] + 1 for i in range(ns)]
-    y = np.zeros((N, F) + tuple(O))
-    Fg = F // groups
-    for o in np.ndindex(*O):
-        for k in np.ndindex(*K):
-            idx = tuple(o[i] * strides[i] + k[i] * dil[i] for i in range(ns))
-            xs = xp[(slice(None), slice(None)) + idx]
-            for gi in range(groups):
-                y[(slice(None), slice(gi * Fg, (gi + 1) * Fg)) + o] += \
-                    xs[:, gi * Cg:(gi + 1) * Cg] @ w[(slice(gi * Fg, (gi + 1) * Fg), slice(None)) + k].T
-    return y
-
-
-def pool_np(x, K, S, pads, kind, incl=False):
-    ns = x.ndim - 2
-    I = x.shape[2:]
-    O = [(I[i] + pads[i] + pads[ns + i] - K[i]) // S[i] + 1 for i in range(ns)]
-    y = np.zeros(x.shape[:2] + tuple(O))
-    for o in np.ndindex(*O):
-        vals, cnt = [], 0
-        for k in np.ndindex(*K):
-            p = [o[i] * S[i] + k[i] - pads[i] for i in range(ns)]
-            inside = all(0 <= p[i] < I[i] for i in range(ns))
-            if inside:
-                vals.append(x[(slice(None), slice(None)) + tuple(p)])
-            cnt += 1 if incl else inside
-        v = np.stack(vals)
-        y[(slice(None), slice(None)) + o] = v.max(0) if kind == "max" else v.sum(0) / cnt
-    return y
-
-
 grad_case("conv2d_strided_padded_dilated", ["conv"],
           "r = conv(x, w, strides=[2, 1], pads=[1, 0, 1, 1], dilations=[1, 2])",
-          {"x": u(2, 3, 7, 6), "w": u(4, 3, 3, 2)}, lambda x, w: conv_np(x, w, (2, 1), (1, 0, 1, 1), (1, 2), 1))
+          {"x": u(2, 3, 7, 6), "w": u(4, 3, 3, 2)}, lambda x, w: conv_ref(x, w, (2, 1), (1, 0, 1, 1), (1, 2), 1))
 grad_case("conv2d_groups", ["conv"], "r = conv(x, w, groups=2, pads=[1, 1, 1, 1])",
-          {"x": u(1, 4, 5, 5), "w": u(6, 2, 3, 3)}, lambda x, w: conv_np(x, w, (1, 1), (1, 1, 1, 1), (1, 1), 2))
+          {"x": u(1, 4, 5, 5), "w": u(6, 2, 3, 3)}, lambda x, w: conv_ref(x, w, (1, 1), (1, 1, 1, 1), (1, 1), 2))
 grad_case("conv1d_strided", ["conv"], "r = conv(x, w, strides=[2])",
-          {"x": u(2, 2, 9), "w": u(3, 2, 3)}, lambda x, w: conv_np(x, w, (2,), (0, 0), (1,), 1))
+          {"x": u(2, 2, 9), "w": u(3, 2, 3)}, lambda x, w: conv_ref(x, w, (2,), (0, 0), (1,), 1))
 # distinct values keep every window's maximum unique (no ties: the gradient is defined)
 grad_case("max_pool_padded", ["max_pool"], "r = max_pool(x, kernel=[3, 2], strides=[2, 2], pads=[1, 1, 1, 0])",
-          {"x": distinct(2, 2, 7, 6)}, lambda x: pool_np(x, (3, 2), (2, 2), (1, 1, 1, 0), "max"))
+          {"x": distinct(2, 2, 7, 6)}, lambda x: pool_ref(x, (3, 2), (2, 2), (1, 1, 1, 0), False, "max", False))
 grad_case("avg_pool_exclude_pad", ["avg_pool"], "r = avg_pool(x, kernel=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])",
-          {"x": u(1, 2, 7, 6)}, lambda x: pool_np(x, (3, 3), (2, 2), (1, 1, 1, 1), "avg"))
+          {"x": u(1, 2, 7, 6)}, lambda x: pool_ref(x, (3, 3), (2, 2), (1, 1, 1, 1), False, "avg", False))
 grad_case("avg_pool_include_pad", ["avg_pool"],
           "r = avg_pool(x, kernel=[2, 3], strides=[1, 2], pads=[0, 1, 1, 1], count_include_pad=1)",
-          {"x": u(1, 2, 5, 6)}, lambda x: pool_np(x, (2, 3), (1, 2), (0, 1, 1, 1), "avg", True))
+          {"x": u(1, 2, 5, 6)}, lambda x: pool_ref(x, (2, 3), (1, 2), (0, 1, 1, 1), False, "avg", True))
 
 
 # ---- ops without a backward rule --------------------------------------------------

@@ -1,0 +1,45 @@
+"""numpy float64 references of the window ops, shared by the op and gradient tests."""
+import numpy as np
+
+
+def conv_ref(x, w, strides, pads, dil, groups):
+    ns = x.ndim - 2
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[ns + i]) for i in range(ns)])
+    N, C = x.shape[:2]
+    F, Cg = w.shape[:2]
+    K = w.shape[2:]
+    O = [(xp.shape[2 + i] - dil[i] * (K[i] - 1) - 1) // strides[i] + 1 for i in range(ns)]
+    y = np.zeros((N, F, *O))
+    Fg = F // groups
+    for o in np.ndindex(*O):
+        for k in np.ndindex(*K):
+            idx = tuple(o[i] * strides[i] + k[i] * dil[i] for i in range(ns))
+            xs = xp[(slice(None), slice(None)) + idx]  # N, C
+            for g in range(groups):
+                y[(slice(None), slice(g * Fg, (g + 1) * Fg)) + o] += xs[:, g * Cg:(g + 1) * Cg] @ w[(slice(g * Fg, (g + 1) * Fg), slice(None)) + k].T
+    return y
+
+
+def pool_ref(x, K, S, pads, ceil, kind, incl):
+    ns = x.ndim - 2
+    I = x.shape[2:]
+    O = []
+    for i in range(ns):
+        span = I[i] + pads[i] + pads[ns + i] - (K[i] - 1) - 1
+        o = (-(-span // S[i]) if ceil else span // S[i]) + 1
+        if ceil and (o - 1) * S[i] >= I[i] + pads[i]:
+            o -= 1
+        O.append(o)
+    y = np.zeros(x.shape[:2] + tuple(O))
+    for o in np.ndindex(*O):
+        vals, cnt = [], 0
+        for k in np.ndindex(*K):
+            p = [o[i] * S[i] + k[i] - pads[i] for i in range(ns)]
+            inside = all(0 <= p[i] < I[i] for i in range(ns))
+            inpad = all(-pads[i] <= p[i] < I[i] + pads[ns + i] for i in range(ns))
+            if inside:
+                vals.append(x[(slice(None), slice(None)) + tuple(p)])
+            cnt += inpad if incl else inside
+        v = np.stack(vals)
+        y[(slice(None), slice(None)) + o] = v.max(0) if kind == "max" else v.sum(0) / cnt
+    return y
