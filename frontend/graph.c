@@ -745,3 +745,35 @@ int fe_graph_add_output(nv_graph *g, nv_diag *d, const char *name, nv_node *n, n
   g->outputs[g->noutputs++] = (nv_output){strdup(name), n, loc, NOVA_ROLE_OUTPUT, NULL};
   return 0;
 }
+
+/* ---- data-movement helpers -------------------------------------------- */
+
+static bool same_shape(const nv_node *x, int rank, const int64_t *shape) {
+  return x->rank == rank && !memcmp(x->shape, shape, (size_t)rank * sizeof *shape);
+}
+
+static nv_node *with_list(nv_graph *g, nv_diag *d, nv_op op, nv_node *x, int n, const int64_t *list, bool keep,
+                          nv_loc loc) {
+  nv_node at = {.nlist = n, .keepdims = keep};
+  if (n) memcpy(at.list, list, (size_t)n * sizeof *list);
+  return fe_graph_add(g, d, op, 1, &x, &at, loc);
+}
+
+nv_node *fe_reshape(nv_graph *g, nv_diag *d, nv_node *x, int rank, const int64_t *shape, nv_loc loc) {
+  if (!x || same_shape(x, rank, shape)) return x;
+  return with_list(g, d, NV_OP_RESHAPE, x, rank, shape, false, loc);
+}
+
+nv_node *fe_broadcast(nv_graph *g, nv_diag *d, nv_node *x, int rank, const int64_t *shape, nv_loc loc) {
+  if (!x || same_shape(x, rank, shape)) return x;
+  return with_list(g, d, NV_OP_BROADCAST, x, rank, shape, false, loc);
+}
+
+nv_node *fe_transpose(nv_graph *g, nv_diag *d, nv_node *x, const int64_t *perm, nv_loc loc) {
+  return x ? with_list(g, d, NV_OP_TRANSPOSE, x, x->rank, perm, false, loc) : NULL;
+}
+
+nv_node *fe_reduce(nv_graph *g, nv_diag *d, nv_op op, nv_node *x, int naxes, const int64_t *axes, bool keep,
+                   nv_loc loc) {
+  return x ? with_list(g, d, op, x, naxes, axes, keep, loc) : NULL;
+}

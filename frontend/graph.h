@@ -161,6 +161,14 @@ nv_node *fe_graph_leaf(nv_graph *g, nv_diag *d, nv_op op, const char *name, nova
                        int rank, const int64_t *shape, nv_loc loc);
 int fe_graph_add_output(nv_graph *g, nv_diag *d, const char *name, nv_node *n, nv_loc loc);
 
+/* Data-movement nodes for importers and passes: x itself when nothing
+ * changes, NULL if x is NULL or after a diagnostic. */
+nv_node *fe_reshape(nv_graph *g, nv_diag *d, nv_node *x, int rank, const int64_t *shape, nv_loc loc);
+nv_node *fe_broadcast(nv_graph *g, nv_diag *d, nv_node *x, int rank, const int64_t *shape, nv_loc loc);
+nv_node *fe_transpose(nv_graph *g, nv_diag *d, nv_node *x, const int64_t *perm, nv_loc loc);
+nv_node *fe_reduce(nv_graph *g, nv_diag *d, nv_op op, nv_node *x, int naxes, const int64_t *axes, bool keep,
+                   nv_loc loc);
+
 int64_t fe_numel(const nv_node *n);
 const char *fe_dtype_name(nova_dtype dt);  /* "f32", ... */
 size_t fe_dtype_size(nova_dtype dt);

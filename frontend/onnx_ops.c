@@ -51,33 +51,14 @@ static nv_node *scalar(ox_ctx *x, nova_dtype dt, double v) {
 }
 
 static nv_node *reshape(ox_ctx *x, nv_node *a, int rank, const int64_t *shape) {
-  if (!a) return NULL;
-  if (a->rank == rank && !memcmp(a->shape, shape, (size_t)rank * sizeof *shape)) return a;
-  nv_node at = {.nlist = rank};
-  memcpy(at.list, shape, (size_t)rank * sizeof *shape);
-  return ox_add(x, NV_OP_RESHAPE, 1, &a, &at);
+  return fe_reshape(x->g, x->d, a, rank, shape, x->loc);
 }
-
-static nv_node *transpose(ox_ctx *x, nv_node *a, const int64_t *perm) {
-  if (!a) return NULL;
-  nv_node at = {.nlist = a->rank};
-  memcpy(at.list, perm, (size_t)a->rank * sizeof *perm);
-  return ox_add(x, NV_OP_TRANSPOSE, 1, &a, &at);
-}
-
+static nv_node *transpose(ox_ctx *x, nv_node *a, const int64_t *perm) { return fe_transpose(x->g, x->d, a, perm, x->loc); }
 static nv_node *broadcast_to(ox_ctx *x, nv_node *a, int rank, const int64_t *shape) {
-  if (!a) return NULL;
-  if (a->rank == rank && !memcmp(a->shape, shape, (size_t)rank * sizeof *shape)) return a;
-  nv_node at = {.nlist = rank};
-  memcpy(at.list, shape, (size_t)rank * sizeof *shape);
-  return ox_add(x, NV_OP_BROADCAST, 1, &a, &at);
+  return fe_broadcast(x->g, x->d, a, rank, shape, x->loc);
 }
-
 static nv_node *reduce(ox_ctx *x, nv_op op, nv_node *a, int naxes, const int64_t *axes, bool keep) {
-  if (!a) return NULL;
-  nv_node at = {.nlist = naxes, .keepdims = keep};
-  if (naxes) memcpy(at.list, axes, (size_t)naxes * sizeof *axes);
-  return ox_add(x, op, 1, &a, &at);
+  return fe_reduce(x->g, x->d, op, a, naxes, axes, keep, x->loc);
 }
 
 static nv_node *slice1(ox_ctx *x, nv_node *a, int64_t axis, int64_t start, int64_t end, int64_t step) {

@@ -51,34 +51,15 @@ static nv_node *konst(ad *A, nova_dtype dt, double v) {
 }
 
 static nv_node *reshape(ad *A, nv_node *a, int rank, const int64_t *shape) {
-  if (!a) return NULL;
-  if (a->rank == rank && !memcmp(a->shape, shape, (size_t)rank * sizeof *shape)) return a;
-  nv_node at = {.nlist = rank};
-  memcpy(at.list, shape, (size_t)rank * sizeof *shape);
-  return mk(A, NV_OP_RESHAPE, 1, &a, &at);
+  return fe_reshape(A->g, A->d, a, rank, shape, A->loc);
 }
-
 static nv_node *bcast(ad *A, nv_node *a, int rank, const int64_t *shape) {
-  if (!a) return NULL;
-  if (a->rank == rank && !memcmp(a->shape, shape, (size_t)rank * sizeof *shape)) return a;
-  nv_node at = {.nlist = rank};
-  memcpy(at.list, shape, (size_t)rank * sizeof *shape);
-  return mk(A, NV_OP_BROADCAST, 1, &a, &at);
+  return fe_broadcast(A->g, A->d, a, rank, shape, A->loc);
 }
-
 static nv_node *rsum(ad *A, nv_node *a, int n, const int64_t *axes, bool keep) {
-  if (!a) return NULL;
-  nv_node at = {.nlist = n, .keepdims = keep};
-  if (n) memcpy(at.list, axes, (size_t)n * sizeof *axes);
-  return mk(A, NV_OP_REDUCE_SUM, 1, &a, &at);
+  return fe_reduce(A->g, A->d, NV_OP_REDUCE_SUM, a, n, axes, keep, A->loc);
 }
-
-static nv_node *transpose(ad *A, nv_node *a, const int64_t *perm) {
-  if (!a) return NULL;
-  nv_node at = {.nlist = a->rank};
-  memcpy(at.list, perm, (size_t)a->rank * sizeof *perm);
-  return mk(A, NV_OP_TRANSPOSE, 1, &a, &at);
-}
+static nv_node *transpose(ad *A, nv_node *a, const int64_t *perm) { return fe_transpose(A->g, A->d, a, perm, A->loc); }
 
 /* Swaps the last two axes. */
 static nv_node *tr_last(ad *A, nv_node *a) {
