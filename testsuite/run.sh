@@ -29,6 +29,7 @@ suite e2e-train python3 testsuite/e2e/test_train_onnx.py
 suite e2e-checkpoint python3 testsuite/e2e/test_checkpoint.py
 [ -f testsuite/runtime/run.sh ] && suite runtime sh testsuite/runtime/run.sh "$B"
 [ -f testsuite/bad/run.sh ] && suite bad sh testsuite/bad/run.sh "$B"
+[ -f testsuite/configurator/run.sh ] && suite configurator sh testsuite/configurator/run.sh "$B"
 [ -f testsuite/bad_onnx/run.sh ] && suite bad-onnx sh testsuite/bad_onnx/run.sh "$B"
 [ -f testsuite/fuzz/mutate.py ] && suite fuzz python3 testsuite/fuzz/mutate.py "$B" 200
 [ -f testsuite/fuzz/regress.sh ] && suite fuzz-regress sh testsuite/fuzz/regress.sh "$B"

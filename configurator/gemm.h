@@ -1,0 +1,66 @@
+/* configurator/gemm.h: analytic GEMM schedules (C[M,N] += A[M,K] B[K,N]).
+ * No search: every figure follows from the device limits by the formulas in
+ * configurator/README.md. */
+#ifndef NOVA_CFG_GEMM_H
+#define NOVA_CFG_GEMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "device.h"
+
+typedef enum cfg_mma {
+    CFG_MMA_NONE = 0,    /* CUDA-core FMA */
+    CFG_MMA_M16N8K16,    /* mma.sync.m16n8k16, f16/bf16 operands, f32 accumulate */
+    CFG_MMA_M16N8K8      /* mma.sync.m16n8k8, tf32 operands, f32 accumulate */
+} cfg_mma;
+
+typedef struct cfg_gemm_schedule {
+    bool ok;                 /* false: arguments invalid, see reason */
+    int bm, bn, bk;          /* block tile */
+    int wm, wn;              /* warp layout: wm x wn warps */
+    int warp_tile_m, warp_tile_n;
+    int warps, threads;      /* threads == warps * 32 */
+    cfg_mma mma;
+    int mma_m, mma_n, mma_k; /* 0 for FMA */
+    int stages;              /* shared-memory pipeline depth, >= 1 */
+    int64_t smem_bytes;      /* stages * (bm + bn) * bk * dtype_bytes */
+    int regs_per_thread;     /* estimate, rounded up to a multiple of 8 */
+    int64_t tiles_m, tiles_n, tiles; /* output tiles; tiles_m*bm >= M, tiles_n*bn >= N */
+    int64_t k_tiles;         /* ceil(K / bk); the last one is predicated */
+    int split_k;             /* >= 1, <= k_tiles */
+    int64_t k_tiles_per_split;
+    int blocks_per_sm;       /* occupancy, >= 1 */
+    char occupancy_limit[16];/* "threads", "registers", "smem" or "blocks" */
+    int64_t waves;
+    double wave_efficiency;  /* tiles*split / (waves * sm_count * blocks_per_sm) */
+    double arith_intensity;  /* FLOP per byte of compulsory traffic */
+    double ridge;            /* device FLOP/byte at the roofline ridge, 0 if unknown */
+    bool compute_bound;
+    char reason[192];        /* which limit decided the tile */
+} cfg_gemm_schedule;
+
+/* Schedule for a GPU device.  dtype_bytes is 2 (f16/bf16) or 4 (f32/tf32);
+ * tensor_cores asks for mma.sync when the device has it for that type.
+ * M, N, K >= 1.  On bad arguments returns .ok == false with a reason. */
+cfg_gemm_schedule cfg_gemm(const cfg_device *d, int64_t M, int64_t N, int64_t K,
+                           int dtype_bytes, bool tensor_cores);
+
+typedef struct cfg_gemm_cpu_schedule {
+    bool ok;
+    int lanes;               /* elements per vector register */
+    int mr, nr;              /* register block (micro-kernel) */
+    int64_t kc, mc, nc;      /* cache blocks: B micro-panel in L1, A block in L2, B panel in L3 */
+    int64_t l1_use, l2_use, l3_use; /* bytes: kc*nr*b, mc*kc*b, kc*nc*b */
+    int threads;
+    double arith_intensity;
+    char reason[192];
+} cfg_gemm_cpu_schedule;
+
+/* BLIS-style schedule for a CPU device (d->kind == CFG_DEV_CPU). */
+cfg_gemm_cpu_schedule cfg_gemm_cpu(const cfg_device *d, int64_t M, int64_t N, int64_t K,
+                                   int dtype_bytes);
+
+const char *cfg_mma_name(cfg_mma m);
+
+#endif
