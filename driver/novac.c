@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "../codegen/codegen.h"
+#include "../configurator/device.h"
 #include "../frontend/frontend.h"
 #include "../passes/autodiff.h"
 #include "diag.h"
@@ -239,6 +240,43 @@ static int dump_if(const opts *o, const char *stage, MlirModule m) {
   return 0;
 }
 
+/* --device=NAME|FILE|auto: a device model (configurator/device.h).  The
+ * cpu target compiles for the host, so it takes host or a CPU model file;
+ * a GPU model needs --target=cuda (not available yet). */
+static int check_device(nv_diag *d, const char *dev) {
+  cfg_device m;
+  char err[512] = "";
+  if (!strcmp(dev, "host")) {
+    if (cfg_device_host(&m, err, sizeof err)) nv_error_plain(d, "--device=host: %s", err);
+    return err[0] ? -1 : 0;
+  }
+  if (!strcmp(dev, "auto")) { /* the cpu target: the machine novac runs on */
+    return cfg_device_host(&m, err, sizeof err) ? (nv_error_plain(d, "--device=auto: %s", err), -1) : 0;
+  }
+  const cfg_device *known = cfg_device_find(dev);
+  if (!known && (strchr(dev, '/') || strstr(dev, ".json"))) {
+    if (cfg_device_load(dev, &m, err, sizeof err)) {
+      nv_error_plain(d, "--device=%s: %s", dev, err);
+      return -1;
+    }
+    known = &m;
+  }
+  if (!known) {
+    const char *names[64];
+    int n = cfg_device_list(names, 64);
+    char list[1024] = "host, auto";
+    for (int i = 0; i < n && i < 64; i++) snprintf(list + strlen(list), sizeof list - strlen(list), ", %s", names[i]);
+    nv_error_plain(d, "unknown device '%s'; known: %s (or a JSON device file)", dev, list);
+    return -1;
+  }
+  if (known->kind == CFG_DEV_GPU) {
+    nv_error_plain(d, "--device=%s is a GPU model; the cpu target compiles for the host (--target=cuda is not available yet)",
+                   dev);
+    return -1;
+  }
+  return 0;
+}
+
 /* .nova input -> graph */
 static nv_graph *load_input(nv_diag *d, opts *o) {
   size_t len = 0;
@@ -297,10 +335,7 @@ static int compile(nv_diag *d, opts *o) {
     nv_error_plain(d, "--emit=ptx needs --target=cuda");
     return -1;
   }
-  if (o->device && strcmp(o->device, "host")) {
-    nv_error_plain(d, "unknown device '%s' for the cpu target; known: host", o->device);
-    return -1;
-  }
+  if (o->device && check_device(d, o->device)) return -1;
   if (o->dump_after && strcmp(o->dump_after, "frontend") && strcmp(o->dump_after, "linalg") &&
       strcmp(o->dump_after, "llvm")) {
     nv_error_plain(d, "unknown --dump-after stage '%s'; stages: frontend, linalg, llvm", o->dump_after);
