@@ -336,6 +336,8 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
   for (int i = 0, n = s->api.num_tensors(s->step); i < n && !batch; i++)
     if (s->api.tensor(s->step, i, &info) == NOVA_OK && info.role == NOVA_ROLE_INPUT && info.rank > 0)
       batch = info.shape[0];
+  if (!nr_loss(s, &dt))
+    return nr_error("%s: --steps needs a training step (compiled with novac --train); this step has no loss", s->path);
   FILE *log = o->loss_log ? fopen(o->loss_log, "w") : NULL;
   if (o->loss_log && !log) return nr_error("%s: %s", o->loss_log, strerror(errno));
   double t0 = nr_now(), first = 0, last = 0;
