@@ -52,13 +52,21 @@ int64_t ox_numel(const ox_tensor *t) {
   return n;
 }
 
+/* A float as int64 (truncated), saturating; NaN gives 0 (no undefined conversion). */
+static int64_t f2i(double v) {
+  if (!(v == v)) return 0;
+  if (v >= 0x1p63) return INT64_MAX;
+  if (v < -0x1p63) return INT64_MIN;
+  return (int64_t)v;
+}
+
 int64_t ox_geti(const ox_tensor *t, int64_t i) {
   switch (t->dt) {
   case NOVA_DTYPE_I64: return ((const int64_t *)t->data)[i];
   case NOVA_DTYPE_I32: return ((const int32_t *)t->data)[i];
   case NOVA_DTYPE_BOOL: return ((const uint8_t *)t->data)[i] != 0;
-  case NOVA_DTYPE_F32: return (int64_t)((const float *)t->data)[i];
-  case NOVA_DTYPE_F64: return (int64_t)((const double *)t->data)[i];
+  case NOVA_DTYPE_F32: return f2i(((const float *)t->data)[i]);
+  case NOVA_DTYPE_F64: return f2i(((const double *)t->data)[i]);
   default: return 0;
   }
 }
@@ -583,9 +591,11 @@ nv_graph *fe_parse_onnx(nv_diag *d, const char *name, const uint8_t *bytes, size
   }
   x.opset = opset_of(&x, m);
   if (x.opset < 13) {
-    ox_err(&x, x.opset ? "opset %lld is too old; novac supports opsets 13 to 21 (convert the model with "
-                         "onnx.version_converter)" : "the model imports no opset of the default ONNX domain%lld",
-           x.opset ? (long long)x.opset : 0LL);
+    if (x.opset)
+      ox_err(&x, "opset %lld is too old; novac supports opsets 13 to 21 (convert the model with "
+             "onnx.version_converter)", (long long)x.opset);
+    else
+      ox_err(&x, "the model imports no opset of the default ONNX domain");
     goto out;
   }
   /* Opsets 22 to 28 changed the supported operators only by adding element

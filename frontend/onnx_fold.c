@@ -247,6 +247,7 @@ static int fold_range(ox_ctx *x, ox_val *in, ox_val *out) {
   const ox_tensor *s = in[0].k, *l = in[1].k, *dl = in[2].k;
   bool fl = fe_dtype_is_float(s->dt);
   if (ox_numel(s) != 1 || ox_numel(l) != 1 || ox_numel(dl) != 1) return ox_err(x, "Range takes scalars");
+  if (s->dt != l->dt || s->dt != dl->dt) return ox_err(x, "start, limit and delta must have one element type");
   double fs = ox_getf(s, 0), fe = ox_getf(l, 0), fd = ox_getf(dl, 0);
   if (!isfinite(fs) || !isfinite(fe) || !isfinite(fd)) return ox_err(x, "start, limit and delta must be finite");
   if (fd == 0) return ox_err(x, "delta is 0");
@@ -257,7 +258,8 @@ static int fold_range(ox_ctx *x, ox_val *in, ox_val *out) {
   int64_t n = cnt > 0 ? (int64_t)cnt : 0;
   ox_tensor *o = ox_tensor_new(s->dt, 1, &n);
   if (!o) return -1;
-  for (int64_t i = 0; i < n; i++) ox_set(o, i, fs + (double)i * fd, ox_geti(s, 0) + i * ox_geti(dl, 0));
+  for (int64_t i = 0; i < n; i++) /* wrapping unsigned arithmetic: no signed overflow */
+    ox_set(o, i, fs + (double)i * fd, (int64_t)((uint64_t)ox_geti(s, 0) + (uint64_t)i * (uint64_t)ox_geti(dl, 0)));
   out[0] = (ox_val){.k = o, .present = true};
   return 1;
 }
