@@ -294,6 +294,7 @@ static const char *unary_body(nv_op op, nova_dtype dt, char *buf, size_t n) {
   case NV_OP_LOG: snprintf(buf, n, "%%r = math.log %%in0 : %s", T); break;
   case NV_OP_SQRT: snprintf(buf, n, "%%r = math.sqrt %%in0 : %s", T); break;
   case NV_OP_TANH: snprintf(buf, n, "%%r = math.tanh %%in0 : %s", T); break;
+  case NV_OP_ERF: snprintf(buf, n, "%%r = math.erf %%in0 : %s", T); break;
   case NV_OP_SIGMOID:
     snprintf(buf, n, "%%one = arith.constant %s : %s\n%%n = arith.negf %%in0 : %s\n%%e = math.exp %%n : %s\n"
              "%%d = arith.addf %%one, %%e : %s\n%%r = arith.divf %%one, %%d : %s",
@@ -595,10 +596,6 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
     snprintf(body, sizeof body, "%%r = %s %%in0 : %s", fe_dtype_is_float(res.dt) ? "math.absf" : "math.absi", T);
     r = lw_elementwise(L, 1, in, res.rank, res.shape, res.dt, body);
     break;
-  case NV_OP_ERF:
-    snprintf(body, sizeof body, "%%r = math.erf %%in0 : %s", T);
-    r = lw_elementwise(L, 1, in, res.rank, res.shape, res.dt, body);
-    break;
   case NV_OP_CAST:
     r = lw_elementwise(L, 1, in, res.rank, res.shape, res.dt, cast_body(in[0].dt, res.dt, body, sizeof body));
     break;
@@ -611,7 +608,7 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_MAX_POOL_GRAD:
   case NV_OP_AVG_POOL_GRAD: r = lw_lower_pool_grad(L, op, kind, in, &res); break;
   case NV_OP_NEG: case NV_OP_EXP: case NV_OP_LOG: case NV_OP_SQRT: case NV_OP_TANH:
-  case NV_OP_SIGMOID: case NV_OP_RELU: case NV_OP_GELU:
+  case NV_OP_SIGMOID: case NV_OP_RELU: case NV_OP_GELU: case NV_OP_ERF:
     r = lw_elementwise(L, 1, in, res.rank, res.shape, res.dt, unary_body(kind, res.dt, body, sizeof body));
     break;
   case NV_OP_MATMUL: r = lower_matmul(L, in[0], in[1], &res); break;
