@@ -19,10 +19,10 @@ CPPFLAGS_ALL := -Iinclude -Iruntime -I$(B)/gen -DNOVAC_VERSION='"$(VERSION)"'
 ALLCFLAGS = $(WARN) $(CFLAGS) $(SAN) $(CPPFLAGS_ALL)
 
 MLIR_LIBS := -lMLIRCAPIRegisterEverything -lMLIRCAPITransforms -lMLIRCAPITarget -lMLIRCAPIIRDL \
-  -lMLIRCAPIConversion -lMLIRCAPILinalg -lMLIRCAPITensor -lMLIRCAPIArith -lMLIRCAPIMath \
+  -lMLIRCAPIConversion -lMLIRCAPIGPU -lMLIRCAPILinalg -lMLIRCAPITensor -lMLIRCAPIArith -lMLIRCAPIMath \
   -lMLIRCAPIFunc -lMLIRCAPITransformDialect -lMLIRCAPITransformDialectTransforms -lMLIRCAPIIR \
   -lMLIR -lLLVM -lstdc++
-NOVAC_LDLIBS := -L$(LLVM_LIB) $(MLIR_LIBS) -Wl,-rpath,$(LLVM_LIB) -lcjson -lprotobuf-c -lm -lpthread
+NOVAC_LDLIBS := -L$(LLVM_LIB) $(MLIR_LIBS) -Wl,-rpath,$(LLVM_LIB) -lcjson -lprotobuf-c -lm -lpthread -ldl
 
 NOVAC_SRC  := $(wildcard driver/novac*.c driver/diag.c driver/util.c frontend/*.c passes/*.c codegen/*.c configurator/*.c)
 NOVARUN_SRC := $(wildcard driver/novarun*.c driver/tensor_pb.c)
@@ -39,7 +39,7 @@ RT_DIR      := $(B)/lib/novac
 RT_LIB      := $(RT_DIR)/libnovart.a
 RT_HDRS     := $(RT_DIR)/include/nova/step.h $(RT_DIR)/include/rt_graph.h
 
-.PHONY: all deps check-deps demo check check-asan check-lit check-e2e check-bad check-unit check-onnx fuzz-onnx install clean
+.PHONY: all deps check-deps demo check check-gpu check-asan check-lit check-e2e check-bad check-unit check-onnx fuzz-onnx install clean
 all: check-deps $(BIN_NOVAC) $(BIN_NOVARUN) $(RT_LIB) $(RT_HDRS)
 
 # ---- dependencies -------------------------------------------------------
@@ -109,6 +109,12 @@ demo: deps-auto
 check: deps-auto
 	@$(MAKE) --no-print-directory all
 	@sh testsuite/run.sh $(B)
+
+# The numeric suites on this machine's GPU (--target=cuda --device=auto);
+# prints a skip message and passes where there is no GPU.
+check-gpu: deps-auto
+	@$(MAKE) --no-print-directory all
+	@NOVA_SUITES=gpu sh testsuite/run.sh $(B)
 
 check-asan:
 	@$(MAKE) --no-print-directory B=build-asan SAN='-fsanitize=address,undefined -fno-omit-frame-pointer' all

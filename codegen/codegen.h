@@ -3,10 +3,41 @@
 #define NOVA_CODEGEN_H
 
 #include "../frontend/graph.h"
+#include "../configurator/device.h"
+#include "../driver/util.h"
 #include "../passes/nova_ir.h"
 
 /* nova -> linalg on tensors, as a new module (null after a diagnostic). */
 MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule nova);
+
+/* ---- CUDA target (cuda.c) ---- */
+#define CG_GPU_ALIGN 256  /* device buffers and scratch allocations */
+
+/* One kernel of a step, in launch order. */
+typedef struct cg_kernel {
+  char name[24];          /* symbol in the cubin: nova_kI */
+  char op[32];            /* linalg op it came from (matmul, generic, ...), or "serial" */
+  char loc[160];          /* source location of that op */
+  int rank;
+  int64_t dims[8];        /* parallel iteration space (rank dims) */
+  int64_t n;              /* points = threads that do work */
+  int64_t grid, block;    /* grid.x, block.x */
+  int64_t grid_y;         /* grid.y (0 = 1) */
+  int regs;               /* registers per thread (ptxas), 0 if unknown */
+  int64_t smem;           /* static shared memory bytes (ptxas) */
+  char reason[192];       /* the configurator's deciding limit */
+} cg_kernel;
+
+typedef struct cg_gpu {
+  char chip[16];          /* sm_XY */
+  cg_kernel *k;
+  int nk, cap;
+  int64_t scratch_bytes;  /* device scratch arena for intermediates */
+  char *ptx;              /* NUL-terminated */
+  size_t ptx_len;
+  int64_t cubin_size;     /* after cg_cuda_assemble */
+  const cfg_device *dev;
+} cg_gpu;
 
 typedef struct cg_options {
   const char *output;        /* step.so path */
@@ -16,13 +47,58 @@ typedef struct cg_options {
   int opt_level;             /* 0..3 */
   const char *flags_text;    /* the compile flags, for the manifest */
   const char *rt_dir;        /* folder with libnovart.a and include/ */
+  cg_gpu *gpu;                /* --target=cuda: the kernels; NULL for the cpu target */
   bool time_passes;
   bool keep_temps;
   bool verbose;
 } cg_options;
 
+/* Runs a textual pass pipeline on m; 0 on success (else a diagnostic
+ * naming STAGE). */
+int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char *stage);
+/* Bufferizes a linalg module in place: results become out-parameters
+ * (identity layouts); with DEALLOC, buffer deallocation is inserted. */
+int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc);
 /* Bufferizes and lowers a linalg module to the LLVM dialect in place. */
 int cg_lower_to_llvm(nova_ctx *c, MlirModule m, int opt_level);
+/* The second half of cg_lower_to_llvm: a bufferized module to the LLVM dialect. */
+int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m);
+
+/* Bufferizes a linalg module and lowers it for the GPU described by DEV:
+ * host code in the LLVM dialect calling mgpu* launch functions (the
+ * runtime's), kernels as PTX in OUT (free with cg_gpu_free).  With SIM
+ * (--gpu-sim) the same kernels become loops over their grid and block in
+ * CPU code instead: a cpu step whose numerics check the GPU mapping. */
+typedef struct cg_gpu_options {
+  int opt_level;
+  bool sim;   /* --gpu-sim */
+  int block;  /* --gpu-block=N: threads per block for every kernel; 0 = the configurator's */
+} cg_gpu_options;
+int cg_lower_to_gpu(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out);
+void cg_gpu_free(cg_gpu *g);
+/* An MlirStringCallback appending to an nv_sbuf. */
+void cg_print_to_sbuf(MlirStringRef s, void *ud);
+/* gemm_cuda.c: MLIR text of func.func private @NAME(A, B, C) computing
+ * C += A B with the tiled GPU kernel of schedule S (SIM: as CPU loops over
+ * the blocks and threads); owned by the caller, NULL when out of memory. */
+struct cfg_gemm_simt_schedule;
+char *cg_gemm_text(const char *name, MlirType at, MlirType bt, MlirType ct, const struct cfg_gemm_simt_schedule *s,
+                   bool sim);
+
+/* step_cuda.c: writes DIR/kernels.ptx and assembles DIR/kernels.cubin with
+ * ptxas (registers and shared memory per kernel go into GPU's table). */
+int cg_cuda_assemble(nova_ctx *c, const char *dir, cg_gpu *gpu, bool verbose);
+/* Descriptor text: the entry wrapper expanding each argument pointer into a
+ * memref descriptor, and the embedded cubin and PTX ... */
+void cg_cuda_desc_entry(nv_sbuf *b, const char *entry, int n, const int *rank, const int64_t *const *shape);
+/* ... and the rt_graph fields after entry. */
+void cg_cuda_desc_fields(nv_sbuf *b, const cg_gpu *gpu);
+/* Target, device, kernels, streams and scratch memory of the manifest. */
+struct cJSON;
+void cg_cuda_manifest(struct cJSON *root, const cg_gpu *gpu);
+/* Runs argv in dir, output in dir/tool.log; 0 if it exited 0 (else a
+ * diagnostic naming WHAT, or argv[0], with its first line of output). */
+int cg_run_tool(nova_ctx *c, const char *dir, char *const argv[], bool verbose, const char *what);
 /* The CPU name code is generated for (resolving "host"). */
 void cg_cpu_name(const cg_options *o, char *out, size_t size);
 /* Translates an LLVM-dialect module and writes an object file (in a child

@@ -32,7 +32,7 @@ static pthread_once_t passes_once = PTHREAD_ONCE_INIT;
 static void register_passes(void) { mlirRegisterAllPasses(); }
 
 /* Runs a textual pipeline on m; 0 on success. */
-static int run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char *stage) {
+int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char *stage) {
   pthread_once(&passes_once, register_passes);
   MlirPassManager pm = mlirPassManagerCreate(c->ctx);
   nv_sbuf err = {0};
@@ -87,27 +87,36 @@ static void distinct_results(nova_ctx *c, MlirModule m) {
   }
 }
 
-int cg_lower_to_llvm(nova_ctx *c, MlirModule m, int opt_level) {
+int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
   nv_sbuf p = {0};
   nv_sb_printf(&p, "builtin.module(");
   if (opt_level > 0) nv_sb_printf(&p, "func.func(canonicalize,cse,linalg-fuse-elementwise-ops,canonicalize),");
   nv_sb_printf(&p,
                "one-shot-bufferize{bufferize-function-boundaries=1 "
                "function-boundary-type-conversion=identity-layout-map})");
-  int rc = p.oom ? -1 : run_pipeline(c, m, p.s, "bufferization");
+  int rc = p.oom ? -1 : cg_run_pipeline(c, m, p.s, "bufferization");
   nv_sb_free(&p);
   if (rc) return rc;
   distinct_results(c, m);
-  nv_sb_printf(&p,
-               "builtin.module(buffer-results-to-out-params{hoist-static-allocs=1 modify-public-functions=1},"
-               "buffer-deallocation-pipeline,"
-               "func.func(convert-linalg-to-loops),convert-scf-to-cf,expand-strided-metadata,lower-affine,"
-               "convert-math-to-llvm,convert-math-to-libm,finalize-memref-to-llvm,convert-arith-to-llvm,"
-               "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,"
-               "convert-ub-to-llvm,reconcile-unrealized-casts)");
-  rc = p.oom ? -1 : run_pipeline(c, m, p.s, "lowering to LLVM");
+  nv_sb_printf(&p, "builtin.module(buffer-results-to-out-params{hoist-static-allocs=1 modify-public-functions=1}%s)",
+               dealloc ? ",buffer-deallocation-pipeline" : "");
+  rc = p.oom ? -1 : cg_run_pipeline(c, m, p.s, "bufferization");
   nv_sb_free(&p);
   return rc;
+}
+
+int cg_lower_to_llvm(nova_ctx *c, MlirModule m, int opt_level) {
+  if (cg_bufferize(c, m, opt_level, true)) return -1;
+  return cg_lower_loops_to_llvm(c, m);
+}
+
+int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m) {
+  return cg_run_pipeline(c, m,
+                         "builtin.module(func.func(convert-linalg-to-loops),convert-scf-to-cf,expand-strided-metadata,"
+                         "lower-affine,convert-math-to-llvm,convert-math-to-libm,finalize-memref-to-llvm,"
+                         "convert-arith-to-llvm,convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,"
+                         "convert-ub-to-llvm,reconcile-unrealized-casts)",
+                         "lowering to LLVM");
 }
 
 int cg_emit_llvm_ir(nova_ctx *c, MlirModule m, FILE *f) {

@@ -1,7 +1,8 @@
 /* configurator/device.h: the limits of a target device, as the analytic
  * configurator needs them.  A device is either a built-in table entry
- * (cfg_device_find), the host CPU (cfg_device_host), or a JSON file
- * (cfg_device_load).  Field names in the JSON file are the member names below.
+ * (cfg_device_find), the host CPU (cfg_device_host), the GPU the CUDA driver
+ * reports (cfg_device_auto_gpu), or a JSON file (cfg_device_load).  Field
+ * names in the JSON file are the member names below.
  */
 #ifndef NOVA_CFG_DEVICE_H
 #define NOVA_CFG_DEVICE_H
@@ -28,6 +29,7 @@ typedef struct cfg_device {
     int64_t smem_per_block_optin;/* bytes, dynamic opt-in limit */
     int cc_major, cc_minor;      /* compute capability */
     bool has_mma_sync_f16, has_mma_sync_bf16, has_mma_sync_tf32, has_wgmma;
+    int64_t total_mem_bytes;     /* device memory, bytes; 0 = unknown (optional in JSON) */
 
     /* Shared by both kinds. */
     int64_t l2_bytes;            /* GPU: device L2; CPU: per-core L2 */
@@ -58,6 +60,19 @@ int cfg_device_host(cfg_device *out, char *err, size_t n);
 /* Loads a device description from a JSON file and validates it (see
  * cfg_device_validate).  Returns 0, or -1 with a message naming the field. */
 int cfg_device_load(const char *path, cfg_device *out, char *err, size_t n);
+
+/* Fills *out from the CUDA driver: dlopen("libcuda.so.1") (novac never links
+ * libcuda), device 0 or the index in $NOVAC_CUDA_DEVICE.  The name is
+ * "auto:" + the driver's device name.  Returns 0, or -1 with a one-line
+ * message in err (no driver, cuInit failure, no device, bad index, or a
+ * result that fails cfg_device_validate). */
+int cfg_device_auto_gpu(cfg_device *out, char *err, size_t n);
+
+/* One line describing d, e.g. "h100: sm_90, 132 SMs, 228 KiB smem/SM,
+ * 50 MiB L2, 80 GiB, 3350 GB/s" or "host: 2 cores, 256-bit vectors,
+ * L1d 48 KiB, L2 1.25 MiB, L3 32 MiB".  Writes at most n bytes (truncating)
+ * into buf and returns buf ("" when buf is NULL or n is 0). */
+const char *cfg_device_summary(const cfg_device *d, char *buf, size_t n);
 
 /* Checks that every limit is present and plausible.  Returns 0, or -1 with a
  * message naming the offending field. */

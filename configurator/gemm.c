@@ -215,3 +215,52 @@ cfg_gemm_cpu_schedule cfg_gemm_cpu(const cfg_device *d, int64_t M, int64_t N, in
     s.ok = true;
     return s;
 }
+
+/* SIMT GEMM (configurator/README.md, "SIMT GEMM"): 256 threads (8 warps) per
+ * block.  The 4 x 4 register tile gives each thread 16 accumulators and 8
+ * operands per k step, 2 shared loads per 4 FMAs... (arithmetic intensity
+ * of the inner loop: TM*TN / (TM+TN) = 2 FMA per shared load); the block
+ * tile is then 64 x 64.  When those tiles cannot give every SM a block, the
+ * tile shrinks to 32 x 32 (2 x 2 per thread): four times the blocks.  BK =
+ * 8 keeps the staged tiles at 8 * (64+64) * 4 = 4 KiB, so shared memory
+ * never limits occupancy; registers (about 48 per thread) and the threads
+ * per SM do. */
+cfg_gemm_simt_schedule cfg_gemm_simt(const cfg_device *d, int64_t M, int64_t N, int64_t K, int b) {
+    cfg_gemm_simt_schedule s;
+    memset(&s, 0, sizeof s);
+    if (!d || d->kind != CFG_DEV_GPU || d->sm_count < 1 || d->max_threads_per_block < 256 || M < 1 || N < 1 ||
+        K < 1 || (b != 4 && b != 8)) {
+        snprintf(s.reason, sizeof s.reason, "invalid arguments (GPU device, M, N, K >= 1, 4- or 8-byte elements)");
+        return s;
+    }
+    s.threads = 256;
+    s.bk = 8;
+    s.tm = s.tn = 4;
+    s.bm = s.bn = 64;
+    int64_t big = ((M + 63) / 64) * ((N + 63) / 64);
+    bool shrink = big < d->sm_count;
+    if (shrink) {
+        s.tm = s.tn = 2;
+        s.bm = s.bn = 32;
+    }
+    s.tiles = ((M + s.bm - 1) / s.bm) * ((N + s.bn - 1) / s.bn);
+    s.smem_bytes = (int64_t)s.bk * (s.bm + s.bn) * b;
+    s.regs_per_thread = (s.tm * s.tn + s.tm + s.tn) * (b / 4) + 24;
+    s.regs_per_thread = (s.regs_per_thread + 7) / 8 * 8;
+    int by_threads = d->max_threads_per_sm / s.threads;
+    int by_regs = d->regs_per_sm / (s.regs_per_thread * s.threads);
+    int by_smem = (int)(d->smem_per_sm / s.smem_bytes);
+    int by_blocks = d->max_blocks_per_sm;
+    s.blocks_per_sm = by_threads;
+    snprintf(s.occupancy_limit, sizeof s.occupancy_limit, "threads");
+    if (by_regs < s.blocks_per_sm) s.blocks_per_sm = by_regs, snprintf(s.occupancy_limit, sizeof s.occupancy_limit, "registers");
+    if (by_smem < s.blocks_per_sm) s.blocks_per_sm = by_smem, snprintf(s.occupancy_limit, sizeof s.occupancy_limit, "smem");
+    if (by_blocks < s.blocks_per_sm) s.blocks_per_sm = by_blocks, snprintf(s.occupancy_limit, sizeof s.occupancy_limit, "blocks");
+    if (s.blocks_per_sm < 1) s.blocks_per_sm = 1;
+    s.waves = (double)s.tiles / ((double)d->sm_count * s.blocks_per_sm);
+    snprintf(s.reason, sizeof s.reason, "SIMT tile %dx%dx%d, %dx%d per thread%s; %d blocks/SM (%s), %.2f waves",
+             s.bm, s.bn, s.bk, s.tm, s.tn, shrink ? " (64x64 tiles would leave SMs idle)" : "", s.blocks_per_sm,
+             s.occupancy_limit, s.waves);
+    s.ok = true;
+    return s;
+}

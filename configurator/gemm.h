@@ -63,4 +63,21 @@ cfg_gemm_cpu_schedule cfg_gemm_cpu(const cfg_device *d, int64_t M, int64_t N, in
 
 const char *cfg_mma_name(cfg_mma m);
 
+/* The SIMT (CUDA-core, exact fp32/fp64) GEMM the cuda code generator emits
+ * today: BM x BN block tiles of THREADS threads, each thread a TM x TN
+ * register tile, K staged BK at a time through shared memory. */
+typedef struct cfg_gemm_simt_schedule {
+    bool ok;
+    int bm, bn, bk, tm, tn, threads;
+    int64_t tiles;           /* blocks: ceil(M/bm) * ceil(N/bn) */
+    int64_t smem_bytes;      /* bk * (bm + bn) * dtype_bytes */
+    int regs_per_thread;     /* estimate */
+    int blocks_per_sm;
+    char occupancy_limit[16];
+    double waves;            /* tiles / (sm_count * blocks_per_sm) */
+    char reason[192];
+} cfg_gemm_simt_schedule;
+
+cfg_gemm_simt_schedule cfg_gemm_simt(const cfg_device *d, int64_t M, int64_t N, int64_t K, int dtype_bytes);
+
 #endif

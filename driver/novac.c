@@ -21,6 +21,7 @@
 #include "../frontend/frontend.h"
 #include "../passes/autodiff.h"
 #include "diag.h"
+#include "novac_device.h"
 #include "util.h"
 
 typedef enum emit_kind { EMIT_SO, EMIT_OBJ, EMIT_NOVA, EMIT_LINALG, EMIT_LLVM, EMIT_PTX, EMIT_MANIFEST } emit_kind;
@@ -30,7 +31,8 @@ typedef struct opts {
   const char *input, *output, *manifest, *target, *device, *cpu, *dump_after;
   emit_kind emit;
   int opt_level;
-  bool train, time_passes, verbose, explain_config;
+  bool train, time_passes, verbose, explain_config, gpu_sim;
+  int gpu_block;
   ad_options ad;
   bool lr_set, wd_set;
   fe_dim_binding dims[32];
@@ -43,9 +45,17 @@ static void usage(FILE *f) {
         "  INPUT                 a .nova graph (see nova-format(5)) or an ONNX model (.onnx, opsets 13-21)\n"
         "  -o FILE               output (default: INPUT's base name with .so; '-' = stdout for text)\n"
         "  --manifest FILE       where to write the launch manifest (default: output with .json)\n"
-        "  --emit=KIND           so | obj | nova | linalg | llvm | manifest (ptx: --target=cuda)\n"
+        "  --emit=KIND           so | obj | nova | linalg | llvm | ptx | manifest (ptx: --target=cuda;\n"
+        "                        llvm and obj: the host code of a cuda step)\n"
         "  --target=cpu|cuda     code generation target (default cpu)\n"
-        "  --device=NAME         device model (cpu target: host)\n"
+        "  --device=NAME|FILE|auto  device model: host (cpu), a GPU model (h100, h200, a100-40gb,\n"
+        "                        a100-80gb, l4, rtx3060, rtx4090, rtx6000ada), a JSON device file,\n"
+        "                        or auto (this machine's CPU or GPU)\n"
+        "  --explain-config      print each kernel's schedule and the limit that decided it\n"
+        "  --gpu-block=N         (cuda) N threads per block for every kernel instead of the\n"
+        "                        configurator's choice (tuning experiments)\n"
+        "  --gpu-sim             (cuda) run the GPU kernels as CPU loops over their grid and\n"
+        "                        block: checks the GPU mapping where there is no GPU\n"
         "  --cpu=NAME            LLVM CPU to generate code for (default host; e.g. x86-64-v3)\n"
         "  --dim=NAME=N          bind a symbolic dimension\n"
         "  -O0 .. -O3            optimisation level (default -O2)\n"
@@ -169,6 +179,17 @@ static int parse_args(int argc, char **argv, opts *o) {
     }
     else if (!strcmp(a, "--time-passes")) o->time_passes = true;
     else if (!strcmp(a, "--explain-config")) o->explain_config = true;
+    else if ((v = opt_value(argc, argv, &i, "--gpu-block"))) {
+      char *end;
+      long b = strtol(v, &end, 10);
+      if (!*v || *end || b < 32 || b > 1024 || b % 32)
+        return bad_usage("--gpu-block takes a multiple of 32 from 32 to 1024, not '%s'", v);
+      o->gpu_block = (int)b;
+      nv_sb_printf(&o->flags, " --gpu-block=%ld", b);
+    } else if (!strcmp(a, "--gpu-sim")) {
+      o->gpu_sim = true;
+      nv_sb_printf(&o->flags, " --gpu-sim");
+    }
     else if (!strcmp(a, "-v")) o->verbose = true;
     else if (a[0] == '-' && a[1]) return bad_usage("unknown option '%s'", a);
     else if (o->input) return bad_usage("more than one input file ('%s')", a);
@@ -240,43 +261,6 @@ static int dump_if(const opts *o, const char *stage, MlirModule m) {
   return 0;
 }
 
-/* --device=NAME|FILE|auto: a device model (configurator/device.h).  The
- * cpu target compiles for the host, so it takes host or a CPU model file;
- * a GPU model needs --target=cuda (not available yet). */
-static int check_device(nv_diag *d, const char *dev) {
-  cfg_device m;
-  char err[512] = "";
-  if (!strcmp(dev, "host")) {
-    if (cfg_device_host(&m, err, sizeof err)) nv_error_plain(d, "--device=host: %s", err);
-    return err[0] ? -1 : 0;
-  }
-  if (!strcmp(dev, "auto")) { /* the cpu target: the machine novac runs on */
-    return cfg_device_host(&m, err, sizeof err) ? (nv_error_plain(d, "--device=auto: %s", err), -1) : 0;
-  }
-  const cfg_device *known = cfg_device_find(dev);
-  if (!known && (strchr(dev, '/') || strstr(dev, ".json"))) {
-    if (cfg_device_load(dev, &m, err, sizeof err)) {
-      nv_error_plain(d, "--device=%s: %s", dev, err);
-      return -1;
-    }
-    known = &m;
-  }
-  if (!known) {
-    const char *names[64];
-    int n = cfg_device_list(names, 64);
-    char list[1024] = "host, auto";
-    for (int i = 0; i < n && i < 64; i++) snprintf(list + strlen(list), sizeof list - strlen(list), ", %s", names[i]);
-    nv_error_plain(d, "unknown device '%s'; known: %s (or a JSON device file)", dev, list);
-    return -1;
-  }
-  if (known->kind == CFG_DEV_GPU) {
-    nv_error_plain(d, "--device=%s is a GPU model; the cpu target compiles for the host (--target=cuda is not available yet)",
-                   dev);
-    return -1;
-  }
-  return 0;
-}
-
 /* .nova input -> graph */
 static nv_graph *load_input(nv_diag *d, opts *o) {
   size_t len = 0;
@@ -327,15 +311,25 @@ static char *default_output(const char *input, const char *ext) {
 
 static int compile(nv_diag *d, opts *o) {
   timer tm = {o->time_passes, now_ms(), 0};
-  if (strcmp(o->target, "cpu")) {
-    nv_error_plain(d, "--target=%s is not available yet; use --target=cpu", o->target);
+  bool cuda = !strcmp(o->target, "cuda");
+  if (o->gpu_sim && !cuda) {
+    nv_error_plain(d, "--gpu-sim needs --target=cuda");
     return -1;
   }
-  if (o->emit == EMIT_PTX) {
+  if (o->gpu_block && !cuda) {
+    nv_error_plain(d, "--gpu-block needs --target=cuda");
+    return -1;
+  }
+  if (o->gpu_sim && o->emit == EMIT_PTX) {
+    nv_error_plain(d, "--gpu-sim makes CPU code: there is no PTX to emit");
+    return -1;
+  }
+  if (o->emit == EMIT_PTX && !cuda) {
     nv_error_plain(d, "--emit=ptx needs --target=cuda");
     return -1;
   }
-  if (o->device && check_device(d, o->device)) return -1;
+  cfg_device dev;
+  if (nd_device(d, cuda, o->device, &dev)) return -1;
   if (o->dump_after && strcmp(o->dump_after, "frontend") && strcmp(o->dump_after, "linalg") &&
       strcmp(o->dump_after, "llvm")) {
     nv_error_plain(d, "unknown --dump-after stage '%s'; stages: frontend, linalg, llvm", o->dump_after);
@@ -344,11 +338,6 @@ static int compile(nv_diag *d, opts *o) {
   nv_graph *g = load_input(d, o);
   stage_done(&tm, "frontend");
   if (!g) return -1;
-  if (o->explain_config) {
-    nv_error_plain(d, "--explain-config is not available yet: the configurator does not exist in this version");
-    fe_graph_destroy(g);
-    return -1;
-  }
   if (o->train) {
     if (ad_train(g, d, &o->ad)) {
       fe_graph_destroy(g);
@@ -363,6 +352,7 @@ static int compile(nv_diag *d, opts *o) {
   nova_ctx c;
   int rc = -1;
   MlirModule nova = {NULL}, lin = {NULL};
+  cg_gpu gpu = {0};
   char *out_default = NULL, *man_default = NULL;
   if (nova_ctx_init(&c, d)) {
     fe_graph_destroy(g);
@@ -401,14 +391,33 @@ static int compile(nv_diag *d, opts *o) {
                    .flags_text = o->flags.s ? o->flags.s + 1 : "", .rt_dir = rtdir,
                    .time_passes = o->time_passes, .verbose = o->verbose,
                    .keep_temps = getenv("NOVAC_KEEP_TEMPS") != NULL};
+  if (cuda) {
+    cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block};
+    if (cg_lower_to_gpu(&c, lin, &dev, &go, &gpu) || nova_verify(&c, lin, "lowering to the GPU"))
+      goto out;
+    gpu.dev = &dev;
+    co.gpu = o->gpu_sim ? NULL : &gpu; /* --gpu-sim: a cpu step */
+    stage_done(&tm, "bufferize + GPU kernels + PTX");
+    if (nd_check_memory(d, &dev, g, &gpu)) goto out;
+  } else if (o->emit != EMIT_MANIFEST) {
+    if (cg_lower_to_llvm(&c, lin, o->opt_level) || nova_verify(&c, lin, "lowering to LLVM")) goto out;
+    stage_done(&tm, "bufferize + to LLVM");
+  }
+  if (o->explain_config) nd_explain(stdout, &dev, g, cuda ? &gpu : NULL);
   if (o->emit == EMIT_MANIFEST) {
     char cpu[128];
     cg_cpu_name(&co, cpu, sizeof cpu);
     rc = cg_write_manifest(&c, g, &co, cpu, o->output ? o->output : "-");
     goto out;
   }
-  if (cg_lower_to_llvm(&c, lin, o->opt_level) || nova_verify(&c, lin, "lowering to LLVM")) goto out;
-  stage_done(&tm, "bufferize + to LLVM");
+  if (o->emit == EMIT_PTX) {
+    FILE *f = open_text_out(d, o->output);
+    if (!f) goto out;
+    fputs(gpu.ptx, f);
+    close_text_out(f);
+    rc = 0;
+    goto out;
+  }
   dump_if(o, "llvm", lin);
   if (o->emit == EMIT_LLVM) {
     FILE *f = open_text_out(d, o->output);
@@ -441,6 +450,7 @@ static int compile(nv_diag *d, opts *o) {
   stage_done(&tm, "");
   if (o->time_passes) fprintf(stderr, "novac: %-22s %9.2f ms\n", "total", tm.total);
 out:
+  cg_gpu_free(&gpu);
   if (!mlirModuleIsNull(lin)) mlirModuleDestroy(lin);
   if (!mlirModuleIsNull(nova)) mlirModuleDestroy(nova);
   nova_ctx_dispose(&c);

@@ -4,7 +4,7 @@
  *
  *   novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]
  *                   [--lr F] [--load FILE] [--save FILE] [--outputs DIR] [--dump DIR]
- *                   [--repeat N] [--print] [-q]
+ *                   [--repeat N] [--print] [--profile] [-q]
  *
  * Exit status: 0 success, 1 user error (one `novarun: ...` line on
  * stderr), 2 bad usage.  See man/novarun.1.
@@ -28,7 +28,7 @@
 static const char usage_text[] =
     "usage: novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]\n"
     "                       [--lr F] [--load FILE] [--save FILE] [--outputs DIR] [--dump DIR]\n"
-    "                       [--repeat N] [--print] [-q]\n"
+    "                       [--repeat N] [--print] [--profile] [-q]\n"
     "       novarun -h | --help | --version\n"
     "\n"
     "Runs a step compiled by novac once (or N times), or trains it for N steps,\n"
@@ -55,6 +55,8 @@ static const char usage_text[] =
     "  --save FILE    after the last step, write every parameter and optimizer state\n"
     "                 to FILE, a safetensors checkpoint (atomically)\n"
     "  --print        print the first values and min/max/mean of each output\n"
+    "  --profile      (--target=cuda steps) time every kernel launch of the last run\n"
+    "                 with CUDA events and print them, the slowest first\n"
     "  -q             no summary on stderr\n"
     "  -h, --help     this help;  --version  the version\n"
     "\n"
@@ -126,6 +128,10 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
   }
   if (!strcmp(a, "--print")) {
     o->print = 1;
+    return -1;
+  }
+  if (!strcmp(a, "--profile")) {
+    o->profile = 1;
     return -1;
   }
   if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
@@ -253,6 +259,11 @@ static int nr_load(const char *path, nr_api *api) {
            NR_SYM(api, get, "nova_step_get") && NR_SYM(api, error, "nova_step_error");
   /* optional: a step.so from before it has no graph hash to report */
   if (!NR_SYM(api, graph_hash, "nova_step_graph_hash")) api->graph_hash = NULL;
+  if (!NR_SYM(api, last_run_ms, "nova_step_last_run_ms")) api->last_run_ms = NULL;
+  if (!NR_SYM(api, target, "nova_step_target")) api->target = NULL;
+  if (!NR_SYM(api, set_profiling, "nova_step_set_profiling") || !NR_SYM(api, num_launches, "nova_step_num_launches") ||
+      !NR_SYM(api, launch, "nova_step_launch"))
+    api->set_profiling = NULL;
   if (!ok) {
     dlclose(api->handle);
     api->handle = NULL;
@@ -291,9 +302,15 @@ static int nr_cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Runs S O->repeat times; *MEDIAN = the median seconds per run. */
-static int nr_run(nr_step *s, const nr_options *o, double *median) {
-  double *t = malloc((size_t)o->repeat * sizeof *t);
+static double nr_median(double *t, long n) {
+  qsort(t, (size_t)n, sizeof *t, nr_cmp_double);
+  return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+}
+
+/* Runs S O->repeat times; *MEDIAN = the median seconds per run, *DEVICE =
+ * the median of the step's own device time in ms (CUDA events), or -1. */
+static int nr_run(nr_step *s, const nr_options *o, double *median, double *device) {
+  double *t = malloc(2 * (size_t)o->repeat * sizeof *t), *dev = t + o->repeat;
   if (!t) return nr_error("out of memory for %ld timings", o->repeat);
   for (long r = 0; r < o->repeat; r++) {
     double start = nr_now();
@@ -302,11 +319,42 @@ static int nr_run(nr_step *s, const nr_options *o, double *median) {
       return nr_error("%s: run failed: %s", s->path, s->api.error(s->step));
     }
     t[r] = nr_now() - start;
+    dev[r] = s->api.last_run_ms ? s->api.last_run_ms(s->step) : -1;
   }
-  qsort(t, (size_t)o->repeat, sizeof *t, nr_cmp_double);
-  *median = o->repeat % 2 ? t[o->repeat / 2] : (t[o->repeat / 2 - 1] + t[o->repeat / 2]) / 2;
+  *median = nr_median(t, o->repeat);
+  *device = nr_median(dev, o->repeat);
   free(t);
   return 0;
+}
+
+/* --profile: each kernel of the last run, its launches and time, the
+ * slowest first. */
+static void nr_print_profile(nr_step *s) {
+  int n = s->api.num_launches(s->step), nk = 0;
+  struct { const char *name; int count; double ms; } *k = calloc((size_t)(n ? n : 1), sizeof *k);
+  double total = 0;
+  for (int i = 0; k && i < n; i++) {
+    const char *name;
+    double ms;
+    if (s->api.launch(s->step, i, &name, &ms) != NOVA_OK || ms < 0) continue;
+    int j = 0;
+    while (j < nk && strcmp(k[j].name, name)) j++;
+    if (j == nk) k[nk++].name = name;
+    k[j].count++;
+    k[j].ms += ms;
+    total += ms;
+  }
+  for (int i = 1; k && i < nk; i++) /* insertion sort, slowest first */
+    for (int j = i; j > 0 && k[j].ms > k[j - 1].ms; j--) {
+      __typeof__(*k) x = k[j];
+      k[j] = k[j - 1];
+      k[j - 1] = x;
+    }
+  fprintf(stderr, "novarun: profile of the last run: %d launches, %.3f ms in kernels\n", n, total);
+  fprintf(stderr, "  %-12s %8s %12s %7s\n", "kernel", "launches", "ms", "share");
+  for (int i = 0; k && i < nk; i++)
+    fprintf(stderr, "  %-12s %8d %12.4f %6.1f%%\n", k[i].name, k[i].count, k[i].ms, total > 0 ? 100 * k[i].ms / total : 0);
+  free(k);
 }
 
 /* The step's loss, or NULL. */
@@ -385,9 +433,13 @@ static int nr_is_training_step(nr_step *s) {
 /* --steps, or one plain run (O->repeat times); *DONE = the steps done
  * after it, counting from START. */
 static int nr_execute(nr_step *s, const nr_options *o, nr_batches *b, long long start, long long *done) {
-  double median = 0;
+  double median = 0, device = -1;
   int rc;
   *done = start;
+  if (o->profile) {
+    if (!s->api.set_profiling) return nr_error("%s: --profile: this step.so has no profiling (rebuild it)", s->path);
+    if (s->api.set_profiling(s->step, 1) != NOVA_OK) return nr_error("--profile: %s", s->api.error(s->step));
+  }
   if (o->steps) {
     rc = nr_train(s, o, b, start);
     if (!rc) *done = start + o->steps;
@@ -395,7 +447,7 @@ static int nr_execute(nr_step *s, const nr_options *o, nr_batches *b, long long 
   }
   /* every run of a plain run sees the same batch: that of the next step */
   if (b && nr_batches_bind(b, s, start + 1)) return 1;
-  if ((rc = nr_run(s, o, &median))) return rc;
+  if ((rc = nr_run(s, o, &median, &device))) return rc;
   if (nr_is_training_step(s)) *done = start + o->repeat;
   if (!o->quiet) {
     const char *from = o->inputs_dir ? o->inputs_dir : o->data_path ? o->data_path : o->seed_set ? "--seed" : NULL;
@@ -405,7 +457,10 @@ static int nr_execute(nr_step *s, const nr_options *o, nr_batches *b, long long 
       fprintf(stderr, "novarun: %.2f us per run (median of %ld)\n", median * 1e6, o->repeat);
     else
       fprintf(stderr, "novarun: %.3f ms per run (median of %ld)\n", median * 1e3, o->repeat);
+    if (device >= 0 && s->api.target && !strcmp(s->api.target(s->step), "cuda"))
+      fprintf(stderr, "novarun: %.3f ms per run on the GPU (CUDA events, median of %ld)\n", device, o->repeat);
   }
+  if (o->profile) nr_print_profile(s);
   return 0;
 }
 

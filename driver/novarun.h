@@ -19,6 +19,12 @@ typedef struct nr_api {
   nova_status (*get)(nova_step *, const char *, const void **, nova_tensor_info *);
   const char *(*error)(const nova_step *);
   const char *(*graph_hash)(const nova_step *); /* NULL in a step.so older than it */
+  /* optional, NULL in older step.so files: */
+  double (*last_run_ms)(const nova_step *);
+  const char *(*target)(const nova_step *);
+  nova_status (*set_profiling)(nova_step *, int);
+  int (*num_launches)(const nova_step *);
+  nova_status (*launch)(const nova_step *, int, const char **, double *);
 } nr_api;
 
 typedef struct nr_options {
@@ -33,6 +39,7 @@ typedef struct nr_options {
   long repeat;             /* >= 1 */
   int print;               /* --print: values and statistics on stdout */
   int quiet;               /* -q: no summary on stderr */
+  int profile;             /* --profile: per-kernel times of the last run (cuda steps) */
   const char *data_path;   /* --data FILE: batches from a safetensors file */
   uint64_t seed;           /* --seed N, when seed_set: synthetic batches */
   int seed_set;

@@ -70,6 +70,10 @@ nova_status rt_graph_check_header(const rt_graph *g, char *err) {
       !g->entry)
     return rt_bad(err, "malformed step: bad graph header (%d tensors, %d args, entry %s)",
                     (int)g->ntensors, (int)g->nargs, g->entry ? "set" : "missing");
+  if (g->target != RT_TARGET_CPU && g->target != RT_TARGET_CUDA)
+    return rt_bad(err, "malformed step: unknown target %d", (int)g->target);
+  if (g->target == RT_TARGET_CUDA && (!g->ptx || (g->cubin_size && !g->cubin) || g->sm < 50))
+    return rt_bad(err, "malformed step: a cuda step without its kernels (sm %d)", (int)g->sm);
   return NOVA_OK;
 }
 

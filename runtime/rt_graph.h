@@ -36,7 +36,17 @@ typedef struct rt_graph {
   const unsigned char *init_data;
   uint64_t init_size;
   void (*entry)(void **args);    /* runs the step */
+  int32_t target;                /* RT_TARGET_CPU or RT_TARGET_CUDA */
+  int32_t sm;                    /* cuda: compute capability compiled for (90 = sm_90) */
+  const unsigned char *cubin;    /* cuda: the kernels, assembled by ptxas for sm */
+  uint64_t cubin_size;
+  const char *ptx;               /* cuda: the kernels' PTX (NUL-terminated), for other GPUs */
+  uint64_t ptx_size;
+  uint64_t scratch_bytes;        /* cuda: device scratch space for intermediates */
 } rt_graph;
+
+#define RT_TARGET_CPU 0
+#define RT_TARGET_CUDA 1
 
 extern const rt_graph nova_rt_graph;
 

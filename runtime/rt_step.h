@@ -23,6 +23,8 @@ struct nova_step {
   size_t *nbytes;         /* [ntensors] */
   unsigned char *bound;   /* [ntensors] 1 once bind() succeeded */
   void **args;            /* [nargs] buffers[arg_tensor[i]] */
+  struct rt_cuda *cuda;   /* --target=cuda: device state (rt_cuda.c); NULL on the cpu */
+  double last_ms;         /* cpu: wall-clock time of the last run */
   char error[RT_ERROR_LEN];
 };
 
@@ -48,5 +50,20 @@ nova_status rt_graph_check_tensors(const rt_graph *graph, size_t *nbytes, char *
 /* NOVA_OK if every element of tensor I (index_bound > 0) lies in
  * [0, index_bound); otherwise NOVA_ERR_OUT_OF_RANGE with the message. */
 nova_status rt_check_index(nova_step *step, int i);
+
+/* --target=cuda (rt_cuda.c).  _open: driver, device, module, arena,
+ * stream (NOVA_ERR_DEVICE with the reason when there is no usable GPU);
+ * _bound: tensor I's host copy changed; _run: uploads what changed, runs
+ * the entry, applies updates; _fetch: makes tensor I's host copy current. */
+nova_status rt_cuda_open(nova_step *step);
+void rt_cuda_close(nova_step *step);
+void rt_cuda_bound(nova_step *step, int i);
+nova_status rt_cuda_run(nova_step *step);
+nova_status rt_cuda_fetch(nova_step *step, int i);
+double rt_cuda_last_ms(const nova_step *step);
+/* Profiling: per-launch events (see nova_step_set_profiling). */
+nova_status rt_cuda_set_profiling(nova_step *step, int on);
+int rt_cuda_num_launches(const nova_step *step);
+nova_status rt_cuda_launch(const nova_step *step, int i, const char **kernel, double *ms);
 
 #endif

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "rt_dtype.h"
 #include "rt_step.h"
@@ -62,12 +63,14 @@ static nova_status rt_step_alloc(nova_step *s) {
       return rt_fail(s, NOVA_ERR_NO_MEMORY, "out of memory for tensor '%s' (%zu bytes)", g->tensors[i].name,
                      s->nbytes[i]);
   for (int a = 0; a < g->nargs; a++) s->args[a] = s->buffers[g->arg_tensor[a]];
-  return NOVA_OK;
+  s->last_ms = -1;
+  return g->target == RT_TARGET_CUDA ? rt_cuda_open(s) : NOVA_OK;
 }
 
 /* Frees the buffers and arrays of S, leaving only its error message: what
  * a step that failed the descriptor checks keeps. */
 static void rt_step_release(nova_step *s) {
+  rt_cuda_close(s);
   if (s->buffers && s->graph)
     for (int i = 0; i < s->graph->ntensors; i++) free(s->buffers[i]);
   free(s->buffers);
@@ -92,11 +95,11 @@ nova_status rt_step_open_graph(const rt_graph *graph, nova_step **step) {
     s->graph = graph;
     st = rt_step_alloc(s);
   }
-  if (st == NOVA_ERR_NO_MEMORY) {
+  if (st == NOVA_ERR_NO_MEMORY && !s->error[0]) {
     nova_step_close(s);
     return st;
   }
-  if (st != NOVA_OK) rt_step_release(s); /* NOVA_ERR_ABI: keep only the message */
+  if (st != NOVA_OK) rt_step_release(s); /* keep only the message */
   *step = s;
   return st;
 }
@@ -187,6 +190,7 @@ NOVA_API nova_status nova_step_bind(nova_step *step, const char *name, nova_dtyp
   if (st != NOVA_OK) return st;
   memcpy(step->buffers[i], data, step->nbytes[i]);
   step->bound[i] = 1;
+  if (step->cuda) rt_cuda_bound(step, i);
   return rt_ok(step);
 }
 
@@ -202,7 +206,15 @@ NOVA_API nova_status nova_step_run(nova_step *step) {
   }
   for (int i = 0; i < g->ntensors; i++)
     if (g->tensors[i].index_bound > 0 && rt_check_index(step, i) != NOVA_OK) return NOVA_ERR_OUT_OF_RANGE;
+  if (step->cuda) {
+    nova_status st = rt_cuda_run(step);
+    return st == NOVA_OK ? rt_ok(step) : st;
+  }
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   g->entry(step->args);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  step->last_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
   /* a training step's new parameters and optimizer state replace the old */
   for (int i = 0; i < g->ntensors; i++)
     if (g->tensors[i].updates >= 0) memcpy(step->buffers[g->tensors[i].updates], step->buffers[i], step->nbytes[i]);
@@ -217,6 +229,10 @@ NOVA_API nova_status nova_step_get(nova_step *step, const char *name, const void
                    !name ? "name" : !data ? "data" : "info");
   int i = rt_find(step, name);
   if (i < 0) return rt_fail(step, NOVA_ERR_NOT_FOUND, "no tensor named '%s' in this step", name);
+  if (step->cuda) {
+    nova_status st = rt_cuda_fetch(step, i);
+    if (st != NOVA_OK) return st;
+  }
   *data = step->buffers[i];
   rt_fill_info(step, i, info);
   return rt_ok(step);
@@ -224,6 +240,33 @@ NOVA_API nova_status nova_step_get(nova_step *step, const char *name, const void
 
 NOVA_API const char *nova_step_graph_hash(const nova_step *step) {
   return step && step->graph && step->graph->graph_hash ? step->graph->graph_hash : "";
+}
+
+NOVA_API double nova_step_last_run_ms(const nova_step *step) {
+  if (!step || !step->graph) return -1;
+  return step->cuda ? rt_cuda_last_ms(step) : step->last_ms;
+}
+
+NOVA_API nova_status nova_step_set_profiling(nova_step *step, int on) {
+  if (!step) return NOVA_ERR_INVALID_ARGUMENT;
+  if (!step->graph) return NOVA_ERR_ABI;
+  if (!step->cuda) return on ? rt_fail(step, NOVA_ERR_INVALID_ARGUMENT, "per-kernel profiling needs a --target=cuda step") : NOVA_OK;
+  return rt_cuda_set_profiling(step, on);
+}
+
+NOVA_API int nova_step_num_launches(const nova_step *step) {
+  return step && step->graph && step->cuda ? rt_cuda_num_launches(step) : 0;
+}
+
+NOVA_API nova_status nova_step_launch(const nova_step *step, int index, const char **kernel, double *ms) {
+  if (!step || !kernel || !ms) return NOVA_ERR_INVALID_ARGUMENT;
+  if (!step->graph) return NOVA_ERR_ABI;
+  if (!step->cuda || index < 0 || index >= rt_cuda_num_launches(step)) return NOVA_ERR_INVALID_ARGUMENT;
+  return rt_cuda_launch(step, index, kernel, ms);
+}
+
+NOVA_API const char *nova_step_target(const nova_step *step) {
+  return step && step->graph && step->graph->target == RT_TARGET_CUDA ? "cuda" : "cpu";
 }
 
 NOVA_API const char *nova_step_error(const nova_step *step) {

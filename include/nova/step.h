@@ -38,7 +38,8 @@ typedef enum nova_status {
   NOVA_ERR_OUT_OF_RANGE = 6,     /* an index input holds a value outside its table */
   NOVA_ERR_NO_MEMORY = 7,
   NOVA_ERR_ROLE = 8,             /* e.g. bind() on an output */
-  NOVA_ERR_ABI = 9               /* step.so built for another ABI version */
+  NOVA_ERR_ABI = 9,              /* step.so built for another ABI version */
+  NOVA_ERR_DEVICE = 10           /* the GPU failed or is missing (--target=cuda steps) */
 } nova_status;
 
 /* Element types; the values are ONNX TensorProto.DataType codes. */
@@ -78,7 +79,9 @@ typedef struct nova_tensor_info {
 typedef struct nova_step nova_step;
 
 /* Creates a step with its own buffers, parameters set to their initial
- * values.  On failure *step is NULL, except for NOVA_ERR_ABI where *step
+ * values.  On failure *step is NULL, except where there is a message to
+ * read (NOVA_ERR_ABI; NOVA_ERR_DEVICE: a --target=cuda step on a machine
+ * without a usable GPU; NOVA_ERR_NO_MEMORY for device memory): then *step
  * holds a step whose only use is nova_step_error() and nova_step_close(). */
 nova_status nova_step_open(nova_step **step);
 void nova_step_close(nova_step *step);
@@ -104,6 +107,23 @@ nova_status nova_step_get(nova_step *step, const char *name, const void **data,
 /* The structural hash of the graph the step was compiled from (hex, as in
  * the manifest's graph_hash); "" if unknown.  Borrowed. */
 const char *nova_step_graph_hash(const nova_step *step);
+
+/* Milliseconds the last run() took on its device: measured with CUDA events
+ * around the step's kernels (--target=cuda), or the wall-clock time of the
+ * compiled code (cpu); -1 before the first successful run. */
+double nova_step_last_run_ms(const nova_step *step);
+
+/* Per-kernel timing (--target=cuda steps): with profiling on, each run
+ * records a CUDA event pair around every kernel launch (which adds a little
+ * time to the run).  nova_step_num_launches gives the launches of the last
+ * run (0 with profiling off, and always for cpu steps); launch I's kernel
+ * name (borrowed) and milliseconds come from nova_step_launch. */
+nova_status nova_step_set_profiling(nova_step *step, int on);
+int nova_step_num_launches(const nova_step *step);
+nova_status nova_step_launch(const nova_step *step, int index, const char **kernel, double *ms);
+
+/* The target the step was compiled for: "cpu" or "cuda". */
+const char *nova_step_target(const nova_step *step);
 
 /* The last error's message; "" after success.  Borrowed. */
 const char *nova_step_error(const nova_step *step);

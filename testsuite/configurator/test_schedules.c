@@ -1,12 +1,16 @@
 /* testsuite/configurator/test_schedules.c: property tests of the analytic
- * configurator.  Usage: test_schedules TMPDIR.  Prints one
- * 'PASS: configurator :: NAME' or 'FAIL: configurator :: NAME' line per test. */
+ * configurator.  Usage: test_schedules TMPDIR, or test_schedules --fake-cuda
+ * with testsuite/configurator/fake_cuda.c loadable as libcuda.so.1 (run.sh
+ * arranges it).  Prints one 'PASS: configurator :: NAME' or
+ * 'FAIL: configurator :: NAME' line per test. */
 #define _POSIX_C_SOURCE 200809L
 #include "../../configurator/device.h"
 #include "../../configurator/gemm.h"
+#include "../../configurator/kernel.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -341,6 +345,32 @@ static void test_device_files(const char *dir)
     file_case(dir, "file/optin-exceeds-sm", o, "smem_per_block_optin");
     cJSON_Delete(o);
 
+    /* total_mem_bytes: optional; when present, 0 or a plausible size. */
+    o = device_json(h);
+    cJSON_AddNumberToObject(o, "total_mem_bytes", 80.0 * 1024 * 1024 * 1024);
+    snprintf(path, sizeof path, "%s/cfg_device_mem.json", dir);
+    err[0] = 0;
+    bad = write_json(path, o) != 0 || cfg_device_load(path, &d, err, sizeof err) != 0 ||
+          d.total_mem_bytes != (int64_t)80 << 30;
+    remove(path);
+    report("file/total-mem-present", bad, err);
+    cJSON_Delete(o);
+
+    o = device_json(h);
+    cJSON_AddNumberToObject(o, "total_mem_bytes", 1000);
+    file_case(dir, "file/total-mem-implausible", o, "total_mem_bytes");
+    cJSON_Delete(o);
+
+    o = device_json(h);
+    cJSON_AddNumberToObject(o, "total_mem_bytes", -1);
+    file_case(dir, "file/total-mem-negative", o, "total_mem_bytes");
+    cJSON_Delete(o);
+
+    o = device_json(h);
+    cJSON_AddStringToObject(o, "total_mem_bytes", "80GB");
+    file_case(dir, "file/total-mem-type", o, "total_mem_bytes");
+    cJSON_Delete(o);
+
     snprintf(path, sizeof path, "%s/cfg_device_broken.json", dir);
     FILE *f = fopen(path, "w");
     if (f) { fputs("{ \"name\": ", f); fclose(f); }
@@ -351,6 +381,564 @@ static void test_device_files(const char *dir)
     err[0] = 0;
     bad = cfg_device_load("/nonexistent/cfg_device.json", &d, err, sizeof err) == 0;
     report("file/missing-file", bad, err);
+}
+
+/* ---- pointwise and reduction kernels ---- */
+
+static int64_t cdiv64(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
+/* Pointwise n in 1..2^41: half log-uniform, a quarter multiples of 4, a
+ * quarter edges around warps, blocks and the 2^31-1 grid limit. */
+static int64_t rand_n(void)
+{
+    uint64_t r = rng_next();
+    switch (r % 4) {
+    case 0: case 1: {
+        int e = (int)((r >> 8) % 41);
+        int64_t lo = (int64_t)1 << e;
+        return lo + (int64_t)((r >> 16) % (uint64_t)lo);
+    }
+    case 2: return 4 * (int64_t)(1 + (r >> 8) % (1u << 26));
+    default: {
+        static const int64_t edge[] = {1, 2, 3, 4, 5, 31, 32, 33, 127, 128, 129, 1023, 1024, 1025,
+                                       2147483647LL, 2147483648LL, 2147483649LL,
+                                       2147483647LL * 128, 2147483647LL * 128 + 1, 2147483647LL * 1024 + 1,
+                                       (int64_t)1 << 40, ((int64_t)1 << 40) + 2};
+        return edge[(r >> 8) % (sizeof edge / sizeof edge[0])];
+    }
+    }
+}
+
+/* Reduction extent: log-uniform in 1..2^(maxe+1)-1, or an edge. */
+static int64_t rand_ext(int maxe)
+{
+    uint64_t r = rng_next();
+    if (r % 4 == 3) {
+        static const int64_t edge[] = {1, 2, 3, 4, 7, 8, 31, 32, 33, 64, 127, 128, 1000, 1024, 4096, 50257, 65536};
+        return edge[(r >> 8) % (sizeof edge / sizeof edge[0])];
+    }
+    int e = (int)((r >> 8) % (uint64_t)(maxe + 1));
+    int64_t lo = (int64_t)1 << e;
+    return lo + (int64_t)((r >> 16) % (uint64_t)lo);
+}
+
+#define NKSHAPES 4000
+static int64_t g_pw_n[NKSHAPES];
+static int64_t g_red[NKSHAPES][2];
+
+/* Is v the widest of 4, 2 that is <= 16 bytes and divides count (else 1)? */
+static int widest_vec(int64_t count, int b)
+{
+    for (int v = 4; v > 1; v /= 2)
+        if (v * b <= 16 && count % v == 0) return v;
+    return 1;
+}
+
+/* blocks_per_sm respects every SM limit, and one more block would break one. */
+static int bps_consistent(const cfg_device *d, int threads, int64_t smem, int bps)
+{
+    int64_t reserve = d->cc_major >= 8 ? 1024 : 0;
+    for (int k = 0; k < 2; k++) {
+        int64_t b = bps + k;
+        int fits = b <= d->max_blocks_per_sm && b * threads <= d->max_threads_per_sm &&
+                   b * threads * CFG_KERNEL_REGS <= d->regs_per_sm && b * (smem + reserve) <= d->smem_per_sm;
+        if (k == 0 && (!fits || bps < 1)) return 0;
+        if (k == 1 && fits) return 0;
+    }
+    return 1;
+}
+
+#define KREQ(cond)                                                                       \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            snprintf(msg, len, "%s %s b=%d: %s [%s]", d->name, what, b, #cond, s->reason); \
+            return 1;                                                                     \
+        }                                                                                 \
+    } while (0)
+
+static int check_pointwise(const cfg_device *d, int64_t n, int b, bool av, const cfg_pointwise_schedule *s,
+                           bool builtin, char *msg, size_t len)
+{
+    char what[64];
+    snprintf(what, sizeof what, "n=%" PRId64 " vector=%d", n, av);
+    KREQ(s->ok);
+    KREQ(s->reason[0] != 0);
+    KREQ(s->n == n);
+    KREQ(s->vec == (av ? widest_vec(n, b) : 1));
+    KREQ(s->vec * b <= 16 || s->vec == 1);
+    KREQ(n % s->vec == 0);
+    KREQ(s->threads >= 32 && s->threads % 32 == 0 && s->threads <= d->max_threads_per_block);
+    KREQ(s->grid >= 1 && s->grid <= CFG_GRID_MAX);
+    KREQ(s->per_thread >= 1);
+    int64_t span = s->grid * s->threads * s->vec;   /* elements per grid-stride step, <= 2^43 */
+    KREQ(s->per_thread >= cdiv64(n, span));         /* grid*threads*vec*per_thread >= n */
+    KREQ(s->per_thread == cdiv64(n, span));         /* and no extra iteration */
+    KREQ((s->grid - 1) * s->threads * s->vec < n);  /* every block has work */
+    int64_t blocks = cdiv64(n / s->vec, s->threads);
+    if (!av && cdiv64(n, s->threads) <= CFG_GRID_MAX)
+        KREQ(s->per_thread == 1 && s->grid == cdiv64(n, s->threads));
+    int64_t cap = (int64_t)d->sm_count * s->blocks_per_sm * CFG_POINTWISE_WAVES;
+    if (cap > CFG_GRID_MAX) cap = CFG_GRID_MAX;
+    if (av) KREQ(s->grid == (blocks < cap ? blocks : cap));
+    KREQ(bps_consistent(d, s->threads, 0, s->blocks_per_sm));
+    /* a full-size block fills the SM (built-in devices) */
+    if (builtin && n / s->vec >= 1024) KREQ((int64_t)s->blocks_per_sm * s->threads == d->max_threads_per_sm);
+    return 0;
+}
+
+static int check_reduce(const cfg_device *d, int64_t rows, int64_t cols, int b, const cfg_reduce_schedule *s,
+                        char *msg, size_t len)
+{
+    char what[64];
+    snprintf(what, sizeof what, "rows=%" PRId64 " cols=%" PRId64, rows, cols);
+    KREQ(s->ok);
+    KREQ(s->reason[0] != 0);
+    KREQ(s->rows == rows && s->cols == cols);
+    KREQ(s->vec == widest_vec(cols, b));
+    KREQ(cols % s->vec == 0);
+    int tpr = s->threads_per_row;
+    KREQ(tpr >= 1 && tpr <= 1024 && (tpr & (tpr - 1)) == 0);
+    KREQ(tpr <= d->max_threads_per_block);
+    KREQ((int64_t)tpr * s->vec <= cols);            /* every thread of a row has an access */
+    KREQ(tpr <= 32 || s->rows_per_block == 1);      /* a (sub-)warp group, or a block per row */
+    KREQ(s->rows_per_block >= 1);
+    KREQ(s->threads == tpr * s->rows_per_block);
+    KREQ(s->threads >= 32 && s->threads % 32 == 0 && s->threads <= d->max_threads_per_block);
+    KREQ(s->grid >= 1 && s->grid <= CFG_GRID_MAX);
+    KREQ(s->grid * s->rows_per_block >= rows);       /* every row covered */
+    KREQ((s->grid - 1) * s->rows_per_block < rows);  /* no empty block */
+    int64_t acc = b > 4 ? 8 : 4;
+    KREQ(s->smem_bytes == (tpr > 32 ? (int64_t)(tpr / 32) * acc : 0));
+    KREQ(s->smem_bytes <= d->smem_per_block && s->smem_bytes <= d->smem_per_block_optin);
+    KREQ(bps_consistent(d, s->threads, s->smem_bytes, s->blocks_per_sm));
+    if (rows < d->sm_count && tpr > 32 && cols / s->vec > tpr) KREQ(strstr(s->reason, "split") != NULL);
+    return 0;
+}
+
+static int check_pointwise_cpu(const cfg_device *d, int64_t n, int b, const cfg_pointwise_cpu_schedule *s,
+                               char *msg, size_t len)
+{
+    char what[64];
+    snprintf(what, sizeof what, "n=%" PRId64, n);
+    int64_t min_chunk = CFG_CPU_MIN_CHUNK_BYTES / b;
+    KREQ(s->ok);
+    KREQ(s->reason[0] != 0);
+    KREQ(s->n == n);
+    KREQ(s->threads >= 1 && s->threads <= d->cores);
+    KREQ(s->threads == 1 || s->threads <= n / min_chunk); /* >= 16 KiB per thread */
+    KREQ((int64_t)s->lanes * 8 * b == d->vector_bits);
+    KREQ(s->chunk >= 1);
+    /* threads * chunk >= n > (threads - 1) * chunk, without overflowing int64 */
+    KREQ((s->threads - 1) * s->chunk < n && n - (s->threads - 1) * s->chunk <= s->chunk);
+    if (s->threads > 1) {
+        int64_t align = s->lanes > 64 / b ? s->lanes : 64 / b;
+        KREQ(s->chunk % align == 0 && s->chunk % s->lanes == 0);
+        KREQ(s->chunk >= min_chunk);
+    }
+    return 0;
+}
+
+static int check_reduce_cpu(const cfg_device *d, int64_t rows, int64_t cols, int b,
+                            const cfg_reduce_cpu_schedule *s, char *msg, size_t len)
+{
+    char what[64];
+    snprintf(what, sizeof what, "rows=%" PRId64 " cols=%" PRId64, rows, cols);
+    int64_t min_chunk = CFG_CPU_MIN_CHUNK_BYTES / b;
+    KREQ(s->ok);
+    KREQ(s->reason[0] != 0);
+    KREQ(s->rows == rows && s->cols == cols);
+    KREQ(s->threads >= 1 && s->threads <= d->cores && s->threads <= rows);
+    KREQ(s->rows_per_thread >= 1);
+    KREQ(s->threads * s->rows_per_thread >= rows && (s->threads - 1) * s->rows_per_thread < rows);
+    KREQ(s->threads == 1 || s->rows_per_thread * cols >= min_chunk); /* >= 16 KiB per thread */
+    KREQ((int64_t)s->lanes * 8 * b == d->vector_bits);
+    KREQ(s->accumulators >= 1 && s->accumulators <= d->fma_units * 4);
+    KREQ(s->accumulators == 1 || s->accumulators <= d->vector_regs / 2);
+    KREQ(s->accumulators == 1 || s->accumulators <= cols / s->lanes);
+    return 0;
+}
+#undef KREQ
+
+static const int k_elem[] = {1, 2, 4, 8};
+#define NELEM ((int)(sizeof k_elem / sizeof k_elem[0]))
+
+/* Synthetic GPUs whose shared memory, registers or odd thread limits decide
+ * the occupancy, which no built-in model does for these small kernels. */
+static cfg_device mk_gpu(const char *name, int sms, int tpb, int tpsm, int bpsm, int regs, int64_t smem_sm,
+                         int64_t smem_blk, int64_t optin, int ccmaj)
+{
+    cfg_device d;
+    memset(&d, 0, sizeof d);
+    snprintf(d.name, sizeof d.name, "%s", name);
+    d.kind = CFG_DEV_GPU;
+    d.sm_count = sms; d.max_threads_per_block = tpb; d.max_threads_per_sm = tpsm; d.max_blocks_per_sm = bpsm;
+    d.regs_per_sm = regs; d.max_regs_per_thread = regs / 32 < 255 ? regs / 32 : 255;
+    d.smem_per_sm = smem_sm; d.smem_per_block = smem_blk; d.smem_per_block_optin = optin;
+    d.cc_major = ccmaj; d.l2_bytes = 1 << 20; d.mem_bw_gbs = 100; d.peak_tflops_fp32 = 1;
+    return d;
+}
+
+static void test_kernel_gpu(void)
+{
+    const char *names[32];
+    int nd = cfg_device_list(names, 32);
+    cfg_device syn[] = {
+        mk_gpu("tiny-gpu", 2, 256, 768, 4, 16384, 4 << 10, 2 << 10, 3 << 10, 8),
+        mk_gpu("odd-gpu", 7, 512, 1536, 8, 32768, 64 << 10, 48 << 10, 48 << 10, 7),
+    };
+    int nsyn = (int)(sizeof syn / sizeof syn[0]);
+    for (int i = 0; i < nd + nsyn; i++) {
+        const cfg_device *d = i < nd ? cfg_device_find(names[i]) : &syn[i - nd];
+        char name[96], msg[512] = "";
+        if (i < nd) {
+            snprintf(name, sizeof name, "device/%s/total-mem", names[i]);
+            report(name, !d || d->total_mem_bytes < ((int64_t)1 << 30), "total_mem_bytes missing");
+        } else {
+            snprintf(name, sizeof name, "device/%s/valid", d->name);
+            report(name, cfg_device_validate(d, msg, sizeof msg) != 0, msg);
+        }
+        if (!d) continue;
+        for (int av = 1; av >= 0; av--) {
+            int bad = 0;
+            msg[0] = 0;
+            for (int k = 0; k < NKSHAPES && !bad; k++)
+                for (int e = 0; e < NELEM && !bad; e++) {
+                    cfg_pointwise_schedule s = cfg_pointwise(d, g_pw_n[k], k_elem[e], av);
+                    bad = check_pointwise(d, g_pw_n[k], k_elem[e], av, &s, i < nd, msg, sizeof msg);
+                }
+            snprintf(name, sizeof name, "pointwise/%s/%s", d->name, av ? "vector" : "scalar");
+            report(name, bad, msg);
+        }
+        int bad = 0;
+        msg[0] = 0;
+        for (int k = 0; k < NKSHAPES && !bad; k++)
+            for (int e = 0; e < NELEM && !bad; e++) {
+                cfg_reduce_schedule s = cfg_reduce(d, g_red[k][0], g_red[k][1], k_elem[e]);
+                bad = check_reduce(d, g_red[k][0], g_red[k][1], k_elem[e], &s, msg, sizeof msg);
+            }
+        snprintf(name, sizeof name, "reduce/%s", d->name);
+        report(name, bad, msg);
+    }
+}
+
+static void test_kernel_cpu(void)
+{
+    cfg_device cpus[6];
+    int nc = 0;
+    char err[256] = "";
+    if (cfg_device_host(&cpus[nc], err, sizeof err) == 0) nc++;
+    cpus[nc++] = mk_cpu("avx512-like", 32, 512, 32, 48 << 10, 2 << 20, 32 << 20);
+    cpus[nc++] = mk_cpu("avx2-like", 8, 256, 16, 32 << 10, 256 << 10, 8 << 20);
+    cpus[nc++] = mk_cpu("neon-like", 64, 128, 32, 64 << 10, 1 << 20, 0);
+    cpus[nc++] = mk_cpu("sve2048-like", 48, 2048, 32, 64 << 10, 1 << 20, 0);
+    cpus[nc++] = mk_cpu("tiny", 1, 512, 8, 1024, 1024, 0); /* 8 registers cap the accumulators at 4 */
+    for (int i = 0; i < nc; i++) {
+        const cfg_device *d = &cpus[i];
+        char name[96], msg[512] = "";
+        int bad = 0;
+        for (int k = 0; k < NKSHAPES && !bad; k++)
+            for (int e = 0; e < NELEM && !bad; e++) {
+                cfg_pointwise_cpu_schedule s = cfg_pointwise_cpu(d, g_pw_n[k], k_elem[e]);
+                bad = check_pointwise_cpu(d, g_pw_n[k], k_elem[e], &s, msg, sizeof msg);
+            }
+        snprintf(name, sizeof name, "pointwise-cpu/%.63s", d->name);
+        report(name, bad, msg);
+        bad = 0;
+        msg[0] = 0;
+        for (int k = 0; k < NKSHAPES && !bad; k++)
+            for (int e = 0; e < NELEM && !bad; e++) {
+                cfg_reduce_cpu_schedule s = cfg_reduce_cpu(d, g_red[k][0], g_red[k][1], k_elem[e]);
+                bad = check_reduce_cpu(d, g_red[k][0], g_red[k][1], k_elem[e], &s, msg, sizeof msg);
+            }
+        snprintf(name, sizeof name, "reduce-cpu/%.63s", d->name);
+        report(name, bad, msg);
+    }
+}
+
+/* Every invalid argument gives ok == false and a reason; never a crash. */
+static void test_kernel_invalid(void)
+{
+    const cfg_device *g = cfg_device_find("h100");
+    cfg_device cpu = mk_cpu("avx2-like", 8, 256, 16, 32 << 10, 256 << 10, 8 << 20);
+    cfg_device broken_gpu = *g, broken_cpu = cpu;
+    broken_gpu.max_threads_per_block = 0;
+    broken_cpu.cores = 0;
+    const cfg_device *gpus[] = {NULL, &cpu, &broken_gpu};
+    const cfg_device *cpus[] = {NULL, g, &broken_cpu};
+    static const int64_t bad_n[] = {0, -1, INT64_MIN};
+    static const int bad_b[] = {0, 3, 16, -4};
+    int bad_pw = 0, bad_red = 0, bad_pwc = 0, bad_redc = 0;
+    char first[4][256] = {"", "", "", ""};
+#define EXPECT_FAIL(type, flag, idx, call)                                            \
+    do {                                                                              \
+        type s_ = (call);                                                             \
+        if (s_.ok || !s_.reason[0] || strchr(s_.reason, '\n')) {                      \
+            if (!flag) snprintf(first[idx], sizeof first[idx], "%s -> ok=%d '%s'", #call, s_.ok, s_.reason); \
+            flag = 1;                                                                 \
+        }                                                                             \
+    } while (0)
+    for (size_t i = 0; i < 3; i++) {
+        EXPECT_FAIL(cfg_pointwise_schedule, bad_pw, 0, cfg_pointwise(gpus[i], 1000, 4, true));
+        EXPECT_FAIL(cfg_pointwise_schedule, bad_pw, 0, cfg_pointwise(gpus[i], 1000, 4, false));
+        EXPECT_FAIL(cfg_reduce_schedule, bad_red, 1, cfg_reduce(gpus[i], 10, 10, 4));
+        EXPECT_FAIL(cfg_pointwise_cpu_schedule, bad_pwc, 2, cfg_pointwise_cpu(cpus[i], 1000, 4));
+        EXPECT_FAIL(cfg_reduce_cpu_schedule, bad_redc, 3, cfg_reduce_cpu(cpus[i], 10, 10, 4));
+    }
+    for (size_t i = 0; i < sizeof bad_n / sizeof bad_n[0]; i++) {
+        EXPECT_FAIL(cfg_pointwise_schedule, bad_pw, 0, cfg_pointwise(g, bad_n[i], 4, true));
+        EXPECT_FAIL(cfg_pointwise_schedule, bad_pw, 0, cfg_pointwise(g, bad_n[i], 4, false));
+        EXPECT_FAIL(cfg_reduce_schedule, bad_red, 1, cfg_reduce(g, bad_n[i], 10, 4));
+        EXPECT_FAIL(cfg_reduce_schedule, bad_red, 1, cfg_reduce(g, 10, bad_n[i], 4));
+        EXPECT_FAIL(cfg_pointwise_cpu_schedule, bad_pwc, 2, cfg_pointwise_cpu(&cpu, bad_n[i], 4));
+        EXPECT_FAIL(cfg_reduce_cpu_schedule, bad_redc, 3, cfg_reduce_cpu(&cpu, bad_n[i], 10, 4));
+        EXPECT_FAIL(cfg_reduce_cpu_schedule, bad_redc, 3, cfg_reduce_cpu(&cpu, 10, bad_n[i], 4));
+    }
+    for (size_t i = 0; i < sizeof bad_b / sizeof bad_b[0]; i++) {
+        EXPECT_FAIL(cfg_pointwise_schedule, bad_pw, 0, cfg_pointwise(g, 1000, bad_b[i], true));
+        EXPECT_FAIL(cfg_reduce_schedule, bad_red, 1, cfg_reduce(g, 10, 10, bad_b[i]));
+        EXPECT_FAIL(cfg_pointwise_cpu_schedule, bad_pwc, 2, cfg_pointwise_cpu(&cpu, 1000, bad_b[i]));
+        EXPECT_FAIL(cfg_reduce_cpu_schedule, bad_redc, 3, cfg_reduce_cpu(&cpu, 10, 10, bad_b[i]));
+    }
+#undef EXPECT_FAIL
+    report("invalid/pointwise", bad_pw, first[0]);
+    report("invalid/reduce", bad_red, first[1]);
+    report("invalid/pointwise-cpu", bad_pwc, first[2]);
+    report("invalid/reduce-cpu", bad_redc, first[3]);
+
+    /* Extreme but valid sizes: either a schedule that passes every check, or
+     * a refusal with a reason (rows beyond 2^31-1 blocks). */
+    char msg[512] = "";
+    int bad = 0;
+    const char *names[32];
+    int nd = cfg_device_list(names, 32);
+    for (int i = 0; i < nd && !bad; i++) {
+        const cfg_device *d = cfg_device_find(names[i]);
+        for (int e = 0; e < NELEM && !bad; e++) {
+            int b = k_elem[e];
+            for (int av = 0; av < 2 && !bad; av++) {
+                cfg_pointwise_schedule s = cfg_pointwise(d, INT64_MAX, b, av);
+                bad = check_pointwise(d, INT64_MAX, b, av, &s, true, msg, sizeof msg);
+            }
+            cfg_reduce_schedule r = cfg_reduce(d, 1, INT64_MAX, b);
+            if (!bad) bad = check_reduce(d, 1, INT64_MAX, b, &r, msg, sizeof msg);
+            r = cfg_reduce(d, INT64_MAX, 1, b);
+            if (!bad && (r.ok || !r.reason[0])) {
+                bad = 1;
+                snprintf(msg, sizeof msg, "%s: INT64_MAX rows accepted or no reason", d->name);
+            }
+        }
+    }
+    cfg_pointwise_cpu_schedule pc = cfg_pointwise_cpu(&cpu, INT64_MAX, 1);
+    if (!bad) bad = check_pointwise_cpu(&cpu, INT64_MAX, 1, &pc, msg, sizeof msg);
+    cfg_reduce_cpu_schedule rc = cfg_reduce_cpu(&cpu, INT64_MAX, INT64_MAX, 8);
+    if (!bad && (!rc.ok || rc.threads != cpu.cores)) { bad = 1; snprintf(msg, sizeof msg, "cpu INT64_MAX^2: %s", rc.reason); }
+    report("extreme/int64-max", bad, msg);
+}
+
+static void test_summary(void)
+{
+    char buf[256];
+    const char *want = "h100: sm_90, 132 SMs, 228 KiB smem/SM, 50 MiB L2, 80 GiB memory, 3350 GB/s";
+    const char *got = cfg_device_summary(cfg_device_find("h100"), buf, sizeof buf);
+    char msg[400];
+    snprintf(msg, sizeof msg, "got '%s'", got);
+    report("summary/h100", strcmp(got, want) != 0, msg);
+
+    const char *names[32];
+    int nd = cfg_device_list(names, 32), bad = 0;
+    for (int i = 0; i < nd && !bad; i++) {
+        got = cfg_device_summary(cfg_device_find(names[i]), buf, sizeof buf);
+        bad = strncmp(got, names[i], strlen(names[i])) != 0 || !strstr(got, " SMs, ") || !strstr(got, " GB/s") ||
+              strchr(got, '\n') != NULL;
+        snprintf(msg, sizeof msg, "got '%s'", got);
+    }
+    report("summary/gpu-models", bad, msg);
+
+    cfg_device c = mk_cpu("avx2-like", 8, 256, 16, 32 << 10, (5 << 20) / 4, 0);
+    want = "avx2-like: 8 cores, 256-bit vectors, L1d 32 KiB, L2 1.25 MiB, no L3";
+    got = cfg_device_summary(&c, buf, sizeof buf);
+    snprintf(msg, sizeof msg, "got '%s'", got);
+    report("summary/cpu", strcmp(got, want) != 0, msg);
+
+    cfg_device host;
+    char err[256] = "";
+    bad = cfg_device_host(&host, err, sizeof err) != 0;
+    if (!bad) {
+        got = cfg_device_summary(&host, buf, sizeof buf);
+        bad = strncmp(got, "host: ", 6) != 0 || !strstr(got, "-bit vectors");
+        snprintf(msg, sizeof msg, "got '%s'", got);
+        printf("  %s\n", got);
+    }
+    report("summary/host", bad, bad ? msg : NULL);
+
+    char small[12];
+    memset(small, 'x', sizeof small);
+    got = cfg_device_summary(cfg_device_find("rtx6000ada"), small, 8);
+    bad = strlen(got) != 7 || small[8] != 'x' || strcmp(cfg_device_summary(NULL, buf, sizeof buf), "(no device)") ||
+          strcmp(cfg_device_summary(&c, NULL, 10), "") || strcmp(cfg_device_summary(&c, buf, 0), "");
+    report("summary/truncation", bad, "buffer bounds, NULL device or NULL buffer");
+}
+
+/* cfg_device_auto_gpu on this machine: without a GPU, -1 and a one-line
+ * message; with one, a device that validates. */
+static void test_auto_gpu_here(void)
+{
+    cfg_device g;
+    char err[512] = "", msg[600];
+    memset(err, 0, sizeof err);
+    int rc = cfg_device_auto_gpu(&g, err, sizeof err);
+    int bad;
+    if (rc == 0) {
+        char buf[256];
+        bad = g.kind != CFG_DEV_GPU || cfg_device_validate(&g, err, sizeof err) != 0;
+        printf("  auto: %s\n", cfg_device_summary(&g, buf, sizeof buf));
+    } else {
+        bad = rc != -1 || !err[0] || strchr(err, '\n') != NULL;
+        printf("  auto: %s\n", err);
+    }
+    snprintf(msg, sizeof msg, "rc=%d '%s'", rc, err);
+    report("auto-gpu/this-machine", bad, bad ? msg : NULL);
+}
+
+/* 10,000 random kernels over every device kind; reports the time only. */
+static void test_kernel_timing(void)
+{
+    const char *names[32];
+    int nd = cfg_device_list(names, 32);
+    cfg_device cpu = mk_cpu("avx512-like", 32, 512, 32, 48 << 10, 2 << 20, 32 << 20);
+    struct timespec t0, t1;
+    int notok = 0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < 10000; i++) {
+        const cfg_device *d = cfg_device_find(names[i % nd]);
+        int b = k_elem[(i / nd) % NELEM];
+        int64_t n = g_pw_n[i % NKSHAPES], rows = g_red[i % NKSHAPES][0], cols = g_red[i % NKSHAPES][1];
+        switch (i % 5) {
+        case 0: notok += !cfg_pointwise(d, n, b, true).ok; break;
+        case 1: notok += !cfg_pointwise(d, n, b, false).ok; break;
+        case 2: notok += !cfg_reduce(d, rows, cols, b).ok; break;
+        case 3: notok += !cfg_pointwise_cpu(&cpu, n, b).ok; break;
+        default: notok += !cfg_reduce_cpu(&cpu, rows, cols, b).ok; break;
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    printf("  timing: 10000 pointwise/reduction schedules in %.3f ms (%.2f us each)\n", ms, ms * 1e3 / 10000);
+    char msg[64];
+    snprintf(msg, sizeof msg, "%d schedules not ok", notok);
+    report("timing/10000-kernels", notok != 0, msg);
+}
+
+static void show_kernel_examples(void)
+{
+    const cfg_device *d = cfg_device_find("h100");
+    static const int64_t pw[] = {1000, (int64_t)1 << 24, 3000000001LL};
+    for (size_t i = 0; i < sizeof pw / sizeof pw[0]; i++) {
+        cfg_pointwise_schedule s = cfg_pointwise(d, pw[i], 4, true);
+        printf("  h100 pointwise f32 n=%" PRId64 ": vec %d threads %d grid %" PRId64 " per_thread %" PRId64
+               " blocks/SM %d (%s)\n", pw[i], s.vec, s.threads, s.grid, s.per_thread, s.blocks_per_sm, s.reason);
+    }
+    static const int64_t rd[][2] = {{65536, 64}, {4096, 4096}, {16, 50257}};
+    for (size_t i = 0; i < sizeof rd / sizeof rd[0]; i++) {
+        cfg_reduce_schedule s = cfg_reduce(d, rd[i][0], rd[i][1], 2);
+        printf("  h100 reduce f16 %" PRId64 "x%" PRId64 ": vec %d threads/row %d rows/block %d threads %d grid %"
+               PRId64 " smem %" PRId64 " (%s)\n", rd[i][0], rd[i][1], s.vec, s.threads_per_row, s.rows_per_block,
+               s.threads, s.grid, s.smem_bytes, s.reason);
+    }
+}
+
+/* ---- cfg_device_auto_gpu against testsuite/configurator/fake_cuda.c ---- */
+
+static int auto_with(const char *mode, const char *index, cfg_device *g, char *err, size_t n)
+{
+    setenv("FAKE_CUDA", mode, 1);
+    if (index) setenv("NOVAC_CUDA_DEVICE", index, 1);
+    else unsetenv("NOVAC_CUDA_DEVICE");
+    err[0] = 0;
+    return cfg_device_auto_gpu(g, err, n);
+}
+
+static double rel(double a, double b) { return b != 0 ? (a - b) / b : a; }
+
+static void test_auto_fake(void)
+{
+    cfg_device g;
+    char err[512], msg[700];
+    int rc, bad;
+
+    /* H200: limits from the driver, peaks from the built-in table. */
+    const cfg_device *h = cfg_device_find("h200");
+    rc = auto_with("h200", NULL, &g, err, sizeof err);
+    bad = rc != 0 || strcmp(g.name, "auto:NVIDIA H200") != 0 || g.kind != CFG_DEV_GPU || g.sm_count != 132 ||
+          g.cc_major != 9 || g.cc_minor != 0 || !g.has_wgmma || !g.has_mma_sync_f16 || !g.has_mma_sync_tf32 ||
+          g.smem_per_sm != h->smem_per_sm || g.smem_per_block != h->smem_per_block ||
+          g.smem_per_block_optin != h->smem_per_block_optin || g.l2_bytes != h->l2_bytes ||
+          g.max_threads_per_sm != h->max_threads_per_sm || g.max_blocks_per_sm != h->max_blocks_per_sm ||
+          g.regs_per_sm != h->regs_per_sm || g.max_regs_per_thread != 255 ||
+          g.peak_tflops_fp16 != h->peak_tflops_fp16 || g.peak_tflops_fp32 != h->peak_tflops_fp32 ||
+          g.total_mem_bytes != 150754820096LL || fabs(rel(g.mem_bw_gbs, h->mem_bw_gbs)) > 0.05;
+    if (!bad) {
+        cfg_gemm_schedule a = cfg_gemm(h, 4096, 4096, 4096, 2, true), c = cfg_gemm(&g, 4096, 4096, 4096, 2, true);
+        bad = a.bm != c.bm || a.bn != c.bn || a.bk != c.bk || a.stages != c.stages || a.blocks_per_sm != c.blocks_per_sm;
+    }
+    char buf[256];
+    snprintf(msg, sizeof msg, "rc=%d err='%s' got %s", rc, err, cfg_device_summary(&g, buf, sizeof buf));
+    report("auto-gpu/fake-h200", bad, msg);
+    if (rc == 0) printf("  %s\n", cfg_device_summary(&g, buf, sizeof buf));
+
+    /* H100 PCIe: the name says H100 but the SM count does not match the
+     * built-in SXM model, so the peaks are estimated; the fp32 estimate is
+     * the datasheet's 51.2 TFLOPS (114 SMs x 256 FLOP/clk x 1.755 GHz). */
+    rc = auto_with("h100pcie", NULL, &g, err, sizeof err);
+    bad = rc != 0 || g.sm_count != 114 || fabs(rel(g.peak_tflops_fp32, 51.2)) > 0.02 ||
+          fabs(rel(g.mem_bw_gbs, 2039)) > 0.05 || !g.has_wgmma;
+    snprintf(msg, sizeof msg, "rc=%d err='%s' fp32 %.1f bw %.0f", rc, err, g.peak_tflops_fp32, g.mem_bw_gbs);
+    report("auto-gpu/fake-h100pcie-estimate", bad, msg);
+
+    /* Unknown sm_100 part: estimated peaks, mma.sync yes, wgmma no. */
+    rc = auto_with("future", NULL, &g, err, sizeof err);
+    double clk = 1965000 * 1e3;
+    bad = rc != 0 || g.has_wgmma || !g.has_mma_sync_bf16 || g.cc_major != 10 ||
+          fabs(rel(g.peak_tflops_fp32, 148 * 256 * clk / 1e12)) > 1e-9 ||
+          fabs(rel(g.peak_tflops_fp16, 148 * 8192 * clk / 1e12)) > 1e-9 ||
+          fabs(rel(g.peak_tflops_tf32, g.peak_tflops_fp16 / 2)) > 1e-9 ||
+          fabs(rel(g.mem_bw_gbs, 3996000 * 1e3 * 8192 / 8 * 2 / 1e9)) > 1e-9;
+    snprintf(msg, sizeof msg, "rc=%d err='%s' fp32 %.1f fp16 %.1f wgmma %d", rc, err, g.peak_tflops_fp32,
+             g.peak_tflops_fp16, g.has_wgmma);
+    report("auto-gpu/fake-unknown-model", bad, msg);
+
+    /* Two devices: NOVAC_CUDA_DEVICE picks one, or is refused. */
+    const cfg_device *l4 = cfg_device_find("l4");
+    rc = auto_with("two", "1", &g, err, sizeof err);
+    bad = rc != 0 || strcmp(g.name, "auto:NVIDIA L4") != 0 || g.peak_tflops_fp16 != l4->peak_tflops_fp16 ||
+          g.max_blocks_per_sm != 24 || g.has_wgmma;
+    snprintf(msg, sizeof msg, "rc=%d err='%s' name '%s'", rc, err, g.name);
+    report("auto-gpu/fake-device-index", bad, msg);
+    rc = auto_with("two", "7", &g, err, sizeof err);
+    bad = rc != -1 || !strstr(err, "NOVAC_CUDA_DEVICE=7") || !strstr(err, "2 devices");
+    snprintf(msg, sizeof msg, "rc=%d err='%s'", rc, err);
+    report("auto-gpu/fake-index-out-of-range", bad, msg);
+    if (!bad) printf("  rejected: %s\n", err);
+    rc = auto_with("two", "x1", &g, err, sizeof err);
+    bad = rc != -1 || !strstr(err, "NOVAC_CUDA_DEVICE");
+    snprintf(msg, sizeof msg, "rc=%d err='%s'", rc, err);
+    report("auto-gpu/fake-index-not-a-number", bad, msg);
+
+    /* Driver errors. */
+    rc = auto_with("nodevice", NULL, &g, err, sizeof err);
+    bad = rc != -1 || !strstr(err, "cuInit failed: CUDA_ERROR_NO_DEVICE");
+    snprintf(msg, sizeof msg, "rc=%d err='%s'", rc, err);
+    report("auto-gpu/fake-cuinit-fails", bad, msg);
+    if (!bad) printf("  rejected: %s\n", err);
+    rc = auto_with("zero", NULL, &g, err, sizeof err);
+    bad = rc != -1 || strcmp(err, "no CUDA device") != 0;
+    snprintf(msg, sizeof msg, "rc=%d err='%s'", rc, err);
+    report("auto-gpu/fake-no-device", bad, msg);
+    rc = auto_with("noattr", NULL, &g, err, sizeof err);
+    bad = rc != -1 || !strstr(err, "MULTIPROCESSOR_COUNT");
+    snprintf(msg, sizeof msg, "rc=%d err='%s'", rc, err);
+    report("auto-gpu/fake-attribute-refused", bad, msg);
+    if (!bad) printf("  rejected: %s\n", err);
 }
 
 static void test_timing(void)
@@ -388,6 +976,11 @@ static void show_examples(void)
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "--fake-cuda") == 0) {
+        test_auto_fake();
+        printf("%d failed\n", g_failures);
+        return g_failures != 0;
+    }
     const char *dir = argc > 1 ? argv[1] : ".";
     for (int i = 0; i < NSHAPES; i++)
         for (int j = 0; j < 3; j++) g_shapes[i][j] = rand_dim();
@@ -396,6 +989,18 @@ int main(int argc, char **argv)
     test_device_files(dir);
     test_timing();
     show_examples();
+    for (int i = 0; i < NKSHAPES; i++) {
+        g_pw_n[i] = rand_n();
+        g_red[i][0] = rand_ext(24); /* rows up to 2^25 - 1 */
+        g_red[i][1] = rand_ext(22); /* cols up to 2^23 - 1 */
+    }
+    test_kernel_gpu();
+    test_kernel_cpu();
+    test_kernel_invalid();
+    test_summary();
+    test_auto_gpu_here();
+    test_kernel_timing();
+    show_kernel_examples();
     printf("%d failed\n", g_failures);
     return g_failures != 0;
 }

@@ -22,6 +22,12 @@ NOVARUN = os.path.join(BUILD, "bin", "novarun")
 
 results = {"pass": 0, "fail": 0}
 
+# NOVA_TEST_FLAGS: extra novac flags for every compile (the gpu-sim suites run
+# the same tests with "--target=cuda --device=h100 --gpu-sim"); NOVA_TEST_TAG
+# prefixes the suite names they print.
+EXTRA_FLAGS = os.environ.get("NOVA_TEST_FLAGS", "").split()
+TAG = os.environ.get("NOVA_TEST_TAG", "")
+
 
 def write_pb(path, arr, name):
     with open(path, "wb") as f:
@@ -41,6 +47,8 @@ class Failure(Exception):
 
 
 def run(cmd, expect_rc=0):
+    if cmd and cmd[0] == NOVAC:
+        cmd = list(cmd) + EXTRA_FLAGS
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if expect_rc is not None and p.returncode != expect_rc:
         raise Failure("%s exited %d (expected %d)\n%s%s" % (" ".join(cmd), p.returncode, expect_rc,
@@ -127,10 +135,10 @@ def check_close(got, ref, tol, what="output"):
 def case(name, fn, suite="e2e"):
     try:
         fn()
-        print("PASS: %s :: %s" % (suite, name), flush=True)
+        print("PASS: %s%s :: %s" % (TAG, suite, name), flush=True)
         results["pass"] += 1
     except Exception as e:  # a failing test reports, the suite goes on
-        print("FAIL: %s :: %s" % (suite, name), flush=True)
+        print("FAIL: %s%s :: %s" % (TAG, suite, name), flush=True)
         print("    " + str(e).replace("\n", "\n    "), flush=True)
         results["fail"] += 1
 

@@ -1,0 +1,751 @@
+/* cuda.c: linalg on tensors -> GPU kernels -> NVVM -> PTX (ptxas makes the
+ * cubin when the step is linked, codegen/step.c).
+ *
+ * After bufferization every linalg op becomes loops (upstream
+ * convert-linalg-to-parallel-loops); then, in this file:
+ *  - each top-level scf.parallel becomes one gpu.launch over its iteration
+ *    space, linearized: thread g = blockIdx.x * B + threadIdx.x computes the
+ *    point g (guarded by g < N), B from the configurator's pointwise
+ *    schedule.  Reduction dimensions stay loops inside the thread.
+ *  - top-level code that is not a parallel loop (a reduction to a scalar, a
+ *    0-d op) runs as a one-thread kernel: correct, not fast.
+ *  - memref.alloc becomes gpu.alloc, served by the runtime from the step's
+ *    scratch arena, whose size is summed here; deallocation is not needed
+ *    (the arena is reset for each run).  memref.copy becomes linalg.copy (a
+ *    kernel).  memref.get_global is cloned into each kernel that reads it, so
+ *    constants become device globals.
+ * Upstream gpu-kernel-outlining then makes one gpu.module per launch; they
+ * are merged into one (one PTX file, one ptxas run, one module load), the
+ * kernels renamed nova_kI in launch order.
+ */
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+#include <mlir-c/Dialect/GPU.h>
+#include <mlir-c/Dialect/Linalg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../configurator/gemm.h"
+#include "../configurator/kernel.h"
+#include "../driver/util.h"
+#include "codegen.h"
+
+#define MAX_LOOP_RANK 8
+
+typedef struct gpu_ctx {
+  nova_ctx *c;
+  MlirContext ctx;
+  const cfg_device *dev;
+  cg_gpu *out;
+  bool sim;      /* --gpu-sim: buffers stay host allocations */
+  cg_kernel *gemm;  /* GEMM kernels made by matmuls_to_gemm, in program order */
+  int ngemm, gemm_used;
+  int block;     /* --gpu-block: threads per block chosen by hand; 0 = the configurator's */
+  int failed;
+} gpu_ctx;
+
+static bool op_is(MlirOperation op, const char *name) {
+  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
+  return s.length == strlen(name) && !memcmp(s.data, name, s.length);
+}
+
+static MlirNamedAttribute named(MlirContext ctx, const char *name, MlirAttribute a) {
+  return mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str(name)), a);
+}
+
+/* Creates NAME with the given operands, results and attributes and inserts
+ * it into BLOCK before REF (at the end when REF is null). */
+static MlirOperation mk(MlirBlock block, MlirOperation ref, const char *name, MlirLocation loc,
+                        int nops, const MlirValue *ops, int nres, const MlirType *res, int nattr,
+                        const MlirNamedAttribute *attrs) {
+  MlirOperationState st = mlirOperationStateGet(nova_str(name), loc);
+  if (nops) mlirOperationStateAddOperands(&st, nops, ops);
+  if (nres) mlirOperationStateAddResults(&st, nres, res);
+  if (nattr) mlirOperationStateAddAttributes(&st, nattr, attrs);
+  MlirOperation op = mlirOperationCreate(&st);
+  if (mlirOperationIsNull(ref)) mlirBlockAppendOwnedOperation(block, op);
+  else mlirBlockInsertOwnedOperationBefore(block, ref, op);
+  return op;
+}
+
+static MlirValue index_const(MlirContext ctx, MlirBlock b, MlirOperation ref, MlirLocation loc, int64_t v) {
+  MlirType it = mlirIndexTypeGet(ctx);
+  MlirNamedAttribute a = named(ctx, "value", mlirIntegerAttrGet(it, v));
+  return mlirOperationGetResult(mk(b, ref, "arith.constant", loc, 0, NULL, 1, &it, 1, &a), 0);
+}
+
+static MlirValue binop(MlirBlock b, MlirOperation ref, MlirLocation loc, const char *name,
+                       MlirValue x, MlirValue y) {
+  MlirValue ops[2] = {x, y};
+  MlirType t = mlirValueGetType(x);
+  return mlirOperationGetResult(mk(b, ref, name, loc, 2, ops, 1, &t, 0, NULL), 0);
+}
+
+/* The static value of an index constant; false if V is not one. */
+static bool const_index(MlirValue v, int64_t *out) {
+  if (!mlirValueIsAOpResult(v)) return false;
+  MlirOperation d = mlirOpResultGetOwner(v);
+  if (!op_is(d, "arith.constant")) return false;
+  MlirAttribute a = mlirOperationGetAttributeByName(d, nova_str("value"));
+  if (mlirAttributeIsNull(a) || !mlirAttributeIsAInteger(a)) return false;
+  *out = mlirIntegerAttrGetValueInt(a);
+  return true;
+}
+
+void cg_print_to_sbuf(MlirStringRef s, void *ud) { nv_sb_printf(ud, "%.*s", (int)s.length, s.data); }
+
+/* Fills K's source op name and location from LOC: the linalg lowering
+ * gives each loop nest the location of the linalg op (wrapped in a name
+ * location "linalg.OP" by tag_linalg_ops). */
+static void describe_loc(MlirLocation loc, cg_kernel *k) {
+  if (mlirLocationIsAName(loc)) {
+    MlirStringRef n = mlirIdentifierStr(mlirLocationNameGetName(loc));
+    const char *dot = memchr(n.data, '.', n.length);
+    size_t skip = dot ? (size_t)(dot - n.data) + 1 : 0;
+    snprintf(k->op, sizeof k->op, "%.*s", (int)(n.length - skip), n.data + skip);
+    loc = mlirLocationNameGetChildLoc(loc);
+  }
+  nv_sbuf b = {0};
+  mlirLocationPrint(loc, cg_print_to_sbuf, &b);
+  const char *s = b.s ? b.s : "";
+  if (!strncmp(s, "loc(", 4)) s += 4;
+  snprintf(k->loc, sizeof k->loc, "%s", s);
+  size_t n = strlen(k->loc);
+  if (n && k->loc[n - 1] == ')') k->loc[--n] = 0;
+  if (n > 4 && !strcmp(k->loc + n - 4, ":0:0")) k->loc[n - 4] = 0; /* ONNX nodes: no line */
+  for (char *p = k->loc; *p; p++)
+    if (*p == '"') memmove(p, p + 1, strlen(p));
+  nv_sb_free(&b);
+}
+
+static cg_kernel *new_kernel(gpu_ctx *G) {
+  cg_gpu *o = G->out;
+  if (o->nk == o->cap) {
+    int cap = o->cap ? 2 * o->cap : 32;
+    cg_kernel *k = realloc(o->k, (size_t)cap * sizeof *k);
+    if (!k) return NULL;
+    o->k = k;
+    o->cap = cap;
+  }
+  cg_kernel *k = &o->k[o->nk++];
+  memset(k, 0, sizeof *k);
+  snprintf(k->name, sizeof k->name, "nova_k%d", o->nk - 1);
+  return k;
+}
+
+/* Creates gpu.launch (GRID x 1 x 1 blocks of BLOCK x 1 x 1 threads) in B
+ * before REF; returns its body block, which ends in gpu.terminator. */
+static MlirBlock make_launch(gpu_ctx *G, MlirBlock b, MlirOperation ref, MlirLocation loc, int64_t grid,
+                             int64_t block, MlirOperation *term) {
+  MlirContext ctx = G->ctx;
+  MlirValue one = index_const(ctx, b, ref, loc, 1);
+  MlirValue gx = index_const(ctx, b, ref, loc, grid), bx = index_const(ctx, b, ref, loc, block);
+  MlirValue ops[6] = {gx, one, one, bx, one, one};
+  MlirType it = mlirIndexTypeGet(ctx);
+  MlirType at[12];
+  MlirLocation al[12];
+  for (int i = 0; i < 12; i++) at[i] = it, al[i] = loc;
+  MlirRegion region = mlirRegionCreate();
+  MlirBlock body = mlirBlockCreate(12, at, al);
+  mlirRegionAppendOwnedBlock(region, body);
+  int32_t seg[11] = {0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0};
+  MlirNamedAttribute attrs[2] = {
+      named(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 11, seg)),
+      named(ctx, "workgroup_attributions", mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), 0))};
+  MlirOperationState st = mlirOperationStateGet(nova_str("gpu.launch"), loc);
+  mlirOperationStateAddOperands(&st, 6, ops);
+  mlirOperationStateAddAttributes(&st, 2, attrs);
+  mlirOperationStateAddOwnedRegions(&st, 1, &region);
+  mlirBlockInsertOwnedOperationBefore(b, ref, mlirOperationCreate(&st));
+  *term = mk(body, (MlirOperation){NULL}, "gpu.terminator", loc, 0, NULL, 0, NULL, 0, NULL);
+  return body;
+}
+
+/* Moves every op of FROM except its terminator before REF in TO. */
+static void move_body(MlirBlock from, MlirOperation ref) {
+  MlirOperation op = mlirBlockGetFirstOperation(from), term = mlirBlockGetTerminator(from);
+  while (!mlirOperationIsNull(op) && !mlirOperationEqual(op, term)) {
+    MlirOperation next = mlirOperationGetNextInBlock(op);
+    mlirOperationMoveBefore(op, ref);
+    op = next;
+  }
+}
+
+/* The scf.parallel at the bottom of TOP, a top-level chain of scf.for loops
+ * each holding only the next (what convert-linalg-to-parallel-loops makes
+ * of an op whose reduction dimensions come before its parallel ones), or
+ * null. */
+static MlirOperation for_chain_parallel(MlirOperation top) {
+  MlirOperation op = top;
+  while (op_is(op, "scf.for") && mlirOperationGetNumResults(op) == 0) {
+    MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+    MlirOperation first = mlirBlockGetFirstOperation(b);
+    if (mlirOperationIsNull(first) || !mlirOperationEqual(mlirOperationGetNextInBlock(first), mlirBlockGetTerminator(b)))
+      return (MlirOperation){NULL};
+    op = first;
+  }
+  return op_is(op, "scf.parallel") && !mlirOperationEqual(op, top) ? op : (MlirOperation){NULL};
+}
+
+/* One scf.parallel P (lower bounds 0, steps 1, constant upper bounds: what
+ * convert-linalg-to-parallel-loops makes from static shapes) -> a
+ * linearized one-thread-per-point gpu.launch.  TOP is P, or the top-level
+ * chain of scf.for loops around P (for_chain_parallel): the loops are then
+ * interchanged, each thread running the whole chain for its point.  That is
+ * legal for loops made from a linalg op: an output element is written only
+ * by iterations with its own parallel indices. */
+static void map_parallel(gpu_ctx *G, MlirBlock fb, MlirOperation top, MlirOperation p) {
+  MlirContext ctx = G->ctx;
+  MlirLocation loc = mlirOperationGetLocation(p);
+  MlirBlock pb = mlirRegionGetFirstBlock(mlirOperationGetRegion(p, 0));
+  intptr_t r = mlirBlockGetNumArguments(pb);
+  if (r < 1 || r > MAX_LOOP_RANK || mlirOperationGetNumResults(p) || mlirOperationGetNumOperands(p) != 3 * r) {
+    nv_error_plain(G->c->diag, "internal: cannot map a parallel loop of rank %d to the GPU", (int)r);
+    G->failed = 1;
+    return;
+  }
+  int64_t ub[MAX_LOOP_RANK], n = 1;
+  for (intptr_t i = 0; i < r; i++) {
+    int64_t lo = -1, st = -1;
+    if (!const_index(mlirOperationGetOperand(p, i), &lo) || !const_index(mlirOperationGetOperand(p, r + i), &ub[i]) ||
+        !const_index(mlirOperationGetOperand(p, 2 * r + i), &st) || lo != 0 || st != 1 || ub[i] < 1) {
+      nv_error_plain(G->c->diag, "internal: a parallel loop without static bounds cannot be mapped to the GPU");
+      G->failed = 1;
+      return;
+    }
+    n *= ub[i];
+  }
+  cg_kernel *k = new_kernel(G);
+  if (!k) {
+    G->failed = 1;
+    return;
+  }
+  cfg_pointwise_schedule s = cfg_pointwise(G->dev, n, 4, false);
+  if (!s.ok) {
+    nv_error_plain(G->c->diag, "cannot configure a kernel over %lld points: %s", (long long)n, s.reason);
+    G->failed = 1;
+    return;
+  }
+  if (G->block) { /* by hand (tuning experiments): same one-thread-per-point mapping */
+    s.threads = G->block;
+    s.grid = (n + G->block - 1) / G->block;
+    snprintf(s.reason, sizeof s.reason, "--gpu-block=%d (set by hand)", G->block);
+  }
+  describe_loc(loc, k);
+  k->rank = (int)r;
+  memcpy(k->dims, ub, (size_t)r * sizeof *ub);
+  k->n = n;
+  k->grid = s.grid;
+  k->block = s.threads;
+  snprintf(k->reason, sizeof k->reason, "%s", s.reason);
+  if (!mlirOperationEqual(top, p) && strlen(k->reason) + 40 < sizeof k->reason)
+    strcat(k->reason, "; reduction loop inside each thread");
+  MlirOperation term;
+  MlirBlock body = make_launch(G, fb, top, loc, s.grid, s.threads, &term);
+  /* g = blockIdx.x * B + threadIdx.x; if (g < N) { i_k = delinearize(g); ... } */
+  MlirValue bid = mlirBlockGetArgument(body, 0), tid = mlirBlockGetArgument(body, 3);
+  MlirValue g = binop(body, term, loc, "arith.addi",
+                      binop(body, term, loc, "arith.muli", bid, index_const(ctx, body, term, loc, s.threads)), tid);
+  MlirValue cmp[2] = {g, index_const(ctx, body, term, loc, n)};
+  MlirType i1 = mlirIntegerTypeGet(ctx, 1);
+  MlirNamedAttribute pred = named(ctx, "predicate", mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), 6 /* ult */));
+  MlirValue ok = mlirOperationGetResult(mk(body, term, "arith.cmpi", loc, 2, cmp, 1, &i1, 1, &pred), 0);
+  MlirRegion then_r = mlirRegionCreate(), else_r = mlirRegionCreate();
+  MlirBlock then_b = mlirBlockCreate(0, NULL, NULL);
+  mlirRegionAppendOwnedBlock(then_r, then_b);
+  MlirRegion regs[2] = {then_r, else_r};
+  MlirOperationState ifs = mlirOperationStateGet(nova_str("scf.if"), loc);
+  mlirOperationStateAddOperands(&ifs, 1, &ok);
+  mlirOperationStateAddOwnedRegions(&ifs, 2, regs);
+  mlirBlockInsertOwnedOperationBefore(body, term, mlirOperationCreate(&ifs));
+  MlirOperation yield = mk(then_b, (MlirOperation){NULL}, "scf.yield", loc, 0, NULL, 0, NULL, 0, NULL);
+  MlirValue rest = g;
+  for (intptr_t i = r - 1; i >= 0; i--) {
+    MlirValue iv;
+    if (i == 0) iv = rest;
+    else {
+      MlirValue d = index_const(ctx, then_b, yield, loc, ub[i]);
+      iv = binop(then_b, yield, loc, "arith.remui", rest, d);
+      rest = binop(then_b, yield, loc, "arith.divui", rest, d);
+    }
+    mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(pb, i), iv);
+  }
+  if (mlirOperationEqual(top, p)) move_body(pb, yield);
+  else {
+    mlirOperationMoveBefore(top, yield);
+    move_body(pb, p);
+  }
+  mlirOperationDestroy(p);
+}
+
+/* Ops that stay on the host: no computation on tensor data. */
+static bool host_op(MlirOperation op) {
+  static const char *const names[] = {"arith.constant", "memref.alloc", "memref.get_global", "memref.expand_shape",
+                                      "memref.collapse_shape", "memref.subview", "memref.reinterpret_cast",
+                                      "memref.cast", "func.return", "gpu.launch", "gpu.alloc", NULL};
+  for (int i = 0; names[i]; i++)
+    if (op_is(op, names[i])) return true;
+  return false;
+}
+
+/* OPS[0..n) (top-level computation that is not a parallel loop) -> one
+ * single-thread kernel, placed after the last of them. */
+static void map_serial(gpu_ctx *G, MlirBlock fb, MlirOperation *ops, int n) {
+  MlirOperation last = ops[n - 1], after = mlirOperationGetNextInBlock(last);
+  cg_kernel *k = new_kernel(G);
+  if (!k) {
+    G->failed = 1;
+    return;
+  }
+  MlirLocation loc = mlirOperationGetLocation(ops[0]);
+  describe_loc(loc, k);
+  snprintf(k->op, sizeof k->op, "serial");
+  k->n = 1;
+  k->grid = k->block = 1;
+  snprintf(k->reason, sizeof k->reason, "no parallel dimension (a reduction to a scalar or a 0-d op): one thread");
+  MlirOperation term;
+  make_launch(G, fb, after, loc, 1, 1, &term);
+  for (int i = 0; i < n; i++) mlirOperationMoveBefore(ops[i], term);
+}
+
+/* memref.alloc -> gpu.alloc of the same static type; adds its size to the
+ * scratch arena. */
+static void alloc_to_gpu(gpu_ctx *G, MlirBlock fb, MlirOperation a) {
+  MlirType t = mlirValueGetType(mlirOperationGetResult(a, 0));
+  int64_t n = 1;
+  for (intptr_t d = 0; d < mlirShapedTypeGetRank(t); d++) n *= mlirShapedTypeGetDimSize(t, d);
+  MlirType et = mlirShapedTypeGetElementType(t);
+  int64_t bits = mlirTypeIsAIndex(et) ? 64 : mlirTypeIsAInteger(et) ? (int64_t)mlirIntegerTypeGetWidth(et)
+                 : mlirTypeIsAF64(et) ? 64 : mlirTypeIsAF16(et) || mlirTypeIsABF16(et) ? 16 : 32;
+  int64_t bytes = n * ((bits + 7) / 8);
+  G->out->scratch_bytes += (bytes + CG_GPU_ALIGN - 1) / CG_GPU_ALIGN * CG_GPU_ALIGN;
+  int32_t seg[3] = {0, 0, 0};
+  /* host_shared: the synchronous form gpu-to-llvm lowers (to mgpuMemAlloc,
+   * which takes it from the device scratch arena whatever the flag says) */
+  MlirNamedAttribute na[2] = {named(G->ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(G->ctx, 3, seg)),
+                              named(G->ctx, "hostShared", mlirUnitAttrGet(G->ctx))};
+  MlirOperation g = mk(fb, a, "gpu.alloc", mlirOperationGetLocation(a), 0, NULL, 1, &t, 2, na);
+  mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(a, 0), mlirOperationGetResult(g, 0));
+  mlirOperationDestroy(a);
+}
+
+/* Clones each top-level memref.get_global that a kernel reads into the
+ * kernel, so the outlined kernel addresses a device copy of the global. */
+typedef struct sink_ud {
+  MlirBlock launch_body;
+  MlirOperation launch;
+} sink_ud;
+
+static MlirWalkResult sink_cb(MlirOperation op, void *ud) {
+  sink_ud *s = ud;
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    MlirValue v = mlirOperationGetOperand(op, i);
+    if (!mlirValueIsAOpResult(v)) continue;
+    MlirOperation d = mlirOpResultGetOwner(v);
+    if (!op_is(d, "memref.get_global")) continue;
+    MlirOperation parent = mlirOperationGetParentOperation(d);
+    if (mlirOperationEqual(parent, s->launch) || !op_is(parent, "func.func")) continue;
+    MlirOperation copy = mlirOperationClone(d);
+    mlirBlockInsertOwnedOperation(s->launch_body, 0, copy);
+    mlirOperationSetOperand(op, i, mlirOperationGetResult(copy, 0));
+  }
+  return MlirWalkResultAdvance;
+}
+
+static void map_function(gpu_ctx *G, MlirOperation f) {
+  MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
+  int n = 0, cap = 64;
+  MlirOperation *ops = malloc((size_t)cap * sizeof *ops);
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); ops && !mlirOperationIsNull(op);
+       op = mlirOperationGetNextInBlock(op)) {
+    if (n == cap) {
+      MlirOperation *o2 = realloc(ops, (size_t)(cap *= 2) * sizeof *ops);
+      if (!o2) break;
+      ops = o2;
+    }
+    ops[n++] = op;
+  }
+  if (!ops) {
+    G->failed = 1;
+    return;
+  }
+  MlirOperation *run = malloc((size_t)(n ? n : 1) * sizeof *run);
+  int nrun = 0;
+  for (int i = 0; run && i < n && !G->failed; i++) {
+    MlirOperation op = ops[i];
+    MlirOperation inner = op_is(op, "scf.for") ? for_chain_parallel(op) : (MlirOperation){NULL};
+    if (op_is(op, "scf.parallel") || !mlirOperationIsNull(inner)) {
+      if (nrun) map_serial(G, fb, run, nrun), nrun = 0;
+      map_parallel(G, fb, op, mlirOperationIsNull(inner) ? op : inner);
+    } else if (op_is(op, "gpu.launch")) { /* a GEMM kernel */
+      if (nrun) map_serial(G, fb, run, nrun), nrun = 0;
+      cg_kernel *k = new_kernel(G);
+      if (!k || G->gemm_used >= G->ngemm) {
+        G->failed = 1;
+        break;
+      }
+      char name[sizeof k->name];
+      memcpy(name, k->name, sizeof name);
+      *k = G->gemm[G->gemm_used++];
+      memcpy(k->name, name, sizeof name);
+    } else if (op_is(op, "memref.alloc") && !G->sim) alloc_to_gpu(G, fb, op);
+    else if (op_is(op, "memref.dealloc")) {
+      /* the kernel of the pending run goes before a buffer is freed (sim) */
+      if (nrun && G->sim) map_serial(G, fb, run, nrun), nrun = 0;
+      if (!G->sim) mlirOperationDestroy(op);
+    } else if (!host_op(op)) run[nrun++] = op;
+  }
+  if (run && nrun && !G->failed) map_serial(G, fb, run, nrun);
+  if (!run) G->failed = 1;
+  free(run);
+  free(ops);
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !G->failed && !mlirOperationIsNull(op);
+       op = mlirOperationGetNextInBlock(op))
+    if (op_is(op, "gpu.launch")) {
+      sink_ud s = {mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0)), op};
+      mlirOperationWalk(op, sink_cb, &s, MlirWalkPreOrder);
+    }
+}
+
+/* memref.copy -> linalg.copy, so that copies become kernels too. */
+typedef struct op_list {
+  MlirOperation *v;
+  size_t n, cap;
+  bool oom;
+} op_list;
+
+static MlirWalkResult collect_copies(MlirOperation op, void *ud) {
+  op_list *l = ud;
+  if (!op_is(op, "memref.copy")) return MlirWalkResultAdvance;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 16;
+    MlirOperation *v = realloc(l->v, cap * sizeof *v);
+    if (!v) {
+      l->oom = true;
+      return MlirWalkResultInterrupt;
+    }
+    l->v = v;
+    l->cap = cap;
+  }
+  l->v[l->n++] = op;
+  return MlirWalkResultAdvance;
+}
+
+static int copies_to_linalg(gpu_ctx *G, MlirModule m) {
+  op_list l = {0};
+  mlirOperationWalk(mlirModuleGetOperation(m), collect_copies, &l, MlirWalkPostOrder);
+  for (size_t i = 0; i < l.n; i++) {
+    MlirOperation cp = l.v[i];
+    MlirValue ops[2] = {mlirOperationGetOperand(cp, 0), mlirOperationGetOperand(cp, 1)};
+    int32_t seg[2] = {1, 1};
+    MlirNamedAttribute na = named(G->ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(G->ctx, 2, seg));
+    MlirOperationState st = mlirOperationStateGet(nova_str("linalg.copy"), mlirOperationGetLocation(cp));
+    mlirOperationStateAddOperands(&st, 2, ops);
+    mlirOperationStateAddAttributes(&st, 1, &na);
+    MlirRegion region = mlirRegionCreate();
+    mlirOperationStateAddOwnedRegions(&st, 1, &region);
+    MlirOperation lc = mlirOperationCreate(&st);
+    mlirLinalgFillBuiltinNamedOpRegion(lc);
+    mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(cp), cp, lc);
+    mlirOperationDestroy(cp);
+  }
+  free(l.v);
+  return l.oom ? -1 : 0;
+}
+
+/* Each linalg.matmul of f32 or f64 buffers with identity layouts -> a call
+ * of a private function holding the tiled GEMM kernel (gemm_cuda.c); the
+ * calls are inlined afterwards.  The kernels' table entries wait in G->gemm
+ * until map_function meets their launches. */
+static int matmuls_to_gemm(gpu_ctx *G, MlirModule m, MlirOperation f) {
+  MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);) {
+    MlirOperation next = mlirOperationGetNextInBlock(op);
+    if (!op_is(op, "linalg.matmul") || mlirOperationGetNumOperands(op) != 3) {
+      op = next;
+      continue;
+    }
+    MlirType t[3];
+    bool ok = true;
+    for (int i = 0; i < 3; i++) {
+      t[i] = mlirValueGetType(mlirOperationGetOperand(op, i));
+      MlirType et = mlirTypeIsAMemRef(t[i]) ? mlirShapedTypeGetElementType(t[i]) : t[i];
+      ok = ok && mlirTypeIsAMemRef(t[i]) && mlirShapedTypeGetRank(t[i]) == 2 &&
+           mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t[i])) && (mlirTypeIsAF32(et) || mlirTypeIsAF64(et));
+    }
+    if (!ok) {
+      op = next;
+      continue;
+    }
+    int64_t M = mlirShapedTypeGetDimSize(t[0], 0), K = mlirShapedTypeGetDimSize(t[0], 1);
+    int64_t N = mlirShapedTypeGetDimSize(t[1], 1);
+    int eb = mlirTypeIsAF64(mlirShapedTypeGetElementType(t[2])) ? 8 : 4;
+    cfg_gemm_simt_schedule s = cfg_gemm_simt(G->dev, M, N, K, eb);
+    cg_kernel *gk = realloc(G->gemm, (size_t)(G->ngemm + 1) * sizeof *gk);
+    if (!s.ok || !gk) {
+      nv_error_plain(G->c->diag, "cannot configure the %lldx%lldx%lld GEMM: %s", (long long)M, (long long)N,
+                     (long long)K, s.ok ? "out of memory" : s.reason);
+      return -1;
+    }
+    G->gemm = gk;
+    cg_kernel *k = &G->gemm[G->ngemm];
+    memset(k, 0, sizeof *k);
+    describe_loc(mlirOperationGetLocation(op), k);
+    snprintf(k->op, sizeof k->op, "matmul");
+    k->rank = 2;
+    k->dims[0] = M;
+    k->dims[1] = N;
+    k->n = M * N;
+    k->grid = (N + s.bn - 1) / s.bn;
+    k->grid_y = (M + s.bm - 1) / s.bm;
+    k->block = s.threads;
+    snprintf(k->reason, sizeof k->reason, "%s", s.reason);
+    char fname[48];
+    snprintf(fname, sizeof fname, "nova_gemm_%d", G->ngemm++);
+    char *text = cg_gemm_text(fname, t[0], t[1], t[2], &s, G->sim);
+    MlirOperation fn = text ? mlirOperationCreateParse(G->ctx, nova_str(text), nova_str(fname)) : (MlirOperation){NULL};
+    free(text);
+    if (mlirOperationIsNull(fn)) {
+      nv_error_plain(G->c->diag, "internal: the GEMM kernel text for %lldx%lldx%lld does not parse", (long long)M,
+                     (long long)N, (long long)K);
+      return -1;
+    }
+    mlirBlockAppendOwnedOperation(mlirModuleGetBody(m), fn);
+    MlirValue args[3] = {mlirOperationGetOperand(op, 0), mlirOperationGetOperand(op, 1), mlirOperationGetOperand(op, 2)};
+    MlirNamedAttribute callee = named(G->ctx, "callee", mlirFlatSymbolRefAttrGet(G->ctx, nova_str(fname)));
+    mk(fb, op, "func.call", mlirOperationGetLocation(op), 3, args, 0, NULL, 1, &callee);
+    mlirOperationDestroy(op);
+    op = next;
+  }
+  if (!G->ngemm) return 0;
+  return cg_run_pipeline(G->c, m, "builtin.module(inline,symbol-dce)", "inlining the GEMM kernels");
+}
+
+/* Wraps each top-level linalg op's location in a name location
+ * "linalg.OP", which the loops made from it keep (for the kernel table). */
+static void tag_linalg_ops(gpu_ctx *G, MlirOperation f) {
+  MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);
+       op = mlirOperationGetNextInBlock(op)) {
+    MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
+    if (s.length < 7 || memcmp(s.data, "linalg.", 7)) continue;
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)s.length, s.data);
+    mlirOperationSetLocation(op, mlirLocationNameGet(G->ctx, nova_str(name), mlirOperationGetLocation(op)));
+  }
+}
+
+/* --gpu-sim: each gpu.launch (grid G x 1 x 1, block B x 1 x 1, as
+ * make_launch builds them) becomes scf.parallel (%b, %t) = (0, 0) to (G, B)
+ * running the same body on the CPU, so the mapping's numerics can be
+ * checked where there is no GPU. */
+static void launch_to_loops(gpu_ctx *G, MlirOperation f) {
+  MlirContext ctx = G->ctx;
+  MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
+  for (MlirOperation l = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(l);) {
+    MlirOperation next = mlirOperationGetNextInBlock(l);
+    if (!op_is(l, "gpu.launch")) {
+      l = next;
+      continue;
+    }
+    MlirLocation loc = mlirOperationGetLocation(l);
+    MlirBlock lb = mlirRegionGetFirstBlock(mlirOperationGetRegion(l, 0));
+    MlirValue zero = index_const(ctx, fb, l, loc, 0), one = index_const(ctx, fb, l, loc, 1);
+    MlirValue ops[6] = {zero, zero, mlirOperationGetOperand(l, 0), mlirOperationGetOperand(l, 3), one, one};
+    MlirType it = mlirIndexTypeGet(ctx);
+    MlirType at[2] = {it, it};
+    MlirLocation al[2] = {loc, loc};
+    MlirRegion region = mlirRegionCreate();
+    MlirBlock body = mlirBlockCreate(2, at, al);
+    mlirRegionAppendOwnedBlock(region, body);
+    int32_t seg[4] = {2, 2, 2, 0};
+    MlirNamedAttribute na = named(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 4, seg));
+    MlirOperationState st = mlirOperationStateGet(nova_str("scf.parallel"), loc);
+    mlirOperationStateAddOperands(&st, 6, ops);
+    mlirOperationStateAddAttributes(&st, 1, &na);
+    mlirOperationStateAddOwnedRegions(&st, 1, &region);
+    mlirBlockInsertOwnedOperationBefore(fb, l, mlirOperationCreate(&st));
+    MlirOperation red = mk(body, (MlirOperation){NULL}, "scf.reduce", loc, 0, NULL, 0, NULL, 0, NULL);
+    /* block ids, thread ids, grid and block sizes: x from the loop, the rest 0 or 1 */
+    for (int i = 0; i < 12; i++) {
+      MlirValue v = i == 0 ? mlirBlockGetArgument(body, 0) : i == 3 ? mlirBlockGetArgument(body, 1)
+                    : i == 6 ? mlirOperationGetOperand(l, 0) : i == 9 ? mlirOperationGetOperand(l, 3)
+                    : i < 6 ? zero : one;
+      mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(lb, i), v);
+    }
+    move_body(lb, red);
+    mlirOperationDestroy(l);
+    l = next;
+  }
+}
+
+static MlirOperation entry_function(MlirModule m) {
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f))
+    if (op_is(f, "func.func") && !mlirRegionIsNull(mlirOperationGetRegion(f, 0)) &&
+        !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0))))
+      return f;
+  return (MlirOperation){NULL};
+}
+
+/* The outlined kernels, one gpu.module each, become functions of the first
+ * module, renamed nova_kI in launch order (globals cloned into several
+ * modules are kept once). */
+static int merge_modules(gpu_ctx *G, MlirModule m, MlirOperation f) {
+  MlirOperation first = {NULL};
+  MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
+  int ki = 0;
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);
+       op = mlirOperationGetNextInBlock(op)) {
+    if (!op_is(op, "gpu.launch_func")) continue;
+    MlirAttribute kref = mlirOperationGetAttributeByName(op, nova_str("kernel"));
+    if (mlirAttributeIsNull(kref) || ki >= G->out->nk) return -1;
+    MlirStringRef modname = mlirSymbolRefAttrGetRootReference(kref);
+    MlirStringRef fname = mlirSymbolRefAttrGetLeafReference(kref);
+    MlirOperation mod = {NULL};
+    for (MlirOperation x = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(x);
+         x = mlirOperationGetNextInBlock(x)) {
+      MlirAttribute sn = mlirOperationGetAttributeByName(x, nova_str("sym_name"));
+      if (op_is(x, "gpu.module") && !mlirAttributeIsNull(sn) &&
+          mlirStringRefEqual(mlirStringAttrGetValue(sn), modname)) {
+        mod = x;
+        break;
+      }
+    }
+    if (mlirOperationIsNull(mod)) return -1;
+    if (mlirOperationIsNull(first)) first = mod;
+    MlirBlock mb = mlirRegionGetFirstBlock(mlirOperationGetRegion(mod, 0));
+    MlirBlock firstb = mlirRegionGetFirstBlock(mlirOperationGetRegion(first, 0));
+    const char *kname = G->out->k[ki++].name;
+    for (MlirOperation x = mlirBlockGetFirstOperation(mb); !mlirOperationIsNull(x);) {
+      MlirOperation next = mlirOperationGetNextInBlock(x);
+      MlirAttribute sn = mlirOperationGetAttributeByName(x, nova_str("sym_name"));
+      if (op_is(x, "gpu.func") && mlirStringRefEqual(mlirStringAttrGetValue(sn), fname)) {
+        mlirOperationSetAttributeByName(x, nova_str("sym_name"), mlirStringAttrGet(G->ctx, nova_str(kname)));
+        if (!mlirOperationEqual(mod, first)) {
+          mlirOperationRemoveFromParent(x);
+          mlirBlockAppendOwnedOperation(firstb, x);
+        }
+      } else if (!mlirOperationEqual(mod, first) && !mlirAttributeIsNull(sn)) {
+        /* a global: keep the first module's copy */
+        bool have = false;
+        for (MlirOperation y = mlirBlockGetFirstOperation(firstb); !have && !mlirOperationIsNull(y);
+             y = mlirOperationGetNextInBlock(y)) {
+          MlirAttribute yn = mlirOperationGetAttributeByName(y, nova_str("sym_name"));
+          have = !mlirAttributeIsNull(yn) && mlirStringRefEqual(mlirStringAttrGetValue(yn), mlirStringAttrGetValue(sn));
+        }
+        if (!have) {
+          mlirOperationRemoveFromParent(x);
+          mlirBlockAppendOwnedOperation(firstb, x);
+        }
+      }
+      x = next;
+    }
+    MlirAttribute leaf = mlirFlatSymbolRefAttrGet(G->ctx, nova_str(kname));
+    MlirAttribute fsn = mlirOperationGetAttributeByName(first, nova_str("sym_name"));
+    mlirOperationSetAttributeByName(op, nova_str("kernel"),
+                                    mlirSymbolRefAttrGet(G->ctx, mlirStringAttrGetValue(fsn), 1, &leaf));
+    if (!mlirOperationEqual(mod, first)) mlirOperationDestroy(mod);
+  }
+  if (!mlirOperationIsNull(first))
+    mlirOperationSetAttributeByName(first, nova_str("sym_name"), mlirStringAttrGet(G->ctx, nova_str("nova_kernels")));
+  /* the launches refer to the module by name: update them */
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);
+       op = mlirOperationGetNextInBlock(op)) {
+    if (!op_is(op, "gpu.launch_func")) continue;
+    MlirAttribute kref = mlirOperationGetAttributeByName(op, nova_str("kernel"));
+    MlirAttribute leaf = mlirFlatSymbolRefAttrGet(G->ctx, mlirSymbolRefAttrGetLeafReference(kref));
+    mlirOperationSetAttributeByName(op, nova_str("kernel"),
+                                    mlirSymbolRefAttrGet(G->ctx, nova_str("nova_kernels"), 1, &leaf));
+  }
+  return ki == G->out->nk ? 0 : -1;
+}
+
+/* The PTX of the (single) gpu.binary. */
+static int take_ptx(gpu_ctx *G, MlirModule m) {
+  for (MlirOperation x = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(x);
+       x = mlirOperationGetNextInBlock(x)) {
+    if (!op_is(x, "gpu.binary")) continue;
+    MlirAttribute objs = mlirOperationGetAttributeByName(x, nova_str("objects"));
+    if (mlirAttributeIsNull(objs) || !mlirAttributeIsAArray(objs) || mlirArrayAttrGetNumElements(objs) != 1) break;
+    MlirAttribute o = mlirArrayAttrGetElement(objs, 0);
+    if (!mlirAttributeIsAGPUObjectAttr(o)) break;
+    MlirStringRef s = mlirGPUObjectAttrGetObject(o);
+    G->out->ptx = malloc(s.length + 1);
+    if (!G->out->ptx) return -1;
+    memcpy(G->out->ptx, s.data, s.length);
+    G->out->ptx[s.length] = 0;
+    G->out->ptx_len = s.length;
+    return 0;
+  }
+  if (G->out->nk == 0) { /* a step without any kernel (only copies of inputs): empty PTX */
+    G->out->ptx = strdup("");
+    return G->out->ptx ? 0 : -1;
+  }
+  nv_error_plain(G->c->diag, "internal: the GPU lowering produced no PTX");
+  return -1;
+}
+
+int cg_lower_to_gpu(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out) {
+  memset(out, 0, sizeof *out);
+  if (dev->cc_major < 5) {
+    nv_error_plain(c->diag, "--target=cuda: device '%s' has no compute capability", dev->name);
+    return -1;
+  }
+  snprintf(out->chip, sizeof out->chip, "sm_%d%d", dev->cc_major, dev->cc_minor);
+  bool sim = o->sim;
+  int opt_level = o->opt_level;
+  if (o->block && (o->block % 32 || o->block > dev->max_threads_per_block)) {
+    nv_error_plain(c->diag, "--gpu-block=%d: a block is a multiple of 32 threads, at most %d on %s", o->block,
+                   dev->max_threads_per_block, dev->name);
+    return -1;
+  }
+  gpu_ctx G = {c, c->ctx, dev, out, sim, NULL, 0, 0, o->block, 0};
+  if (cg_bufferize(c, m, opt_level, sim)) return -1;
+  MlirOperation f = entry_function(m);
+  if (mlirOperationIsNull(f)) {
+    nv_error_plain(c->diag, "internal: no entry function to compile for the GPU");
+    return -1;
+  }
+  if (copies_to_linalg(&G, m)) return -1;
+  int rc = matmuls_to_gemm(&G, m, f);
+  if (rc) {
+    free(G.gemm);
+    return -1;
+  }
+  f = entry_function(m);
+  tag_linalg_ops(&G, f);
+  if (cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-parallel-loops,canonicalize))",
+                      "lowering linalg to loops"))
+    return -1;
+  f = entry_function(m);
+  map_function(&G, f);
+  free(G.gemm);
+  if (G.failed || nova_verify(c, m, "mapping loops to GPU kernels")) return -1;
+  if (sim) {
+    launch_to_loops(&G, entry_function(m));
+    if (nova_verify(c, m, "turning kernels into CPU loops (--gpu-sim)")) return -1;
+    return cg_lower_loops_to_llvm(c, m);
+  }
+  if (cg_run_pipeline(c, m, "builtin.module(gpu-kernel-outlining)", "kernel outlining")) return -1;
+  if (merge_modules(&G, m, entry_function(m))) {
+    nv_error_plain(c->diag, "internal: outlined kernels do not match the launches");
+    return -1;
+  }
+  if (nova_verify(c, m, "merging GPU modules")) return -1;
+  nv_sbuf p = {0};
+  nv_sb_printf(&p,
+               "builtin.module(func.func(convert-scf-to-cf),gpu-lower-to-nvvm-pipeline{cubin-chip=%s "
+               "cubin-features=+ptx80 cubin-format=isa opt-level=%d})",
+               out->chip, opt_level > 3 ? 3 : opt_level < 0 ? 0 : opt_level);
+  rc = p.oom ? -1 : cg_run_pipeline(c, m, p.s, "lowering to NVVM and PTX");
+  nv_sb_free(&p);
+  if (rc) return -1;
+  return take_ptx(&G, m);
+}
+
+void cg_gpu_free(cg_gpu *g) {
+  free(g->k);
+  free(g->ptx);
+  memset(g, 0, sizeof *g);
+}

@@ -1,0 +1,138 @@
+#!/bin/sh
+# testsuite/cuda/run.sh [BUILD_DIR]: --target=cuda without a GPU.
+#
+# Every example and exported model, forward and training step, is compiled
+# for sm_80 (a100-80gb), sm_86 (rtx3060) and sm_90 (h100): novac must exit 0,
+# ptxas must have accepted the PTX (the manifest lists each kernel with the
+# registers ptxas reported), the step.so must link with no undefined symbol
+# (novac links with --no-undefined; the CUDA driver is opened at run time)
+# and export the step ABI, and --emit=ptx must target the right sm.  Then the
+# errors a user can meet: no GPU driver at run time, ptxas missing or
+# failing, a model larger than the device, a CPU model given to the cuda
+# target, --explain-config on both targets.
+#
+# Prints 'PASS: cuda :: NAME' / 'FAIL: cuda :: NAME' (reasons indented) and
+# exits 0; testsuite/run.sh counts the lines.
+B=${1:-build}
+cd "$(dirname "$0")/../.." || exit 0
+NOVAC=$PWD/$B/bin/novac
+NOVARUN=$PWD/$B/bin/novarun
+T=$(mktemp -d "${TMPDIR:-/tmp}/nova-cuda.XXXXXX") || exit 0
+trap 'rm -rf "$T"' EXIT INT TERM
+
+pass() { echo "PASS: cuda :: $1"; }
+fail() {
+  echo "FAIL: cuda :: $1"
+  shift
+  for line in "$@"; do printf '%s\n' "$line" | sed 's/^/    /'; done
+}
+
+M=testsuite/onnx/models
+models="mlp:examples/mlp.nova:--dim=batch=8
+transformer_block:examples/transformer_block.nova:--dim=batch=2
+onnx_mlp:$M/mlp/model.onnx:--dim=batch=4
+onnx_cnn:$M/cnn/model.onnx:--dim=batch=2
+onnx_gpt_block:$M/gpt_block/model.onnx:--dim=batch=2"
+
+# build NAME SRC DIMS DEVICE SM TRAIN
+build() {
+  name=$1 src=$2 dims=$3 dev=$4 sm=$5 train=$6
+  so=$T/$name.so
+  rm -f "$so" "$T/$name.json"
+  # shellcheck disable=SC2086
+  if ! "$NOVAC" "$src" $dims $train --target=cuda --device="$dev" -o "$so" >"$T/log" 2>&1; then
+    fail "$name" "novac exited $?:" "$(head -c 2000 "$T/log")"
+    return
+  fi
+  reasons=""
+  [ -s "$so" ] || reasons="$reasons|no step.so"
+  nm -D --defined-only "$so" 2>/dev/null | grep -q ' nova_step_open$' || reasons="$reasons|nova_step_open not exported"
+  undef=$(nm -D --undefined-only "$so" | awk '{print $2}' | grep -v -E '^(__|_ITM|_Jv)' |
+    grep -v -E '@(GLIBC|GCC)' | tr '\n' ' ')
+  [ -z "$undef" ] || reasons="$reasons|undefined symbols outside libc: $undef"
+  python3 - "$T/$name.json" "$sm" >"$T/mlog" 2>&1 <<'EOF' || reasons="$reasons|manifest: $(cat "$T/mlog")"
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert m["target"] == "cuda", m["target"]
+assert m["device"]["arch"] == sys.argv[2], m["device"]
+ks = m["kernels"]
+assert ks, "no kernels"
+for k in ks:
+    assert k["registers"] > 0, "kernel %s: ptxas reported no registers" % k["name"]
+    assert k["block"][0] >= 1 and k["grid"][0] >= 1, k
+assert m["memory"]["scratch_bytes"] >= 0
+EOF
+  if [ -z "$reasons" ]; then pass "$name"; else fail "$name" "$(echo "$reasons" | tr '|' '\n' | sed '/^$/d')"; fi
+}
+
+echo "$models" | while IFS=: read -r name src dims; do
+  for d in a100-80gb:sm_80 rtx3060:sm_86 h100:sm_90; do
+    dev=${d%%:*} sm=${d#*:}
+    build "$name.$sm" "$src" "$dims" "$dev" "$sm" ""
+    build "$name.train.$sm" "$src" "$dims" "$dev" "$sm" "--train"
+  done
+done
+
+# --emit=ptx targets the device's architecture
+for d in a100-80gb:sm_80 rtx3060:sm_86 h100:sm_90 l4:sm_89; do
+  dev=${d%%:*} sm=${d#*:}
+  if "$NOVAC" examples/mlp.nova --dim=batch=2 --target=cuda --device="$dev" --emit=ptx -o "$T/k.ptx" 2>"$T/log" &&
+    grep -q "^\.target $sm\$" "$T/k.ptx" && grep -q "\.entry nova_k0" "$T/k.ptx"; then
+    pass "emit-ptx.$sm"
+  else
+    fail "emit-ptx.$sm" "$(head -c 1000 "$T/log")" "$(grep '\.target' "$T/k.ptx" 2>/dev/null)"
+  fi
+done
+
+# expect NAME RC TEXT CMD...: CMD exits RC and its stderr contains TEXT
+expect() {
+  name=$1 rc=$2 text=$3
+  shift 3
+  "$@" >"$T/out" 2>"$T/err"
+  got=$?
+  if [ "$got" -eq "$rc" ] && grep -q -- "$text" "$T/err"; then
+    pass "$name"
+  else
+    fail "$name" "exit $got (expected $rc), stderr:" "$(head -c 1500 "$T/err")" "(expected to contain: $text)"
+  fi
+}
+
+"$NOVAC" examples/mlp.nova --dim=batch=2 --target=cuda --device=h100 -o "$T/run.so" 2>"$T/log" ||
+  fail setup "$(cat "$T/log")"
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
+  expect no-driver 1 "needs the CUDA driver" "$NOVARUN" "$T/run.so" --inputs examples/data/mlp
+else
+  pass "no-driver (skipped: this machine has a CUDA driver; make check-gpu runs the steps)"
+fi
+expect ptxas-missing 1 "NOVAC_PTXAS=$T/none" env NOVAC_PTXAS="$T/none" "$NOVAC" examples/mlp.nova --dim=batch=2 \
+  --target=cuda --device=h100 -o "$T/x.so"
+expect ptxas-fails 1 "ptxas failed" env NOVAC_PTXAS=/bin/false "$NOVAC" examples/mlp.nova --dim=batch=2 \
+  --target=cuda --device=h100 -o "$T/x.so"
+[ ! -e "$T/x.so" ] && [ ! -e "$T/x.json" ] && pass "ptxas-fails-no-output" ||
+  fail "ptxas-fails-no-output" "a failed build left $T/x.so or x.json"
+expect too-large 1 "needs .* MiB of device memory" "$NOVAC" examples/mlp.nova --dim=batch=20000000 --target=cuda \
+  --device=rtx3060 -o "$T/x.so"
+expect cpu-model-for-cuda 1 "CPU" "$NOVAC" examples/mlp.nova --dim=batch=2 --target=cuda --device=host -o "$T/x.so"
+expect gpu-model-for-cpu 1 "GPU model" "$NOVAC" examples/mlp.nova --dim=batch=2 --device=h100 -o "$T/x.so"
+expect unknown-device 1 "known: host, auto, " "$NOVAC" examples/mlp.nova --dim=batch=2 --target=cuda --device=h1000 \
+  -o "$T/x.so"
+expect gpu-sim-needs-cuda 1 "needs --target=cuda" "$NOVAC" examples/mlp.nova --dim=batch=2 --gpu-sim -o "$T/x.so"
+
+# --explain-config: every kernel with its grid, block and deciding limit
+if "$NOVAC" examples/mlp.nova --dim=batch=8 --train --target=cuda --device=h100 --explain-config -o "$T/e.so" \
+  >"$T/explain" 2>"$T/log" && grep -q "^device: h100: sm_90" "$T/explain" &&
+  grep -q "^nova_k0 " "$T/explain" && grep -q "matmul" "$T/explain" && grep -q "^configurator: .* ms" "$T/explain"; then
+  n=$(grep -c "^nova_k" "$T/explain")
+  k=$(python3 -c "import json; print(len(json.load(open('$T/e.json'))['kernels']))")
+  if [ "$n" = "$k" ]; then pass explain-config.cuda; else fail explain-config.cuda "$n kernels explained, $k in the manifest"; fi
+else
+  fail explain-config.cuda "$(cat "$T/log")" "$(head -20 "$T/explain")"
+fi
+if "$NOVAC" examples/mlp.nova --dim=batch=8 --train --explain-config -o "$T/c.so" >"$T/explain" 2>"$T/log" &&
+  grep -q "^device: host" "$T/explain" && grep -q "register block" "$T/explain" && grep -q "^configurator: " "$T/explain"
+then
+  pass explain-config.cpu
+else
+  fail explain-config.cpu "$(cat "$T/log")" "$(head -20 "$T/explain")"
+fi
+exit 0
