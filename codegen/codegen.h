@@ -73,6 +73,7 @@ typedef struct cg_gpu_options {
   int opt_level;
   bool sim;   /* --gpu-sim */
   int block;  /* --gpu-block=N: threads per block for every kernel; 0 = the configurator's */
+  bool tf32;  /* --matmul-precision=tf32: f32 matmuls on tensor cores with tf32 operands */
 } cg_gpu_options;
 int cg_lower_to_gpu(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out);
 void cg_gpu_free(cg_gpu *g);
@@ -84,6 +85,11 @@ void cg_print_to_sbuf(MlirStringRef s, void *ud);
 struct cfg_gemm_simt_schedule;
 char *cg_gemm_text(const char *name, MlirType at, MlirType bt, MlirType ct, const struct cfg_gemm_simt_schedule *s,
                    bool sim);
+/* The same with tensor cores (mma.sync.m16n8k8, tf32 operands, f32 only)
+ * and the tiles of the cfg_gemm schedule S. */
+struct cfg_gemm_schedule;
+char *cg_gemm_tc_text(const char *name, MlirType at, MlirType bt, MlirType ct, const struct cfg_gemm_schedule *s,
+                      bool sim);
 
 /* step_cuda.c: writes DIR/kernels.ptx and assembles DIR/kernels.cubin with
  * ptxas (registers and shared memory per kernel go into GPU's table). */

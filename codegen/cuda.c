@@ -41,6 +41,7 @@ typedef struct gpu_ctx {
   cg_kernel *gemm;  /* GEMM kernels made by matmuls_to_gemm, in program order */
   int ngemm, gemm_used;
   int block;     /* --gpu-block: threads per block chosen by hand; 0 = the configurator's */
+  bool tf32;     /* --matmul-precision=tf32 */
   int failed;
 } gpu_ctx;
 
@@ -453,11 +454,10 @@ static int copies_to_linalg(gpu_ctx *G, MlirModule m) {
   return l.oom ? -1 : 0;
 }
 
-/* Each linalg.matmul of f32 or f64 buffers with identity layouts -> a call
- * of a private function holding the tiled GEMM kernel (gemm_cuda.c); the
- * calls are inlined afterwards.  The kernels' table entries wait in G->gemm
+/* Each linalg.matmul of f32 or f64 buffers with identity layouts -> the
+ * tiled GEMM kernel (gemm_cuda.c, a function whose body takes its place).  The kernels' table entries wait in G->gemm
  * until map_function meets their launches. */
-static int matmuls_to_gemm(gpu_ctx *G, MlirModule m, MlirOperation f) {
+static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);) {
     MlirOperation next = mlirOperationGetNextInBlock(op);
@@ -480,6 +480,29 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirModule m, MlirOperation f) {
     int64_t M = mlirShapedTypeGetDimSize(t[0], 0), K = mlirShapedTypeGetDimSize(t[0], 1);
     int64_t N = mlirShapedTypeGetDimSize(t[1], 1);
     int eb = mlirTypeIsAF64(mlirShapedTypeGetElementType(t[2])) ? 8 : 4;
+    cfg_gemm_schedule tc = {0};
+    if (G->tf32 && eb == 4) {
+      tc = cfg_gemm(G->dev, M, N, K, 4, true);
+      /* the generator keeps warp tiles at most 64x32 (64 accumulators a
+       * thread; larger ones spill in the code it emits), using more warps,
+       * and blocks at most 8 warps (a thread then has up to 255 registers),
+       * shrinking the block tile */
+      while (tc.ok && tc.warp_tile_m * tc.warp_tile_n > 2048) {
+        if (tc.warp_tile_m >= tc.warp_tile_n && tc.warp_tile_m >= 32) tc.warp_tile_m /= 2, tc.wm *= 2;
+        else tc.warp_tile_n /= 2, tc.wn *= 2;
+      }
+      while (tc.ok && tc.wm * tc.wn > 8) {
+        if (tc.wm >= tc.wn) tc.wm /= 2, tc.bm /= 2;
+        else tc.wn /= 2, tc.bn /= 2;
+      }
+      tc.warps = tc.wm * tc.wn;
+      tc.threads = 32 * tc.warps;
+      /* what the generator handles: one stage, no split-K across blocks */
+      tc.ok = tc.ok && tc.mma == CFG_MMA_M16N8K8 && tc.warp_tile_m % 16 == 0 && tc.warp_tile_n % 8 == 0 &&
+              tc.bk % 8 == 0 && tc.bm == tc.wm * tc.warp_tile_m && tc.bn == tc.wn * tc.warp_tile_n &&
+              tc.threads <= G->dev->max_threads_per_block && tc.warp_tile_m <= 256 &&
+              tc.warp_tile_n <= 256 && (tc.warp_tile_m / 16) * (tc.warp_tile_n / 8) <= 256;
+    }
     cfg_gemm_simt_schedule s = cfg_gemm_simt(G->dev, M, N, K, eb);
     cg_kernel *gk = realloc(G->gemm, (size_t)(G->ngemm + 1) * sizeof *gk);
     if (!s.ok || !gk) {
@@ -496,13 +519,24 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirModule m, MlirOperation f) {
     k->dims[0] = M;
     k->dims[1] = N;
     k->n = M * N;
-    k->grid = (N + s.bn - 1) / s.bn;
-    k->grid_y = (M + s.bm - 1) / s.bm;
-    k->block = s.threads;
-    snprintf(k->reason, sizeof k->reason, "%s", s.reason);
     char fname[48];
     snprintf(fname, sizeof fname, "nova_gemm_%d", G->ngemm++);
-    char *text = cg_gemm_text(fname, t[0], t[1], t[2], &s, G->sim);
+    char *text;
+    if (tc.ok) {
+      k->grid = (N + tc.bn - 1) / tc.bn;
+      k->grid_y = (M + tc.bm - 1) / tc.bm;
+      k->block = tc.threads;
+      snprintf(k->reason, sizeof k->reason, "mma.sync.m16n8k8 tf32, tile %dx%dx%d, %dx%d warps of %dx%d%s", tc.bm, tc.bn,
+               tc.bk, tc.wm, tc.wn, tc.warp_tile_m, tc.warp_tile_n,
+               tc.split_k > 1 ? " (the schedule's split-K is not generated)" : "");
+      text = cg_gemm_tc_text(fname, t[0], t[1], t[2], &tc, G->sim);
+    } else {
+      k->grid = (N + s.bn - 1) / s.bn;
+      k->grid_y = (M + s.bm - 1) / s.bm;
+      k->block = s.threads;
+      snprintf(k->reason, sizeof k->reason, "%.140s%s", s.reason, G->tf32 && eb == 4 ? " (no usable tf32 schedule)" : "");
+      text = cg_gemm_text(fname, t[0], t[1], t[2], &s, G->sim);
+    }
     MlirOperation fn = text ? mlirOperationCreateParse(G->ctx, nova_str(text), nova_str(fname)) : (MlirOperation){NULL};
     free(text);
     if (mlirOperationIsNull(fn)) {
@@ -510,15 +544,17 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirModule m, MlirOperation f) {
                      (long long)N, (long long)K);
       return -1;
     }
-    mlirBlockAppendOwnedOperation(mlirModuleGetBody(m), fn);
-    MlirValue args[3] = {mlirOperationGetOperand(op, 0), mlirOperationGetOperand(op, 1), mlirOperationGetOperand(op, 2)};
-    MlirNamedAttribute callee = named(G->ctx, "callee", mlirFlatSymbolRefAttrGet(G->ctx, nova_str(fname)));
-    mk(fb, op, "func.call", mlirOperationGetLocation(op), 3, args, 0, NULL, 1, &callee);
+    /* the function's body replaces the matmul, its arguments the matmul's
+     * operands (no inliner: nvgpu ops have no inlining interface) */
+    MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(fn, 0));
+    for (int i = 0; i < 3; i++)
+      mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(body, i), mlirOperationGetOperand(op, i));
+    move_body(body, op);
+    mlirOperationDestroy(fn);
     mlirOperationDestroy(op);
     op = next;
   }
-  if (!G->ngemm) return 0;
-  return cg_run_pipeline(G->c, m, "builtin.module(inline,symbol-dce)", "inlining the GEMM kernels");
+  return 0;
 }
 
 /* Wraps each top-level linalg op's location in a name location
@@ -700,7 +736,12 @@ int cg_lower_to_gpu(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_g
                    dev->max_threads_per_block, dev->name);
     return -1;
   }
-  gpu_ctx G = {c, c->ctx, dev, out, sim, NULL, 0, 0, o->block, 0};
+  if (o->tf32 && !dev->has_mma_sync_tf32) {
+    nv_error_plain(c->diag, "--matmul-precision=tf32: %s (sm_%d%d) has no tf32 tensor cores (sm_80 and newer have)",
+                   dev->name, dev->cc_major, dev->cc_minor);
+    return -1;
+  }
+  gpu_ctx G = {c, c->ctx, dev, out, sim, NULL, 0, 0, o->block, o->tf32, 0};
   if (cg_bufferize(c, m, opt_level, sim)) return -1;
   MlirOperation f = entry_function(m);
   if (mlirOperationIsNull(f)) {
@@ -708,7 +749,7 @@ int cg_lower_to_gpu(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_g
     return -1;
   }
   if (copies_to_linalg(&G, m)) return -1;
-  int rc = matmuls_to_gemm(&G, m, f);
+  int rc = matmuls_to_gemm(&G, f);
   if (rc) {
     free(G.gemm);
     return -1;
@@ -733,6 +774,7 @@ int cg_lower_to_gpu(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_g
     return -1;
   }
   if (nova_verify(c, m, "merging GPU modules")) return -1;
+  if (getenv("NOVAC_DEBUG_GPU_IR")) nova_print_op(mlirModuleGetOperation(m), stderr);
   nv_sbuf p = {0};
   nv_sb_printf(&p,
                "builtin.module(func.func(convert-scf-to-cf),gpu-lower-to-nvvm-pipeline{cubin-chip=%s "

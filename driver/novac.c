@@ -33,6 +33,7 @@ typedef struct opts {
   int opt_level;
   bool train, time_passes, verbose, explain_config, gpu_sim;
   int gpu_block;
+  bool tf32;
   ad_options ad;
   bool lr_set, wd_set;
   fe_dim_binding dims[32];
@@ -54,6 +55,8 @@ static void usage(FILE *f) {
         "  --explain-config      print each kernel's schedule and the limit that decided it\n"
         "  --gpu-block=N         (cuda) N threads per block for every kernel instead of the\n"
         "                        configurator's choice (tuning experiments)\n"
+        "  --matmul-precision=highest|tf32  (cuda) tf32: f32 matmuls on tensor cores with tf32\n"
+        "                        operands (10-bit mantissa; sm_80+); default highest (exact f32)\n"
         "  --gpu-sim             (cuda) run the GPU kernels as CPU loops over their grid and\n"
         "                        block: checks the GPU mapping where there is no GPU\n"
         "  --cpu=NAME            LLVM CPU to generate code for (default host; e.g. x86-64-v3)\n"
@@ -132,7 +135,10 @@ static int parse_args(int argc, char **argv, opts *o) {
       if (strcmp(v, "cpu") && strcmp(v, "cuda")) return bad_usage("unknown --target '%s' (cpu or cuda)", v);
       o->target = v;
       nv_sb_printf(&o->flags, " --target=%s", v);
-    } else if ((v = opt_value(argc, argv, &i, "--device"))) o->device = v;
+    } else if ((v = opt_value(argc, argv, &i, "--device"))) {
+      o->device = v;
+      nv_sb_printf(&o->flags, " --device=%s", v);
+    }
     else if ((v = opt_value(argc, argv, &i, "--cpu"))) {
       o->cpu = v;
       nv_sb_printf(&o->flags, " --cpu=%s", v);
@@ -186,6 +192,11 @@ static int parse_args(int argc, char **argv, opts *o) {
         return bad_usage("--gpu-block takes a multiple of 32 from 32 to 1024, not '%s'", v);
       o->gpu_block = (int)b;
       nv_sb_printf(&o->flags, " --gpu-block=%ld", b);
+    } else if ((v = opt_value(argc, argv, &i, "--matmul-precision"))) {
+      if (strcmp(v, "highest") && strcmp(v, "tf32"))
+        return bad_usage("--matmul-precision takes highest or tf32, not '%s'", v);
+      o->tf32 = !strcmp(v, "tf32");
+      nv_sb_printf(&o->flags, " --matmul-precision=%s", v);
     } else if (!strcmp(a, "--gpu-sim")) {
       o->gpu_sim = true;
       nv_sb_printf(&o->flags, " --gpu-sim");
@@ -316,6 +327,10 @@ static int compile(nv_diag *d, opts *o) {
     nv_error_plain(d, "--gpu-sim needs --target=cuda");
     return -1;
   }
+  if (o->tf32 && !cuda) {
+    nv_error_plain(d, "--matmul-precision=tf32 needs --target=cuda (the cpu target computes matmuls in full precision)");
+    return -1;
+  }
   if (o->gpu_block && !cuda) {
     nv_error_plain(d, "--gpu-block needs --target=cuda");
     return -1;
@@ -392,7 +407,7 @@ static int compile(nv_diag *d, opts *o) {
                    .time_passes = o->time_passes, .verbose = o->verbose,
                    .keep_temps = getenv("NOVAC_KEEP_TEMPS") != NULL};
   if (cuda) {
-    cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block};
+    cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block, o->tf32};
     if (cg_lower_to_gpu(&c, lin, &dev, &go, &gpu) || nova_verify(&c, lin, "lowering to the GPU"))
       goto out;
     gpu.dev = &dev;

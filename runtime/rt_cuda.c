@@ -217,12 +217,12 @@ nova_status rt_cuda_open(nova_step *s) {
   if (!r) r = D.cuMemGetInfo(&free_b, &total_b);
   if (r) return rt_fail(s, NOVA_ERR_DEVICE, "CUDA device %s: %s (%s)", D.dev_name, cu_name(r), cu_text(r));
   if (cu->arena_size > free_b)
-    return rt_fail(s, NOVA_ERR_NO_MEMORY,
+    return rt_fail(s, NOVA_ERR_DEVICE,
                    "the step needs %.1f MiB of device memory (tensors %.1f MiB + scratch %.1f MiB); %s has %.1f MiB "
                    "free of %.1f MiB", cu->arena_size / 1048576.0, tensors / 1048576.0, cu->scratch_size / 1048576.0,
                    D.dev_name, free_b / 1048576.0, total_b / 1048576.0);
   if ((r = D.cuMemAlloc(&cu->arena, cu->arena_size ? cu->arena_size : RT_CUDA_ALIGN)))
-    return rt_fail(s, r == 2 ? NOVA_ERR_NO_MEMORY : NOVA_ERR_DEVICE, "allocating %.1f MiB on %s: %s (%s)",
+    return rt_fail(s, NOVA_ERR_DEVICE, "allocating %.1f MiB on %s: %s (%s)",
                    cu->arena_size / 1048576.0, D.dev_name, cu_name(r), cu_text(r));
   if ((r = D.cuStreamCreate(&cu->stream, CU_STREAM_NON_BLOCKING)) || (r = D.cuEventCreate(&cu->ev[0], CU_EVENT_DEFAULT)) ||
       (r = D.cuEventCreate(&cu->ev[1], CU_EVENT_DEFAULT)))

@@ -95,7 +95,7 @@ nova_status rt_step_open_graph(const rt_graph *graph, nova_step **step) {
     s->graph = graph;
     st = rt_step_alloc(s);
   }
-  if (st == NOVA_ERR_NO_MEMORY && !s->error[0]) {
+  if (st == NOVA_ERR_NO_MEMORY) {
     nova_step_close(s);
     return st;
   }

@@ -31,8 +31,12 @@ if [ "${NOVA_SUITES:-all}" = gpu ]; then
     exit 0
   fi
   echo "check-gpu: $why"
-  for t in ops grads examples onnx_models train_onnx checkpoint; do
+  for t in ops grads gemm examples onnx_models train_onnx checkpoint; do
     suite "gpu-$t" env NOVA_TEST_FLAGS="--target=cuda --device=auto" NOVA_TEST_TAG=gpu/ python3 "testsuite/e2e/test_$t.py"
+  done
+  for t in gemm onnx_models; do
+    suite "gpu-tf32-$t" env NOVA_TEST_FLAGS="--target=cuda --device=auto --matmul-precision=tf32" \
+      NOVA_TEST_TAG=gpu-tf32/ python3 "testsuite/e2e/test_$t.py"
   done
   pass=$(grep -cE '^PASS: ' "$log")
   fail=$(grep -cE '^(FAIL|XPASS|UNRESOLVED|TIMEOUT): ' "$log")
@@ -44,6 +48,7 @@ fi
 
 suite novac "$LLVM_BIN/lit" -v --no-progress-bar testsuite/lit
 suite e2e-ops python3 testsuite/e2e/test_ops.py
+suite e2e-gemm python3 testsuite/e2e/test_gemm.py
 suite e2e-examples python3 testsuite/e2e/test_examples.py
 suite e2e-onnx-models python3 testsuite/e2e/test_onnx_models.py
 suite grad python3 testsuite/e2e/test_grads.py
@@ -59,8 +64,13 @@ suite e2e-checkpoint python3 testsuite/e2e/test_checkpoint.py
 # the GPU mapping (kernels, launches, copies, constants) checked on the CPU:
 # the same numeric tests with every kernel run as loops over its grid and block
 SIM="--target=cuda --device=h100 --gpu-sim"
-for t in ops grads examples onnx_models train_onnx; do
+for t in ops grads gemm examples onnx_models train_onnx; do
   suite "gpu-sim-$t" env NOVA_TEST_FLAGS="$SIM" NOVA_TEST_TAG=gpu-sim/ python3 "testsuite/e2e/test_$t.py"
+done
+# the tensor-core GEMM (mma.sync fragments emulated per warp)
+for t in gemm onnx_models; do
+  suite "gpu-sim-tf32-$t" env NOVA_TEST_FLAGS="$SIM --matmul-precision=tf32" NOVA_TEST_TAG=gpu-sim-tf32/ \
+    python3 "testsuite/e2e/test_$t.py"
 done
 [ -f testsuite/onnx/subset.txt ] && suite onnx python3 testsuite/onnx/conformance.py --build "$B" --subset testsuite/onnx/subset.txt
 

@@ -79,10 +79,10 @@ typedef struct nova_tensor_info {
 typedef struct nova_step nova_step;
 
 /* Creates a step with its own buffers, parameters set to their initial
- * values.  On failure *step is NULL, except where there is a message to
- * read (NOVA_ERR_ABI; NOVA_ERR_DEVICE: a --target=cuda step on a machine
- * without a usable GPU; NOVA_ERR_NO_MEMORY for device memory): then *step
- * holds a step whose only use is nova_step_error() and nova_step_close(). */
+ * values.  On failure *step is NULL, except for NOVA_ERR_ABI and
+ * NOVA_ERR_DEVICE (a --target=cuda step where there is no usable GPU, or
+ * too little free device memory), where *step holds a step whose only use
+ * is nova_step_error() and nova_step_close(). */
 nova_status nova_step_open(nova_step **step);
 void nova_step_close(nova_step *step);
 

@@ -1,0 +1,983 @@
+#!/usr/bin/env python3
+"""GPU benchmark of novac's --target=cuda steps, in one run:
+
+  1. GEMM: novac's generated matmul kernel vs cuBLAS (PyTorch) fp32, tf32, bf16
+  2. training step (AdamW): MLP and GPT block, novac vs PyTorch eager
+  3. exhaustive block-size tuner (evaluation only) vs the analytic choice
+
+    python3 bench/bench_gpu.py [BUILD_DIR] [--out FILE] [--dry-run]
+
+Builds nothing: BUILD_DIR (default build/) must hold bin/novac and
+bin/novarun.  Writes a markdown report to stdout and to --out (default
+bench/gpu_results.md); progress goes to stderr.  Every novac/novarun call has
+a timeout and a failing part is reported as an error in its table; the run
+goes on.  A time budget (--budget, seconds) skips what is left once spent.
+
+--dry-run proves the flow on a machine without a GPU: steps are compiled with
+--target=cuda --device=h100 --gpu-sim (the kernels run as CPU loops), the
+GEMM shapes are scaled down 16x per dimension, repeat counts are tiny,
+--profile (cuda steps only) is not used, and the PyTorch CUDA numbers are
+reported as "n/a (dry run)" (the PyTorch code paths still run once on the
+CPU, untimed).  Its numbers are CPU simulation times, not GPU measurements.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+GPT_MODEL = os.path.join(ROOT, "testsuite", "onnx", "models", "gpt_block", "model.onnx")
+MLP_MODEL = os.path.join(ROOT, "examples", "mlp.nova")
+GPT_VOCAB, GPT_T = 50, 8          # testsuite/onnx/models/export.py: VOCAB, T
+MLP_CLASSES = 10
+GEMM_SHAPES = [(4096, 768, 768), (4096, 3072, 768), (4096, 768, 3072),
+               (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096)]
+BLOCKS = [32, 64, 128, 256, 512, 1024]
+GEMM_NOVA = """# bench/bench_gpu.py: one GEMM, c = a @ b
+input a: f32[M, K]
+input b: f32[K, N]
+c = matmul(a, b)
+output c
+"""
+NA_DRY = "n/a (dry run)"
+TRAIN_FLAGS = ["--train", "--optimizer=adamw", "--lr=1e-3"]
+
+
+def log(msg):
+    print("[bench_gpu %6.1fs] %s" % (time.perf_counter() - T0, msg), file=sys.stderr, flush=True)
+
+
+T0 = time.perf_counter()
+
+
+# ------------------------------------------------------------------ formatting
+
+def fnum(x, fmt="%.3f"):
+    if x is None:
+        return "n/a"
+    if isinstance(x, str):
+        return x
+    return fmt % x
+
+
+def ratio(a, b, fmt="%.2f"):
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or b == 0:
+        return "n/a"
+    return fmt % (a / b)
+
+
+def short_err(msg, n=160):
+    msg = " ".join(str(msg).split()).replace("|", "/")
+    return "error: " + (msg[:n] + "..." if len(msg) > n else msg)
+
+
+def table(head, rows, align=None):
+    align = align or ["---"] + ["---:"] * (len(head) - 1)
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(str(c) for c in r) + " |")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------ TensorProto I/O
+# onnx.numpy_helper when onnx is installed; else a minimal encoder/decoder of
+# the fields novarun reads and writes (dims, data_type, name, raw_data).
+
+_DT = {np.dtype(np.float32): 1, np.dtype(np.int64): 7}
+_DT_BACK = {1: np.float32, 7: np.int64, 11: np.float64, 6: np.int32}
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def tensorproto_bytes_fallback(arr, name):
+    arr = np.ascontiguousarray(arr)
+    nm = name.encode()
+    raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+    return (b"".join(b"\x08" + _varint(int(d)) for d in arr.shape) + b"\x10" + _varint(_DT[arr.dtype]) +
+            b"\x42" + _varint(len(nm)) + nm + b"\x4a" + _varint(len(raw)) + raw)
+
+
+def _read_varint(buf, i):
+    n = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, i
+
+
+def tensorproto_array_fallback(buf):
+    dims, dt, raw, i = [], 1, None, 0
+    while i < len(buf):
+        key, i = _read_varint(buf, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = _read_varint(buf, i)
+            if field == 1:
+                dims.append(v)
+            elif field == 2:
+                dt = v
+        elif wire == 2:
+            n, i = _read_varint(buf, i)
+            chunk = buf[i:i + n]
+            i += n
+            if field == 1:
+                j = 0
+                while j < len(chunk):
+                    v, j = _read_varint(chunk, j)
+                    dims.append(v)
+            elif field == 9:
+                raw = chunk
+            elif field == 4 and raw is None:
+                raw, dt = chunk, 1
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError("TensorProto: wire type %d" % wire)
+    if raw is None:
+        raise ValueError("TensorProto without raw_data")
+    return np.frombuffer(raw, dtype=np.dtype(_DT_BACK[dt]).newbyteorder("<")).reshape(dims)
+
+
+def write_pb(path, arr, name):
+    try:
+        from onnx import numpy_helper
+        data = numpy_helper.from_array(np.ascontiguousarray(arr), name).SerializeToString()
+    except ImportError:
+        data = tensorproto_bytes_fallback(arr, name)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def read_pb(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        import onnx
+        from onnx import numpy_helper
+        t = onnx.TensorProto()
+        t.ParseFromString(data)
+        return numpy_helper.to_array(t)
+    except ImportError:
+        return tensorproto_array_fallback(data)
+
+
+def write_inputs(d, arrays):
+    os.makedirs(d, exist_ok=True)
+    for name, arr in arrays.items():
+        write_pb(os.path.join(d, name + ".pb"), arr, name)
+    return d
+
+
+# ------------------------------------------------------- novac / novarun calls
+
+def run_cmd(cmd, timeout):
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return p.returncode, p.stdout, p.stderr, time.perf_counter() - t0
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return 124, out, err + "\ntimed out after %d s" % timeout, time.perf_counter() - t0
+    except OSError as e:
+        return 127, "", str(e), time.perf_counter() - t0
+
+
+def last_error_line(stderr, stdout=""):
+    lines = [l for l in (stderr + "\n" + stdout).splitlines() if l.strip() and "note:" not in l]
+    errs = [l for l in lines if "error" in l.lower() or "timed out" in l or "fail" in l.lower()]
+    return (errs or lines or ["(no message)"])[-1].strip()
+
+
+_RE_WALL = re.compile(r"novarun: ([0-9.]+) (ms|us) per run \(median of (\d+)\)")
+_RE_GPU = re.compile(r"novarun: ([0-9.]+) ms per run on the GPU \(CUDA events, median of (\d+)\)")
+_RE_PROF = re.compile(r"novarun: profile of the last run: (\d+) launches, ([0-9.]+) ms in kernels")
+_RE_KLINE = re.compile(r"^\s+(nova_k\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)%\s*$")
+
+
+def parse_novarun(stderr):
+    """-> dict wall_ms, gpu_ms, launches, kernel_ms_total, kernels {name: (launches, ms)}
+    (missing entries are None)."""
+    r = {"wall_ms": None, "gpu_ms": None, "launches": None, "kernel_ms_total": None, "kernels": None}
+    m = _RE_WALL.search(stderr)
+    if m:
+        r["wall_ms"] = float(m.group(1)) * (1e-3 if m.group(2) == "us" else 1.0)
+    m = _RE_GPU.search(stderr)
+    if m:
+        r["gpu_ms"] = float(m.group(1))
+    m = _RE_PROF.search(stderr)
+    if m:
+        r["launches"], r["kernel_ms_total"] = int(m.group(1)), float(m.group(2))
+        ks = {}
+        for line in stderr[m.end():].splitlines():
+            km = _RE_KLINE.match(line)
+            if km:
+                ks[km.group(1)] = (int(km.group(2)), float(km.group(3)))
+        r["kernels"] = ks
+    return r
+
+
+def selftest_parsers():
+    """Checks the novarun output parser and the TensorProto fallback (dry run)."""
+    sample = ("novarun: step s.so: 3 tensors, 2 bound from in\n"
+              "novarun: 1.250 ms per run (median of 20)\n"
+              "novarun: 0.980 ms per run on the GPU (CUDA events, median of 20)\n"
+              "novarun: profile of the last run: 3 launches, 0.900 ms in kernels\n"
+              "  kernel       launches           ms   share\n"
+              "  nova_k1             1       0.8000   88.9%\n"
+              "  nova_k0             2       0.1000   11.1%\n")
+    r = parse_novarun(sample)
+    assert r["wall_ms"] == 1.25 and r["gpu_ms"] == 0.98 and r["launches"] == 3, r
+    assert r["kernels"] == {"nova_k1": (1, 0.8), "nova_k0": (2, 0.1)}, r
+    assert parse_novarun("novarun: 12.50 us per run (median of 3)\n")["wall_ms"] == 0.0125
+    for a in (np.arange(12, dtype=np.float32).reshape(3, 4) - 5.5, np.arange(300, dtype=np.int64).reshape(3, 100)):
+        b = tensorproto_array_fallback(tensorproto_bytes_fallback(a, "t"))
+        assert b.dtype == a.dtype and np.array_equal(a, b)
+        try:
+            from onnx import numpy_helper
+            assert numpy_helper.from_array(a, "t").SerializeToString() == tensorproto_bytes_fallback(a, "t")
+        except ImportError:
+            pass
+    return "ok"
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.dry = args.dry_run
+        b = os.path.abspath(args.build)
+        self.novac, self.novarun = os.path.join(b, "bin", "novac"), os.path.join(b, "bin", "novarun")
+        self.target = (["--target=cuda", "--device=h100", "--gpu-sim"] if self.dry
+                       else ["--target=cuda", "--device=" + args.device])
+        self.tmp = tempfile.mkdtemp(prefix="nova-bench-gpu-")
+        self.deadline = T0 + args.budget
+        self.cache = {}
+        self.failures = []
+        self.torch = None
+        self.torch_err = None
+        self.notes = []
+
+    def left(self):
+        return self.deadline - time.perf_counter()
+
+    def out_of_time(self, need=5):
+        return self.left() < need
+
+    # -------------------------------------------------------------- compiling
+    def compile(self, key, model, flags):
+        """Compiles MODEL with FLAGS + the target flags; cached by KEY.  ->
+        dict ok, so, wall_s, err, kernels (the manifest's list, or None)."""
+        if key in self.cache:
+            return self.cache[key]
+        d = os.path.join(self.tmp, re.sub(r"[^A-Za-z0-9_.=-]", "_", key))
+        os.makedirs(d, exist_ok=True)
+        so = os.path.join(d, "step.so")
+        cmd = [self.novac, model] + flags + self.target + ["-o", so]
+        log("compile %s" % key)
+        if self.out_of_time():
+            r = {"ok": False, "so": so, "wall_s": None, "err": "skipped (time budget)", "kernels": None, "cmd": cmd}
+            self.cache[key] = r
+            return r
+        rc, out, err, wall = run_cmd(cmd, min(self.args.compile_timeout, max(5, self.left())))
+        r = {"ok": rc == 0 and os.path.exists(so), "so": so, "wall_s": wall, "err": None, "kernels": None, "cmd": cmd}
+        if not r["ok"]:
+            r["err"] = "novac rc %d: %s" % (rc, last_error_line(err, out))
+            self.failures.append("compile %s: %s" % (key, r["err"]))
+        else:
+            r["kernels"] = self.kernels_of(so, model, flags)
+        self.cache[key] = r
+        return r
+
+    def kernels_of(self, so, model, flags):
+        """The manifest's GPU kernel list.  A --gpu-sim step's manifest is a
+        CPU one, so the dry run asks for the cuda manifest of the same mapping
+        (--emit=manifest without --gpu-sim; not part of the compile time)."""
+        path = os.path.splitext(so)[0] + ".json"
+        if self.dry:
+            path = os.path.splitext(so)[0] + ".cuda.json"
+            tflags = [f for f in self.target if f != "--gpu-sim"]
+            rc, _, err, _ = run_cmd([self.novac, model] + flags + tflags + ["--emit=manifest", "-o", path],
+                                    min(120, max(5, self.left())))
+            if rc != 0:
+                return None
+        try:
+            with open(path) as f:
+                ks = json.load(f).get("kernels") or []
+            ks = [k for k in ks if str(k.get("name", "")).startswith("nova_k")]
+            return ks or None
+        except (OSError, ValueError):
+            return None
+
+    # ---------------------------------------------------------------- running
+    def run(self, so, inputs, repeat, profile=False, outputs=None):
+        cmd = [self.novarun, so, "--inputs", inputs, "--repeat", str(repeat)]
+        if profile and not self.dry:
+            cmd.append("--profile")
+        if outputs:
+            cmd += ["--outputs", outputs]
+        if self.out_of_time():
+            return {"ok": False, "err": "skipped (time budget)", "wall_s": 0}
+        rc, out, err, wall = run_cmd(cmd, min(self.args.run_timeout, max(5, self.left())))
+        r = parse_novarun(err)
+        r.update(ok=rc == 0, wall_s=wall, err=None, cmd=cmd)
+        if rc != 0:
+            r["err"] = "novarun rc %d: %s" % (rc, last_error_line(err, out).replace(self.tmp + os.sep, ""))
+            self.failures.append("%s: %s" % (" ".join(cmd[:2]), r["err"]))
+        elif not self.dry and r["gpu_ms"] is None:
+            r["note"] = "no GPU time line (not a cuda step?)"
+        return r
+
+    # ------------------------------------------------------------------ torch
+    def get_torch(self):
+        """torch with CUDA (GPU run) or on the CPU (dry run); None + torch_err."""
+        if self.torch is None and self.torch_err is None:
+            try:
+                import torch
+                if not self.dry and not torch.cuda.is_available():
+                    raise RuntimeError("torch %s: CUDA not available" % torch.__version__)
+                self.torch = torch
+            except Exception as e:  # noqa: BLE001 (ImportError, driver problems)
+                self.torch_err = "%s: %s" % (type(e).__name__, e)
+        return self.torch
+
+    def torch_device(self):
+        return "cpu" if self.dry else "cuda"
+
+    def torch_time_ms(self, fn, warmup, repeat):
+        """Median ms per call of FN (CUDA events around each call, after
+        WARMUP calls) and mean wall ms per call; on the CPU (dry run)
+        perf_counter for both."""
+        torch = self.torch
+        for _ in range(warmup):
+            fn()
+        if self.dry:
+            ts = []
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                fn()
+                ts.append((time.perf_counter() - t0) * 1e3)
+            return statistics.median(ts), statistics.mean(ts)
+        torch.cuda.synchronize()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeat)]
+        t0 = time.perf_counter()
+        for s, e in ev:
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3 / repeat
+        return statistics.median(s.elapsed_time(e) for s, e in ev), wall
+
+
+# ======================================================================= 1. GEMM
+
+def novac_gemm(B, row, tag, model, flags, inp, shape):
+    """Compiles and runs one novac GEMM (FLAGS), filling ROW with compile_s,
+    kernel_ms (the matmul kernels of --profile), step_ms, launches; returns
+    the output array, or None."""
+    M, N, K = shape
+    key = "gemm_%d_%d_%d%s" % (M, N, K, tag)
+    c = B.compile(key, model, flags)
+    row["compile_s"] = c["wall_s"] if c["ok"] else short_err(c["err"])
+    if not c["ok"]:
+        row["kernel_ms"] = row["step_ms"] = "not compiled"
+        return None
+    outd = os.path.join(B.tmp, key + "_out")
+    r = B.run(c["so"], inp, B.args.gemm_repeat, profile=True, outputs=outd)
+    if not r["ok"]:
+        row["kernel_ms"] = row["step_ms"] = short_err(r["err"])
+        return None
+    if B.dry:
+        row["kernel_ms"] = NA_DRY
+        row["step_ms"] = r["wall_ms"]
+        row["step_kind"] = "wall, CPU sim"
+    else:
+        mm = [k["name"] for k in (c["kernels"] or []) if k.get("op") == "matmul"]
+        prof = r["kernels"] or {}
+        if not mm:
+            row["kernel_ms"] = "error: no matmul kernel in the manifest"
+        elif not all(k in prof for k in mm):
+            row["kernel_ms"] = "error: matmul kernel %s missing from --profile" % ",".join(mm)
+        else:
+            row["kernel_ms"] = sum(prof[k][1] for k in mm)
+            row["kernel_names"] = ",".join(mm)
+            row["schedule"] = "; ".join(k.get("schedule", "") for k in c["kernels"] if k.get("op") == "matmul")
+        row["step_ms"] = r["gpu_ms"] if r["gpu_ms"] is not None else "error: no GPU time line"
+        row["step_kind"] = "GPU events"
+        row["launches"] = r["launches"]
+    try:
+        return read_pb(os.path.join(outd, "output_0.pb")).astype(np.float32)
+    except Exception as e:  # noqa: BLE001
+        row["err"] = short_err("reading the output: %s" % e)
+        return None
+
+
+def bench_gemm(B):
+    a_ = B.args
+    shapes = [(max(16, m // 16), max(16, n // 16), max(16, k // 16)) for m, n, k in GEMM_SHAPES] if B.dry \
+        else GEMM_SHAPES
+    model = os.path.join(B.tmp, "gemm.nova")
+    with open(model, "w") as f:
+        f.write(GEMM_NOVA)
+    rng = np.random.default_rng(1)
+    torch = B.get_torch()
+    rows = []
+    for (M, N, K) in shapes:
+        row = {"shape": (M, N, K), "flop": 2.0 * M * N * K}
+        log("GEMM %dx%dx%d" % (M, N, K))
+        a = rng.standard_normal((M, K), dtype=np.float32)
+        b = rng.standard_normal((K, N), dtype=np.float32)
+        inp = write_inputs(os.path.join(B.tmp, "gemm_%d_%d_%d_in" % (M, N, K)), {"a": a, "b": b})
+        dims = ["--dim=M=%d" % M, "--dim=N=%d" % N, "--dim=K=%d" % K]
+        novac_c = novac_gemm(B, row, "", model, dims, inp, (M, N, K))
+        row["tc"] = {}
+        novac_tc = novac_gemm(B, row["tc"], "_tf32", model, dims + ["--matmul-precision=tf32"], inp, (M, N, K))
+        # cuBLAS through PyTorch, and the reference for the error check
+        ref = None
+        if B.dry:
+            row["fp32_ms"] = row["tf32_ms"] = row["bf16_ms"] = NA_DRY
+            ref = (a.astype(np.float64) @ b.astype(np.float64))
+        elif torch is None:
+            row["fp32_ms"] = row["tf32_ms"] = row["bf16_ms"] = short_err(B.torch_err)
+        else:
+            try:
+                ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+                old = torch.backends.cuda.matmul.allow_tf32
+                try:
+                    torch.backends.cuda.matmul.allow_tf32 = False
+                    ref = torch.matmul(ta, tb).double()
+                    row["fp32_ms"] = B.torch_time_ms(lambda: torch.matmul(ta, tb), 5, a_.torch_gemm_repeat)[0]
+                    torch.backends.cuda.matmul.allow_tf32 = True
+                    row["tf32_ms"] = B.torch_time_ms(lambda: torch.matmul(ta, tb), 5, a_.torch_gemm_repeat)[0]
+                finally:
+                    torch.backends.cuda.matmul.allow_tf32 = old
+                ha, hb = ta.bfloat16(), tb.bfloat16()
+                row["bf16_ms"] = B.torch_time_ms(lambda: torch.matmul(ha, hb), 5, a_.torch_gemm_repeat)[0]
+                del ta, tb, ha, hb
+            except Exception as e:  # noqa: BLE001
+                for k in ("fp32_ms", "tf32_ms", "bf16_ms"):
+                    row.setdefault(k, short_err("%s: %s" % (type(e).__name__, e)))
+                B.failures.append("cuBLAS %dx%dx%d: %s" % (M, N, K, e))
+        for r_, got, tol, what in ((row, novac_c, 1e-3, "f32"), (row["tc"], novac_tc, 1e-2, "tf32")):
+            if got is None or ref is None or "err" in r_:
+                continue
+            if not isinstance(ref, np.ndarray):
+                d = (torch.from_numpy(got).cuda().double() - ref).abs().max().item()
+                s_ = ref.abs().max().item()
+            else:
+                d, s_ = float(np.max(np.abs(got - ref))), float(np.max(np.abs(ref)))
+            r_["err"] = d / s_ if s_ else d
+            if not np.isfinite(r_["err"]) or r_["err"] > tol:
+                B.failures.append("GEMM %dx%dx%d (%s): novac result differs from the reference (%.3g)"
+                                  % (M, N, K, what, r_["err"]))
+        rows.append(row)
+        if torch is not None and not B.dry:
+            torch.cuda.empty_cache()
+    return rows
+
+
+def tflops(flop, ms):
+    return flop / (ms * 1e-3) / 1e12 if isinstance(ms, (int, float)) and ms > 0 else ms
+
+
+def report_gemm(B, rows):
+    out = ["## 1. GEMM: novac's matmul kernel vs cuBLAS (PyTorch)", ""]
+    if B.dry:
+        out += ["Dry run: shapes scaled down 16x per dimension (CPU simulation of the kernels); "
+                "novac time = novarun wall time of the whole step (no --profile under --gpu-sim).", ""]
+    out += ["TFLOP/s = 2MNK / time.  novac: f32, the matmul kernel's time from `novarun --profile` "
+            "(last of %d runs) and the whole step (matmul + the fill kernel of the zero init; CUDA events, "
+            "median of %d).  cuBLAS: `torch.matmul` on CUDA tensors, CUDA events per call, median of %d after "
+            "5 warm-up calls; fp32 = `allow_tf32=False`, tf32 = `allow_tf32=True`, bf16 = bf16 inputs.  "
+            "novac tf32 = `--matmul-precision=tf32` (mma.sync.m16n8k8 tensor cores).  "
+            "Ratios = novac TFLOP/s / cuBLAS TFLOP/s (matmul kernel alone).  err = max |novac - cuBLAS fp32| / "
+            "max |cuBLAS fp32|." % (B.args.gemm_repeat, B.args.gemm_repeat, B.args.torch_gemm_repeat), ""]
+    head = ["M x N x K", "novac f32 kernel TFLOP/s", "novac f32 step TFLOP/s", "cuBLAS fp32 TFLOP/s",
+            "novac f32 / cuBLAS fp32", "novac tf32 kernel TFLOP/s", "cuBLAS tf32 TFLOP/s", "novac tf32 / cuBLAS tf32",
+            "cuBLAS bf16 TFLOP/s", "novac bf16", "err f32", "err tf32", "novac compile s (f32, tf32)"]
+    t = []
+    for r in rows:
+        f = r["flop"]
+        tc = r.get("tc", {})
+        kt = tflops(f, r.get("kernel_ms"))
+        st = tflops(f, r.get("step_ms"))
+        kt_tc = tflops(f, tc.get("kernel_ms"))
+        c32, ct, cb = (tflops(f, r.get(k)) for k in ("fp32_ms", "tf32_ms", "bf16_ms"))
+        t.append(["%d x %d x %d" % r["shape"], fnum(kt, "%.2f"), fnum(st, "%.2f"), fnum(c32, "%.2f"),
+                  ratio(kt, c32, "%.3f"), fnum(kt_tc, "%.2f"), fnum(ct, "%.2f"), ratio(kt_tc, ct, "%.3f"),
+                  fnum(cb, "%.2f"), "n/a (no bf16 in novac yet)",
+                  fnum(r.get("err"), "%.1e"), fnum(tc.get("err"), "%.1e"),
+                  "%s, %s" % (fnum(r.get("compile_s"), "%.2f"), fnum(tc.get("compile_s"), "%.2f"))])
+    out += [table(head, t), ""]
+    sched = [(r["shape"], r.get("schedule"), r.get("tc", {}).get("schedule")) for r in rows if r.get("schedule")]
+    if sched:
+        out += ["novac's GEMM schedules (from the manifests):", ""]
+        out += ["- %d x %d x %d: f32: %s; tf32: %s" % (sh + (a or "?", b or "?")) for sh, a, b in sched]
+        out += [""]
+    head = ["M x N x K", "GFLOP", "novac f32 matmul kernel ms", "novac f32 whole step ms", "launches",
+            "novac tf32 matmul kernel ms", "cuBLAS fp32 ms", "cuBLAS tf32 ms", "cuBLAS bf16 ms"]
+    t = [["%d x %d x %d" % r["shape"], "%.2f" % (r["flop"] / 1e9), fnum(r.get("kernel_ms"), "%.4f"),
+          fnum(r.get("step_ms"), "%.4f") + (" (%s)" % r["step_kind"] if "step_kind" in r else ""),
+          fnum(r.get("launches"), "%d"), fnum(r.get("tc", {}).get("kernel_ms"), "%.4f"),
+          fnum(r.get("fp32_ms"), "%.4f"), fnum(r.get("tf32_ms"), "%.4f"),
+          fnum(r.get("bf16_ms"), "%.4f")] for r in rows]
+    out += ["Times:", "", table(head, t), ""]
+    return out
+
+
+# ============================================================ 2. training steps
+
+def import_export_module():
+    """testsuite/onnx/models/export.py (its GPTBlock); export.py imports onnx at
+    the top, which the model classes do not need: stubbed if missing."""
+    sys.path.insert(0, os.path.join(ROOT, "testsuite", "onnx", "models"))
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        stub = types.ModuleType("onnx")
+        stub.numpy_helper = types.ModuleType("onnx.numpy_helper")
+        sys.modules["onnx"], sys.modules["onnx.numpy_helper"] = stub, stub.numpy_helper
+    import export
+    return export
+
+
+def workloads(B):
+    rng = np.random.default_rng(0)
+    w = []
+    b = 64
+    w.append({"key": "mlp_b64", "name": "MLP 784-128-10 (examples/mlp.nova), batch 64", "model": MLP_MODEL,
+              "dims": ["--dim=batch=%d" % b], "kind": "mlp", "batch": b,
+              "inputs": {"x": rng.standard_normal((b, 784), dtype=np.float32),
+                         "y": rng.integers(0, MLP_CLASSES, b).astype(np.int64)}})
+    for b in (8, 32):
+        w.append({"key": "gpt_b%d" % b, "name": "GPT block (d 32, T 8, vocab 50), batch %d" % b, "model": GPT_MODEL,
+                  "dims": ["--dim=batch=%d" % b], "kind": "gpt", "batch": b,
+                  "inputs": {"idx": rng.integers(0, GPT_VOCAB, (b, GPT_T)).astype(np.int64),
+                             "targets": rng.integers(0, GPT_VOCAB, (b, GPT_T)).astype(np.int64)}})
+    for x in w:
+        x["in_dir"] = write_inputs(os.path.join(B.tmp, x["key"] + "_in"), x["inputs"])
+    return w
+
+
+def torch_train_ms(B, wl):
+    """PyTorch eager: forward + loss + backward + AdamW step (lr 1e-3)."""
+    torch = B.torch
+    import torch.nn.functional as F
+    dev = B.torch_device()
+    torch.manual_seed(0)
+    if wl["kind"] == "mlp":
+        model = torch.nn.Sequential(torch.nn.Linear(784, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+        def loss_fn(m, x, y):
+            return F.cross_entropy(m(x), y)
+        args = (wl["inputs"]["x"], wl["inputs"]["y"])
+    else:
+        export = import_export_module()
+        model = export.GPTBlock()
+
+        def loss_fn(m, idx, tgt):
+            return m(idx, tgt)[1]
+        args = (wl["inputs"]["idx"], wl["inputs"]["targets"])
+    model = model.to(dev).float().train()
+    targs = [torch.from_numpy(np.ascontiguousarray(a)).to(dev) for a in args]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model, *targs).backward()
+        opt.step()
+    if B.dry:
+        step()   # the code path, once, on the CPU; not timed
+        return None
+    return B.torch_time_ms(step, B.args.torch_warmup, B.args.torch_repeat)
+
+
+def bench_train(B, wls):
+    rows = []
+    torch = B.get_torch()
+    for wl in wls:
+        log("train step %s" % wl["key"])
+        row = {"name": wl["name"]}
+        c = B.compile(wl["key"], wl["model"], wl["dims"] + TRAIN_FLAGS)
+        row["compile_s"] = c["wall_s"] if c["ok"] else short_err(c["err"])
+        row["kernels"] = len(c["kernels"]) if c.get("kernels") else None
+        if c["ok"]:
+            r = B.run(c["so"], wl["in_dir"], B.args.train_repeat)
+            if r["ok"]:
+                row["nv_gpu"] = NA_DRY if B.dry else (r["gpu_ms"] if r["gpu_ms"] is not None
+                                                     else "error: no GPU time line")
+                row["nv_wall"] = r["wall_ms"]
+            else:
+                row["nv_gpu"] = row["nv_wall"] = short_err(r["err"])
+        else:
+            row["nv_gpu"] = row["nv_wall"] = "not compiled"
+        if torch is None:
+            row["pt_gpu"] = row["pt_wall"] = short_err(B.torch_err)
+        elif B.out_of_time():
+            row["pt_gpu"] = row["pt_wall"] = "skipped (time budget)"
+        else:
+            try:
+                res = torch_train_ms(B, wl)
+                if res is None:
+                    row["pt_gpu"] = row["pt_wall"] = NA_DRY
+                    row["pt_note"] = "CPU smoke step ok"
+                else:
+                    row["pt_gpu"], row["pt_wall"] = res
+            except Exception as e:  # noqa: BLE001
+                row["pt_gpu"] = row["pt_wall"] = short_err("%s: %s" % (type(e).__name__, e))
+                B.failures.append("PyTorch %s: %s" % (wl["key"], e))
+        rows.append(row)
+    return rows
+
+
+def report_train(B, rows):
+    a = B.args
+    out = ["## 2. Training step (AdamW, lr 1e-3): novac vs PyTorch eager, same GPU", ""]
+    out += ["novac: `novac MODEL --dim=batch=B --train --optimizer=adamw --lr=1e-3 %s`, then `novarun --repeat %d` "
+            "on one batch (every run is a training step): GPU = CUDA events median, wall = host median per run.  "
+            "PyTorch eager: the same module (GPT block: `GPTBlock` of testsuite/onnx/models/export.py; MLP: "
+            "Linear-ReLU-Linear), float32, `torch.optim.AdamW(lr=1e-3)`, zero_grad + forward + loss + backward + "
+            "step; CUDA events around each step, median of %d after %d warm-up steps; wall = mean over the %d "
+            "steps.  Random inputs of the bound batch.  Compile s = wall time of the novac call."
+            % (" ".join(B.target), a.train_repeat, a.torch_repeat, a.torch_warmup, a.torch_repeat), ""]
+    if B.dry:
+        out += ["Dry run: novac times are CPU simulation wall times; PyTorch CUDA not run (its code path ran once "
+                "on the CPU: %s)." % ", ".join(sorted(set(r.get("pt_note", "not run") for r in rows))), ""]
+    head = ["workload", "novac compile s", "kernels", "novac GPU ms/step", "novac wall ms/step",
+            "PyTorch eager GPU ms/step", "PyTorch eager wall ms/step", "eager / novac (GPU)", "eager / novac (wall)"]
+    t = [[r["name"], fnum(r.get("compile_s"), "%.2f"), fnum(r.get("kernels"), "%d"), fnum(r.get("nv_gpu")),
+          fnum(r.get("nv_wall")), fnum(r.get("pt_gpu")), fnum(r.get("pt_wall")),
+          ratio(r.get("pt_gpu"), r.get("nv_gpu")), ratio(r.get("pt_wall"), r.get("nv_wall"))] for r in rows]
+    out += [table(head, t), ""]
+    return out
+
+
+# ============================================================== 3. block tuner
+
+def kernel_sig(ks):
+    return [(k.get("name"), k.get("op"), tuple(k.get("iteration_space") or [])) for k in ks]
+
+
+def bench_tuner(B, wls):
+    res = []
+    for wl in wls:
+        log("tuner %s" % wl["key"])
+        flags = wl["dims"] + TRAIN_FLAGS
+        w = {"name": wl["name"], "configs": [], "search_wall_s": 0.0}
+        t_search = 0.0
+        for blk in [None] + BLOCKS:
+            cfg = {"block": blk}
+            t0 = time.perf_counter()
+            c = B.compile(wl["key"] if blk is None else "%s_blk%d" % (wl["key"], blk), wl["model"],
+                          flags + ([] if blk is None else ["--gpu-block=%d" % blk]))
+            cfg["compile_s"], cfg["kernels"] = c["wall_s"], c.get("kernels")
+            if not c["ok"]:
+                cfg["err"] = c["err"]
+            else:
+                runs = 2 if blk is None else 1      # the analytic choice twice: the noise floor
+                cfg["runs"] = [B.run(c["so"], wl["in_dir"], B.args.tune_repeat, profile=True) for _ in range(runs)]
+                r = cfg["runs"][0]
+                if not r["ok"]:
+                    cfg["err"] = r["err"]
+                elif B.dry:
+                    cfg["times"] = {"(whole step, CPU sim wall)": r["wall_ms"]}
+                    cfg["times2"] = ({"(whole step, CPU sim wall)": cfg["runs"][1]["wall_ms"]}
+                                     if len(cfg["runs"]) > 1 and cfg["runs"][1]["ok"] else None)
+                elif r["kernels"] is None:
+                    cfg["err"] = "no --profile output"
+                else:
+                    cfg["times"] = {k: v[1] for k, v in r["kernels"].items()}
+                    cfg["times2"] = ({k: v[1] for k, v in cfg["runs"][1]["kernels"].items()}
+                                     if len(cfg["runs"]) > 1 and cfg["runs"][1]["ok"] and cfg["runs"][1]["kernels"]
+                                     else None)
+            if blk is not None:    # the search: the block-size compiles + their runs
+                t_search += time.perf_counter() - t0
+            w["configs"].append(cfg)
+        w["search_wall_s"] = t_search
+        res.append(w)
+    return res
+
+
+def report_tuner(B, res):
+    a = B.args
+    out = ["## 3. Exhaustive block-size tuner (evaluation only) vs the analytic choice", ""]
+    out += ["Each workload's training step compiled once per `--gpu-block` in {%s} and once with the analytic "
+            "choice; each run with `novarun --profile --repeat %d` (per-kernel times of the last run).  Per kernel "
+            "`nova_kI`: analytic = its time with the analytic choice, best = its minimum over the %d block sizes; "
+            "sums over all kernels.  analytic / best > 1: an exhaustive per-kernel tuner would win that much.  "
+            "Noise floor: the analytic step profiled a second time (sum over kernels of the per-kernel minimum of "
+            "the two runs, against run 1): per-kernel minima over noisy single samples are biased low by about "
+            "this much.  Search time = wall time of the %d block-size compiles + their runs (what the analytic "
+            "choice saves)." % (", ".join(map(str, BLOCKS)), a.tune_repeat, len(BLOCKS), len(BLOCKS)), ""]
+    if B.dry:
+        out += ["Dry run: no --profile under --gpu-sim, so each step counts as one 'kernel' timed by the wall "
+                "time of the CPU simulation; per-kernel rows are n/a.", ""]
+    summary, details = [], []
+    for w in res:
+        cfgs = w["configs"]
+        ana = cfgs[0]
+        grid = cfgs[1:]
+        # kernel list identity
+        sigs = [(c["block"], kernel_sig(c["kernels"])) for c in cfgs if c.get("kernels")]
+        if not sigs:
+            same = "n/a (no manifests)"
+        elif all(s == sigs[0][1] for _, s in sigs):
+            same = "yes (%d kernels, %d compiles)" % (len(sigs[0][1]), len(sigs))
+        else:
+            blk0, s0 = sigs[0]
+            diffs = []
+            for blk, s in sigs[1:]:
+                if s != s0:
+                    i = next((i for i, (x, y) in enumerate(zip(s0, s)) if x != y), min(len(s0), len(s)))
+                    diffs.append("--gpu-block=%s: %d kernels (analytic %d), first difference at #%d: %s where the "
+                                 "analytic step has %s" % (blk, len(s), len(s0), i, s[i][:3] if i < len(s) else "-",
+                                                           s0[i][:3] if i < len(s0) else "-"))
+            same = "NO (%s; per-kernel comparisons only where name, op and space match)" % "; ".join(diffs[:2])
+            B.failures.append("%s: kernel lists differ across block sizes: %s" % (w["name"], diffs[0]))
+        # per-block table
+        per_block = []
+        for c in cfgs:
+            lbl = "analytic" if c["block"] is None else str(c["block"])
+            if "err" in c:
+                per_block.append([lbl, fnum(c.get("compile_s"), "%.2f"), short_err(c["err"]), "", "", ""])
+                continue
+            r = c["runs"][0]
+            per_block.append([lbl, fnum(c["compile_s"], "%.2f"), fnum(r["wall_s"], "%.2f"),
+                              NA_DRY if B.dry else fnum(r["gpu_ms"]),
+                              fnum(sum(c["times"].values())), fnum(r.get("launches"), "%d")])
+        if "times" not in ana:
+            summary.append([w["name"], same, short_err(ana.get("err", "no analytic times")), "", "", "", "", "",
+                            fnum(w["search_wall_s"], "%.1f"), fnum(ana.get("compile_s"), "%.2f")])
+        else:
+            names = sorted(ana["times"], key=lambda k: -ana["times"][k])
+            kinfo = {k["name"]: k for k in (ana.get("kernels") or [])}
+            best, best_blk, missing = {}, {}, 0
+            sig_a = {x[0]: x[1:] for x in kernel_sig(ana["kernels"])} if ana.get("kernels") else None
+
+            def same_kernel(c, k):   # kernel K of config C is the analytic step's K
+                if sig_a is None or not c.get("kernels"):
+                    return True
+                if "_sig" not in c:
+                    c["_sig"] = {x[0]: x[1:] for x in kernel_sig(c["kernels"])}
+                return c["_sig"].get(k) == sig_a.get(k)
+            for k in names:
+                cands = [(c["times"][k], c["block"]) for c in grid
+                         if "times" in c and k in c["times"] and same_kernel(c, k)]
+                if cands:
+                    best[k], best_blk[k] = min(cands)
+                else:
+                    missing += 1
+            tot_a = sum(ana["times"][k] for k in best)
+            tot_b = sum(best.values())
+            rat = {k: ana["times"][k] / best[k] for k in best if best[k] > 0}
+            worst = max(rat, key=rat.get) if rat else None
+            big = [k for k in rat if ana["times"][k] >= 0.01 * tot_a]
+            worst_big = max(big, key=rat.get) if big else None
+
+            def desc(k):
+                if k is None:
+                    return "n/a"
+                if k not in kinfo:
+                    return "%.2f (%s)" % (rat[k], k)
+                ki = kinfo[k]
+                return "%.2f (%s, %s, [%s])" % (rat[k], k, ki.get("op", "?"),
+                                                 ",".join(map(str, ki.get("iteration_space") or [])))
+            noise = "n/a"
+            if ana.get("times2"):
+                t1, t2 = ana["times"], ana["times2"]
+                common = [k for k in t1 if k in t2]
+                s1 = sum(t1[k] for k in common)
+                smin = sum(min(t1[k], t2[k]) for k in common)
+                noise = ratio(s1, smin, "%.3f")
+            summary.append([w["name"], same, fnum(tot_a), fnum(tot_b), ratio(tot_a, tot_b, "%.3f"), desc(worst),
+                            desc(worst_big), noise, fnum(w["search_wall_s"], "%.1f"),
+                            fnum(ana.get("compile_s"), "%.2f")])
+            if missing:
+                summary[-1][0] += " (%d kernels without a grid time)" % missing
+            rows = []
+            for k in names[:10]:
+                ki = kinfo.get(k, {})
+                blk = ki.get("block")
+                per = [("err" if "times" not in c else fnum(c["times"].get(k), "%.4f") if same_kernel(c, k)
+                        else "(other kernel)") for c in grid]
+                rows.append([k, ki.get("op", "n/a"), ",".join(map(str, ki.get("iteration_space") or [])) or "n/a",
+                             str(blk[0]) if blk else "n/a", fnum(ana["times"][k], "%.4f"),
+                             str(best_blk.get(k, "n/a")), fnum(best.get(k), "%.4f"),
+                             ratio(ana["times"][k], best.get(k))] + per)
+            details.append((w["name"], rows))
+        details_pb = per_block
+        w["_per_block"] = details_pb
+    head = ["workload", "same kernels for every block size", "analytic sum ms", "best-per-kernel sum ms",
+            "analytic / best", "worst kernel: ratio (kernel, op, space)",
+            "worst kernel >= 1% of the step", "noise floor", "search wall s", "analytic compile s"]
+    out += [table(head, summary), ""]
+    for w in res:
+        out += ["Per block size, %s (compile s, run wall s = novarun process incl. start-up, step GPU ms = CUDA "
+                "events median, kernel sum = --profile of the last run):" % w["name"], "",
+                table(["block", "compile s", "run wall s", "step GPU ms", "kernel sum ms", "launches"],
+                      w["_per_block"]), ""]
+    for name, rows in details:
+        out += ["Top 10 kernels by analytic time, %s (ms):" % name, "",
+                table(["kernel", "op", "iteration space", "analytic block", "analytic ms", "best block", "best ms",
+                       "analytic / best"] + ["b%d" % b for b in BLOCKS], rows), ""]
+    return out
+
+
+# ====================================================================== header
+
+def header(B, cmdline):
+    out = ["# novac GPU benchmark" + (" — DRY RUN (CPU simulation, not GPU numbers)" if B.dry else ""), ""]
+    gpu = drv = cuda = "n/a"
+    if shutil.which("nvidia-smi"):
+        rc, so, _, _ = run_cmd(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                                "--format=csv,noheader"], 30)
+        if rc == 0 and so.strip():
+            parts = [p.strip() for p in so.strip().splitlines()[0].split(",")]
+            gpu = "%s (%s, max SM clock %s)" % (parts[0], parts[2], parts[3]) if len(parts) >= 4 else parts[0]
+            drv = parts[1] if len(parts) > 1 else "n/a"
+        rc, so, _, _ = run_cmd(["nvidia-smi"], 30)
+        m = re.search(r"CUDA Version:\s*([0-9.]+)", so or "")
+        if m:
+            cuda = m.group(1) + " (driver)"
+    torch = B.get_torch()
+    tv = "not available (%s)" % B.torch_err if torch is None else torch.__version__
+    if torch is not None and not B.dry:
+        try:
+            gpu = torch.cuda.get_device_name(0) + ("; nvidia-smi: " + gpu if gpu != "n/a" else "")
+            cuda += ", torch built with CUDA %s, cuBLAS via torch" % torch.version.cuda
+        except Exception as e:  # noqa: BLE001
+            gpu += " (torch: %s)" % e
+    if B.dry:
+        gpu = "none (dry run: --target=cuda --device=h100 --gpu-sim, kernels simulated on the CPU)"
+    rc, so, se, _ = run_cmd([B.novac, "--version"], 30)
+    nv = (so or se).strip().splitlines()[0] if rc == 0 and (so or se).strip() else "error: %s" % last_error_line(se)
+    # what novac's device model says (--device=auto detection)
+    model = os.path.join(B.tmp, "gemm.nova")
+    with open(model, "w") as f:
+        f.write(GEMM_NOVA)
+    rc, so, se, _ = run_cmd([B.novac, model, "--dim=M=64", "--dim=N=64", "--dim=K=64", "--explain-config",
+                             "--emit=manifest", "-o", os.path.join(B.tmp, "probe.json")] + B.target, 60)
+    dev = next((l for l in so.splitlines() if l.startswith("device:")), None) if rc == 0 else None
+    rc2, gh, _, _ = run_cmd(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], 20)
+    rc3, gs, _, _ = run_cmd(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], 20)
+    commit = (gh.strip() + (" + uncommitted changes" if gs.strip() else "")) if rc2 == 0 else "n/a"
+    out += ["- GPU: %s" % gpu,
+            "- Driver: %s; CUDA: %s" % (drv, cuda),
+            "- novac: %s; device model: %s; target flags: `%s`" % (nv, dev[len("device: "):] if dev else
+                                                                    "error: %s" % last_error_line(se),
+                                                                    " ".join(B.target)),
+            "- Commit: %s" % commit,
+            "- Host: %s, %s, %d CPUs; Python %s; torch %s; numpy %s" % (platform.node(), platform.machine(),
+                                                                       os.cpu_count() or 0,
+                                                                       platform.python_version(), tv, np.__version__),
+            "- Date: %s" % datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "- Command: `%s`" % cmdline, ""]
+    return out
+
+
+# ======================================================================== main
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("build", nargs="?", default=os.path.join(ROOT, "build"), help="build dir (default build/)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "gpu_results.md"), help="report file")
+    ap.add_argument("--dry-run", action="store_true", help="CPU-only end-to-end check (--gpu-sim)")
+    ap.add_argument("--device", default="auto", help="novac --device for the GPU run (default auto)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds for the whole run (default 330; dry 170)")
+    ap.add_argument("--only", default="1,2,3", help="sections to run, e.g. 1,3")
+    ap.add_argument("--compile-timeout", type=int, default=180)
+    ap.add_argument("--run-timeout", type=int, default=120)
+    ap.add_argument("--keep-tmp", action="store_true", help="keep the compiled steps and inputs")
+    args = ap.parse_args()
+    if args.budget is None:
+        args.budget = 170 if args.dry_run else 330
+    # repeat counts (tiny in the dry run)
+    args.gemm_repeat = 2 if args.dry_run else 10
+    args.torch_gemm_repeat = 2 if args.dry_run else 30
+    args.train_repeat = 3 if args.dry_run else 50
+    args.torch_warmup = 1 if args.dry_run else 10
+    args.torch_repeat = 2 if args.dry_run else 50
+    args.tune_repeat = 2 if args.dry_run else 20
+    cmdline = " ".join(shlex.quote(a) for a in ["python3", os.path.relpath(os.path.abspath(__file__), os.getcwd())]
+                       + sys.argv[1:])
+
+    B = Bench(args)
+    for exe in (B.novac, B.novarun):
+        if not os.access(exe, os.X_OK):
+            sys.exit("bench_gpu: %s not found: build first (make)" % exe)
+    if not args.dry_run and not os.path.exists(GPT_MODEL):
+        B.failures.append("missing %s" % GPT_MODEL)
+    only = set(args.only.split(","))
+    lines = header(B, cmdline)
+    if args.dry_run:
+        try:
+            lines += ["Self-test of the novarun output parser and TensorProto I/O: %s" % selftest_parsers(), ""]
+        except AssertionError as e:
+            lines += ["Self-test of the parsers: FAILED %s" % e, ""]
+            B.failures.append("parser self-test: %s" % e)
+    sections = {}
+    wls = None
+    if "2" in only or "3" in only:
+        wls = workloads(B)
+    # the cheaper sections first, the tuner last; reported in order 1, 2, 3
+    if "2" in only:
+        sections["2"] = report_train(B, bench_train(B, wls))
+    if "1" in only:
+        sections["1"] = report_gemm(B, bench_gemm(B))
+    if "3" in only:
+        tw = [w for w in wls if w["key"] in ("mlp_b64", "gpt_b32")]
+        sections["3"] = report_tuner(B, bench_tuner(B, tw))
+    for k in ("1", "2", "3"):
+        lines += sections.get(k, [])
+    elapsed = time.perf_counter() - T0
+    lines += ["## Run", "",
+              "- Wall time of this run: %.1f s (budget %.0f s)" % (elapsed, args.budget),
+              "- Problems: %s" % ("none" if not B.failures else "%d" % len(B.failures))]
+    lines += ["  - %s" % " ".join(f.split())[:300] for f in B.failures]
+    text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text)
+        log("report written to %s" % args.out)
+    except OSError as e:
+        log("cannot write %s: %s" % (args.out, e))
+        B.failures.append("write report")
+    if args.keep_tmp:
+        log("kept %s" % B.tmp)
+    else:
+        shutil.rmtree(B.tmp, ignore_errors=True)
+    return 1 if B.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
