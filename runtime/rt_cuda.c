@@ -148,6 +148,15 @@ static bool driver_open(const rt_graph *g) {
   return true;
 }
 
+/* When the step.so is unloaded: its module, and its hold on the primary
+ * context (errors ignored: at process exit the driver may be gone first). */
+__attribute__((destructor)) static void driver_close(void) {
+  if (!D.ok) return;
+  if (D.mod && !D.cuCtxSetCurrent(D.ctx)) D.cuModuleUnload(D.mod);
+  D.cuDevicePrimaryCtxRelease(D.dev);
+  D.ok = false;
+}
+
 /* ---- one step ------------------------------------------------------------ */
 
 struct rt_cuda {

@@ -118,6 +118,62 @@ expect unknown-device 1 "known: host, auto, " "$NOVAC" examples/mlp.nova --dim=b
   -o "$T/x.so"
 expect gpu-sim-needs-cuda 1 "needs --target=cuda" "$NOVAC" examples/mlp.nova --dim=batch=2 --gpu-sim -o "$T/x.so"
 
+# The runtime's CUDA path against a stand-in driver (fake_driver.c: host
+# memory, launches counted, not run): opening, uploads, one launch per
+# kernel of the manifest, profiling, checkpoints, and each error a GPU
+# machine can give.  The step is built for plain x86-64 so that valgrind,
+# where installed, can check the runtime's memory use.
+mkdir -p "$T/fake"
+if cc -std=c11 -Wall -Wextra -Werror -shared -fPIC testsuite/cuda/fake_driver.c -o "$T/fake/libcuda.so.1" 2>"$T/log"
+then
+  "$NOVAC" examples/mlp.nova --dim=batch=8 --train --target=cuda --device=h100 --cpu=x86-64 -o "$T/f.so" 2>"$T/log" ||
+    fail fake-setup "$(cat "$T/log")"
+  nk=$(python3 -c "import json; print(len(json.load(open('$T/f.json'))['kernels']))")
+  fake() { env LD_LIBRARY_PATH="$T/fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
+  rm -f "$T/launches"
+  if fake FAKE_CUDA_LOG="$T/launches" "$NOVARUN" "$T/f.so" --inputs examples/data/mlp --repeat 2 --profile \
+      >"$T/out" 2>"$T/err" && grep -q "per run on the GPU (CUDA events" "$T/err" &&
+    grep -q "profile of the last run: $nk launches" "$T/err" && [ "$(wc -l <"$T/launches")" -eq $((2 * nk)) ]; then
+    pass fake-driver.run-profile
+  else
+    fail fake-driver.run-profile "$nk kernels in the manifest; launches logged: $(wc -l <"$T/launches" 2>/dev/null)" \
+      "$(head -c 1500 "$T/err")"
+  fi
+  if fake "$NOVARUN" "$T/f.so" --inputs examples/data/mlp --steps 3 --save "$T/ck.st" --dump "$T/dump" -q \
+      2>"$T/err" && fake "$NOVARUN" "$T/f.so" --inputs examples/data/mlp --load "$T/ck.st" --steps 1 -q 2>>"$T/err"
+  then
+    pass fake-driver.train-save-load
+  else
+    fail fake-driver.train-save-load "$(head -c 1500 "$T/err")"
+  fi
+  if command -v valgrind >/dev/null 2>&1; then
+    if fake valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite "$NOVARUN" "$T/f.so" \
+        --inputs examples/data/mlp --steps 2 --profile -q >"$T/out" 2>"$T/err"; then
+      pass fake-driver.valgrind
+    else
+      fail fake-driver.valgrind "$(grep -v '^novarun:' "$T/err" | head -30)"
+    fi
+  fi
+  expect fake-driver.old-gpu 1 "compiled for sm_90; CUDA device 0 (Fake GPU) is sm_80" \
+    fake FAKE_CUDA_CC=80 "$NOVARUN" "$T/f.so" --inputs examples/data/mlp
+  expect fake-driver.device-memory 1 "of device memory (tensors" \
+    fake FAKE_CUDA_FREE=100000 "$NOVARUN" "$T/f.so" --inputs examples/data/mlp
+  expect fake-driver.launch-fails 1 "launching kernel nova_k2 .*CUDA_ERROR_LAUNCH_FAILED" \
+    fake FAKE_CUDA_FAIL_LAUNCH=3 "$NOVARUN" "$T/f.so" --inputs examples/data/mlp
+  expect fake-driver.bad-device-index 1 "NOVA_CUDA_DEVICE=3: this machine has 1 CUDA device" \
+    fake NOVA_CUDA_DEVICE=3 "$NOVARUN" "$T/f.so" --inputs examples/data/mlp
+  if fake FAKE_CUDA_NO_BINARY=1 "$NOVARUN" "$T/f.so" --inputs examples/data/mlp -q 2>"$T/err"; then
+    pass fake-driver.ptx-fallback
+  else
+    fail fake-driver.ptx-fallback "$(head -c 1000 "$T/err")"
+  fi
+  "$NOVAC" examples/mlp.nova --dim=batch=8 -o "$T/cpu.so" 2>"$T/log" || fail fake-setup "$(cat "$T/log")"
+  expect fake-driver.profile-cpu-step 1 "per-kernel profiling needs a --target=cuda step" \
+    "$NOVARUN" "$T/cpu.so" --inputs examples/data/mlp --profile
+else
+  fail fake-setup "cannot build the fake driver:" "$(cat "$T/log")"
+fi
+
 # --explain-config: every kernel with its grid, block and deciding limit
 if "$NOVAC" examples/mlp.nova --dim=batch=8 --train --target=cuda --device=h100 --explain-config -o "$T/e.so" \
   >"$T/explain" 2>"$T/log" && grep -q "^device: h100: sm_90" "$T/explain" &&
