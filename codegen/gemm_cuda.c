@@ -240,6 +240,36 @@ static char *type_str(MlirType t) {
   return b.s;
 }
 
+/* func.func private @NAME(%A, %B, %C) with the constants both forms use. */
+static void open_func(gemm_gen *g, const char *name, const char *A, const char *B, const char *C, int64_t gx,
+                      int64_t gy, int threads) {
+  P("func.func private @%s(%%A: %s, %%B: %s, %%C: %s) {\n", name, A, B, C);
+  P("%%c0 = arith.constant 0 : index\n%%c1 = arith.constant 1 : index\n%%gx = arith.constant %lld : index\n"
+    "%%gy = arith.constant %lld : index\n%%nt = arith.constant %d : index\n",
+    (long long)gx, (long long)gy, threads);
+}
+
+/* Closes the launch (or the sim form's block loops, after freeing its
+ * buffers: the names of FREE, with their types) and the function; returns
+ * the text, or NULL when out of memory. */
+static char *close_func(gemm_gen *g, const char *const *free_names, const char *const *free_types, char *A, char *B,
+                        char *C) {
+  if (g->sim) {
+    for (int i = 0; free_names[i]; i++) P("memref.dealloc %s : %s\n", free_names[i], free_types[i]);
+    P("}\n}\n");
+  } else
+    P("gpu.terminator\n}\n");
+  P("return\n}\n");
+  free(A);
+  free(B);
+  free(C);
+  if (g->b.oom) {
+    nv_sb_free(&g->b);
+    return NULL;
+  }
+  return g->b.s;
+}
+
 char *cg_gemm_text(const char *name, MlirType at, MlirType bt, MlirType ct, const struct cfg_gemm_simt_schedule *s,
                    bool sim) {
   gemm_gen G = {.s = *s, .sim = sim}, *g = &G;
@@ -254,10 +284,7 @@ char *cg_gemm_text(const char *name, MlirType at, MlirType bt, MlirType ct, cons
   snprintf(G.Bs, sizeof G.Bs, "memref<%dx%dx%s%s>", s->bk, s->bn, G.T, space);
   if (sim) snprintf(G.acc, sizeof G.acc, "memref<%dx%dx%dx%s>", s->threads, s->tm, s->tn, G.T);
   int64_t gx = (G.N + s->bn - 1) / s->bn, gy = (G.M + s->bm - 1) / s->bm;
-  P("func.func private @%s(%%A: %s, %%B: %s, %%C: %s) {\n", name, A, B, C);
-  P("%%c0 = arith.constant 0 : index\n%%c1 = arith.constant 1 : index\n%%gx = arith.constant %lld : index\n"
-    "%%gy = arith.constant %lld : index\n%%nt = arith.constant %d : index\n",
-    (long long)gx, (long long)gy, s->threads);
+  open_func(g, name, A, B, C, gx, gy, s->threads);
   if (sim) {
     P("scf.for %%by = %%c0 to %%gy step %%c1 {\nscf.for %%bx = %%c0 to %%gx step %%c1 {\n");
     P("%%zero = arith.constant 0.0 : %s\n%%As = memref.alloc() : %s\n%%Bs = memref.alloc() : %s\n"
@@ -270,17 +297,8 @@ char *cg_gemm_text(const char *name, MlirType at, MlirType bt, MlirType ct, cons
     P("%%zero = arith.constant 0.0 : %s\n", G.T);
   }
   gen_body(g, A, B, C);
-  if (sim) P("memref.dealloc %%As : %s\nmemref.dealloc %%Bs : %s\nmemref.dealloc %%acc : %s\n}\n}\n", G.As, G.Bs, G.acc);
-  else P("gpu.terminator\n}\n");
-  P("return\n}\n");
-  free(A);
-  free(B);
-  free(C);
-  if (G.b.oom) {
-    nv_sb_free(&G.b);
-    return NULL;
-  }
-  return G.b.s;
+  const char *names[] = {"%As", "%Bs", "%acc", NULL}, *types[] = {G.As, G.Bs, G.acc};
+  return close_func(g, names, types, A, B, C);
 }
 
 /* ---- tensor cores: mma.sync.m16n8k8 with tf32 operands ------------------
@@ -522,10 +540,7 @@ char *cg_gemm_tc_text(const char *name, MlirType at, MlirType bt, MlirType ct, c
   snprintf(C.fB, sizeof C.fB, "memref<%dx32x%dx2xf32>", nw, C.ni);
   snprintf(C.accm, sizeof C.accm, "memref<%dx%dx4xf32>", s->threads, C.mi * C.ni);
   int64_t gx = (G.N + s->bn - 1) / s->bn, gy = (G.M + s->bm - 1) / s->bm;
-  P("func.func private @%s(%%A: %s, %%B: %s, %%C: %s) {\n", name, A, B, Ct);
-  P("%%c0 = arith.constant 0 : index\n%%c1 = arith.constant 1 : index\n%%gx = arith.constant %lld : index\n"
-    "%%gy = arith.constant %lld : index\n%%nt = arith.constant %d : index\n",
-    (long long)gx, (long long)gy, s->threads);
+  open_func(g, name, A, B, Ct, gx, gy, s->threads);
   if (sim) {
     P("scf.for %%by = %%c0 to %%gy step %%c1 {\nscf.for %%bx = %%c0 to %%gx step %%c1 {\n");
     P("%%zero = arith.constant 0.0 : f32\n%%As = memref.alloc() : %s\n%%Bs = memref.alloc() : %s\n"
@@ -538,18 +553,6 @@ char *cg_gemm_tc_text(const char *name, MlirType at, MlirType bt, MlirType ct, c
     P("%%zero = arith.constant 0.0 : f32\n%%vz = arith.constant dense<0.0> : vector<2x2xf32>\n");
   }
   tc_body(&C, A, B, Ct);
-  if (sim)
-    P("memref.dealloc %%As : %s\nmemref.dealloc %%Bs : %s\nmemref.dealloc %%acc : %s\nmemref.dealloc %%fA : %s\n"
-      "memref.dealloc %%fB : %s\n}\n}\n",
-      G.As, G.Bs, C.accm, C.fA, C.fB);
-  else P("gpu.terminator\n}\n");
-  P("return\n}\n");
-  free(A);
-  free(B);
-  free(Ct);
-  if (G.b.oom) {
-    nv_sb_free(&G.b);
-    return NULL;
-  }
-  return G.b.s;
+  const char *names[] = {"%As", "%Bs", "%acc", "%fA", "%fB", NULL}, *types[] = {G.As, G.Bs, C.accm, C.fA, C.fB};
+  return close_func(g, names, types, A, B, Ct);
 }

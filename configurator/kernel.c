@@ -157,6 +157,14 @@ cfg_pointwise_schedule cfg_pointwise(const cfg_device *d, int64_t n, int b, bool
     return s;
 }
 
+/* false (with the reason) unless a reduction of ROWS x COLS makes sense. */
+static bool cfg_k_rows_cols(int64_t rows, int64_t cols, char *reason, size_t n)
+{
+    if (rows >= 1 && cols >= 1) return true;
+    snprintf(reason, n, "rows and cols must be >= 1, got %lld x %lld", (long long)rows, (long long)cols);
+    return false;
+}
+
 /* ---- GPU row reduction ---- */
 
 cfg_reduce_schedule cfg_reduce(const cfg_device *d, int64_t rows, int64_t cols, int b)
@@ -164,11 +172,7 @@ cfg_reduce_schedule cfg_reduce(const cfg_device *d, int64_t rows, int64_t cols, 
     cfg_reduce_schedule s;
     memset(&s, 0, sizeof s);
     if (!cfg_k_check(d, CFG_DEV_GPU, b, s.reason, sizeof s.reason)) return s;
-    if (rows < 1 || cols < 1) {
-        snprintf(s.reason, sizeof s.reason, "rows and cols must be >= 1, got %lld x %lld", (long long)rows,
-                 (long long)cols);
-        return s;
-    }
+    if (!cfg_k_rows_cols(rows, cols, s.reason, sizeof s.reason)) return s;
     s.rows = rows;
     s.cols = cols;
     s.vec = cfg_k_vec(cols, b);
@@ -278,11 +282,7 @@ cfg_reduce_cpu_schedule cfg_reduce_cpu(const cfg_device *d, int64_t rows, int64_
     cfg_reduce_cpu_schedule s;
     memset(&s, 0, sizeof s);
     if (!cfg_k_check(d, CFG_DEV_CPU, b, s.reason, sizeof s.reason)) return s;
-    if (rows < 1 || cols < 1) {
-        snprintf(s.reason, sizeof s.reason, "rows and cols must be >= 1, got %lld x %lld", (long long)rows,
-                 (long long)cols);
-        return s;
-    }
+    if (!cfg_k_rows_cols(rows, cols, s.reason, sizeof s.reason)) return s;
     s.rows = rows;
     s.cols = cols;
     s.lanes = d->vector_bits / (8 * b);
