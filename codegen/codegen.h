@@ -10,6 +10,27 @@
 /* nova -> linalg on tensors, as a new module (null after a diagnostic). */
 MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule nova);
 
+/* ---- static memory plan (memplan.c) ---- */
+typedef struct cg_plan_entry {
+  int64_t offset, bytes;  /* in the arena */
+  int first, last;        /* live range: indices of top-level ops of the entry, inclusive */
+  char where[160];        /* the defining op's location */
+} cg_plan_entry;
+
+typedef struct cg_plan {
+  bool planned;           /* false: intermediates on the heap (-O0, or not plannable) */
+  cg_plan_entry *entries;
+  int n;
+  int64_t arena_bytes;    /* the planned peak of intermediates */
+  int64_t total_bytes;    /* the sum of every intermediate (aligned): the memory without reuse */
+} cg_plan;
+
+/* Plans the intermediates of a bufferized module (see memplan.c): 0 when
+ * planned (the entry then takes the arena as one more argument), 1 when
+ * the module is not plannable (unchanged), -1 on an internal error. */
+int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan);
+void cg_plan_free(cg_plan *p);
+
 /* ---- CUDA target (cuda.c) ---- */
 #define CG_GPU_ALIGN 256  /* device buffers and scratch allocations */
 
@@ -36,6 +57,7 @@ typedef struct cg_gpu {
   char *ptx;              /* NUL-terminated */
   size_t ptx_len;
   int64_t cubin_size;     /* after cg_cuda_assemble */
+  cg_plan plan;           /* the arena of intermediates (scratch_bytes includes it) */
   const cfg_device *dev;
 } cg_gpu;
 
@@ -47,6 +69,7 @@ typedef struct cg_options {
   int opt_level;             /* 0..3 */
   const char *flags_text;    /* the compile flags, for the manifest */
   const char *rt_dir;        /* folder with libnovart.a and include/ */
+  const cg_plan *plan;        /* intermediates' arena (NULL or !planned: heap) */
   cg_gpu *gpu;                /* --target=cuda: the kernels; NULL for the cpu target */
   bool time_passes;
   bool keep_temps;
@@ -56,11 +79,18 @@ typedef struct cg_options {
 /* Runs a textual pass pipeline on m; 0 on success (else a diagnostic
  * naming STAGE). */
 int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char *stage);
+/* cpu_tile.c: tiles and vectorizes the linalg ops of a linalg-on-tensors
+ * module in place (before cg_bufferize), with sizes from the configurator's
+ * CPU schedules for HOST (NULL: this machine, cfg_device_host).  OPT_LEVEL
+ * 0 does nothing.  An op it cannot transform stays as it was (scalar loops);
+ * 0, or -1 after a diagnostic. */
+int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level);
 /* Bufferizes a linalg module in place: results become out-parameters
  * (identity layouts); with DEALLOC, buffer deallocation is inserted. */
 int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc);
-/* Bufferizes and lowers a linalg module to the LLVM dialect in place. */
-int cg_lower_to_llvm(nova_ctx *c, MlirModule m, int opt_level);
+/* Bufferizes and lowers a linalg module to the LLVM dialect in place;
+ * at -O1 and above the intermediates are planned into PLAN's arena. */
+int cg_lower_to_llvm(nova_ctx *c, MlirModule m, int opt_level, cg_plan *plan);
 /* The second half of cg_lower_to_llvm: a bufferized module to the LLVM dialect. */
 int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m);
 

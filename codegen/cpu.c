@@ -105,15 +105,20 @@ int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
   return rc;
 }
 
-int cg_lower_to_llvm(nova_ctx *c, MlirModule m, int opt_level) {
-  if (cg_bufferize(c, m, opt_level, true)) return -1;
+int cg_lower_to_llvm(nova_ctx *c, MlirModule m, int opt_level, cg_plan *plan) {
+  if (cg_bufferize(c, m, opt_level, false)) return -1;
+  int rc = opt_level > 0 ? cg_memplan(c, m, plan) : 1;
+  if (rc < 0) return -1;
+  if (rc == 1 && cg_run_pipeline(c, m, "builtin.module(buffer-deallocation-pipeline)", "buffer deallocation"))
+    return -1;
   return cg_lower_loops_to_llvm(c, m);
 }
 
 int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m) {
   return cg_run_pipeline(c, m,
-                         "builtin.module(func.func(convert-linalg-to-loops),convert-scf-to-cf,expand-strided-metadata,"
-                         "lower-affine,convert-math-to-llvm,convert-math-to-libm,finalize-memref-to-llvm,"
+                         "builtin.module(func.func(convert-linalg-to-loops),convert-vector-to-scf{full-unroll=1},"
+                         "convert-scf-to-cf,expand-strided-metadata,"
+                         "lower-affine,convert-math-to-llvm,convert-math-to-libm,finalize-memref-to-llvm,convert-vector-to-llvm,"
                          "convert-arith-to-llvm,convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,"
                          "convert-ub-to-llvm,reconcile-unrealized-casts)",
                          "lowering to LLVM");

@@ -283,7 +283,8 @@ static void map_parallel(gpu_ctx *G, MlirBlock fb, MlirOperation top, MlirOperat
 static bool host_op(MlirOperation op) {
   static const char *const names[] = {"arith.constant", "memref.alloc", "memref.get_global", "memref.expand_shape",
                                       "memref.collapse_shape", "memref.subview", "memref.reinterpret_cast",
-                                      "memref.cast", "func.return", "gpu.launch", "gpu.alloc", NULL};
+                                      "memref.cast", "memref.view", "func.return", "gpu.launch", "gpu.alloc",
+                                      NULL};
   for (int i = 0; names[i]; i++)
     if (op_is(op, names[i])) return true;
   return false;
@@ -743,7 +744,12 @@ int cg_lower_to_gpu(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_g
     return -1;
   }
   gpu_ctx G = {c, c->ctx, dev, out, sim, NULL, 0, 0, o->block, o->tf32, 0};
-  if (cg_bufferize(c, m, opt_level, sim)) return -1;
+  if (cg_bufferize(c, m, opt_level, false)) return -1;
+  int prc = opt_level > 0 ? cg_memplan(c, m, &out->plan) : 1;
+  if (prc < 0) return -1;
+  if (prc == 1 && sim && cg_run_pipeline(c, m, "builtin.module(buffer-deallocation-pipeline)", "buffer deallocation"))
+    return -1;
+  out->scratch_bytes = out->plan.planned ? (out->plan.arena_bytes + CG_GPU_ALIGN - 1) / CG_GPU_ALIGN * CG_GPU_ALIGN : 0;
   MlirOperation f = entry_function(m);
   if (mlirOperationIsNull(f)) {
     nv_error_plain(c->diag, "internal: no entry function to compile for the GPU");
@@ -788,6 +794,7 @@ int cg_lower_to_gpu(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_g
 }
 
 void cg_gpu_free(cg_gpu *g) {
+  cg_plan_free(&g->plan);
   free(g->k);
   free(g->ptx);
   memset(g, 0, sizeof *g);

@@ -161,7 +161,7 @@ void cg_cuda_manifest(cJSON *root, const cg_gpu *gpu) {
   }
   cJSON *mem = cJSON_GetObjectItem(root, "memory");
   if (mem) {
-    cJSON_ReplaceItemInObject(mem, "intermediates", cJSON_CreateString("scratch-arena"));
+    if (!gpu->plan.planned) cJSON_ReplaceItemInObject(mem, "intermediates", cJSON_CreateString("scratch-arena"));
     cJSON_AddNumberToObject(mem, "scratch_bytes", (double)gpu->scratch_bytes);
   }
   cJSON *ks = cJSON_CreateArray();

@@ -368,6 +368,7 @@ static int compile(nv_diag *d, opts *o) {
   int rc = -1;
   MlirModule nova = {NULL}, lin = {NULL};
   cg_gpu gpu = {0};
+  cg_plan plan = {0};
   char *out_default = NULL, *man_default = NULL;
   if (nova_ctx_init(&c, d)) {
     fe_graph_destroy(g);
@@ -412,10 +413,12 @@ static int compile(nv_diag *d, opts *o) {
       goto out;
     gpu.dev = &dev;
     co.gpu = o->gpu_sim ? NULL : &gpu; /* --gpu-sim: a cpu step */
+    co.plan = &gpu.plan;
     stage_done(&tm, "bufferize + GPU kernels + PTX");
     if (nd_check_memory(d, &dev, g, &gpu)) goto out;
   } else if (o->emit != EMIT_MANIFEST) {
-    if (cg_lower_to_llvm(&c, lin, o->opt_level) || nova_verify(&c, lin, "lowering to LLVM")) goto out;
+    if (cg_lower_to_llvm(&c, lin, o->opt_level, &plan) || nova_verify(&c, lin, "lowering to LLVM")) goto out;
+    co.plan = &plan;
     stage_done(&tm, "bufferize + to LLVM");
   }
   if (o->explain_config) nd_explain(stdout, &dev, g, cuda ? &gpu : NULL);
@@ -466,6 +469,7 @@ static int compile(nv_diag *d, opts *o) {
   if (o->time_passes) fprintf(stderr, "novac: %-22s %9.2f ms\n", "total", tm.total);
 out:
   cg_gpu_free(&gpu);
+  cg_plan_free(&plan);
   if (!mlirModuleIsNull(lin)) mlirModuleDestroy(lin);
   if (!mlirModuleIsNull(nova)) mlirModuleDestroy(nova);
   nova_ctx_dispose(&c);

@@ -72,6 +72,9 @@ nova_status rt_graph_check_header(const rt_graph *g, char *err) {
                     (int)g->ntensors, (int)g->nargs, g->entry ? "set" : "missing");
   if (g->target != RT_TARGET_CPU && g->target != RT_TARGET_CUDA)
     return rt_bad(err, "malformed step: unknown target %d", (int)g->target);
+  if (g->target == RT_TARGET_CUDA && g->arena_bytes > g->scratch_bytes)
+    return rt_bad(err, "malformed step: an arena of %llu bytes in %llu bytes of scratch",
+                  (unsigned long long)g->arena_bytes, (unsigned long long)g->scratch_bytes);
   if (g->target == RT_TARGET_CUDA && (!g->ptx || (g->cubin_size && !g->cubin) || g->sm < 50))
     return rt_bad(err, "malformed step: a cuda step without its kernels (sm %d)", (int)g->sm);
   return NOVA_OK;

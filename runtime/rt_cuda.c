@@ -163,7 +163,7 @@ struct rt_cuda {
   CUstream stream;
   CUevent ev[2];
   CUdeviceptr arena;
-  size_t arena_size, scratch_base, scratch_size, scratch_used;
+  size_t arena_size, scratch_base, scratch_size, scratch_used, scratch_planned;
   CUdeviceptr *dptr;          /* [ntensors] */
   void **dargs;               /* [nargs] entry arguments: device pointers */
   unsigned char *dev_stale;   /* [ntensors] the host copy is newer */
@@ -211,7 +211,7 @@ nova_status rt_cuda_open(nova_step *s) {
   s->cuda = cu;
   size_t nt = (size_t)g->ntensors + 1;
   cu->dptr = calloc(nt, sizeof *cu->dptr);
-  cu->dargs = calloc((size_t)g->nargs + 1, sizeof *cu->dargs);
+  cu->dargs = calloc((size_t)g->nargs + 2, sizeof *cu->dargs);
   cu->dev_stale = calloc(nt, 1);
   cu->host_stale = calloc(nt, 1);
   if (!cu->dptr || !cu->dargs || !cu->dev_stale || !cu->host_stale) return NOVA_ERR_NO_MEMORY;
@@ -243,6 +243,9 @@ nova_status rt_cuda_open(nova_step *s) {
     cu->dev_stale[i] = is_input_role(g->tensors[i].role); /* initial values go up before the first run */
   }
   for (int a = 0; a < g->nargs; a++) cu->dargs[a] = (void *)(uintptr_t)cu->dptr[g->arg_tensor[a]];
+  /* the planned intermediates start the scratch space; gpu.alloc takes the rest */
+  cu->dargs[g->nargs] = (void *)(uintptr_t)(cu->arena + cu->scratch_base);
+  cu->scratch_planned = (g->arena_bytes + RT_CUDA_ALIGN - 1) / RT_CUDA_ALIGN * RT_CUDA_ALIGN;
   cu->last_ms = -1;
   return NOVA_OK;
 }
@@ -287,7 +290,7 @@ nova_status rt_cuda_run(nova_step *s) {
   struct rt_cuda *cu = s->cuda;
   cu->failed = 0;
   cu->err[0] = 0;
-  cu->scratch_used = 0;
+  cu->scratch_used = cu->scratch_planned;
   cu->nlaunch = 0;
   CUresult r = D.cuCtxSetCurrent(D.ctx);
   if (r) cu_fail(cu, r, "making the CUDA context current");

@@ -43,6 +43,8 @@ typedef struct rt_graph {
   const char *ptx;               /* cuda: the kernels' PTX (NUL-terminated), for other GPUs */
   uint64_t ptx_size;
   uint64_t scratch_bytes;        /* cuda: device scratch space for intermediates */
+  uint64_t arena_bytes;          /* > 0: the entry takes one more argument, the planned arena of
+                                    intermediates (this many bytes; cuda: the start of the scratch) */
 } rt_graph;
 
 #define RT_TARGET_CPU 0

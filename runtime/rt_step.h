@@ -22,7 +22,8 @@ struct nova_step {
   void **buffers;         /* [ntensors] owned, RT_BUFFER_ALIGN-aligned */
   size_t *nbytes;         /* [ntensors] */
   unsigned char *bound;   /* [ntensors] 1 once bind() succeeded */
-  void **args;            /* [nargs] buffers[arg_tensor[i]] */
+  void **args;            /* [nargs + 1] buffers[arg_tensor[i]], then the arena (when planned) */
+  void *arena;            /* cpu: the planned intermediates (graph->arena_bytes), owned */
   struct rt_cuda *cuda;   /* --target=cuda: device state (rt_cuda.c); NULL on the cpu */
   double last_ms;         /* cpu: wall-clock time of the last run */
   char error[RT_ERROR_LEN];

@@ -54,7 +54,7 @@ static nova_status rt_step_alloc(nova_step *s) {
   s->buffers = calloc(nt, sizeof *s->buffers);
   s->nbytes = calloc(nt, sizeof *s->nbytes);
   s->bound = calloc(nt, sizeof *s->bound);
-  s->args = calloc(na, sizeof *s->args);
+  s->args = calloc(na + 1, sizeof *s->args);
   if (!s->buffers || !s->nbytes || !s->bound || !s->args) return NOVA_ERR_NO_MEMORY;
   nova_status st = rt_graph_check_tensors(g, s->nbytes, s->error);
   if (st != NOVA_OK) return st;
@@ -64,6 +64,13 @@ static nova_status rt_step_alloc(nova_step *s) {
                      s->nbytes[i]);
   for (int a = 0; a < g->nargs; a++) s->args[a] = s->buffers[g->arg_tensor[a]];
   s->last_ms = -1;
+  if (g->arena_bytes && g->target == RT_TARGET_CPU) {
+    size_t size = (g->arena_bytes + RT_BUFFER_ALIGN - 1) / RT_BUFFER_ALIGN * RT_BUFFER_ALIGN;
+    if (size < g->arena_bytes || !(s->arena = aligned_alloc(RT_BUFFER_ALIGN, size)))
+      return rt_fail(s, NOVA_ERR_NO_MEMORY, "out of memory for the step's intermediates (%llu bytes)",
+                     (unsigned long long)g->arena_bytes);
+    s->args[g->nargs] = s->arena;
+  }
   return g->target == RT_TARGET_CUDA ? rt_cuda_open(s) : NOVA_OK;
 }
 
@@ -77,6 +84,8 @@ static void rt_step_release(nova_step *s) {
   free(s->nbytes);
   free(s->bound);
   free(s->args);
+  free(s->arena);
+  s->arena = NULL;
   s->buffers = NULL;
   s->nbytes = NULL;
   s->bound = NULL;

@@ -1,0 +1,504 @@
+/* cpu_tile.c: tiling and vectorization of linalg on tensors for the CPU.
+ *
+ * Requires: a verified linalg-on-tensors module (cg_lower_to_linalg's
+ * output, before bufferization), static shapes.
+ * Produces: the same module in which each linalg op this file knows how to
+ * schedule became scf.for loops over vector ops (vector.transfer_read/write
+ * on tensor slices, vector.fma, ...); ops it does not know, or whose
+ * transformation fails, stay as they are and become scalar loops later
+ * (convert-linalg-to-loops).  The lowering after bufferization then needs
+ * the vector passes: convert-vector-to-scf{full-unroll=1} before
+ * convert-scf-to-cf, convert-vector-to-llvm, convert-ub-to-llvm after it.
+ *
+ * How: each op gets a discardable attribute nova.tile = K, and a transform
+ * script (printed here, the sizes written into it) tiles op K, marks the
+ * tiled op nova.vec and peels every loop whose trip does not divide, so
+ * that every tile, remainders included, has a static shape.  Then the
+ * whole function is canonicalized, each nova.vec op vectorized, and the
+ * vector code simplified: matmul tiles become vector.contract and then
+ * broadcast-FMA outer products, and the C tile of a matmul is carried in
+ * registers across its K loop (loop.hoist_loop_invariant_subsets).
+ *
+ * Schedules (no search; every size from the configurator):
+ *   contraction C[b.., m, n] += A[b.., m, k] B[b.., k, n] (linalg.matmul and
+ *     generics that linalg recognises as one, n contiguous in B and C):
+ *     batch dims by 1, m by mr, n by nr, then k by 1 inside; mr x nr from
+ *     cfg_gemm_cpu (nr = 2 vectors, mr from the vector registers).  Loops
+ *     n outside m, so the kc x nr micro-panel of B stays in L1 across the m
+ *     tiles (BLIS order jr, ir, without packing).
+ *   elementwise (all-parallel generic, fill, transpose): the innermost dim
+ *     by the vector lanes of cfg_pointwise_cpu, the others by 1.
+ *   reductions (generic with reduction iterators): innermost dim parallel:
+ *     as elementwise, the reduction loops moved inside (the accumulator
+ *     stays in a register); innermost dim reduced: one vector per row when
+ *     the row is at most CG_TILE_MAX_ROW elements, else left as loops.
+ * Ops left alone: dynamic shapes, i1/f16/bf16/index element types, maps
+ * that are not projected permutations (convolution windows), bodies with
+ * tensor.extract (gathers) or ops outside arith/math.
+ *
+ * Failure policy: each op's tiling runs in its own failures(suppress)
+ * sequence, each op's vectorization too, so a silenceable failure leaves
+ * that op (or tile) scalar.  A definite failure of the script, or a module
+ * that no longer verifies, restores the module as it was before this pass
+ * (a clone taken first) and leaves a note: the compile goes on with the
+ * scalar code.  MLIR diagnostics raised meanwhile are captured, not
+ * reported as errors.
+ *
+ * NOVAC_DEBUG_TILE=1 prints the script and the module before and after.
+ */
+#include <mlir-c/AffineExpr.h>
+#include <mlir-c/AffineMap.h>
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+#include <mlir-c/Diagnostics.h>
+#include <mlir-c/Dialect/Linalg.h>
+#include <mlir-c/Dialect/Transform/Interpreter.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../configurator/gemm.h"
+#include "../configurator/kernel.h"
+#include "../driver/util.h"
+#include "codegen.h"
+
+#define MAXL (NOVA_MAX_RANK + 2) /* loops of one op */
+/* Longest reduced row vectorized as one vector (elements): a row of
+ * vector<256xf32> is 16 zmm registers, about what unrolling pays for. */
+#define CG_TILE_MAX_ROW 256
+
+typedef enum tile_kind { TK_NONE = 0, TK_CONTRACT, TK_POINTWISE, TK_REDUCE } tile_kind;
+
+typedef struct tile_plan {
+  tile_kind kind;
+  int n;                  /* loops */
+  int64_t range[MAXL];    /* static loop ranges */
+  bool red[MAXL];         /* reduction loop */
+  int64_t tile[MAXL];     /* first tiling, 0 = not tiled */
+  int inter[MAXL];        /* loop order of the first tiling (a permutation) */
+  bool interchange;
+  int kdim;               /* TK_CONTRACT: the k loop, tiled by 1 inside; else -1 */
+} tile_plan;
+
+/* ---- reading a linalg op -------------------------------------------- */
+
+static bool name_is(MlirOperation op, const char *name) {
+  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
+  return s.length == strlen(name) && !memcmp(s.data, name, s.length);
+}
+
+static bool name_starts(MlirOperation op, const char *prefix) {
+  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
+  return s.length >= strlen(prefix) && !memcmp(s.data, prefix, strlen(prefix));
+}
+
+/* Element types the vector code handles like the scalar code: i1 vectors
+ * are bit-packed in memory, f16/bf16 are left to the scalar path. */
+static bool vec_elem_ok(MlirType t) {
+  if (mlirTypeIsAF32(t) || mlirTypeIsAF64(t)) return true;
+  if (mlirTypeIsAInteger(t)) {
+    unsigned w = mlirIntegerTypeGetWidth(t);
+    return w == 32 || w == 64;
+  }
+  return false;
+}
+
+static int elem_bytes(MlirType t) {
+  if (mlirTypeIsAF64(t)) return 8;
+  if (mlirTypeIsAInteger(t)) return (int)mlirIntegerTypeGetWidth(t) / 8;
+  return 4;
+}
+
+typedef struct body_check {
+  bool ok;
+} body_check;
+
+static MlirWalkResult body_cb(MlirOperation op, void *ud) {
+  body_check *b = ud;
+  if (name_starts(op, "arith.") || name_starts(op, "math.") || name_is(op, "linalg.yield") ||
+      name_is(op, "linalg.index") || name_is(op, "linalg.generic") || name_is(op, "linalg.matmul") ||
+      name_is(op, "linalg.fill") || name_is(op, "linalg.transpose"))
+    return MlirWalkResultAdvance;
+  b->ok = false;
+  return MlirWalkResultInterrupt;
+}
+
+/* Loop ranges and reduction loops from the indexing maps and the operand
+ * shapes; false unless every operand is a static tensor (or a scalar) of a
+ * vectorizable element type and every map a projected permutation (dims and
+ * the constant 0). */
+static bool read_loops(MlirOperation op, tile_plan *p, int *ebytes) {
+  MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
+  if (mlirAttributeIsNull(maps) || !mlirAttributeIsAArray(maps)) return false;
+  intptr_t nops = mlirOperationGetNumOperands(op), nmaps = mlirArrayAttrGetNumElements(maps);
+  if (nmaps != nops || nops < 1) return false;
+  p->n = -1;
+  *ebytes = 4;
+  bool seen[MAXL] = {0}, in_out[MAXL] = {0};
+  for (intptr_t i = 0; i < nops; i++) {
+    MlirAffineMap m = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i));
+    int nd = (int)mlirAffineMapGetNumDims(m);
+    if (p->n < 0) p->n = nd;
+    if (nd != p->n || nd > MAXL || nd < 1) return false;
+    MlirType t = mlirValueGetType(mlirOperationGetOperand(op, i));
+    bool out = i == nops - 1; /* one output: checked by the caller */
+    if (!mlirTypeIsARankedTensor(t)) {
+      if (out || mlirAffineMapGetNumResults(m) != 0 || !vec_elem_ok(t)) return false;
+      continue;
+    }
+    MlirType et = mlirShapedTypeGetElementType(t);
+    if (!mlirShapedTypeHasStaticShape(t) || !vec_elem_ok(et)) return false;
+    if (out) *ebytes = elem_bytes(et);
+    intptr_t nr = mlirAffineMapGetNumResults(m);
+    if (nr != mlirShapedTypeGetRank(t)) return false;
+    for (intptr_t r = 0; r < nr; r++) {
+      MlirAffineExpr e = mlirAffineMapGetResult(m, r);
+      int64_t size = mlirShapedTypeGetDimSize(t, r);
+      if (mlirAffineExprIsAConstant(e) && mlirAffineConstantExprGetValue(e) == 0) continue;
+      if (!mlirAffineExprIsADim(e)) return false;
+      int d = (int)mlirAffineDimExprGetPosition(e);
+      if (seen[d] && p->range[d] != size) return false;
+      seen[d] = true;
+      p->range[d] = size;
+      if (out) in_out[d] = true;
+    }
+  }
+  for (int d = 0; d < p->n; d++) {
+    if (!seen[d] || p->range[d] < 1) return false;
+    p->red[d] = !in_out[d];
+  }
+  return true;
+}
+
+/* n is the last result of the C map, B's map ends in n, and there is
+ * exactly one m, n and k loop: the layout the register tile is made for. */
+static bool contraction_dims(MlirOperation op, int *m, int *n, int *k) {
+  if (!mlirLinalgIsAContractionOp(op)) return false;
+  MlirLinalgContractionDimensions cd = mlirLinalgInferContractionDimensions(op);
+  MlirAttribute a[3] = {cd.m, cd.n, cd.k};
+  int v[3];
+  for (int i = 0; i < 3; i++) {
+    if (mlirAttributeIsNull(a[i]) || !mlirAttributeIsADenseI32Array(a[i]) || mlirDenseArrayGetNumElements(a[i]) != 1)
+      return false;
+    v[i] = mlirDenseI32ArrayGetElement(a[i], 0);
+  }
+  *m = v[0], *n = v[1], *k = v[2];
+  MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
+  for (int i = 1; i <= 2; i++) { /* B and C */
+    MlirAffineMap mp = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i));
+    intptr_t nr = mlirAffineMapGetNumResults(mp);
+    if (nr < 1) return false;
+    MlirAffineExpr e = mlirAffineMapGetResult(mp, nr - 1);
+    if (!mlirAffineExprIsADim(e) || (int)mlirAffineDimExprGetPosition(e) != *n) return false;
+  }
+  return true;
+}
+
+static int64_t tile_or_full(int64_t range, int64_t t) { return range <= t ? 0 : t; }
+
+/* The schedule of one op from the device model; kind TK_NONE: left alone. */
+static tile_plan plan_op(MlirOperation op, const cfg_device *dev) {
+  tile_plan p = {.kind = TK_NONE, .kdim = -1};
+  bool generic = name_is(op, "linalg.generic");
+  if (!generic && !name_is(op, "linalg.matmul") && !name_is(op, "linalg.fill") && !name_is(op, "linalg.transpose"))
+    return p;
+  if (mlirOperationGetNumResults(op) != 1) return p;
+  int eb;
+  if (!read_loops(op, &p, &eb)) return (tile_plan){.kind = TK_NONE};
+  if (generic) {
+    body_check b = {true};
+    mlirOperationWalk(op, body_cb, &b, MlirWalkPreOrder);
+    if (!b.ok) return (tile_plan){.kind = TK_NONE};
+  }
+  for (int d = 0; d < p.n; d++) p.inter[d] = d;
+  int nred = 0;
+  for (int d = 0; d < p.n; d++) nred += p.red[d];
+  int last = p.n - 1, m, n, k;
+  if (nred && contraction_dims(op, &m, &n, &k)) {
+    cfg_gemm_cpu_schedule s = cfg_gemm_cpu(dev, p.range[m], p.range[n], p.range[k], eb);
+    if (!s.ok) return (tile_plan){.kind = TK_NONE};
+    p.kind = TK_CONTRACT;
+    for (int d = 0; d < p.n; d++) p.tile[d] = p.range[d] == 1 ? 0 : 1; /* batch */
+    p.tile[m] = tile_or_full(p.range[m], s.mr);
+    p.tile[n] = tile_or_full(p.range[n], s.nr);
+    p.tile[k] = 0;
+    p.kdim = k;
+    /* n outside m: the B micro-panel is reused across the m tiles */
+    int j = 0;
+    for (int d = 0; d < p.n; d++)
+      if (d != m && d != n && d != k) p.inter[j++] = d;
+    p.inter[j++] = n, p.inter[j++] = m, p.inter[j++] = k;
+    p.interchange = true;
+    return p;
+  }
+  int64_t lanes = cfg_pointwise_cpu(dev, 1, eb).lanes;
+  if (lanes < 1) lanes = 1;
+  for (int d = 0; d < p.n; d++) p.tile[d] = p.range[d] == 1 ? 0 : 1;
+  if (!nred) {
+    p.kind = TK_POINTWISE;
+    p.tile[last] = tile_or_full(p.range[last], lanes);
+    return p;
+  }
+  p.kind = TK_REDUCE;
+  if (p.red[last]) {
+    if (p.range[last] > CG_TILE_MAX_ROW) return (tile_plan){.kind = TK_NONE};
+    p.tile[last] = 0;
+  } else {
+    p.tile[last] = tile_or_full(p.range[last], lanes);
+  }
+  /* parallel loops outside, reduction loops inside, each group in order */
+  int j = 0;
+  for (int d = 0; d < p.n; d++)
+    if (!p.red[d]) p.inter[j++] = d;
+  for (int d = 0; d < p.n; d++)
+    if (p.red[d]) p.inter[j++] = d;
+  p.interchange = true;
+  return p;
+}
+
+/* ---- the script ------------------------------------------------------ */
+
+static void print_sizes(nv_sbuf *b, const int64_t *t, int n) {
+  nv_sb_printf(b, "[");
+  for (int i = 0; i < n; i++) nv_sb_printf(b, "%s%lld", i ? ", " : "", (long long)t[i]);
+  nv_sb_printf(b, "]");
+}
+
+/* tile_using_for on %SRC giving %tDST and loop handles %lDST_0.. */
+static int emit_tile(nv_sbuf *b, const char *src, const char *dst, const int64_t *t, int n, const int *inter) {
+  int nloops = 0;
+  for (int i = 0; i < n; i++) nloops += t[i] != 0;
+  nv_sb_printf(b, "      %%t%s", dst);
+  for (int i = 0; i < nloops; i++) nv_sb_printf(b, ", %%l%s_%d", dst, i);
+  nv_sb_printf(b, " = transform.structured.tile_using_for %%%s tile_sizes ", src);
+  print_sizes(b, t, n);
+  if (inter) {
+    int64_t it[MAXL];
+    for (int i = 0; i < n; i++) it[i] = inter[i];
+    nv_sb_printf(b, " interchange = ");
+    print_sizes(b, it, n);
+  }
+  nv_sb_printf(b, " : (!transform.any_op) -> (!transform.any_op");
+  for (int i = 0; i < nloops; i++) nv_sb_printf(b, ", !transform.op<\"scf.for\">");
+  nv_sb_printf(b, ")\n");
+  return nloops;
+}
+
+/* One op's sequence: tile, mark for vectorization, peel. */
+static void emit_op(nv_sbuf *b, int id, const tile_plan *p) {
+  nv_sb_printf(b,
+               "    transform.sequence %%root : !transform.any_op failures(suppress) {\n"
+               "    ^bb0(%%r: !transform.any_op):\n"
+               "      %%o = transform.structured.match attributes{nova.tile = %d : i64} in %%r"
+               " : (!transform.any_op) -> !transform.any_op\n", id);
+  /* loop order of the first tiling, and which loops need a remainder */
+  int order[MAXL], nl = 0;
+  bool peel[MAXL];
+  for (int i = 0; i < p->n; i++) {
+    int d = p->inter[i];
+    if (!p->tile[d]) continue;
+    peel[nl] = p->range[d] % p->tile[d] != 0;
+    order[nl++] = d;
+  }
+  (void)order;
+  emit_tile(b, "o", "1", p->tile, p->n, p->interchange ? p->inter : NULL);
+  const char *vec = "t1";
+  if (p->kdim >= 0 && p->range[p->kdim] > 1) {
+    int64_t kt[MAXL] = {0};
+    kt[p->kdim] = 1;
+    emit_tile(b, "t1", "2", kt, p->n, NULL);
+    vec = "t2";
+  }
+  nv_sb_printf(b, "      transform.annotate %%%s \"nova.vec\" : !transform.any_op\n", vec);
+  for (int i = nl - 1; i >= 0; i--) /* innermost first: outer peels clone the inner remainders */
+    if (peel[i])
+      nv_sb_printf(b, "      %%p%d, %%q%d = transform.loop.peel %%l1_%d : (!transform.op<\"scf.for\">)"
+                      " -> (!transform.any_op, !transform.any_op)\n", i, i, i);
+  nv_sb_printf(b, "    }\n");
+}
+
+static const char *SCRIPT_TAIL =
+    "    %f = transform.structured.match ops{[\"func.func\"]} in %root : (!transform.any_op) -> !transform.any_op\n"
+    "    transform.apply_patterns to %f {\n"
+    "      transform.apply_patterns.canonicalization\n"
+    "    } : !transform.any_op\n"
+    "    %v = transform.structured.match attributes{nova.vec} in %root : (!transform.any_op) -> !transform.any_op\n"
+    "    transform.foreach %v : !transform.any_op {\n"
+    "    ^bb0(%o: !transform.any_op):\n"
+    "      transform.sequence %o : !transform.any_op failures(suppress) {\n"
+    "      ^bb1(%o2: !transform.any_op):\n"
+    "        transform.structured.vectorize %o2 : !transform.any_op\n"
+    "      }\n"
+    "    }\n"
+    "    transform.apply_patterns to %f {\n"
+    "      transform.apply_patterns.vector.reduction_to_contract\n"
+    "      transform.apply_patterns.vector.transfer_permutation_patterns\n"
+    "      transform.apply_patterns.vector.cast_away_vector_leading_one_dim\n"
+    "      transform.apply_patterns.tensor.fold_tensor_subset_ops_into_vector_transfers\n"
+    "      transform.apply_patterns.canonicalization\n"
+    "    } : !transform.any_op\n"
+    "    transform.apply_cse to %f : !transform.any_op\n"
+    "    %loops = transform.structured.match ops{[\"scf.for\"]} in %f : (!transform.any_op) -> !transform.any_op\n"
+    "    transform.loop.hoist_loop_invariant_subsets %loops : !transform.any_op\n"
+    "    transform.apply_patterns to %f {\n"
+    "      transform.apply_patterns.vector.lower_contraction lowering_strategy = \"outerproduct\"\n"
+    "      transform.apply_patterns.vector.lower_outerproduct\n"
+    "      transform.apply_patterns.canonicalization\n"
+    "    } : !transform.any_op\n"
+    "    transform.yield\n"
+    "  }\n"
+    "}\n";
+
+/* ---- marking, snapshots, diagnostics --------------------------------- */
+
+typedef struct marker {
+  const cfg_device *dev;
+  nv_sbuf *script;
+  MlirContext ctx;
+  int next;
+  int counts[4];
+} marker;
+
+static void mark_func(marker *mk, MlirOperation func) {
+  MlirRegion r = mlirOperationGetFirstRegion(func);
+  if (mlirRegionIsNull(r)) return;
+  MlirBlock body = mlirRegionGetFirstBlock(r);
+  if (mlirBlockIsNull(body)) return;
+  for (MlirOperation o = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) {
+    tile_plan p = plan_op(o, mk->dev);
+    if (p.kind == TK_NONE) continue;
+    int id = mk->next++;
+    mk->counts[p.kind]++;
+    mlirOperationSetDiscardableAttributeByName(o, nova_str("nova.tile"),
+                                               mlirIntegerAttrGet(mlirIntegerTypeGet(mk->ctx, 64), id));
+    emit_op(mk->script, id, &p);
+  }
+}
+
+static MlirWalkResult unmark_cb(MlirOperation op, void *ud) {
+  (void)ud;
+  mlirOperationRemoveDiscardableAttributeByName(op, nova_str("nova.tile"));
+  mlirOperationRemoveDiscardableAttributeByName(op, nova_str("nova.vec"));
+  return MlirWalkResultAdvance;
+}
+
+/* Puts the body of SNAP (a clone of m taken earlier) back into m and
+ * destroys SNAP. */
+static void restore(MlirModule m, MlirOperation snap) {
+  MlirBlock body = mlirModuleGetBody(m);
+  for (MlirOperation o = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(o);) {
+    MlirOperation next = mlirOperationGetNextInBlock(o);
+    mlirOperationDestroy(o);
+    o = next;
+  }
+  MlirBlock sb = mlirRegionGetFirstBlock(mlirOperationGetFirstRegion(snap));
+  for (MlirOperation o = mlirBlockGetFirstOperation(sb); !mlirOperationIsNull(o);) {
+    MlirOperation next = mlirOperationGetNextInBlock(o);
+    mlirOperationRemoveFromParent(o);
+    mlirBlockAppendOwnedOperation(body, o);
+    o = next;
+  }
+  mlirOperationDestroy(snap);
+}
+
+typedef struct captured {
+  char first[400];
+  int n;
+} captured;
+
+static void cap_print(MlirStringRef s, void *ud) {
+  captured *c = ud;
+  size_t len = strlen(c->first);
+  size_t room = sizeof c->first - 1 - len;
+  size_t k = s.length < room ? s.length : room;
+  memcpy(c->first + len, s.data, k);
+  c->first[len + k] = 0;
+}
+
+/* Keeps the first error and swallows every diagnostic: the transform
+ * interpreter reports failures this file recovers from. */
+static MlirLogicalResult capture_diag(MlirDiagnostic d, void *ud) {
+  captured *c = ud;
+  if (mlirDiagnosticGetSeverity(d) == MlirDiagnosticError && c->n++ == 0) {
+    mlirDiagnosticPrint(d, cap_print, c);
+    char *nl = strchr(c->first, '\n');
+    if (nl) *nl = 0;
+  }
+  return mlirLogicalResultSuccess();
+}
+
+static void debug_print(MlirStringRef s, void *ud) {
+  (void)ud;
+  fwrite(s.data, 1, s.length, stderr);
+}
+
+/* ---- entry ----------------------------------------------------------- */
+
+/* Parses and applies SCRIPT to m; 0 on success, else the first error in CAP. */
+static int apply_script(nova_ctx *c, MlirModule m, const char *script, captured *cap) {
+  MlirDiagnosticHandlerID h = mlirContextAttachDiagnosticHandler(c->ctx, capture_diag, cap, NULL);
+  int rc = -1;
+  MlirModule sm = mlirModuleCreateParse(c->ctx, nova_str(script));
+  if (mlirModuleIsNull(sm)) {
+    if (!cap->first[0]) snprintf(cap->first, sizeof cap->first, "the transform script did not parse");
+  } else {
+    MlirOperation seq = mlirBlockGetFirstOperation(mlirModuleGetBody(sm));
+    MlirTransformOptions opts = mlirTransformOptionsCreate();
+    mlirTransformOptionsEnableExpensiveChecks(opts, false);
+    if (mlirLogicalResultIsSuccess(
+            mlirTransformApplyNamedSequence(mlirModuleGetOperation(m), seq, mlirModuleGetOperation(sm), opts))) {
+      if (mlirOperationVerify(mlirModuleGetOperation(m))) rc = 0;
+      else if (!cap->first[0]) snprintf(cap->first, sizeof cap->first, "the tiled module does not verify");
+    } else if (!cap->first[0])
+      snprintf(cap->first, sizeof cap->first, "the transform script failed");
+    mlirTransformOptionsDestroy(opts);
+    mlirModuleDestroy(sm);
+  }
+  mlirContextDetachDiagnosticHandler(c->ctx, h);
+  return rc;
+}
+
+int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level) {
+  if (opt_level <= 0) return 0;
+  cfg_device own;
+  if (!host) {
+    char err[256];
+    if (cfg_device_host(&own, err, sizeof err)) return 0; /* no model: scalar code */
+    host = &own;
+  }
+  if (host->kind != CFG_DEV_CPU) return 0;
+  bool debug = getenv("NOVAC_DEBUG_TILE") != NULL;
+  /* elementwise fusion first: tiled ops no longer fuse */
+  if (cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize,cse,linalg-fuse-elementwise-ops,canonicalize))",
+                      "fusion before tiling"))
+    return -1;
+  nv_sbuf script = {0};
+  nv_sb_printf(&script,
+               "module attributes {transform.with_named_sequence} {\n"
+               "  transform.named_sequence @__transform_main(%%root: !transform.any_op {transform.readonly}) {\n");
+  MlirOperation snap = mlirOperationClone(mlirModuleGetOperation(m));
+  marker mk = {.dev = host, .script = &script, .ctx = c->ctx};
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f))
+    if (name_is(f, "func.func")) mark_func(&mk, f);
+  nv_sb_printf(&script, "%s", SCRIPT_TAIL);
+  if (debug) {
+    fprintf(stderr, "// cpu tiling: %d contractions, %d elementwise, %d reductions\n%s", mk.counts[TK_CONTRACT],
+            mk.counts[TK_POINTWISE], mk.counts[TK_REDUCE], script.s ? script.s : "");
+    mlirOperationPrint(mlirModuleGetOperation(m), debug_print, NULL);
+  }
+  captured cap = {{0}, 0};
+  int rc = 0;
+  if (mk.next == 0) {
+    mlirOperationDestroy(snap);
+  } else if (script.oom || apply_script(c, m, script.s, &cap)) {
+    restore(m, snap);
+    nv_note(c->diag, (nv_loc){0}, "cpu tiling skipped, the step uses scalar loops: %s",
+            script.oom ? "out of memory" : cap.first);
+  } else {
+    mlirOperationDestroy(snap);
+  }
+  mlirOperationWalk(mlirModuleGetOperation(m), unmark_cb, NULL, MlirWalkPostOrder);
+  if (debug) mlirOperationPrint(mlirModuleGetOperation(m), debug_print, NULL);
+  nv_sb_free(&script);
+  return rc;
+}

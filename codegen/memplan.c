@@ -1,0 +1,250 @@
+/* memplan.c: static memory planning of a bufferized step.
+ *
+ * After bufferization (results already out-parameters), every buffer the
+ * step computes into is a memref.alloc of static shape in the entry
+ * function's body.  The plan gives each one an offset in one arena:
+ *  - live range: from the alloc to the last top-level op that uses it,
+ *    directly or through views of it (expand/collapse_shape, subview,
+ *    cast, reinterpret_cast, view);
+ *  - offsets: buffers placed largest first, each at the lowest offset
+ *    (64-byte aligned) where it overlaps no placed buffer whose live range
+ *    meets its own (first fit; peak = the highest end);
+ *  - rewrite: the entry gets one more argument, memref<PEAKxi8>, the arena
+ *    (the runtime allocates it once, at nova_step_open), and each alloc
+ *    becomes a memref.view of it at its offset.
+ * Activations live until their last use in the backward pass and
+ * gradients until the optimizer consumed them, because that is where
+ * their last uses are in the one train_step function.
+ * The plan (offset, size, live range, defining op) goes to the manifest,
+ * where an independent checker can verify that no two buffers live at the
+ * same time overlap.
+ */
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+
+#define PLAN_ALIGN 64
+
+typedef struct pbuf {
+  MlirOperation alloc;
+  int64_t bytes, offset;
+  int first, last;  /* top-level op indices */
+} pbuf;
+
+static bool op_named(MlirOperation op, const char *name) {
+  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
+  return s.length == strlen(name) && !memcmp(s.data, name, s.length);
+}
+
+static bool is_view(MlirOperation op) {
+  return op_named(op, "memref.expand_shape") || op_named(op, "memref.collapse_shape") ||
+         op_named(op, "memref.subview") || op_named(op, "memref.cast") || op_named(op, "memref.reinterpret_cast") ||
+         op_named(op, "memref.view");
+}
+
+/* The op of FB's body that holds OP (OP itself at top level). */
+static MlirOperation top_level(MlirOperation op, MlirOperation func) {
+  for (;;) {
+    MlirOperation p = mlirOperationGetParentOperation(op);
+    if (mlirOperationIsNull(p) || mlirOperationEqual(p, func)) return op;
+    op = p;
+  }
+}
+
+/* Position of top-level op OP among OPS[0..n) (they are in order). */
+static int index_of(MlirOperation *ops, int n, MlirOperation op) {
+  for (int i = 0; i < n; i++)
+    if (mlirOperationEqual(ops[i], op)) return i;
+  return -1;
+}
+
+/* The last top-level index that uses V or a view of it (depth-limited). */
+static int last_use(MlirValue v, MlirOperation func, MlirOperation *ops, int n, int depth) {
+  int last = -1;
+  for (MlirOpOperand u = mlirValueGetFirstUse(v); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u)) {
+    MlirOperation user = mlirOpOperandGetOwner(u);
+    int i = index_of(ops, n, top_level(user, func));
+    if (i > last) last = i;
+    if (depth < 16 && is_view(user))
+      for (intptr_t r = 0; r < mlirOperationGetNumResults(user); r++) {
+        int j = last_use(mlirOperationGetResult(user, r), func, ops, n, depth + 1);
+        if (j > last) last = j;
+      }
+  }
+  return last;
+}
+
+static int64_t type_bytes(MlirType t) {
+  int64_t n = 1;
+  for (intptr_t d = 0; d < mlirShapedTypeGetRank(t); d++) n *= mlirShapedTypeGetDimSize(t, d);
+  MlirType et = mlirShapedTypeGetElementType(t);
+  int64_t bits = mlirTypeIsAIndex(et) ? 64 : mlirTypeIsAInteger(et) ? (int64_t)mlirIntegerTypeGetWidth(et)
+                 : mlirTypeIsAF64(et) ? 64 : mlirTypeIsAF16(et) || mlirTypeIsABF16(et) ? 16 : 32;
+  int64_t b = n * ((bits + 7) / 8);
+  return b > 0 ? b : 1;
+}
+
+static int by_size_desc(const void *a, const void *b) {
+  const pbuf *x = a, *y = b;
+  if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+  return x->first - y->first;
+}
+
+static int64_t align_up(int64_t v) { return (v + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN; }
+
+/* First fit: the lowest offset for B clear of every placed buffer that is
+ * live at the same time (placed[0..np) sorted by offset). */
+static int64_t place(const pbuf *b, pbuf **placed, int np) {
+  int64_t off = 0;
+  for (int i = 0; i < np; i++) {
+    const pbuf *p = placed[i];
+    if (p->last < b->first || b->last < p->first) continue;  /* not live together */
+    if (off + align_up(b->bytes) <= p->offset) break;         /* fits in the gap below p */
+    if (p->offset + align_up(p->bytes) > off) off = p->offset + align_up(p->bytes);
+  }
+  return off;
+}
+
+static int by_offset(const void *a, const void *b) {
+  const pbuf *x = *(pbuf *const *)a, *y = *(pbuf *const *)b;
+  return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+static void describe(MlirOperation op, char *out, size_t n) {
+  nv_sbuf b = {0};
+  mlirLocationPrint(mlirOperationGetLocation(op), cg_print_to_sbuf, &b);
+  snprintf(out, n, "%s", b.s ? b.s : "");
+  nv_sb_free(&b);
+}
+
+int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
+  memset(plan, 0, sizeof *plan);
+  MlirOperation func = {NULL};
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f))
+    if (op_named(f, "func.func") && !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0)))) func = f;
+  if (mlirOperationIsNull(func)) return 1;
+  MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
+  int n = 0;
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op))
+    n++;
+  MlirOperation *ops = calloc((size_t)n + 1, sizeof *ops);
+  pbuf *bufs = calloc((size_t)n + 1, sizeof *bufs);
+  pbuf **placed = calloc((size_t)n + 1, sizeof *placed);
+  int nb = 0, rc = -1;
+  if (!ops || !bufs || !placed) goto out;
+  n = 0;
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op))
+    ops[n++] = op;
+  rc = 1; /* not plannable: the caller keeps heap buffers */
+  for (int i = 0; i < n; i++) {
+    if (!op_named(ops[i], "memref.alloc")) continue;
+    MlirType t = mlirValueGetType(mlirOperationGetResult(ops[i], 0));
+    if (!mlirShapedTypeHasStaticShape(t) || !mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t)) ||
+        mlirOperationGetNumOperands(ops[i]))
+      goto out;
+    int last = last_use(mlirOperationGetResult(ops[i], 0), func, ops, n, 0);
+    bufs[nb++] = (pbuf){ops[i], type_bytes(t), 0, i, last < i ? i : last};
+  }
+  /* an alloc nested in a region (none after bufferization today) or a
+   * dealloc would need more than this plan: keep the heap */
+  for (int i = 0; i < n; i++)
+    if (op_named(ops[i], "memref.dealloc")) goto out;
+  qsort(bufs, (size_t)nb, sizeof *bufs, by_size_desc);
+  int64_t peak = 0, total = 0;
+  for (int i = 0; i < nb; i++) {
+    bufs[i].offset = place(&bufs[i], placed, i);
+    placed[i] = &bufs[i];
+    qsort(placed, (size_t)i + 1, sizeof *placed, by_offset);
+    if (bufs[i].offset + align_up(bufs[i].bytes) > peak) peak = bufs[i].offset + align_up(bufs[i].bytes);
+    total += align_up(bufs[i].bytes);
+  }
+  if (peak < PLAN_ALIGN) peak = PLAN_ALIGN;
+  /* the arena argument */
+  MlirContext ctx = mlirOperationGetContext(func);
+  MlirType i8 = mlirIntegerTypeGet(ctx, 8);
+  int64_t shape[1] = {peak};
+  MlirType at = mlirMemRefTypeContiguousGet(i8, 1, shape, mlirAttributeGetNull());
+  MlirLocation loc = mlirOperationGetLocation(func);
+  MlirValue arena = mlirBlockAddArgument(fb, at, loc);
+  MlirAttribute ft = mlirOperationGetAttributeByName(func, nova_str("function_type"));
+  MlirType fty = mlirTypeAttrGetValue(ft);
+  intptr_t ni = mlirFunctionTypeGetNumInputs(fty), nr = mlirFunctionTypeGetNumResults(fty);
+  MlirType *ins = calloc((size_t)ni + 1, sizeof *ins), *res = calloc((size_t)nr + 1, sizeof *res);
+  if (!ins || !res) {
+    free(ins);
+    free(res);
+    rc = -1;
+    goto out;
+  }
+  for (intptr_t i = 0; i < ni; i++) ins[i] = mlirFunctionTypeGetInput(fty, i);
+  for (intptr_t i = 0; i < nr; i++) res[i] = mlirFunctionTypeGetResult(fty, i);
+  ins[ni] = at;
+  mlirOperationSetAttributeByName(func, nova_str("function_type"),
+                                  mlirTypeAttrGet(mlirFunctionTypeGet(ctx, ni + 1, ins, nr, res)));
+  free(ins);
+  free(res);
+  /* argument attributes: one more (empty) dictionary when there are any */
+  MlirAttribute aa = mlirOperationGetAttributeByName(func, nova_str("arg_attrs"));
+  if (!mlirAttributeIsNull(aa) && mlirAttributeIsAArray(aa)) {
+    intptr_t na = mlirArrayAttrGetNumElements(aa);
+    MlirAttribute *el = calloc((size_t)na + 1, sizeof *el);
+    if (el) {
+      for (intptr_t i = 0; i < na; i++) el[i] = mlirArrayAttrGetElement(aa, i);
+      el[na] = mlirDictionaryAttrGet(ctx, 0, NULL);
+      mlirOperationSetAttributeByName(func, nova_str("arg_attrs"), mlirArrayAttrGet(ctx, na + 1, el));
+      free(el);
+    }
+  }
+  plan->entries = calloc((size_t)nb + 1, sizeof *plan->entries);
+  if (!plan->entries) {
+    rc = -1;
+    goto out;
+  }
+  MlirType it = mlirIndexTypeGet(ctx);
+  for (int i = 0; i < nb; i++) {
+    MlirOperation a = bufs[i].alloc;
+    MlirLocation al = mlirOperationGetLocation(a);
+    MlirNamedAttribute cv = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("value")),
+                                                  mlirIntegerAttrGet(it, bufs[i].offset));
+    MlirOperationState cs = mlirOperationStateGet(nova_str("arith.constant"), al);
+    mlirOperationStateAddResults(&cs, 1, &it);
+    mlirOperationStateAddAttributes(&cs, 1, &cv);
+    MlirOperation off = mlirOperationCreate(&cs);
+    mlirBlockInsertOwnedOperationBefore(fb, a, off);
+    MlirType t = mlirValueGetType(mlirOperationGetResult(a, 0));
+    MlirValue vops[2] = {arena, mlirOperationGetResult(off, 0)};
+    MlirOperationState vs = mlirOperationStateGet(nova_str("memref.view"), al);
+    mlirOperationStateAddOperands(&vs, 2, vops);
+    mlirOperationStateAddResults(&vs, 1, &t);
+    MlirOperation view = mlirOperationCreate(&vs);
+    mlirBlockInsertOwnedOperationBefore(fb, a, view);
+    cg_plan_entry *e = &plan->entries[i];
+    e->offset = bufs[i].offset;
+    e->bytes = bufs[i].bytes;
+    e->first = bufs[i].first;
+    e->last = bufs[i].last;
+    describe(a, e->where, sizeof e->where);
+    mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(a, 0), mlirOperationGetResult(view, 0));
+    mlirOperationDestroy(a);
+  }
+  plan->n = nb;
+  plan->arena_bytes = peak;
+  plan->total_bytes = total;
+  plan->planned = true;
+  rc = 0;
+  (void)c;
+out:
+  free(ops);
+  free(bufs);
+  free(placed);
+  return rc;
+}
+
+void cg_plan_free(cg_plan *p) {
+  free(p->entries);
+  memset(p, 0, sizeof *p);
+}
