@@ -23,7 +23,29 @@ typedef struct cg_plan {
   int n;
   int64_t arena_bytes;    /* the planned peak of intermediates */
   int64_t total_bytes;    /* the sum of every intermediate (aligned): the memory without reuse */
+  int ops_before_fusion;  /* linalg ops (loop nests) of the step before and after fusion */
+  int ops_after_fusion;
+  bool *inplace;          /* [noutputs] an update computed in its param's buffer (inplace.c) */
+  int noutputs;
 } cg_plan;
+
+/* inplace.c: before bufferization, for each result j of the entry that
+ * updates argument PARAM_ARG[j] (-1: none), makes the update compute into
+ * its argument where it can and marks the argument writable; after it, for each (param
+ * argument, update argument) pair, whether the update was computed in the
+ * param's buffer (OK[j]; its copy into the out-parameter is removed).  0,
+ * or -1 when out of memory. */
+int cg_mark_writable(MlirModule m, const int *param_arg, int n);
+int cg_inplace(MlirModule m, const int *param_arg, const int *update_arg, int n, bool *ok);
+/* The same for the step of G (step.c knows the argument order):
+ * cg_prepare_inplace before bufferization, cg_plan_inplace after it (into
+ * PLAN->inplace). */
+int cg_prepare_inplace(const nv_graph *g, MlirModule m);
+int cg_plan_inplace(const nv_graph *g, MlirModule m, cg_plan *plan);
+
+/* Elementwise fusion over the whole linalg module (at -O1 and above),
+ * counting the linalg ops before and after into STATS. */
+int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, cg_plan *stats);
 
 /* Plans the intermediates of a bufferized module (see memplan.c): 0 when
  * planned (the entry then takes the arena as one more argument), 1 when
@@ -90,7 +112,7 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
 int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc);
 /* Bufferizes and lowers a linalg module to the LLVM dialect in place;
  * at -O1 and above the intermediates are planned into PLAN's arena. */
-int cg_lower_to_llvm(nova_ctx *c, MlirModule m, int opt_level, cg_plan *plan);
+int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, int opt_level, cg_plan *plan);
 /* The second half of cg_lower_to_llvm: a bufferized module to the LLVM dialect. */
 int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m);
 
@@ -105,7 +127,8 @@ typedef struct cg_gpu_options {
   int block;  /* --gpu-block=N: threads per block for every kernel; 0 = the configurator's */
   bool tf32;  /* --matmul-precision=tf32: f32 matmuls on tensor cores with tf32 operands */
 } cg_gpu_options;
-int cg_lower_to_gpu(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out);
+int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_device *dev, const cg_gpu_options *o,
+                    cg_gpu *out);
 void cg_gpu_free(cg_gpu *g);
 /* An MlirStringCallback appending to an nv_sbuf. */
 void cg_print_to_sbuf(MlirStringRef s, void *ud);

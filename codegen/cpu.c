@@ -87,15 +87,31 @@ static void distinct_results(nova_ctx *c, MlirModule m) {
   }
 }
 
+static MlirWalkResult count_linalg(MlirOperation op, void *ud) {
+  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
+  if (s.length > 7 && !memcmp(s.data, "linalg.", 7) && (s.length != 12 || memcmp(s.data, "linalg.yield", 12)) &&
+      (s.length != 12 || memcmp(s.data, "linalg.index", 12)))
+    ++*(int *)ud;
+  return MlirWalkResultAdvance;
+}
+
+int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, cg_plan *stats) {
+  mlirOperationWalk(mlirModuleGetOperation(m), count_linalg, &stats->ops_before_fusion, MlirWalkPreOrder);
+  if (opt_level > 0 &&
+      cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize,cse,linalg-fuse-elementwise-ops,canonicalize))",
+                      "fusion"))
+    return -1;
+  mlirOperationWalk(mlirModuleGetOperation(m), count_linalg, &stats->ops_after_fusion, MlirWalkPreOrder);
+  return 0;
+}
+
 int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
+  (void)opt_level;
   nv_sbuf p = {0};
-  nv_sb_printf(&p, "builtin.module(");
-  if (opt_level > 0) nv_sb_printf(&p, "func.func(canonicalize,cse,linalg-fuse-elementwise-ops,canonicalize),");
-  nv_sb_printf(&p,
-               "one-shot-bufferize{bufferize-function-boundaries=1 "
-               "function-boundary-type-conversion=identity-layout-map})");
-  int rc = p.oom ? -1 : cg_run_pipeline(c, m, p.s, "bufferization");
-  nv_sb_free(&p);
+  int rc = cg_run_pipeline(c, m,
+                           "builtin.module(one-shot-bufferize{bufferize-function-boundaries=1 "
+                           "function-boundary-type-conversion=identity-layout-map})",
+                           "bufferization");
   if (rc) return rc;
   distinct_results(c, m);
   nv_sb_printf(&p, "builtin.module(buffer-results-to-out-params{hoist-static-allocs=1 modify-public-functions=1}%s)",
@@ -105,8 +121,11 @@ int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
   return rc;
 }
 
-int cg_lower_to_llvm(nova_ctx *c, MlirModule m, int opt_level, cg_plan *plan) {
+int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, int opt_level, cg_plan *plan) {
+  if (cg_fuse(c, m, opt_level, plan)) return -1;
+  if (opt_level > 0 && cg_prepare_inplace(g, m)) return -1;
   if (cg_bufferize(c, m, opt_level, false)) return -1;
+  if (opt_level > 0 && cg_plan_inplace(g, m, plan)) return -1;
   int rc = opt_level > 0 ? cg_memplan(c, m, plan) : 1;
   if (rc < 0) return -1;
   if (rc == 1 && cg_run_pipeline(c, m, "builtin.module(buffer-deallocation-pipeline)", "buffer deallocation"))

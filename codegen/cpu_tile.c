@@ -169,28 +169,231 @@ static bool read_loops(MlirOperation op, tile_plan *p, int *ebytes) {
   return true;
 }
 
-/* n is the last result of the C map, B's map ends in n, and there is
- * exactly one m, n and k loop: the layout the register tile is made for. */
-static bool contraction_dims(MlirOperation op, int *m, int *n, int *k) {
-  if (!mlirLinalgIsAContractionOp(op)) return false;
-  MlirLinalgContractionDimensions cd = mlirLinalgInferContractionDimensions(op);
-  MlirAttribute a[3] = {cd.m, cd.n, cd.k};
-  int v[3];
-  for (int i = 0; i < 3; i++) {
-    if (mlirAttributeIsNull(a[i]) || !mlirAttributeIsADenseI32Array(a[i]) || mlirDenseArrayGetNumElements(a[i]) != 1)
-      return false;
-    v[i] = mlirDenseI32ArrayGetElement(a[i], 0);
-  }
-  *m = v[0], *n = v[1], *k = v[2];
-  MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
-  for (int i = 1; i <= 2; i++) { /* B and C */
-    MlirAffineMap mp = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i));
-    intptr_t nr = mlirAffineMapGetNumResults(mp);
-    if (nr < 1) return false;
-    MlirAffineExpr e = mlirAffineMapGetResult(mp, nr - 1);
-    if (!mlirAffineExprIsADim(e) || (int)mlirAffineDimExprGetPosition(e) != *n) return false;
+/* Result R of operand I's map as a loop dim, -1 if it is not a dim. */
+static int map_dim(MlirAttribute maps, int i, intptr_t r) {
+  MlirAffineMap mp = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i));
+  intptr_t nr = mlirAffineMapGetNumResults(mp);
+  if (r < 0) r += nr;
+  if (r < 0 || r >= nr) return -1;
+  MlirAffineExpr e = mlirAffineMapGetResult(mp, r);
+  return mlirAffineExprIsADim(e) ? (int)mlirAffineDimExprGetPosition(e) : -1;
+}
+
+static bool dims_of(MlirAttribute a, bool *set, int n) {
+  if (mlirAttributeIsNull(a) || !mlirAttributeIsADenseI32Array(a)) return false;
+  for (intptr_t i = 0; i < mlirDenseArrayGetNumElements(a); i++) {
+    int d = mlirDenseI32ArrayGetElement(a, i);
+    if (d < 0 || d >= n) return false;
+    set[d] = true;
   }
   return true;
+}
+
+/* The roles of the loops of a contraction C[.., m, n] += A[.., k] B[.., n]
+ * (linalg's inference: batch, m, n, k dims) when its layout suits the
+ * register tile: one n loop, last in B and in C (contiguous), and an m loop
+ * just before it in C.  M_INNER, N and K_INNER (the k loop innermost in A
+ * if there is one, else the last k loop) get the register tile and the
+ * K-by-1 loop; every other loop is tiled by 1. */
+typedef struct cdims {
+  int m_inner, n, k_inner;
+  bool k[MAXL];
+} cdims;
+
+static bool contraction_dims(MlirOperation op, int nloops, cdims *cd) {
+  if (!mlirLinalgIsAContractionOp(op)) return false;
+  MlirLinalgContractionDimensions ld = mlirLinalgInferContractionDimensions(op);
+  bool m[MAXL] = {0}, n[MAXL] = {0};
+  memset(cd, 0, sizeof *cd);
+  if (!dims_of(ld.m, m, nloops) || !dims_of(ld.n, n, nloops) || !dims_of(ld.k, cd->k, nloops)) return false;
+  int nn = 0, nk = 0;
+  for (int d = 0; d < nloops; d++) nn += n[d], nk += cd->k[d];
+  MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
+  cd->n = map_dim(maps, 2, -1);
+  cd->m_inner = map_dim(maps, 2, -2);
+  if (nn != 1 || !nk || cd->n < 0 || !n[cd->n] || map_dim(maps, 1, -1) != cd->n || cd->m_inner < 0 ||
+      !m[cd->m_inner])
+    return false;
+  cd->k_inner = map_dim(maps, 0, -1);
+  if (cd->k_inner < 0 || !cd->k[cd->k_inner])
+    for (int d = 0; d < nloops; d++)
+      if (cd->k[d]) cd->k_inner = d;
+  return true;
+}
+
+/* True when OP's body is exactly acc + a * b (or b * a) in one element
+ * type, with no casts: what linalg.contract computes. */
+static bool plain_mul_add(MlirOperation op) {
+  if (name_is(op, "linalg.matmul") || name_is(op, "linalg.contract")) return true;
+  MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  if (mlirBlockIsNull(b) || mlirBlockGetNumArguments(b) != 3) return false;
+  MlirOperation mul = mlirBlockGetFirstOperation(b);
+  MlirOperation add = mlirOperationIsNull(mul) ? mul : mlirOperationGetNextInBlock(mul);
+  MlirOperation yield = mlirOperationIsNull(add) ? add : mlirOperationGetNextInBlock(add);
+  if (mlirOperationIsNull(yield) || !mlirOperationIsNull(mlirOperationGetNextInBlock(yield))) return false;
+  bool fl = name_is(mul, "arith.mulf");
+  if (!(fl ? name_is(add, "arith.addf") : name_is(mul, "arith.muli") && name_is(add, "arith.addi"))) return false;
+  MlirType t = mlirValueGetType(mlirBlockGetArgument(b, 2));
+  for (int i = 0; i < 2; i++)
+    if (!mlirTypeEqual(mlirValueGetType(mlirBlockGetArgument(b, i)), t)) return false;
+  MlirValue a0 = mlirBlockGetArgument(b, 0), a1 = mlirBlockGetArgument(b, 1), acc = mlirBlockGetArgument(b, 2);
+  MlirValue m0 = mlirOperationGetOperand(mul, 0), m1 = mlirOperationGetOperand(mul, 1);
+  MlirValue mr = mlirOperationGetResult(mul, 0);
+  MlirValue s0 = mlirOperationGetOperand(add, 0), s1 = mlirOperationGetOperand(add, 1);
+  bool mul_ok = (mlirValueEqual(m0, a0) && mlirValueEqual(m1, a1)) || (mlirValueEqual(m0, a1) && mlirValueEqual(m1, a0));
+  bool add_ok = (mlirValueEqual(s0, acc) && mlirValueEqual(s1, mr)) || (mlirValueEqual(s0, mr) && mlirValueEqual(s1, acc));
+  return mul_ok && add_ok && mlirValueEqual(mlirOperationGetOperand(yield, 0), mlirOperationGetResult(add, 0));
+}
+
+static bool static_operands(MlirOperation op) {
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    MlirType t = mlirValueGetType(mlirOperationGetOperand(op, i));
+    if (!mlirTypeIsARankedTensor(t) || !mlirShapedTypeHasStaticShape(t)) return false;
+  }
+  return true;
+}
+
+/* ---- contractions as linalg.contract ---------------------------------- */
+
+static MlirAttribute i64_list(MlirContext ctx, int n, const int *v) {
+  MlirAttribute a[MAXL];
+  for (int i = 0; i < n; i++) a[i] = mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), v[i]);
+  return mlirArrayAttrGet(ctx, n, a);
+}
+
+/* tensor.collapse_shape of V merging its dims [at, at + n) into one,
+ * inserted before BEFORE; V itself when n == 1. */
+static MlirValue collapse(MlirContext ctx, MlirOperation before, MlirValue v, int at, int n) {
+  if (n == 1) return v;
+  MlirType t = mlirValueGetType(v);
+  int rank = (int)mlirShapedTypeGetRank(t), nr = 0, grp[MAXL];
+  int64_t shape[MAXL];
+  MlirAttribute groups[MAXL];
+  for (int i = 0; i < rank;) {
+    int len = i == at ? n : 1;
+    shape[nr] = 1;
+    for (int j = 0; j < len; j++) grp[j] = i + j, shape[nr] *= mlirShapedTypeGetDimSize(t, i + j);
+    groups[nr++] = i64_list(ctx, len, grp);
+    i += len;
+  }
+  MlirType rt = mlirRankedTensorTypeGet(nr, shape, mlirShapedTypeGetElementType(t), mlirAttributeGetNull());
+  MlirNamedAttribute na = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("reassociation")),
+                                                mlirArrayAttrGet(ctx, nr, groups));
+  MlirOperationState st = mlirOperationStateGet(nova_str("tensor.collapse_shape"), mlirOperationGetLocation(before));
+  mlirOperationStateAddOperands(&st, 1, &v);
+  mlirOperationStateAddResults(&st, 1, &rt);
+  mlirOperationStateAddAttributes(&st, 1, &na);
+  MlirOperation c = mlirOperationCreate(&st);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(before), before, c);
+  return mlirOperationGetResult(c, 0);
+}
+
+/* A or B's map in the new loop order: C's dims keep C's positions, the k
+ * run (at AT, N long) becomes the single loop K. */
+static MlirAttribute new_map(MlirContext ctx, const int *dims, int rank, int at, int n, const int *newpos, int nd,
+                             int k) {
+  MlirAffineExpr e[MAXL];
+  int ne = 0;
+  for (int i = 0; i < rank; i++) {
+    if (i == at) e[ne++] = mlirAffineDimExprGet(ctx, k);
+    if (i >= at && i < at + n) continue;
+    e[ne++] = mlirAffineDimExprGet(ctx, newpos[dims[i]]);
+  }
+  return mlirAffineMapAttrGet(mlirAffineMapGet(ctx, nd, 0, ne, e));
+}
+
+/* Where the k loops (dims not in C) sit in a map: a run of NK consecutive
+ * results, in the order ORDER (filled by the first call); -1 otherwise. */
+static int k_run(const int *dims, int rank, const bool *isk, int nk, int *order, bool set) {
+  int at = -1;
+  for (int i = 0; i < rank; i++)
+    if (isk[dims[i]]) {
+      at = i;
+      break;
+    }
+  if (at < 0 || at + nk > rank) return -1;
+  for (int j = 0; j < nk; j++) {
+    if (!isk[dims[at + j]]) return -1;
+    if (set) order[j] = dims[at + j];
+    else if (order[j] != dims[at + j]) return -1;
+  }
+  for (int i = at + nk; i < rank; i++)
+    if (isk[dims[i]]) return -1;
+  return at;
+}
+
+/* Rewrites contraction OP (plain mul-add body, static shapes) as a
+ * linalg.contract whose loops are C's dims in C's order, then one k loop:
+ * several k loops are merged by collapsing A and B over them
+ * (tensor.collapse_shape, a view once bufferized).  After tiling, every
+ * unit dim of a register tile is then a leading parallel dim (dropped by
+ * cast_away_vector_leading_one_dim) and the tile vectorizes, with
+ * create_named_contraction, to a plain (m, n, k) vector.contract that
+ * lowers to outer products.  Requires maps of dims only, C of rank >= 2
+ * whose last dim n is last in B too, the k dims consecutive and in one
+ * order in A and in B.  Returns the new op, or null (OP untouched). */
+static MlirOperation to_contract(MlirContext ctx, MlirOperation op) {
+  if (mlirOperationGetNumOperands(op) != 3 || mlirOperationGetNumResults(op) != 1 || !plain_mul_add(op) ||
+      !mlirLinalgIsAContractionOp(op))
+    return (MlirOperation){NULL};
+  MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
+  int dims[3][MAXL], rank[3], nloops = 0;
+  for (int i = 0; i < 3; i++) {
+    MlirAffineMap m = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i));
+    nloops = (int)mlirAffineMapGetNumDims(m);
+    rank[i] = (int)mlirAffineMapGetNumResults(m);
+    if (nloops > MAXL || rank[i] > MAXL) return (MlirOperation){NULL};
+    for (int r = 0; r < rank[i]; r++) {
+      dims[i][r] = map_dim(maps, i, r);
+      if (dims[i][r] < 0) return (MlirOperation){NULL};
+    }
+  }
+  int rc = rank[2];
+  if (rc < 2 || rank[1] < 1 || dims[1][rank[1] - 1] != dims[2][rc - 1]) return (MlirOperation){NULL};
+  bool isk[MAXL];
+  int newpos[MAXL], nk = 0, order[MAXL];
+  for (int d = 0; d < nloops; d++) isk[d] = true;
+  for (int r = 0; r < rc; r++) isk[dims[2][r]] = false, newpos[dims[2][r]] = r;
+  for (int d = 0; d < nloops; d++) nk += isk[d];
+  int ka = nk ? k_run(dims[0], rank[0], isk, nk, order, true) : -1;
+  int kb = ka >= 0 ? k_run(dims[1], rank[1], isk, nk, order, false) : -1;
+  if (kb < 0) return (MlirOperation){NULL};
+  MlirValue a = collapse(ctx, op, mlirOperationGetOperand(op, 0), ka, nk);
+  MlirValue b = collapse(ctx, op, mlirOperationGetOperand(op, 1), kb, nk);
+  MlirAttribute nm[3] = {new_map(ctx, dims[0], rank[0], ka, nk, newpos, rc + 1, rc),
+                         new_map(ctx, dims[1], rank[1], kb, nk, newpos, rc + 1, rc),
+                         new_map(ctx, dims[2], rc, -1, 0, newpos, rc + 1, rc)};
+  MlirValue ops[3] = {a, b, mlirOperationGetOperand(op, 2)};
+  MlirType rt = mlirValueGetType(mlirOperationGetResult(op, 0));
+  int32_t seg[2] = {2, 1};
+  MlirNamedAttribute na[2] = {
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("indexing_maps")), mlirArrayAttrGet(ctx, 3, nm)),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("operandSegmentSizes")), mlirDenseI32ArrayGet(ctx, 2, seg))};
+  MlirOperationState st = mlirOperationStateGet(nova_str("linalg.contract"), mlirOperationGetLocation(op));
+  mlirOperationStateAddOperands(&st, 3, ops);
+  mlirOperationStateAddResults(&st, 1, &rt);
+  mlirOperationStateAddAttributes(&st, 2, na);
+  MlirRegion region = mlirRegionCreate();
+  mlirOperationStateAddOwnedRegions(&st, 1, &region);
+  MlirOperation lc = mlirOperationCreate(&st);
+  mlirLinalgFillBuiltinNamedOpRegion(lc);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(op), op, lc);
+  if (!mlirOperationVerify(lc)) { /* leave OP as it was; unused collapses go with canonicalization */
+    mlirOperationDestroy(lc);
+    return (MlirOperation){NULL};
+  }
+  mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(op, 0), mlirOperationGetResult(lc, 0));
+  mlirOperationDestroy(op);
+  return lc;
+}
+
+/* The m tile: MR from the configurator, or the largest size in
+ * [MR/2, MR] that divides M (no remainder tile, a little less reuse). */
+static int64_t m_tile(int64_t M, int64_t mr) {
+  if (M <= mr) return 0;
+  for (int64_t t = mr; 2 * t >= mr; t--)
+    if (M % t == 0) return t;
+  return mr;
 }
 
 static int64_t tile_or_full(int64_t range, int64_t t) { return range <= t ? 0 : t; }
@@ -199,7 +402,8 @@ static int64_t tile_or_full(int64_t range, int64_t t) { return range <= t ? 0 : 
 static tile_plan plan_op(MlirOperation op, const cfg_device *dev) {
   tile_plan p = {.kind = TK_NONE, .kdim = -1};
   bool generic = name_is(op, "linalg.generic");
-  if (!generic && !name_is(op, "linalg.matmul") && !name_is(op, "linalg.fill") && !name_is(op, "linalg.transpose"))
+  if (!generic && !name_is(op, "linalg.matmul") && !name_is(op, "linalg.contract") && !name_is(op, "linalg.fill") &&
+      !name_is(op, "linalg.transpose"))
     return p;
   if (mlirOperationGetNumResults(op) != 1) return p;
   int eb;
@@ -212,21 +416,25 @@ static tile_plan plan_op(MlirOperation op, const cfg_device *dev) {
   for (int d = 0; d < p.n; d++) p.inter[d] = d;
   int nred = 0;
   for (int d = 0; d < p.n; d++) nred += p.red[d];
-  int last = p.n - 1, m, n, k;
-  if (nred && contraction_dims(op, &m, &n, &k)) {
-    cfg_gemm_cpu_schedule s = cfg_gemm_cpu(dev, p.range[m], p.range[n], p.range[k], eb);
+  int last = p.n - 1;
+  cdims cd;
+  if (nred && name_is(op, "linalg.contract") && contraction_dims(op, p.n, &cd)) {
+    int64_t kk = 1;
+    for (int d = 0; d < p.n; d++)
+      if (cd.k[d]) kk *= p.range[d];
+    cfg_gemm_cpu_schedule s = cfg_gemm_cpu(dev, p.range[cd.m_inner], p.range[cd.n], kk, eb);
     if (!s.ok) return (tile_plan){.kind = TK_NONE};
     p.kind = TK_CONTRACT;
-    for (int d = 0; d < p.n; d++) p.tile[d] = p.range[d] == 1 ? 0 : 1; /* batch */
-    p.tile[m] = tile_or_full(p.range[m], s.mr);
-    p.tile[n] = tile_or_full(p.range[n], s.nr);
-    p.tile[k] = 0;
-    p.kdim = k;
+    for (int d = 0; d < p.n; d++) p.tile[d] = p.range[d] == 1 ? 0 : 1; /* batch, outer m and k loops */
+    p.tile[cd.m_inner] = m_tile(p.range[cd.m_inner], s.mr);
+    p.tile[cd.n] = tile_or_full(p.range[cd.n], s.nr);
+    p.tile[cd.k_inner] = 0;
+    p.kdim = cd.k_inner;
     /* n outside m: the B micro-panel is reused across the m tiles */
     int j = 0;
     for (int d = 0; d < p.n; d++)
-      if (d != m && d != n && d != k) p.inter[j++] = d;
-    p.inter[j++] = n, p.inter[j++] = m, p.inter[j++] = k;
+      if (d != cd.m_inner && d != cd.n && d != cd.k_inner) p.inter[j++] = d;
+    p.inter[j++] = cd.n, p.inter[j++] = cd.m_inner, p.inter[j++] = cd.k_inner;
     p.interchange = true;
     return p;
   }
@@ -308,7 +516,8 @@ static void emit_op(nv_sbuf *b, int id, const tile_plan *p) {
     emit_tile(b, "t1", "2", kt, p->n, NULL);
     vec = "t2";
   }
-  nv_sb_printf(b, "      transform.annotate %%%s \"nova.vec\" : !transform.any_op\n", vec);
+  nv_sb_printf(b, "      transform.annotate %%%s \"%s\" : !transform.any_op\n", vec,
+               p->kind == TK_CONTRACT ? "nova.vecc" : "nova.vec");
   for (int i = nl - 1; i >= 0; i--) /* innermost first: outer peels clone the inner remainders */
     if (peel[i])
       nv_sb_printf(b, "      %%p%d, %%q%d = transform.loop.peel %%l1_%d : (!transform.op<\"scf.for\">)"
@@ -316,23 +525,45 @@ static void emit_op(nv_sbuf *b, int id, const tile_plan *p) {
   nv_sb_printf(b, "    }\n");
 }
 
+/* Vectorizes each op marked nova.vec that has static shapes (the others
+ * fail silently and stay marked). */
+#define VECTORIZE_ATTR(H, ATTR, FLAGS)                                                                   \
+  "    %" H " = transform.structured.match attributes{" ATTR "} in %root : (!transform.any_op) -> !transform.any_op\n" \
+  "    transform.foreach %" H " : !transform.any_op {\n"                                                      \
+  "    ^bb0(%o: !transform.any_op):\n"                                                                      \
+  "      transform.sequence %o : !transform.any_op failures(suppress) {\n"                                  \
+  "      ^bb1(%o2: !transform.any_op):\n"                                                                   \
+  "        transform.structured.vectorize %o2 " FLAGS ": !transform.any_op\n"                               \
+  "      }\n"                                                                                               \
+  "    }\n"
+/* Contraction tiles (linalg.contract) become vector.contract directly. */
+#define VECTORIZE_MARKED(H) VECTORIZE_ATTR(H "a", "nova.vec", "") VECTORIZE_ATTR(H "b", "nova.vecc", "{create_named_contraction} ")
+
+/* Before any canonicalization: it would fold a multi_reduction over the
+ * unit K dim of a matmul tile into an add, which is no contraction. */
+#define TO_CONTRACT                                 \
+  "    transform.apply_patterns to %f {\n"           \
+  "      transform.apply_patterns.vector.reduction_to_contract\n" \
+  "    } : !transform.any_op\n"
+
+/* After every op's tiling: vectorize the tiles that are static already
+ * (before canonicalization folds a unit-dim transpose into a slice copy),
+ * canonicalize (the remainders of peeled loops become static), vectorize
+ * the rest, then simplify: matmul tiles to vector.contract, tensor slices
+ * folded into the transfers, the C tile hoisted out of the K loop into
+ * registers, leading unit dims dropped, contractions lowered to
+ * broadcast-FMA outer products, multi-reductions to vector reductions. */
 static const char *SCRIPT_TAIL =
     "    %f = transform.structured.match ops{[\"func.func\"]} in %root : (!transform.any_op) -> !transform.any_op\n"
+    VECTORIZE_MARKED("v1")
+    TO_CONTRACT
     "    transform.apply_patterns to %f {\n"
     "      transform.apply_patterns.canonicalization\n"
     "    } : !transform.any_op\n"
-    "    %v = transform.structured.match attributes{nova.vec} in %root : (!transform.any_op) -> !transform.any_op\n"
-    "    transform.foreach %v : !transform.any_op {\n"
-    "    ^bb0(%o: !transform.any_op):\n"
-    "      transform.sequence %o : !transform.any_op failures(suppress) {\n"
-    "      ^bb1(%o2: !transform.any_op):\n"
-    "        transform.structured.vectorize %o2 : !transform.any_op\n"
-    "      }\n"
-    "    }\n"
+    VECTORIZE_MARKED("v2")
+    TO_CONTRACT
     "    transform.apply_patterns to %f {\n"
-    "      transform.apply_patterns.vector.reduction_to_contract\n"
     "      transform.apply_patterns.vector.transfer_permutation_patterns\n"
-    "      transform.apply_patterns.vector.cast_away_vector_leading_one_dim\n"
     "      transform.apply_patterns.tensor.fold_tensor_subset_ops_into_vector_transfers\n"
     "      transform.apply_patterns.canonicalization\n"
     "    } : !transform.any_op\n"
@@ -340,13 +571,26 @@ static const char *SCRIPT_TAIL =
     "    %loops = transform.structured.match ops{[\"scf.for\"]} in %f : (!transform.any_op) -> !transform.any_op\n"
     "    transform.loop.hoist_loop_invariant_subsets %loops : !transform.any_op\n"
     "    transform.apply_patterns to %f {\n"
-    "      transform.apply_patterns.vector.lower_contraction lowering_strategy = \"outerproduct\"\n"
-    "      transform.apply_patterns.vector.lower_outerproduct\n"
+    "      transform.apply_patterns.tensor.fold_tensor_subset_ops_into_vector_transfers\n"
     "      transform.apply_patterns.canonicalization\n"
     "    } : !transform.any_op\n"
-    "    transform.yield\n"
-    "  }\n"
-    "}\n";
+    "    transform.apply_patterns to %f {\n"
+    "      transform.apply_patterns.vector.cast_away_vector_leading_one_dim\n"
+    "      transform.apply_patterns.canonicalization\n"
+    "    } : !transform.any_op\n"
+    "    transform.apply_patterns to %f {\n"
+    "      transform.apply_patterns.vector.lower_contraction lowering_strategy = \"outerproduct\"\n"
+    "      transform.apply_patterns.vector.lower_outerproduct\n"
+    "      transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = \"innerreduction\"\n"
+    "      transform.apply_patterns.canonicalization\n"
+    "    } : !transform.any_op\n";
+
+static const char *SCRIPT_END = "    transform.yield\n  }\n}\n";
+
+/* NOVAC_TILE_FAULT=1 (tests): the script fails after it transformed
+ * everything, which must leave the module as it was. */
+static const char *SCRIPT_FAULT =
+    "    %fault = transform.cast %f : !transform.any_op to !transform.op<\"scf.for\">\n";
 
 /* ---- marking, snapshots, diagnostics --------------------------------- */
 
@@ -356,6 +600,7 @@ typedef struct marker {
   MlirContext ctx;
   int next;
   int counts[4];
+  bool debug;
 } marker;
 
 static void mark_func(marker *mk, MlirOperation func) {
@@ -365,12 +610,25 @@ static void mark_func(marker *mk, MlirOperation func) {
   if (mlirBlockIsNull(body)) return;
   for (MlirOperation o = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) {
     tile_plan p = plan_op(o, mk->dev);
+    if (p.kind == TK_REDUCE || (p.kind == TK_NONE && name_is(o, "linalg.matmul"))) {
+      /* a contraction the register tile suits, once rewritten? */
+      MlirOperation lc = static_operands(o) ? to_contract(mk->ctx, o) : (MlirOperation){NULL};
+      if (!mlirOperationIsNull(lc)) o = lc, p = plan_op(lc, mk->dev);
+    }
     if (p.kind == TK_NONE) continue;
     int id = mk->next++;
     mk->counts[p.kind]++;
     mlirOperationSetDiscardableAttributeByName(o, nova_str("nova.tile"),
                                                mlirIntegerAttrGet(mlirIntegerTypeGet(mk->ctx, 64), id));
     emit_op(mk->script, id, &p);
+    if (mk->debug) {
+      static const char *kn[] = {"-", "contract", "pointwise", "reduce"};
+      fprintf(stderr, "// nova.tile = %d: %s, ranges", id, kn[p.kind]);
+      for (int d = 0; d < p.n; d++) fprintf(stderr, " %lld%s", (long long)p.range[d], p.red[d] ? "r" : "");
+      fprintf(stderr, ", tiles");
+      for (int d = 0; d < p.n; d++) fprintf(stderr, " %lld", (long long)p.tile[d]);
+      fprintf(stderr, "\n");
+    }
   }
 }
 
@@ -378,6 +636,7 @@ static MlirWalkResult unmark_cb(MlirOperation op, void *ud) {
   (void)ud;
   mlirOperationRemoveDiscardableAttributeByName(op, nova_str("nova.tile"));
   mlirOperationRemoveDiscardableAttributeByName(op, nova_str("nova.vec"));
+  mlirOperationRemoveDiscardableAttributeByName(op, nova_str("nova.vecc"));
   return MlirWalkResultAdvance;
 }
 
@@ -476,14 +735,15 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
                "module attributes {transform.with_named_sequence} {\n"
                "  transform.named_sequence @__transform_main(%%root: !transform.any_op {transform.readonly}) {\n");
   MlirOperation snap = mlirOperationClone(mlirModuleGetOperation(m));
-  marker mk = {.dev = host, .script = &script, .ctx = c->ctx};
+  marker mk = {.dev = host, .script = &script, .ctx = c->ctx, .debug = debug};
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f))
     if (name_is(f, "func.func")) mark_func(&mk, f);
-  nv_sb_printf(&script, "%s", SCRIPT_TAIL);
+  nv_sb_printf(&script, "%s%s%s", SCRIPT_TAIL, getenv("NOVAC_TILE_FAULT") ? SCRIPT_FAULT : "", SCRIPT_END);
   if (debug) {
     fprintf(stderr, "// cpu tiling: %d contractions, %d elementwise, %d reductions\n%s", mk.counts[TK_CONTRACT],
             mk.counts[TK_POINTWISE], mk.counts[TK_REDUCE], script.s ? script.s : "");
+    fprintf(stderr, "// ---- before tiling\n");
     mlirOperationPrint(mlirModuleGetOperation(m), debug_print, NULL);
   }
   captured cap = {{0}, 0};
@@ -498,7 +758,10 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
     mlirOperationDestroy(snap);
   }
   mlirOperationWalk(mlirModuleGetOperation(m), unmark_cb, NULL, MlirWalkPostOrder);
-  if (debug) mlirOperationPrint(mlirModuleGetOperation(m), debug_print, NULL);
+  if (debug) {
+    fprintf(stderr, "// ---- after tiling\n");
+    mlirOperationPrint(mlirModuleGetOperation(m), debug_print, NULL);
+  }
   nv_sb_free(&script);
   return rc;
 }

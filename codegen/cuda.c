@@ -724,7 +724,8 @@ static int take_ptx(gpu_ctx *G, MlirModule m) {
   return -1;
 }
 
-int cg_lower_to_gpu(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out) {
+int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_device *dev, const cg_gpu_options *o,
+                    cg_gpu *out) {
   memset(out, 0, sizeof *out);
   if (dev->cc_major < 5) {
     nv_error_plain(c->diag, "--target=cuda: device '%s' has no compute capability", dev->name);
@@ -744,7 +745,9 @@ int cg_lower_to_gpu(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_g
     return -1;
   }
   gpu_ctx G = {c, c->ctx, dev, out, sim, NULL, 0, 0, o->block, o->tf32, 0};
-  if (cg_bufferize(c, m, opt_level, false)) return -1;
+  if (cg_fuse(c, m, opt_level, &out->plan) || (opt_level > 0 && cg_prepare_inplace(g, m)) ||
+      cg_bufferize(c, m, opt_level, false) || (opt_level > 0 && cg_plan_inplace(g, m, &out->plan)))
+    return -1;
   int prc = opt_level > 0 ? cg_memplan(c, m, &out->plan) : 1;
   if (prc < 0) return -1;
   if (prc == 1 && sim && cg_run_pipeline(c, m, "builtin.module(buffer-deallocation-pipeline)", "buffer deallocation"))

@@ -121,7 +121,10 @@ static void describe(MlirOperation op, char *out, size_t n) {
 }
 
 int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
-  memset(plan, 0, sizeof *plan);
+  free(plan->entries);
+  plan->entries = NULL;
+  plan->n = 0;
+  plan->planned = false;
   MlirOperation func = {NULL};
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f))
@@ -246,5 +249,9 @@ out:
 
 void cg_plan_free(cg_plan *p) {
   free(p->entries);
-  memset(p, 0, sizeof *p);
+  free(p->inplace);
+  p->inplace = NULL;
+  p->entries = NULL;
+  p->n = 0;
+  p->planned = false;
 }

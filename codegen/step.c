@@ -61,6 +61,45 @@ static int collect(const nv_graph *g, step_tensor **out, int64_t *init_size) {
   return n;
 }
 
+/* For each output j of G: the entry argument of the param it updates
+ * (PA[j], -1: none) and its own out-parameter argument (UA[j]). */
+static int update_pairs(const nv_graph *g, int **pa, int **ua) {
+  step_tensor *t;
+  int64_t init;
+  int n = collect(g, &t, &init);
+  if (n < 0) return -1;
+  int nargs = n - g->noutputs;
+  *pa = calloc((size_t)g->noutputs + 1, sizeof **pa);
+  *ua = calloc((size_t)g->noutputs + 1, sizeof **ua);
+  for (int j = 0; *pa && *ua && j < g->noutputs; j++) {
+    (*pa)[j] = t[nargs + j].updates; /* -1: not an update */
+    (*ua)[j] = (*pa)[j] >= 0 ? nargs + j : -1;
+  }
+  free(t);
+  return *pa && *ua ? 0 : -1;
+}
+
+int cg_prepare_inplace(const nv_graph *g, MlirModule m) {
+  int *pa = NULL, *ua = NULL;
+  int rc = update_pairs(g, &pa, &ua);
+  if (!rc) rc = cg_mark_writable(m, pa, g->noutputs);
+  free(pa);
+  free(ua);
+  return rc;
+}
+
+int cg_plan_inplace(const nv_graph *g, MlirModule m, cg_plan *plan) {
+  int *pa = NULL, *ua = NULL;
+  free(plan->inplace);
+  plan->inplace = calloc((size_t)g->noutputs + 1, sizeof *plan->inplace);
+  plan->noutputs = g->noutputs;
+  int rc = plan->inplace ? update_pairs(g, &pa, &ua) : -1;
+  if (!rc) rc = cg_inplace(m, pa, ua, g->noutputs, plan->inplace);
+  free(pa);
+  free(ua);
+  return rc;
+}
+
 static int write_init(nova_ctx *c, const nv_graph *g, const step_tensor *t, int n, int64_t size,
                       const char *path) {
   unsigned char *buf = calloc(1, size ? (size_t)size : 1);
@@ -94,6 +133,7 @@ static void c_string(nv_sbuf *b, const char *s) {
 
 static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t init_size, const char *hash,
                       const cg_gpu *gpu, const cg_plan *plan, const char *path) {
+  int nargs_in = n - g->noutputs;
   nv_sbuf b = {0};
   int64_t arena = plan && plan->planned ? plan->arena_bytes : 0;
   int na = n + (arena > 0); /* the planned arena is the entry's last argument */
@@ -129,8 +169,10 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
     bool arg = t[i].role == NOVA_ROLE_INPUT || t[i].role == NOVA_ROLE_LABEL || t[i].role == NOVA_ROLE_PARAM ||
                t[i].role == NOVA_ROLE_OPT_STATE;
     int64_t bound = arg ? x->index_bound : 0;
-    nv_sb_printf(&b, "%s}, %lld, %lld, %d, %lld},\n", x->rank ? "" : "0", (long long)bound, (long long)t[i].init_offset,
-                 (int)t[i].updates, (long long)(bound && x->index_negative ? -bound : 0));
+    bool inplace = plan && plan->inplace && i >= nargs_in && i - nargs_in < plan->noutputs && plan->inplace[i - nargs_in];
+    nv_sb_printf(&b, "%s}, %lld, %lld, %d, %lld, %d},\n", x->rank ? "" : "0", (long long)bound,
+                 (long long)t[i].init_offset, (int)t[i].updates, (long long)(bound && x->index_negative ? -bound : 0),
+                 inplace ? 1 : 0);
   }
   nv_sb_printf(&b, "};\nstatic const int32_t args[] = {");
   for (int i = 0; i < n; i++) nv_sb_printf(&b, "%s%d", i ? ", " : "", i);
@@ -228,6 +270,9 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
     cJSON_AddNumberToObject(e, "bytes", bytes);
     cJSON_AddNumberToObject(e, "argument", i);
     if (t[i].updates >= 0) cJSON_AddStringToObject(e, "updates", t[t[i].updates].name);
+    int oi = i - nargs_of(t, n);
+    bool inplace = o->plan && o->plan->inplace && oi >= 0 && oi < o->plan->noutputs && o->plan->inplace[oi];
+    if (t[i].updates >= 0) cJSON_AddBoolToObject(e, "in_place", inplace);
     if (x->has_default) cJSON_AddNumberToObject(e, "default", x->init.a);
     if (i < nargs_of(t, n) && x->index_bound > 0) {
       cJSON_AddNumberToObject(e, "index_bound", (double)x->index_bound);
@@ -239,7 +284,7 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
       cJSON_AddStringToObject(e, "defined_at", where);
     }
     cJSON_AddItemToArray(ts, e);
-    io_bytes += bytes;
+    if (!inplace) io_bytes += bytes; /* an update in place takes its param's memory */
     if (t[i].role == NOVA_ROLE_PARAM) param_bytes += bytes;
   }
   cJSON *mem = cJSON_AddObjectToObject(root, "memory");
@@ -267,6 +312,11 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
   }
   int nops = 0;
   for (int i = 0; i < g->nnodes; i++) nops += g->nodes[i]->op != NV_OP_INPUT && g->nodes[i]->op != NV_OP_PARAM;
+  if (o->plan) { /* linalg ops = loop nests, the kernels of a step */
+    cJSON *fu = cJSON_AddObjectToObject(root, "fusion");
+    cJSON_AddNumberToObject(fu, "ops_before", o->plan->ops_before_fusion);
+    cJSON_AddNumberToObject(fu, "ops_after", o->plan->ops_after_fusion);
+  }
   cJSON *ks = cJSON_AddArrayToObject(root, "kernels");
   cJSON *k = cJSON_CreateObject();
   cJSON_AddStringToObject(k, "name", g->train ? "train_step" : "forward");

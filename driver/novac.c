@@ -409,7 +409,7 @@ static int compile(nv_diag *d, opts *o) {
                    .keep_temps = getenv("NOVAC_KEEP_TEMPS") != NULL};
   if (cuda) {
     cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block, o->tf32};
-    if (cg_lower_to_gpu(&c, lin, &dev, &go, &gpu) || nova_verify(&c, lin, "lowering to the GPU"))
+    if (cg_lower_to_gpu(&c, g, lin, &dev, &go, &gpu) || nova_verify(&c, lin, "lowering to the GPU"))
       goto out;
     gpu.dev = &dev;
     co.gpu = o->gpu_sim ? NULL : &gpu; /* --gpu-sim: a cpu step */
@@ -417,7 +417,7 @@ static int compile(nv_diag *d, opts *o) {
     stage_done(&tm, "bufferize + GPU kernels + PTX");
     if (nd_check_memory(d, &dev, g, &gpu)) goto out;
   } else if (o->emit != EMIT_MANIFEST) {
-    if (cg_lower_to_llvm(&c, lin, o->opt_level, &plan) || nova_verify(&c, lin, "lowering to LLVM")) goto out;
+    if (cg_lower_to_llvm(&c, g, lin, o->opt_level, &plan) || nova_verify(&c, lin, "lowering to LLVM")) goto out;
     co.plan = &plan;
     stage_done(&tm, "bufferize + to LLVM");
   }

@@ -37,6 +37,8 @@ static nova_status rt_check_tensor(const rt_graph *g, int i, size_t *nbytes, cha
       memcmp(g->tensors[t->updates].shape, t->shape, (size_t)t->rank * sizeof t->shape[0]))))
     return rt_bad(err, "malformed step: tensor '%s': updates tensor %d, which is not a param or opt_state of its type",
                   name, (int)t->updates);
+  if (t->inplace != 0 && (t->inplace != 1 || t->updates < 0))
+    return rt_bad(err, "malformed step: tensor '%s': in place (%d) without a tensor to update", name, (int)t->inplace);
   if (t->index_lower != 0 && t->index_lower != -t->index_bound)
     return rt_bad(err, "malformed step: tensor '%s': index_lower %lld with index_bound %lld", name,
                   (long long)t->index_lower, (long long)t->index_bound);

@@ -216,7 +216,8 @@ nova_status rt_cuda_open(nova_step *s) {
   cu->host_stale = calloc(nt, 1);
   if (!cu->dptr || !cu->dargs || !cu->dev_stale || !cu->host_stale) return NOVA_ERR_NO_MEMORY;
   size_t off = 0, tensors;
-  for (int i = 0; i < g->ntensors; i++) off += align_up(s->nbytes[i] ? s->nbytes[i] : 1);
+  for (int i = 0; i < g->ntensors; i++)
+    if (!g->tensors[i].inplace) off += align_up(s->nbytes[i] ? s->nbytes[i] : 1);
   tensors = off;
   cu->scratch_base = off;
   cu->scratch_size = (size_t)g->scratch_bytes;
@@ -238,10 +239,13 @@ nova_status rt_cuda_open(nova_step *s) {
     return rt_fail(s, NOVA_ERR_DEVICE, "creating a CUDA stream on %s: %s (%s)", D.dev_name, cu_name(r), cu_text(r));
   off = 0;
   for (int i = 0; i < g->ntensors; i++) {
+    if (g->tensors[i].inplace) continue; /* below: its param's */
     cu->dptr[i] = cu->arena + off;
     off += align_up(s->nbytes[i] ? s->nbytes[i] : 1);
     cu->dev_stale[i] = is_input_role(g->tensors[i].role); /* initial values go up before the first run */
   }
+  for (int i = 0; i < g->ntensors; i++)
+    if (g->tensors[i].inplace) cu->dptr[i] = cu->dptr[g->tensors[i].updates];
   for (int a = 0; a < g->nargs; a++) cu->dargs[a] = (void *)(uintptr_t)cu->dptr[g->arg_tensor[a]];
   /* the planned intermediates start the scratch space; gpu.alloc takes the rest */
   cu->dargs[g->nargs] = (void *)(uintptr_t)(cu->arena + cu->scratch_base);
@@ -310,7 +314,7 @@ nova_status rt_cuda_run(nova_step *s) {
   /* a training step's new parameters and optimizer state replace the old */
   for (int i = 0; i < g->ntensors && !cu->failed; i++) {
     int u = g->tensors[i].updates;
-    if (u >= 0 && (r = D.cuMemcpyDtoDAsync(cu->dptr[u], cu->dptr[i], s->nbytes[i], cu->stream)))
+    if (u >= 0 && !g->tensors[i].inplace && (r = D.cuMemcpyDtoDAsync(cu->dptr[u], cu->dptr[i], s->nbytes[i], cu->stream)))
       cu_fail(cu, r, "updating '%s'", g->tensors[u].name);
   }
   if (!cu->failed && (r = D.cuStreamSynchronize(cu->stream))) cu_fail(cu, r, "running the step on %s", D.dev_name);

@@ -23,6 +23,8 @@ typedef struct rt_tensor_desc {
                             tensors[updates] (a param or opt_state); -1 otherwise */
   int64_t index_lower;   /* with index_bound: the lowest value allowed, 0 or -index_bound (ONNX
                             Gather counts negative indices from the end) */
+  int32_t inplace;       /* with updates >= 0: 1 = the step computes this tensor in the buffer of
+                            tensors[updates] (they share it; nothing is copied after a run) */
 } rt_tensor_desc;
 
 typedef struct rt_graph {

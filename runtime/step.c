@@ -59,9 +59,11 @@ static nova_status rt_step_alloc(nova_step *s) {
   nova_status st = rt_graph_check_tensors(g, s->nbytes, s->error);
   if (st != NOVA_OK) return st;
   for (int i = 0; i < g->ntensors; i++)
-    if (!(s->buffers[i] = rt_buffer_create(g, &g->tensors[i], s->nbytes[i])))
+    if (!g->tensors[i].inplace && !(s->buffers[i] = rt_buffer_create(g, &g->tensors[i], s->nbytes[i])))
       return rt_fail(s, NOVA_ERR_NO_MEMORY, "out of memory for tensor '%s' (%zu bytes)", g->tensors[i].name,
                      s->nbytes[i]);
+  for (int i = 0; i < g->ntensors; i++) /* an update in place shares its param's buffer */
+    if (g->tensors[i].inplace) s->buffers[i] = s->buffers[g->tensors[i].updates];
   for (int a = 0; a < g->nargs; a++) s->args[a] = s->buffers[g->arg_tensor[a]];
   s->last_ms = -1;
   if (g->arena_bytes && g->target == RT_TARGET_CPU) {
@@ -79,7 +81,8 @@ static nova_status rt_step_alloc(nova_step *s) {
 static void rt_step_release(nova_step *s) {
   rt_cuda_close(s);
   if (s->buffers && s->graph)
-    for (int i = 0; i < s->graph->ntensors; i++) free(s->buffers[i]);
+    for (int i = 0; i < s->graph->ntensors; i++)
+      if (!s->graph->tensors[i].inplace) free(s->buffers[i]);
   free(s->buffers);
   free(s->nbytes);
   free(s->bound);
@@ -226,7 +229,8 @@ NOVA_API nova_status nova_step_run(nova_step *step) {
   step->last_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
   /* a training step's new parameters and optimizer state replace the old */
   for (int i = 0; i < g->ntensors; i++)
-    if (g->tensors[i].updates >= 0) memcpy(step->buffers[g->tensors[i].updates], step->buffers[i], step->nbytes[i]);
+    if (g->tensors[i].updates >= 0 && !g->tensors[i].inplace)
+      memcpy(step->buffers[g->tensors[i].updates], step->buffers[i], step->nbytes[i]);
   return rt_ok(step);
 }
 

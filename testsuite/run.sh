@@ -49,6 +49,7 @@ fi
 suite novac "$LLVM_BIN/lit" -v --no-progress-bar testsuite/lit
 suite e2e-ops python3 testsuite/e2e/test_ops.py
 suite e2e-gemm python3 testsuite/e2e/test_gemm.py
+suite e2e-memplan python3 testsuite/e2e/test_memplan.py
 suite e2e-examples python3 testsuite/e2e/test_examples.py
 suite e2e-onnx-models python3 testsuite/e2e/test_onnx_models.py
 suite grad python3 testsuite/e2e/test_grads.py

@@ -1,0 +1,135 @@
+/* inplace.c: parameter and optimizer-state updates computed in place.
+ *
+ * A training step returns each new parameter (and optimizer state) as an
+ * output of role update; the runtime would copy it over the old value
+ * after the run, so both live at once.  Instead:
+ *  1. before bufferization (cg_mark_writable), each update computed by an
+ *     all-parallel linalg.generic that reads its parameter element for
+ *     element (the optimizer's fused update) gets the parameter as its
+ *     destination instead of a new tensor, and the parameter's argument is
+ *     marked bufferization.writable: one-shot bufferization then computes
+ *     it in the parameter's buffer where its own analysis proves that safe
+ *     (no later read of the old value), and into a copy otherwise;
+ *  2. after it (cg_inplace), an update whose value ended up in its
+ *     parameter's buffer is returned by a single copy of that argument
+ *     into the update's out-parameter: the copy is removed and the runtime
+ *     passes the parameter's buffer for the update (rt_tensor_desc.inplace):
+ *     no second buffer, no copy during or after the run.
+ * Updates bufferization did not place in their parameter keep their own
+ * buffer and the copy after the run.
+ */
+#include <mlir-c/BuiltinAttributes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+
+static bool named(MlirOperation op, const char *name) {
+  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
+  return s.length == strlen(name) && !memcmp(s.data, name, s.length);
+}
+
+static MlirOperation entry_of(MlirModule m) {
+  MlirOperation func = {NULL};
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f))
+    if (named(f, "func.func") && !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0)))) func = f;
+  return func;
+}
+
+/* If the value RESULT (an update of the argument P) comes from an
+ * all-parallel linalg.generic with a tensor.empty destination that reads P
+ * with the destination's indexing map, P becomes its destination. */
+static void retarget(MlirValue result, MlirValue p) {
+  if (!mlirValueIsAOpResult(result)) return;
+  MlirOperation g = mlirOpResultGetOwner(result);
+  if (!named(g, "linalg.generic") || mlirOperationGetNumResults(g) != 1) return;
+  MlirAttribute seg = mlirOperationGetAttributeByName(g, nova_str("operandSegmentSizes"));
+  MlirAttribute it = mlirOperationGetAttributeByName(g, nova_str("iterator_types"));
+  MlirAttribute maps = mlirOperationGetAttributeByName(g, nova_str("indexing_maps"));
+  if (mlirAttributeIsNull(seg) || mlirAttributeIsNull(it) || mlirAttributeIsNull(maps) ||
+      mlirDenseI32ArrayGetElement(seg, 1) != 1 || !mlirTypeEqual(mlirValueGetType(result), mlirValueGetType(p)))
+    return;
+  for (intptr_t i = 0; i < mlirArrayAttrGetNumElements(it); i++) {
+    nv_sbuf b = {0};
+    mlirAttributePrint(mlirArrayAttrGetElement(it, i), cg_print_to_sbuf, &b);
+    bool par = b.s && strstr(b.s, "parallel");
+    nv_sb_free(&b);
+    if (!par) return;
+  }
+  intptr_t n = mlirOperationGetNumOperands(g);
+  MlirValue init = mlirOperationGetOperand(g, n - 1);
+  if (!mlirValueIsAOpResult(init) || !named(mlirOpResultGetOwner(init), "tensor.empty")) return;
+  MlirAttribute omap = mlirArrayAttrGetElement(maps, n - 1);
+  for (intptr_t k = 0; k + 1 < n; k++)
+    if (mlirValueEqual(mlirOperationGetOperand(g, k), p) && mlirAttributeEqual(mlirArrayAttrGetElement(maps, k), omap)) {
+      /* the payload never reads the destination's element: it was empty */
+      mlirOperationSetOperand(g, n - 1, p);
+      return;
+    }
+}
+
+int cg_mark_writable(MlirModule m, const int *param_arg, int n) {
+  MlirOperation func = entry_of(m);
+  if (mlirOperationIsNull(func)) return 0;
+  MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
+  MlirOperation ret = mlirBlockGetTerminator(fb);
+  intptr_t nargs = mlirBlockGetNumArguments(fb);
+  for (int j = 0; j < n && !mlirOperationIsNull(ret); j++)
+    if (param_arg[j] >= 0 && param_arg[j] < nargs && j < mlirOperationGetNumOperands(ret))
+      retarget(mlirOperationGetOperand(ret, j), mlirBlockGetArgument(fb, param_arg[j]));
+  MlirAttribute aa = mlirOperationGetAttributeByName(func, nova_str("arg_attrs"));
+  if (mlirAttributeIsNull(aa) || !mlirAttributeIsAArray(aa)) return 0;
+  MlirContext ctx = mlirOperationGetContext(func);
+  intptr_t na = mlirArrayAttrGetNumElements(aa);
+  MlirAttribute *el = calloc((size_t)na + 1, sizeof *el);
+  if (!el) return -1;
+  for (intptr_t i = 0; i < na; i++) el[i] = mlirArrayAttrGetElement(aa, i);
+  for (int j = 0; j < n; j++) {
+    int a = param_arg[j];
+    if (a < 0 || a >= na || !mlirAttributeIsADictionary(el[a])) continue;
+    intptr_t ne = mlirDictionaryAttrGetNumElements(el[a]);
+    MlirNamedAttribute *ent = calloc((size_t)ne + 1, sizeof *ent);
+    if (!ent) {
+      free(el);
+      return -1;
+    }
+    int k = 0;
+    for (intptr_t e = 0; e < ne; e++) {
+      MlirNamedAttribute x = mlirDictionaryAttrGetElement(el[a], e);
+      MlirStringRef nm = mlirIdentifierStr(x.name);
+      if (nm.length == strlen("bufferization.writable") && !memcmp(nm.data, "bufferization.writable", nm.length))
+        continue;
+      ent[k++] = x;
+    }
+    ent[k++] = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("bufferization.writable")),
+                                     mlirBoolAttrGet(ctx, 1));
+    el[a] = mlirDictionaryAttrGet(ctx, k, ent);
+    free(ent);
+  }
+  mlirOperationSetAttributeByName(func, nova_str("arg_attrs"), mlirArrayAttrGet(ctx, na, el));
+  free(el);
+  return 0;
+}
+
+int cg_inplace(MlirModule m, const int *param_arg, const int *update_arg, int n, bool *ok) {
+  MlirOperation func = entry_of(m);
+  for (int j = 0; j < n; j++) ok[j] = false;
+  if (mlirOperationIsNull(func)) return 0;
+  MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
+  intptr_t nargs = mlirBlockGetNumArguments(fb);
+  for (int j = 0; j < n; j++) {
+    if (param_arg[j] < 0 || update_arg[j] < 0 || param_arg[j] >= nargs || update_arg[j] >= nargs) continue;
+    MlirValue p = mlirBlockGetArgument(fb, param_arg[j]), u = mlirBlockGetArgument(fb, update_arg[j]);
+    /* the update's only use: memref.copy %p, %u at the top level */
+    MlirOpOperand use = mlirValueGetFirstUse(u);
+    if (mlirOpOperandIsNull(use) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(use))) continue;
+    MlirOperation cp = mlirOpOperandGetOwner(use);
+    if (!named(cp, "memref.copy") || !mlirOperationEqual(mlirOperationGetParentOperation(cp), func) ||
+        mlirOpOperandGetOperandNumber(use) != 1 || !mlirValueEqual(mlirOperationGetOperand(cp, 0), p))
+      continue;
+    mlirOperationDestroy(cp);
+    ok[j] = true;
+  }
+  return 0;
+}
