@@ -40,7 +40,7 @@ int cg_inplace(MlirModule m, const int *param_arg, const int *update_arg, int n,
 /* The same for the step of G (step.c knows the argument order):
  * cg_prepare_inplace before bufferization, cg_plan_inplace after it (into
  * PLAN->inplace). */
-int cg_prepare_inplace(const nv_graph *g, MlirModule m);
+int cg_prepare_inplace(nova_ctx *c, const nv_graph *g, MlirModule m);
 int cg_plan_inplace(const nv_graph *g, MlirModule m, cg_plan *plan);
 
 /* Elementwise fusion over the whole linalg module (at -O1 and above),
@@ -112,7 +112,8 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
 int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc);
 /* Bufferizes and lowers a linalg module to the LLVM dialect in place;
  * at -O1 and above the intermediates are planned into PLAN's arena. */
-int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, int opt_level, cg_plan *plan);
+int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_device *cpu, int opt_level,
+                     cg_plan *plan);
 /* The second half of cg_lower_to_llvm: a bufferized module to the LLVM dialect. */
 int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m);
 

@@ -114,16 +114,22 @@ int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
                            "bufferization");
   if (rc) return rc;
   distinct_results(c, m);
-  nv_sb_printf(&p, "builtin.module(buffer-results-to-out-params{hoist-static-allocs=1 modify-public-functions=1}%s)",
+  /* canonicalize: loops that carry a buffer unchanged (tiled code) return it
+   * directly, which the memory plan and the in-place updates rely on */
+  nv_sb_printf(&p,
+               "builtin.module(buffer-results-to-out-params{hoist-static-allocs=1 modify-public-functions=1}%s,"
+               "func.func(canonicalize))",
                dealloc ? ",buffer-deallocation-pipeline" : "");
   rc = p.oom ? -1 : cg_run_pipeline(c, m, p.s, "bufferization");
   nv_sb_free(&p);
   return rc;
 }
 
-int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, int opt_level, cg_plan *plan) {
+int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_device *cpu, int opt_level,
+                     cg_plan *plan) {
   if (cg_fuse(c, m, opt_level, plan)) return -1;
-  if (opt_level > 0 && cg_prepare_inplace(g, m)) return -1;
+  if (opt_level > 0 && cg_prepare_inplace(c, g, m)) return -1;
+  if (cg_cpu_tile(c, m, cpu, opt_level)) return -1;
   if (cg_bufferize(c, m, opt_level, false)) return -1;
   if (opt_level > 0 && cg_plan_inplace(g, m, plan)) return -1;
   int rc = opt_level > 0 ? cg_memplan(c, m, plan) : 1;

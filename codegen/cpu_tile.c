@@ -1,31 +1,39 @@
 /* cpu_tile.c: tiling and vectorization of linalg on tensors for the CPU.
  *
  * Requires: a verified linalg-on-tensors module (cg_lower_to_linalg's
- * output, before bufferization), static shapes.
+ * output) after elementwise fusion (cg_fuse: a tiled op no longer fuses)
+ * and before bufferization.
  * Produces: the same module in which each linalg op this file knows how to
  * schedule became scf.for loops over vector ops (vector.transfer_read/write
- * on tensor slices, vector.fma, ...); ops it does not know, or whose
+ * on tensors, vector.fma, ...); ops it does not know, or whose
  * transformation fails, stay as they are and become scalar loops later
  * (convert-linalg-to-loops).  The lowering after bufferization then needs
  * the vector passes: convert-vector-to-scf{full-unroll=1} before
- * convert-scf-to-cf, convert-vector-to-llvm, convert-ub-to-llvm after it.
+ * convert-scf-to-cf, convert-vector-to-llvm, and convert-ub-to-llvm after
+ * it (cg_lower_loops_to_llvm).  Bufferized, a tiled op is a chain of loops
+ * that carry their memref (scf.for iter_args yielding it unchanged): a
+ * buffer is live until the last use of any loop result derived from it.
  *
  * How: each op gets a discardable attribute nova.tile = K, and a transform
  * script (printed here, the sizes written into it) tiles op K, marks the
- * tiled op nova.vec and peels every loop whose trip does not divide, so
- * that every tile, remainders included, has a static shape.  Then the
- * whole function is canonicalized, each nova.vec op vectorized, and the
- * vector code simplified: matmul tiles become vector.contract and then
- * broadcast-FMA outer products, and the C tile of a matmul is carried in
- * registers across its K loop (loop.hoist_loop_invariant_subsets).
+ * tiled op (nova.vec, nova.vecc for contractions) and peels every loop
+ * whose trip count the tile does not divide, so that every tile,
+ * remainders included, has a static shape.  The script then vectorizes
+ * the marked ops and simplifies the vector code: tensor slices folded into
+ * the transfers, the C tile of a contraction carried in registers across
+ * its K loop (loop.hoist_loop_invariant_subsets), leading unit dims
+ * dropped, vector.contract lowered to broadcast-FMA outer products,
+ * multi-reductions to vector reductions.
  *
  * Schedules (no search; every size from the configurator):
- *   contraction C[b.., m, n] += A[b.., m, k] B[b.., k, n] (linalg.matmul and
- *     generics that linalg recognises as one, n contiguous in B and C):
- *     batch dims by 1, m by mr, n by nr, then k by 1 inside; mr x nr from
- *     cfg_gemm_cpu (nr = 2 vectors, mr from the vector registers).  Loops
- *     n outside m, so the kc x nr micro-panel of B stays in L1 across the m
- *     tiles (BLIS order jr, ir, without packing).
+ *   contraction C[.., m, n] += A[.., k] B[.., k.., n] (linalg.matmul and
+ *     mul-add generics, rewritten as linalg.contract over C's dims plus one
+ *     k, several k dims collapsed into one; n contiguous in B and C):
+ *     outer dims by 1, m by mr (or a divisor of M in [mr/2, mr]), n by nr,
+ *     then k by 1 inside; mr x nr from cfg_gemm_cpu (nr = 2 vectors, mr from
+ *     the vector registers).  Loops n outside m, so the K x nr panel of B is
+ *     reused across the m tiles (BLIS order jr, ir; no packing, no kc
+ *     blocking: it measured no faster here).
  *   elementwise (all-parallel generic, fill, transpose): the innermost dim
  *     by the vector lanes of cfg_pointwise_cpu, the others by 1.
  *   reductions (generic with reduction iterators): innermost dim parallel:
@@ -35,6 +43,8 @@
  * Ops left alone: dynamic shapes, i1/f16/bf16/index element types, maps
  * that are not projected permutations (convolution windows), bodies with
  * tensor.extract (gathers) or ops outside arith/math.
+ * Numerics: the same operations in the same order as the scalar loops,
+ * except that a contraction's multiply-add is fused (FMA).
  *
  * Failure policy: each op's tiling runs in its own failures(suppress)
  * sequence, each op's vectorization too, so a silenceable failure leaves
@@ -44,7 +54,9 @@
  * scalar code.  MLIR diagnostics raised meanwhile are captured, not
  * reported as errors.
  *
- * NOVAC_DEBUG_TILE=1 prints the script and the module before and after.
+ * NOVAC_DEBUG_TILE=1 prints the plans, the script and the module before
+ * and after; NOVAC_TILE=0 turns the pass off (to bisect);
+ * NOVAC_TILE_FAULT=1 makes the script fail at its end (tests).
  */
 #include <mlir-c/AffineExpr.h>
 #include <mlir-c/AffineMap.h>
@@ -240,8 +252,10 @@ static bool plain_mul_add(MlirOperation op) {
   MlirValue m0 = mlirOperationGetOperand(mul, 0), m1 = mlirOperationGetOperand(mul, 1);
   MlirValue mr = mlirOperationGetResult(mul, 0);
   MlirValue s0 = mlirOperationGetOperand(add, 0), s1 = mlirOperationGetOperand(add, 1);
-  bool mul_ok = (mlirValueEqual(m0, a0) && mlirValueEqual(m1, a1)) || (mlirValueEqual(m0, a1) && mlirValueEqual(m1, a0));
-  bool add_ok = (mlirValueEqual(s0, acc) && mlirValueEqual(s1, mr)) || (mlirValueEqual(s0, mr) && mlirValueEqual(s1, acc));
+  bool mul_ok = (mlirValueEqual(m0, a0) && mlirValueEqual(m1, a1)) ||
+                (mlirValueEqual(m0, a1) && mlirValueEqual(m1, a0));
+  bool add_ok = (mlirValueEqual(s0, acc) && mlirValueEqual(s1, mr)) ||
+                (mlirValueEqual(s0, mr) && mlirValueEqual(s1, acc));
   return mul_ok && add_ok && mlirValueEqual(mlirOperationGetOperand(yield, 0), mlirOperationGetResult(add, 0));
 }
 
@@ -368,7 +382,8 @@ static MlirOperation to_contract(MlirContext ctx, MlirOperation op) {
   int32_t seg[2] = {2, 1};
   MlirNamedAttribute na[2] = {
       mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("indexing_maps")), mlirArrayAttrGet(ctx, 3, nm)),
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("operandSegmentSizes")), mlirDenseI32ArrayGet(ctx, 2, seg))};
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("operandSegmentSizes")),
+                            mlirDenseI32ArrayGet(ctx, 2, seg))};
   MlirOperationState st = mlirOperationStateGet(nova_str("linalg.contract"), mlirOperationGetLocation(op));
   mlirOperationStateAddOperands(&st, 3, ops);
   mlirOperationStateAddResults(&st, 1, &rt);
@@ -498,16 +513,13 @@ static void emit_op(nv_sbuf *b, int id, const tile_plan *p) {
                "    ^bb0(%%r: !transform.any_op):\n"
                "      %%o = transform.structured.match attributes{nova.tile = %d : i64} in %%r"
                " : (!transform.any_op) -> !transform.any_op\n", id);
-  /* loop order of the first tiling, and which loops need a remainder */
-  int order[MAXL], nl = 0;
+  /* the loops of the first tiling, outermost first: which need a remainder */
+  int nl = 0;
   bool peel[MAXL];
   for (int i = 0; i < p->n; i++) {
     int d = p->inter[i];
-    if (!p->tile[d]) continue;
-    peel[nl] = p->range[d] % p->tile[d] != 0;
-    order[nl++] = d;
+    if (p->tile[d]) peel[nl++] = p->range[d] % p->tile[d] != 0;
   }
-  (void)order;
   emit_tile(b, "o", "1", p->tile, p->n, p->interchange ? p->inter : NULL);
   const char *vec = "t1";
   if (p->kdim >= 0 && p->range[p->kdim] > 1) {
@@ -528,7 +540,8 @@ static void emit_op(nv_sbuf *b, int id, const tile_plan *p) {
 /* Vectorizes each op marked nova.vec that has static shapes (the others
  * fail silently and stay marked). */
 #define VECTORIZE_ATTR(H, ATTR, FLAGS)                                                                   \
-  "    %" H " = transform.structured.match attributes{" ATTR "} in %root : (!transform.any_op) -> !transform.any_op\n" \
+  "    %" H " = transform.structured.match attributes{" ATTR "} in %root"                                   \
+  " : (!transform.any_op) -> !transform.any_op\n"                                                          \
   "    transform.foreach %" H " : !transform.any_op {\n"                                                      \
   "    ^bb0(%o: !transform.any_op):\n"                                                                      \
   "      transform.sequence %o : !transform.any_op failures(suppress) {\n"                                  \
@@ -537,10 +550,11 @@ static void emit_op(nv_sbuf *b, int id, const tile_plan *p) {
   "      }\n"                                                                                               \
   "    }\n"
 /* Contraction tiles (linalg.contract) become vector.contract directly. */
-#define VECTORIZE_MARKED(H) VECTORIZE_ATTR(H "a", "nova.vec", "") VECTORIZE_ATTR(H "b", "nova.vecc", "{create_named_contraction} ")
+#define VECTORIZE_MARKED(H) \
+  VECTORIZE_ATTR(H "a", "nova.vec", "") VECTORIZE_ATTR(H "b", "nova.vecc", "{create_named_contraction} ")
 
-/* Before any canonicalization: it would fold a multi_reduction over the
- * unit K dim of a matmul tile into an add, which is no contraction. */
+/* Reductions of products to vector.contract, before any canonicalization
+ * folds a multi_reduction over a unit dim into a plain add. */
 #define TO_CONTRACT                                 \
   "    transform.apply_patterns to %f {\n"           \
   "      transform.apply_patterns.vector.reduction_to_contract\n" \
@@ -592,6 +606,27 @@ static const char *SCRIPT_END = "    transform.yield\n  }\n}\n";
 static const char *SCRIPT_FAULT =
     "    %fault = transform.cast %f : !transform.any_op to !transform.op<\"scf.for\">\n";
 
+/* An all-parallel generic that reads its own destination (an in-place
+ * update, inplace.c: ins(.., P, ..) outs(P) with the same map) reads it
+ * through the output block argument instead.  Same values; but once tiled,
+ * each tile then reads the loop-carried tensor it writes rather than the
+ * original P, which lets one-shot bufferization keep the update in P's
+ * buffer. */
+static void read_dest_in_place(MlirOperation op) {
+  if (!name_is(op, "linalg.generic") || mlirOperationGetNumResults(op) != 1) return;
+  MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
+  intptr_t n = mlirOperationGetNumOperands(op);
+  if (mlirAttributeIsNull(maps) || mlirArrayAttrGetNumElements(maps) != n) return;
+  MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  if (mlirBlockIsNull(b) || mlirBlockGetNumArguments(b) != n) return;
+  MlirValue dest = mlirOperationGetOperand(op, n - 1);
+  MlirAttribute dmap = mlirArrayAttrGetElement(maps, n - 1);
+  for (intptr_t i = 0; i < n - 1; i++)
+    if (mlirValueEqual(mlirOperationGetOperand(op, i), dest) &&
+        mlirAttributeEqual(mlirArrayAttrGetElement(maps, i), dmap))
+      mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(b, i), mlirBlockGetArgument(b, n - 1));
+}
+
 /* ---- marking, snapshots, diagnostics --------------------------------- */
 
 typedef struct marker {
@@ -608,8 +643,10 @@ static void mark_func(marker *mk, MlirOperation func) {
   if (mlirRegionIsNull(r)) return;
   MlirBlock body = mlirRegionGetFirstBlock(r);
   if (mlirBlockIsNull(body)) return;
-  for (MlirOperation o = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) {
+  for (MlirOperation o = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(o);
+       o = mlirOperationGetNextInBlock(o)) {
     tile_plan p = plan_op(o, mk->dev);
+    if (p.kind == TK_POINTWISE) read_dest_in_place(o);
     if (p.kind == TK_REDUCE || (p.kind == TK_NONE && name_is(o, "linalg.matmul"))) {
       /* a contraction the register tile suits, once rewritten? */
       MlirOperation lc = static_operands(o) ? to_contract(mk->ctx, o) : (MlirOperation){NULL};
@@ -717,7 +754,8 @@ static int apply_script(nova_ctx *c, MlirModule m, const char *script, captured 
 }
 
 int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level) {
-  if (opt_level <= 0) return 0;
+  const char *knob = getenv("NOVAC_TILE");
+  if (opt_level <= 0 || (knob && !strcmp(knob, "0"))) return 0;
   cfg_device own;
   if (!host) {
     char err[256];
@@ -726,10 +764,6 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
   }
   if (host->kind != CFG_DEV_CPU) return 0;
   bool debug = getenv("NOVAC_DEBUG_TILE") != NULL;
-  /* elementwise fusion first: tiled ops no longer fuse */
-  if (cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize,cse,linalg-fuse-elementwise-ops,canonicalize))",
-                      "fusion before tiling"))
-    return -1;
   nv_sbuf script = {0};
   nv_sb_printf(&script,
                "module attributes {transform.with_named_sequence} {\n"

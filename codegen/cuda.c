@@ -745,7 +745,7 @@ int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_devi
     return -1;
   }
   gpu_ctx G = {c, c->ctx, dev, out, sim, NULL, 0, 0, o->block, o->tf32, 0};
-  if (cg_fuse(c, m, opt_level, &out->plan) || (opt_level > 0 && cg_prepare_inplace(g, m)) ||
+  if (cg_fuse(c, m, opt_level, &out->plan) || (opt_level > 0 && cg_prepare_inplace(c, g, m)) ||
       cg_bufferize(c, m, opt_level, false) || (opt_level > 0 && cg_plan_inplace(g, m, &out->plan)))
     return -1;
   int prc = opt_level > 0 ? cg_memplan(c, m, &out->plan) : 1;

@@ -63,8 +63,17 @@ static void retarget(MlirValue result, MlirValue p) {
   MlirAttribute omap = mlirArrayAttrGetElement(maps, n - 1);
   for (intptr_t k = 0; k + 1 < n; k++)
     if (mlirValueEqual(mlirOperationGetOperand(g, k), p) && mlirAttributeEqual(mlirArrayAttrGetElement(maps, k), omap)) {
-      /* the payload never reads the destination's element: it was empty */
+      /* the payload never read the destination's element (it was empty);
+       * now it reads P's element there, and the input P is left unused
+       * (canonicalization drops it): once tiled, each tile reads the
+       * tensor the loop carries, which keeps bufferization in place */
       mlirOperationSetOperand(g, n - 1, p);
+      MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(g, 0));
+      if (!mlirBlockIsNull(b) && mlirBlockGetNumArguments(b) == n)
+        for (intptr_t i = 0; i + 1 < n; i++)
+          if (mlirValueEqual(mlirOperationGetOperand(g, i), p) &&
+              mlirAttributeEqual(mlirArrayAttrGetElement(maps, i), omap))
+            mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(b, i), mlirBlockGetArgument(b, n - 1));
       return;
     }
 }

@@ -730,17 +730,22 @@ MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule m) {
     int n = (int)mlirOperationGetNumOperands(o);
     L.loc[0] = 0;
     nv_sbuf b = {0};
-    tv rv[256];
-    for (int i = 0; i < n && i < 256; i++) {
+    tv *rv = calloc((size_t)n + 1, sizeof *rv);
+    if (!rv) {
+      rc = -1;
+      break;
+    }
+    for (int i = 0; i < n; i++) {
       rv[i] = map_get(&L, mlirOperationGetOperand(o, i));
       if (lw_tv_numel(&rv[i]) == 0) rv[i] = lw_filled(&L, 1, (int64_t[]){1}, rv[i].dt, 0.0); /* placeholder */
     }
     nv_sb_printf(&b, "return ");
-    for (int i = 0; i < n && i < 256; i++) nv_sb_printf(&b, "%s%%v%d", i ? ", " : "", rv[i].id);
+    for (int i = 0; i < n; i++) nv_sb_printf(&b, "%s%%v%d", i ? ", " : "", rv[i].id);
     nv_sb_printf(&b, " : ");
-    for (int i = 0; i < n && i < 256; i++) nv_sb_printf(&b, "%s%s", i ? ", " : "", TT(rv[i]));
+    for (int i = 0; i < n; i++) nv_sb_printf(&b, "%s%s", i ? ", " : "", TT(rv[i]));
     lw_emit(&L, "%s", b.s ? b.s : "");
     nv_sb_free(&b);
+    free(rv);
   }
   nv_sb_printf(&L.out, "  }\n}\n");
   free(L.map);

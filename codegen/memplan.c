@@ -4,8 +4,9 @@
  * step computes into is a memref.alloc of static shape in the entry
  * function's body.  The plan gives each one an offset in one arena:
  *  - live range: from the alloc to the last top-level op that uses it,
- *    directly or through views of it (expand/collapse_shape, subview,
- *    cast, reinterpret_cast, view);
+ *    directly or through anything that may alias it: views of it
+ *    (expand/collapse_shape, subview, cast, reinterpret_cast, view) and
+ *    buffer results of ops that take it (loops carrying it);
  *  - offsets: buffers placed largest first, each at the lowest offset
  *    (64-byte aligned) where it overlaps no placed buffer whose live range
  *    meets its own (first fit; peak = the highest end);
@@ -68,9 +69,13 @@ static int last_use(MlirValue v, MlirOperation func, MlirOperation *ops, int n, 
     MlirOperation user = mlirOpOperandGetOwner(u);
     int i = index_of(ops, n, top_level(user, func));
     if (i > last) last = i;
-    if (depth < 16 && is_view(user))
+    /* a result that is a buffer may alias V: a view of it, or a loop (or
+     * any op) that takes V and returns a buffer (loops carrying it) */
+    if (depth < 16)
       for (intptr_t r = 0; r < mlirOperationGetNumResults(user); r++) {
-        int j = last_use(mlirOperationGetResult(user, r), func, ops, n, depth + 1);
+        MlirValue res = mlirOperationGetResult(user, r);
+        if (!is_view(user) && !mlirTypeIsAMemRef(mlirValueGetType(res))) continue;
+        int j = last_use(res, func, ops, n, depth + 1);
         if (j > last) last = j;
       }
   }

@@ -79,10 +79,11 @@ static int update_pairs(const nv_graph *g, int **pa, int **ua) {
   return *pa && *ua ? 0 : -1;
 }
 
-int cg_prepare_inplace(const nv_graph *g, MlirModule m) {
+int cg_prepare_inplace(nova_ctx *c, const nv_graph *g, MlirModule m) {
   int *pa = NULL, *ua = NULL;
   int rc = update_pairs(g, &pa, &ua);
   if (!rc) rc = cg_mark_writable(m, pa, g->noutputs);
+  if (!rc) rc = cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize))", "in-place updates");
   free(pa);
   free(ua);
   return rc;

@@ -417,7 +417,7 @@ static int compile(nv_diag *d, opts *o) {
     stage_done(&tm, "bufferize + GPU kernels + PTX");
     if (nd_check_memory(d, &dev, g, &gpu)) goto out;
   } else if (o->emit != EMIT_MANIFEST) {
-    if (cg_lower_to_llvm(&c, g, lin, o->opt_level, &plan) || nova_verify(&c, lin, "lowering to LLVM")) goto out;
+    if (cg_lower_to_llvm(&c, g, lin, &dev, o->opt_level, &plan) || nova_verify(&c, lin, "lowering to LLVM")) goto out;
     co.plan = &plan;
     stage_done(&tm, "bufferize + to LLVM");
   }

@@ -208,12 +208,18 @@ MlirModule nova_build_module(nova_ctx *c, const nv_graph *g) {
     mlirBlockAppendOwnedOperation(body, op);
     val[n->id] = mlirOperationGetResult(op, 0);
   }
-  MlirValue rets[256];
-  int nret = g->noutputs < 256 ? g->noutputs : 256;
-  for (int i = 0; i < nret; i++) rets[i] = val[g->outputs[i].node->id];
+  MlirValue *rets = calloc((size_t)g->noutputs + 1, sizeof *rets);
+  if (!rets) {
+    mlirBlockDestroy(body);
+    mlirModuleDestroy(m);
+    m = (MlirModule){NULL};
+    goto out;
+  }
+  for (int i = 0; i < g->noutputs; i++) rets[i] = val[g->outputs[i].node->id];
   MlirOperationState rs = mlirOperationStateGet(nova_str("func.return"), unk);
-  mlirOperationStateAddOperands(&rs, nret, rets);
+  mlirOperationStateAddOperands(&rs, g->noutputs, rets);
   mlirBlockAppendOwnedOperation(body, mlirOperationCreate(&rs));
+  free(rets);
 
   MlirRegion region = mlirRegionCreate();
   mlirRegionAppendOwnedBlock(region, body);

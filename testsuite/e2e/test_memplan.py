@@ -82,8 +82,9 @@ plan_case("mlp.adamw", MODELS[0][1], MODELS[0][2], ["--target=cuda", "--device=h
 
 
 def same_losses():
-    """30 AdamW steps of the MLP with the plan and in-place updates (-O2)
-    and without (-O0): the same losses, bit for bit."""
+    """30 AdamW steps of the MLP with the plan, in-place updates and
+    vectorized code (-O2) and without (-O0): the same losses (vector code
+    contracts multiply-adds into FMAs: equal to 1e-5)."""
     d = tempfile.mkdtemp(prefix="nova-plan-")
     try:
         logs = []
@@ -94,7 +95,9 @@ def same_losses():
             run([NOVARUN, so, "--seed", "3", "--steps", "30", "--loss-log", log, "-q"])
             with open(log) as f:
                 logs.append(f.read())
-        if logs[0] != logs[1] or len(logs[0].splitlines()) != 30:
+        a = [float(l.split()[1]) for l in logs[0].splitlines()]
+        b = [float(l.split()[1]) for l in logs[1].splitlines()]
+        if len(a) != 30 or len(b) != 30 or any(abs(x - y) > 1e-5 * max(abs(y), 1e-3) for x, y in zip(a, b)):
             raise Failure("losses differ:\n-O2: %s\n-O0: %s" % (logs[0][:300], logs[1][:300]))
     finally:
         shutil.rmtree(d, ignore_errors=True)
