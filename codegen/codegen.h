@@ -114,6 +114,10 @@ int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc);
  * at -O1 and above the intermediates are planned into PLAN's arena. */
 int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_device *cpu, int opt_level,
                      cg_plan *plan);
+/* outline.c: each top-level loop nest of the entry becomes a private,
+ * noinline function (LLVM's loop passes cost superlinear time in a
+ * function's size); 0, or -1 with a diagnostic. */
+int cg_outline_nests(nova_ctx *c, MlirModule m);
 /* The second half of cg_lower_to_llvm: a bufferized module to the LLVM dialect. */
 int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m);
 

@@ -140,9 +140,12 @@ int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_dev
 }
 
 int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m) {
+  if (cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-loops),convert-vector-to-scf{full-unroll=1})",
+                      "lowering to loops") ||
+      cg_outline_nests(c, m))
+    return -1;
   return cg_run_pipeline(c, m,
-                         "builtin.module(func.func(convert-linalg-to-loops),convert-vector-to-scf{full-unroll=1},"
-                         "convert-scf-to-cf,expand-strided-metadata,"
+                         "builtin.module(convert-scf-to-cf,expand-strided-metadata,"
                          "lower-affine,convert-math-to-llvm,convert-math-to-libm,finalize-memref-to-llvm,convert-vector-to-llvm,"
                          "convert-arith-to-llvm,convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,"
                          "convert-ub-to-llvm,reconcile-unrealized-casts)",

@@ -1,0 +1,236 @@
+/* outline.c: one function per loop nest of the CPU step.
+ *
+ * After lowering to loops the step is one function of thousands of loop
+ * nests, and LLVM's loop passes (IndVarSimplify above all) take time
+ * superlinear in a function's size: a 4-layer GPT training step spent
+ * minutes there.  Each top-level op with regions (a loop nest, an scf.if)
+ * of the entry becomes a private function of its own, called in place and
+ * kept out of line (noinline); LLVM then optimizes many small functions.
+ * The values a nest uses from outside become arguments: buffers with an
+ * identity layout and scalars; constants and views with other layouts
+ * (subviews, strided results) are recomputed inside, from their source
+ * buffers, so every argument passes as a bare pointer.
+ */
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "codegen.h"
+
+#define MAX_CAPTURE 4096
+
+static bool named(MlirOperation op, const char *name) {
+  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
+  return s.length == strlen(name) && !memcmp(s.data, name, s.length);
+}
+
+static bool is_view(MlirOperation op) {
+  return named(op, "memref.expand_shape") || named(op, "memref.collapse_shape") || named(op, "memref.subview") ||
+         named(op, "memref.cast") || named(op, "memref.reinterpret_cast") || named(op, "memref.view");
+}
+
+/* Whether OP lies inside ROOT (or is it). */
+static bool inside(MlirOperation op, MlirOperation root) {
+  for (; !mlirOperationIsNull(op); op = mlirOperationGetParentOperation(op))
+    if (mlirOperationEqual(op, root)) return true;
+  return false;
+}
+
+typedef struct capture {
+  MlirOperation root;     /* the nest being outlined */
+  MlirValue v[MAX_CAPTURE];
+  int n;
+  bool overflow;
+} capture;
+
+static void add_unique(capture *c, MlirValue v) {
+  for (int i = 0; i < c->n; i++)
+    if (mlirValueEqual(c->v[i], v)) return;
+  if (c->n == MAX_CAPTURE) {
+    c->overflow = true;
+    return;
+  }
+  c->v[c->n++] = v;
+}
+
+static MlirWalkResult collect_cb(MlirOperation op, void *ud) {
+  capture *c = ud;
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    MlirValue v = mlirOperationGetOperand(op, i);
+    MlirOperation def = mlirValueIsAOpResult(v) ? mlirOpResultGetOwner(v)
+                                                : mlirBlockGetParentOperation(mlirBlockArgumentGetOwner(v));
+    if (!inside(def, c->root)) add_unique(c, v);
+  }
+  return MlirWalkResultAdvance;
+}
+
+/* Values recomputed inside instead of passed: constants, and views whose
+ * type a bare pointer cannot carry (a layout other than identity). */
+static bool recompute(MlirValue v) {
+  if (!mlirValueIsAOpResult(v)) return false;
+  MlirOperation d = mlirOpResultGetOwner(v);
+  if (named(d, "arith.constant")) return true;
+  if (!is_view(d)) return false;
+  MlirType t = mlirValueGetType(v);
+  return !mlirTypeIsAMemRef(t) || !mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t));
+}
+
+typedef struct vmap {
+  MlirValue from[MAX_CAPTURE * 2], to[MAX_CAPTURE * 2];
+  int n;
+} vmap;
+
+static MlirValue lookup(const vmap *m, MlirValue v) {
+  for (int i = 0; i < m->n; i++)
+    if (mlirValueEqual(m->from[i], v)) return m->to[i];
+  return (MlirValue){NULL};
+}
+
+/* The value V stands for inside the outlined function: an argument, or a
+ * clone (of a constant or view, its operands mapped the same way) placed
+ * before REF in B. */
+static MlirValue map_value(vmap *m, MlirValue v, MlirBlock b, MlirOperation ref, int depth) {
+  MlirValue got = lookup(m, v);
+  if (!mlirValueIsNull(got) || depth > 16 || !recompute(v) || m->n >= MAX_CAPTURE * 2) return got;
+  MlirOperation d = mlirOpResultGetOwner(v);
+  MlirOperation clone = mlirOperationClone(d);
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(clone); i++) {
+    MlirValue o = map_value(m, mlirOperationGetOperand(clone, i), b, ref, depth + 1);
+    if (mlirValueIsNull(o)) {
+      mlirOperationDestroy(clone);
+      return o;
+    }
+    mlirOperationSetOperand(clone, i, o);
+  }
+  mlirBlockInsertOwnedOperationBefore(b, ref, clone);
+  for (intptr_t r = 0; r < mlirOperationGetNumResults(clone); r++) {
+    m->from[m->n] = mlirOperationGetResult(d, r);
+    m->to[m->n++] = mlirOperationGetResult(clone, r);
+  }
+  return lookup(m, v);
+}
+
+typedef struct remap {
+  const vmap *m;
+} remap;
+
+static MlirWalkResult remap_cb(MlirOperation op, void *ud) {
+  const vmap *m = ((remap *)ud)->m;
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    MlirValue to = lookup(m, mlirOperationGetOperand(op, i));
+    if (!mlirValueIsNull(to)) mlirOperationSetOperand(op, i, to);
+  }
+  return MlirWalkResultAdvance;
+}
+
+/* The roots a recomputed value needs (the arguments), into ARGS. */
+static void roots(capture *args, MlirValue v, int depth) {
+  if (!recompute(v) || depth > 16) {
+    add_unique(args, v);
+    return;
+  }
+  MlirOperation d = mlirOpResultGetOwner(v);
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(d); i++) roots(args, mlirOperationGetOperand(d, i), depth + 1);
+}
+
+/* Outlines NEST (a top-level op of the entry) into @NAME; 0 or -1 (the nest
+ * is then left in place). */
+static int outline_one(MlirModule m, MlirOperation nest, const char *name, capture *cap, capture *args, vmap *vm) {
+  MlirContext ctx = mlirOperationGetContext(nest);
+  cap->root = nest;
+  cap->n = 0;
+  cap->overflow = false;
+  mlirOperationWalk(nest, collect_cb, cap, MlirWalkPreOrder);
+  args->n = 0;
+  args->overflow = false;
+  for (int i = 0; i < cap->n; i++) roots(args, cap->v[i], 0);
+  if (cap->overflow || args->overflow) return -1;
+  for (int i = 0; i < args->n; i++) {
+    MlirType t = mlirValueGetType(args->v[i]);
+    if (mlirTypeIsAMemRef(t) && !mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t))) return -1;
+    if (!mlirTypeIsAMemRef(t) && !mlirTypeIsAIndex(t) && !mlirTypeIsAInteger(t) && !mlirTypeIsAFloat(t) &&
+        !mlirTypeIsAVector(t))
+      return -1;
+  }
+  MlirType *types = calloc((size_t)args->n + 1, sizeof *types);
+  MlirLocation *locs = calloc((size_t)args->n + 1, sizeof *locs);
+  if (!types || !locs) {
+    free(types);
+    free(locs);
+    return -1;
+  }
+  MlirLocation loc = mlirOperationGetLocation(nest);
+  for (int i = 0; i < args->n; i++) types[i] = mlirValueGetType(args->v[i]), locs[i] = loc;
+  MlirBlock body = mlirBlockCreate(args->n, types, locs);
+  MlirRegion region = mlirRegionCreate();
+  mlirRegionAppendOwnedBlock(region, body);
+  MlirOperationState rs = mlirOperationStateGet(nova_str("func.return"), loc);
+  MlirOperation ret = mlirOperationCreate(&rs);
+  mlirBlockAppendOwnedOperation(body, ret);
+  MlirAttribute passthrough = mlirArrayAttrGet(ctx, 1, (MlirAttribute[]){mlirStringAttrGet(ctx, nova_str("noinline"))});
+  MlirNamedAttribute fa[4] = {
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("sym_name")), mlirStringAttrGet(ctx, nova_str(name))),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("function_type")),
+                            mlirTypeAttrGet(mlirFunctionTypeGet(ctx, args->n, types, 0, NULL))),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("sym_visibility")), mlirStringAttrGet(ctx, nova_str("private"))),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("passthrough")), passthrough)};
+  MlirOperationState fs = mlirOperationStateGet(nova_str("func.func"), loc);
+  mlirOperationStateAddAttributes(&fs, 4, fa);
+  mlirOperationStateAddOwnedRegions(&fs, 1, &region);
+  MlirOperation fn = mlirOperationCreate(&fs);
+  mlirBlockAppendOwnedOperation(mlirModuleGetBody(m), fn);
+  /* the call, where the nest was */
+  MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), loc);
+  mlirOperationStateAddOperands(&cs, args->n, args->v);
+  MlirNamedAttribute callee = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("callee")),
+                                                    mlirFlatSymbolRefAttrGet(ctx, nova_str(name)));
+  mlirOperationStateAddAttributes(&cs, 1, &callee);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(nest), nest, mlirOperationCreate(&cs));
+  /* the nest, its outside values mapped to arguments and clones */
+  vm->n = 0;
+  for (int i = 0; i < args->n; i++) {
+    vm->from[vm->n] = args->v[i];
+    vm->to[vm->n++] = mlirBlockGetArgument(body, i);
+  }
+  mlirOperationMoveBefore(nest, ret);
+  int rc = 0;
+  for (int i = 0; i < cap->n && !rc; i++)
+    if (mlirValueIsNull(map_value(vm, cap->v[i], body, nest, 0))) rc = -1;
+  remap r = {vm};
+  mlirOperationWalk(nest, remap_cb, &r, MlirWalkPreOrder);
+  free(types);
+  free(locs);
+  return rc;
+}
+
+int cg_outline_nests(nova_ctx *c, MlirModule m) {
+  MlirOperation entry = {NULL};
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f))
+    if (named(f, "func.func") && mlirAttributeIsNull(mlirOperationGetAttributeByName(f, nova_str("sym_visibility"))) &&
+        !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0))))
+      entry = f;
+  if (mlirOperationIsNull(entry)) return 0;
+  capture *cap = malloc(sizeof *cap), *args = malloc(sizeof *args);
+  vmap *vm = malloc(sizeof *vm);
+  int rc = cap && args && vm ? 0 : -1, k = 0;
+  MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(entry, 0));
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !rc && !mlirOperationIsNull(op);) {
+    MlirOperation next = mlirOperationGetNextInBlock(op);
+    if (mlirOperationGetNumRegions(op) > 0 && mlirOperationGetNumResults(op) == 0) {
+      char name[48];
+      snprintf(name, sizeof name, "nova_part_%d", k++);
+      if (outline_one(m, op, name, cap, args, vm)) {
+        nv_error_plain(c->diag, "internal: cannot outline loop nest %d of the step", k - 1);
+        rc = -1;
+      }
+    }
+    op = next;
+  }
+  free(cap);
+  free(args);
+  free(vm);
+  return rc;
+}
