@@ -51,6 +51,8 @@ int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, cg_plan *stats);
  * planned (the entry then takes the arena as one more argument), 1 when
  * the module is not plannable (unchanged), -1 on an internal error. */
 int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan);
+/* Bytes of a static memref type's data (at least 1). */
+int64_t cg_type_bytes(MlirType t);
 void cg_plan_free(cg_plan *p);
 
 /* ---- CUDA target (cuda.c) ---- */

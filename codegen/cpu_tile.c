@@ -647,7 +647,9 @@ static void mark_func(marker *mk, MlirOperation func) {
        o = mlirOperationGetNextInBlock(o)) {
     tile_plan p = plan_op(o, mk->dev);
     if (p.kind == TK_POINTWISE) read_dest_in_place(o);
-    if (p.kind == TK_REDUCE || (p.kind == TK_NONE && name_is(o, "linalg.matmul"))) {
+    if (p.kind == TK_REDUCE ||
+        (p.kind == TK_NONE && (name_is(o, "linalg.matmul") || name_is(o, "linalg.generic")))) {
+      /* (a reduction too long for a row of vectors may still be a contraction) */
       /* a contraction the register tile suits, once rewritten? */
       MlirOperation lc = static_operands(o) ? to_contract(mk->ctx, o) : (MlirOperation){NULL};
       if (!mlirOperationIsNull(lc)) o = lc, p = plan_op(lc, mk->dev);

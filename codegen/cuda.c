@@ -314,13 +314,7 @@ static void map_serial(gpu_ctx *G, MlirBlock fb, MlirOperation *ops, int n) {
  * scratch arena. */
 static void alloc_to_gpu(gpu_ctx *G, MlirBlock fb, MlirOperation a) {
   MlirType t = mlirValueGetType(mlirOperationGetResult(a, 0));
-  int64_t n = 1;
-  for (intptr_t d = 0; d < mlirShapedTypeGetRank(t); d++) n *= mlirShapedTypeGetDimSize(t, d);
-  MlirType et = mlirShapedTypeGetElementType(t);
-  int64_t bits = mlirTypeIsAIndex(et) ? 64 : mlirTypeIsAInteger(et) ? (int64_t)mlirIntegerTypeGetWidth(et)
-                 : mlirTypeIsAF64(et) ? 64 : mlirTypeIsAF16(et) || mlirTypeIsABF16(et) ? 16 : 32;
-  int64_t bytes = n * ((bits + 7) / 8);
-  if (bytes < 1) bytes = 1; /* the runtime gives an empty buffer one aligned block too */
+  int64_t bytes = cg_type_bytes(t); /* >= 1: an empty buffer gets one aligned block too */
   G->out->scratch_bytes += (bytes + CG_GPU_ALIGN - 1) / CG_GPU_ALIGN * CG_GPU_ALIGN;
   int32_t seg[3] = {0, 0, 0};
   /* host_shared: the synchronous form gpu-to-llvm lowers (to mgpuMemAlloc,

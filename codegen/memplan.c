@@ -82,7 +82,7 @@ static int last_use(MlirValue v, MlirOperation func, MlirOperation *ops, int n, 
   return last;
 }
 
-static int64_t type_bytes(MlirType t) {
+int64_t cg_type_bytes(MlirType t) {
   int64_t n = 1;
   for (intptr_t d = 0; d < mlirShapedTypeGetRank(t); d++) n *= mlirShapedTypeGetDimSize(t, d);
   MlirType et = mlirShapedTypeGetElementType(t);
@@ -155,7 +155,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
         mlirOperationGetNumOperands(ops[i]))
       goto out;
     int last = last_use(mlirOperationGetResult(ops[i], 0), func, ops, n, 0);
-    bufs[nb++] = (pbuf){ops[i], type_bytes(t), 0, i, last < i ? i : last};
+    bufs[nb++] = (pbuf){ops[i], cg_type_bytes(t), 0, i, last < i ? i : last};
   }
   /* an alloc nested in a region (none after bufferization today) or a
    * dealloc would need more than this plan: keep the heap */
