@@ -222,8 +222,15 @@ static bool contraction_dims(MlirOperation op, int nloops, cdims *cd) {
   for (int d = 0; d < nloops; d++) nn += n[d], nk += cd->k[d];
   MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
   cd->n = map_dim(maps, 2, -1);
-  cd->m_inner = map_dim(maps, 2, -2);
-  if (nn != 1 || !nk || cd->n < 0 || !n[cd->n] || map_dim(maps, 1, -1) != cd->n || cd->m_inner < 0 ||
+  cd->m_inner = -1; /* the innermost m dimension of the output (n dimensions may sit between) */
+  for (intptr_t r = -2; cd->m_inner < 0; r--) {
+    int d = map_dim(maps, 2, r);
+    if (d < 0) break;
+    if (d < MAXL && m[d]) cd->m_inner = d;
+  }
+  /* the innermost n dimension is vectorized; other n dimensions (a split
+   * output, e.g. heads x head size) are outer loops like batch dimensions */
+  if (nn < 1 || !nk || cd->n < 0 || !n[cd->n] || map_dim(maps, 1, -1) != cd->n || cd->m_inner < 0 ||
       !m[cd->m_inner])
     return false;
   cd->k_inner = map_dim(maps, 0, -1);
