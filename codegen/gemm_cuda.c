@@ -115,11 +115,22 @@ static void acc_get(gemm_gen *g, char *out, size_t n, int idx, const char *where
   snprintf(out, n, "%%t%d", t);
 }
 
-/* "(T, T, ...)" for the NACC accumulators. */
-static void acc_types(gemm_gen *g, int nacc) {
-  P("(");
-  for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", g->T);
-  P(")");
+/* %row0 and %col0 of the block, then the K loop over tiles of BK: in the
+ * GPU form carrying the NACC accumulators of type T (initially INIT) as
+ * iter_args, their results %kres; returns the SSA number of BK. */
+static int open_k_loop(gemm_gen *g, int bm, int bn, int bk, int nacc, const char *init, const char *T) {
+  int cbm = cidx(g, bm), cbn = cidx(g, bn), ck = cidx(g, g->K), cbk = cidx(g, bk);
+  P("%%row0 = arith.muli %%by, %%t%d : index\n%%col0 = arith.muli %%bx, %%t%d : index\n", cbm, cbn);
+  if (g->sim) {
+    P("scf.for %%k0 = %%c0 to %%t%d step %%t%d {\n", ck, cbk);
+    return cbk;
+  }
+  P("%%kres:%d = scf.for %%k0 = %%c0 to %%t%d step %%t%d iter_args(", nacc, ck, cbk);
+  for (int i = 0; i < nacc; i++) P("%s%%x%d = %s", i ? ", " : "", i, init);
+  P(") -> (");
+  for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", T);
+  P(") {\n");
+  return cbk;
 }
 
 static void gen_body(gemm_gen *g, const char *At, const char *Bt, const char *Ct) {
@@ -135,16 +146,7 @@ static void gen_body(gemm_gen *g, const char *At, const char *Bt, const char *Ct
       }
     phase_end(g);
   }
-  int cbm = cidx(g, s->bm), cbn = cidx(g, s->bn), ck = cidx(g, g->K), cbk = cidx(g, s->bk);
-  P("%%row0 = arith.muli %%by, %%t%d : index\n%%col0 = arith.muli %%bx, %%t%d : index\n", cbm, cbn);
-  if (g->sim) P("scf.for %%k0 = %%c0 to %%t%d step %%t%d {\n", ck, cbk);
-  else {
-    P("%%kres:%d = scf.for %%k0 = %%c0 to %%t%d step %%t%d iter_args(", nacc, ck, cbk);
-    for (int i = 0; i < nacc; i++) P("%s%%x%d = %%zero", i ? ", " : "", i);
-    P(") -> ");
-    acc_types(g, nacc);
-    P(" {\n");
-  }
+  int cbk = open_k_loop(g, s->bm, s->bn, s->bk, nacc, "%zero", g->T);
   phase_begin(g);
   /* A tile: BM rows x BK columns of A at (row0, k0), stored k-major */
   stage(g, "%A", At, "%As", g->As, g->M, g->K, "%row0", "%k0", s->bk, (int64_t)s->bm * s->bk, true);
@@ -160,9 +162,9 @@ static void gen_body(gemm_gen *g, const char *At, const char *Bt, const char *Ct
   else {
     P("%%kkres:%d = scf.for %%kk = %%c0 to %%t%d step %%c1 iter_args(", nacc, cbk);
     for (int i = 0; i < nacc; i++) P("%s%%y%d = %%x%d", i ? ", " : "", i, i);
-    P(") -> ");
-    acc_types(g, nacc);
-    P(" {\n");
+    P(") -> (");
+    for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", g->T);
+    P(") {\n");
   }
   int av[16], bv[16], nv[64];
   for (int i = 0; i < s->tm; i++) {
@@ -410,16 +412,7 @@ static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
     phase_end(g);
   } else
     warp_pos(c);
-  int cbm = cidx(g, s->bm), cbn = cidx(g, s->bn), ck = cidx(g, g->K), cbk = cidx(g, s->bk);
-  P("%%row0 = arith.muli %%by, %%t%d : index\n%%col0 = arith.muli %%bx, %%t%d : index\n", cbm, cbn);
-  if (g->sim) P("scf.for %%k0 = %%c0 to %%t%d step %%t%d {\n", ck, cbk);
-  else {
-    P("%%kres:%d = scf.for %%k0 = %%c0 to %%t%d step %%t%d iter_args(", nacc, ck, cbk);
-    for (int i = 0; i < nacc; i++) P("%s%%x%d = %%vz", i ? ", " : "", i);
-    P(") -> (");
-    for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", V);
-    P(") {\n");
-  }
+  int cbk = open_k_loop(g, s->bm, s->bn, s->bk, nacc, "%vz", V);
   phase_begin(g);
   stage(g, "%A", At, "%As", g->As, g->M, g->K, "%row0", "%k0", s->bk, (int64_t)s->bm * s->bk, false);
   stage(g, "%B", Bt, "%Bs", g->Bs, g->K, g->N, "%k0", "%col0", s->bn, (int64_t)s->bk * s->bn, false);

@@ -102,7 +102,7 @@ expect() {
 if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
   expect no-driver 1 "needs the CUDA driver" "$NOVARUN" "$T/run.so" --inputs examples/data/mlp
 else
-  pass "no-driver (skipped: this machine has a CUDA driver; make check-gpu runs the steps)"
+  echo "SKIP: cuda :: no-driver (this machine has a CUDA driver; make check-gpu runs the steps)"
 fi
 expect ptxas-missing 1 "NOVAC_PTXAS=$T/none" env NOVAC_PTXAS="$T/none" "$NOVAC" examples/mlp.nova --dim=batch=2 \
   --target=cuda --device=h100 -o "$T/x.so"
