@@ -38,6 +38,8 @@ import types
 import numpy as np
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import stepcache  # noqa: E402  (NOVA_STEP_CACHE: compiles recorded elsewhere, see bench/pack_gpu.sh)
 GPT_MODEL = os.path.join(ROOT, "testsuite", "onnx", "models", "gpt_block", "model.onnx")
 MLP_MODEL = os.path.join(ROOT, "examples", "mlp.nova")
 GPT_VOCAB, GPT_T = 50, 8          # testsuite/onnx/models/export.py: VOCAB, T
@@ -279,6 +281,7 @@ class Bench:
         self.tmp = tempfile.mkdtemp(prefix="nova-bench-gpu-")
         self.deadline = T0 + args.budget
         self.cache = {}
+        self.stepcache = stepcache.StepCache("bench_gpu") if stepcache.active() else None
         self.failures = []
         self.torch = None
         self.torch_err = None
@@ -305,7 +308,10 @@ class Bench:
             r = {"ok": False, "so": so, "wall_s": None, "err": "skipped (time budget)", "kernels": None, "cmd": cmd}
             self.cache[key] = r
             return r
-        rc, out, err, wall = run_cmd(cmd, min(self.args.compile_timeout, max(5, self.left())))
+        if self.stepcache:
+            rc, out, err, wall = self.stepcache.novac(cmd, self.args.compile_timeout)
+        else:
+            rc, out, err, wall = run_cmd(cmd, min(self.args.compile_timeout, max(5, self.left())))
         r = {"ok": rc == 0 and os.path.exists(so), "so": so, "wall_s": wall, "err": None, "kernels": None, "cmd": cmd}
         if not r["ok"]:
             r["err"] = "novac rc %d: %s" % (rc, last_error_line(err, out))
@@ -581,6 +587,12 @@ def workloads(B):
                   "dims": ["--dim=batch=%d" % b], "kind": "gpt", "batch": b,
                   "inputs": {"idx": rng.integers(0, GPT_VOCAB, (b, GPT_T)).astype(np.int64),
                              "targets": rng.integers(0, GPT_VOCAB, (b, GPT_T)).astype(np.int64)}})
+    if B.args.gpt4:   # bench/pack_gpu.sh exports it (bench_cpu.py's 4-layer GPT)
+        b, t, v = 8, 128, 512
+        w.append({"key": "gpt4_b8", "name": "4-layer GPT (d 256, 4 heads, T 128, vocab 512), batch 8",
+                  "model": B.args.gpt4, "dims": ["--dim=batch=%d" % b], "kind": "gpt4", "batch": b,
+                  "inputs": {"idx": rng.integers(0, v, (b, t)).astype(np.int64),
+                             "targets": rng.integers(0, v, (b, t)).astype(np.int64)}})
     for x in w:
         x["in_dir"] = write_inputs(os.path.join(B.tmp, x["key"] + "_in"), x["inputs"])
     return w
@@ -598,6 +610,14 @@ def torch_train_ms(B, wl):
         def loss_fn(m, x, y):
             return F.cross_entropy(m(x), y)
         args = (wl["inputs"]["x"], wl["inputs"]["y"])
+    elif wl["kind"] == "gpt4":
+        sys.path.insert(0, os.path.join(ROOT, "bench"))
+        import bench_cpu
+        model = bench_cpu.torch_models()["gpt4"]()
+
+        def loss_fn(m, idx, tgt):
+            return m(idx, tgt)[1]
+        args = (wl["inputs"]["idx"], wl["inputs"]["targets"])
     else:
         export = import_export_module()
         model = export.GPTBlock()
@@ -915,6 +935,8 @@ def main():
     ap.add_argument("--only", default="1,2,3", help="sections to run, e.g. 1,3")
     ap.add_argument("--compile-timeout", type=int, default=180)
     ap.add_argument("--run-timeout", type=int, default=120)
+    ap.add_argument("--gpt4", default=None, metavar="MODEL.onnx",
+                    help="also time the 4-layer GPT of bench_cpu.py, exported to MODEL.onnx (bench/pack_gpu.sh does)")
     ap.add_argument("--keep-tmp", action="store_true", help="keep the compiled steps and inputs")
     args = ap.parse_args()
     if args.budget is None:
@@ -931,6 +953,8 @@ def main():
 
     B = Bench(args)
     for exe in (B.novac, B.novarun):
+        if exe == B.novac and stepcache.MODE == "use" and B.stepcache:
+            continue    # every compile comes from the step cache
         if not os.access(exe, os.X_OK):
             sys.exit("bench_gpu: %s not found: build first (make)" % exe)
     if not args.dry_run and not os.path.exists(GPT_MODEL):

@@ -15,10 +15,32 @@
 #   NOVA_BENCH_TIMEOUT=S         (default 420) limit of step 3 (the script keeps
 #                                itself to ~330 s: --budget)
 #   NOVA_BENCH_OUT=FILE          (default bench/gpu_results.md)
+#   NOVA_BENCH_BUDGET=S          (default 330) bench_gpu.py --budget
+#   NOVA_LOG_DIR=DIR             keep the full logs there (default a temporary dir)
+#   NOVA_PACK=DIR|FILE.tar.xz    a GPU machine without novac: the steps recorded
+#                                by bench/pack_gpu.sh in DIR or its archive (unpacked
+#                                into $TMPDIR); implies NOVA_SKIP_MAKE=1, BUILD_DIR=DIR,
+#                                the --device the pack was made for
 cd "$(dirname "$0")/.." || exit 1
 B=${1:-build}
+DEVICE=auto
+if [ -n "${NOVA_PACK:-}" ]; then
+  case "$NOVA_PACK" in
+    *.tar.xz)
+      u=$(mktemp -d "${TMPDIR:-/tmp}/nova-pack.XXXXXX")
+      trap 'rm -rf "$u"' EXIT
+      tar xJf "$NOVA_PACK" -C "$u" || exit 1
+      NOVA_PACK=$(ls -d "$u"/*/ | head -n 1) ;;
+  esac
+  B=$(cd "$NOVA_PACK" && pwd) || exit 1
+  DEVICE=$(cat "$B/device")
+  export NOVA_SKIP_MAKE=1 NOVA_STEP_CACHE="$B/steps" NOVA_STEP_CACHE_MODE=use
+  export NOVA_GPU_FLAGS="--target=cuda --device=$DEVICE"
+  export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 OUT=${NOVA_BENCH_OUT:-bench/gpu_results.md}
-LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/nova-run-gpu.XXXXXX")
+LOGDIR=${NOVA_LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/nova-run-gpu.XXXXXX")}
+mkdir -p "$LOGDIR"
 failed=""
 t_start=$(date +%s)
 
@@ -46,16 +68,17 @@ else
   fi
 fi
 for exe in novac novarun; do
+  [ -n "${NOVA_PACK:-}" ] && [ $exe = novac ] && continue
   [ -x "$B/bin/$exe" ] || fail "build" "$B/bin/$exe missing"
 done
 
 # 2. the numeric suites on the GPU
 if [ "${NOVA_SKIP_MAKE:-0}" = 1 ]; then
   note "NOVA_SUITES=gpu sh testsuite/run.sh $B (check-gpu without its build)"
-  lim "${NOVA_CHECK_GPU_TIMEOUT:-240}" env NOVA_SUITES=gpu sh testsuite/run.sh "$B" > "$LOGDIR/check-gpu.log" 2>&1
+  lim "${NOVA_CHECK_GPU_TIMEOUT:-240}" env NOVA_SUITES=gpu NOVA_GPU_LOG_DIR="$LOGDIR/suites" sh testsuite/run.sh "$B" > "$LOGDIR/check-gpu.log" 2>&1
 else
   note "make check-gpu B=$B"
-  lim "${NOVA_CHECK_GPU_TIMEOUT:-240}" make --no-print-directory check-gpu B="$B" > "$LOGDIR/check-gpu.log" 2>&1
+  lim "${NOVA_CHECK_GPU_TIMEOUT:-240}" env NOVA_GPU_LOG_DIR="$LOGDIR/suites" make --no-print-directory check-gpu B="$B" > "$LOGDIR/check-gpu.log" 2>&1
 fi
 rc=$?
 CHECK_TAIL=$(tail -n 3 "$LOGDIR/check-gpu.log")
@@ -68,7 +91,9 @@ case "$CHECK_TAIL" in *"skipped:"*) fail check-gpu "skipped: no usable GPU" ;; e
 
 # 3. the benchmark
 note "python3 bench/bench_gpu.py $B --out $OUT"
-lim "${NOVA_BENCH_TIMEOUT:-420}" python3 bench/bench_gpu.py "$B" --out "$OUT" > "$LOGDIR/bench.out" 2> "$LOGDIR/bench.err"
+G4=; [ -f "$B/gpt4.onnx" ] && G4="--gpt4=$B/gpt4.onnx"
+lim "${NOVA_BENCH_TIMEOUT:-420}" python3 bench/bench_gpu.py "$B" --device="$DEVICE" $G4 \
+  --budget "${NOVA_BENCH_BUDGET:-330}" --out "$OUT" > "$LOGDIR/bench.out" 2> "$LOGDIR/bench.err"
 rc=$?
 if [ $rc -ne 0 ]; then
   tail -n 20 "$LOGDIR/bench.err"

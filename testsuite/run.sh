@@ -12,32 +12,55 @@ LLVM_BIN=$(llvm-config-22 --bindir 2>/dev/null || echo /usr/lib/llvm-22/bin)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
+report() { # name, file with a suite's output: counted, its failures shown
+  cat "$2" >> "$log"
+  grep -E '^(FAIL|XPASS|UNRESOLVED|TIMEOUT)' -A12 "$2" || true
+  echo "   $1: $(grep -cE '^PASS: ' "$2") passed, $(grep -cE '^(FAIL|XPASS|UNRESOLVED|TIMEOUT): ' "$2") failed"
+}
+
 suite() { # name, command...
   name=$1; shift
   echo "== $name"
   one=$(mktemp)
   "$@" > "$one" 2>&1 || true
-  cat "$one" >> "$log"
-  grep -E '^(FAIL|XPASS|UNRESOLVED|TIMEOUT)' -A12 "$one" || true
-  echo "   $name: $(grep -cE '^PASS: ' "$one") passed, $(grep -cE '^(FAIL|XPASS|UNRESOLVED|TIMEOUT): ' "$one") failed"
+  report "$name" "$one"
   rm -f "$one"
 }
 
 if [ "${NOVA_SUITES:-all}" = gpu ]; then
-  if ! why=$(python3 testsuite/gpu/has_gpu.py); then
+  # NOVA_GPU_FLAGS (default "--target=cuda --device=auto"): the target flags.
+  # With NOVA_STEP_CACHE_MODE=fill (bench/pack_gpu.sh) the suites run here,
+  # without a GPU, to record every compile (tools/stepcache.py); with =use they
+  # run on a GPU machine from the recorded steps, without novac.
+  # The suites run side by side (each its own process and CUDA context).
+  GF=${NOVA_GPU_FLAGS:---target=cuda --device=auto}
+  if [ "${NOVA_STEP_CACHE_MODE:-}" = fill ]; then
+    echo "check-gpu: recording the compiles in $NOVA_STEP_CACHE (--gpu-sim runs here)"
+  elif ! why=$(python3 testsuite/gpu/has_gpu.py); then
     echo "check-gpu: skipped: $why"
     echo
     echo "0 passed, 0 failed"
     exit 0
+  else
+    echo "check-gpu: $why"
   fi
-  echo "check-gpu: $why"
+  # NOVA_GPU_LOG_DIR: keep each suite's output there (written as it runs)
+  gdir=${NOVA_GPU_LOG_DIR:-$(mktemp -d)}
+  mkdir -p "$gdir"
   for t in ops grads gemm examples onnx_models train_onnx checkpoint; do
-    suite "gpu-$t" env NOVA_TEST_FLAGS="--target=cuda --device=auto" NOVA_TEST_TAG=gpu/ python3 "testsuite/e2e/test_$t.py"
+    env NOVA_TEST_FLAGS="$GF" NOVA_TEST_TAG=gpu/ PYTHONUNBUFFERED=1 python3 "testsuite/e2e/test_$t.py" \
+      > "$gdir/gpu-$t" 2>&1 &
   done
   for t in gemm onnx_models; do
-    suite "gpu-tf32-$t" env NOVA_TEST_FLAGS="--target=cuda --device=auto --matmul-precision=tf32" \
-      NOVA_TEST_TAG=gpu-tf32/ python3 "testsuite/e2e/test_$t.py"
+    env NOVA_TEST_FLAGS="$GF --matmul-precision=tf32" NOVA_TEST_TAG=gpu-tf32/ PYTHONUNBUFFERED=1 \
+      python3 "testsuite/e2e/test_$t.py" > "$gdir/gpu-tf32-$t" 2>&1 &
   done
+  wait
+  for f in "$gdir"/gpu-*; do
+    echo "== ${f##*/}"
+    report "${f##*/}" "$f"
+  done
+  [ -n "${NOVA_GPU_LOG_DIR:-}" ] || rm -rf "$gdir"
   pass=$(grep -cE '^PASS: ' "$log")
   fail=$(grep -cE '^(FAIL|XPASS|UNRESOLVED|TIMEOUT): ' "$log")
   echo

@@ -28,6 +28,15 @@ results = {"pass": 0, "fail": 0}
 EXTRA_FLAGS = os.environ.get("NOVA_TEST_FLAGS", "").split()
 TAG = os.environ.get("NOVA_TEST_TAG", "")
 
+# NOVA_STEP_CACHE (tools/stepcache.py): novac calls recorded here (fill) and
+# replayed on a GPU machine without novac (use).  A fill run compiles each
+# step as asked and records it, then compiles it again with --gpu-sim and runs
+# that, so the test goes on exactly as it will on the GPU.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+import stepcache  # noqa: E402
+
+CACHE = stepcache.StepCache(TAG + os.path.basename(sys.argv[0])) if stepcache.active() else None
+
 
 def write_pb(path, arr, name):
     with open(path, "wb") as f:
@@ -46,10 +55,19 @@ class Failure(Exception):
     pass
 
 
+TIMEOUT = float(os.environ.get("NOVA_TEST_TIMEOUT", "300"))   # seconds, each novac/novarun call
+
+
 def run(cmd, expect_rc=0):
     if cmd and cmd[0] == NOVAC:
         cmd = list(cmd) + EXTRA_FLAGS
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if CACHE and cmd and cmd[0] == NOVAC:
+        rc, out, err, _ = CACHE.novac(cmd, TIMEOUT)
+        p = subprocess.CompletedProcess(cmd, rc, out, err)
+        if stepcache.MODE == "fill":
+            p = subprocess.run(cmd + ["--gpu-sim"], capture_output=True, text=True, timeout=TIMEOUT)
+    else:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT)
     if expect_rc is not None and p.returncode != expect_rc:
         raise Failure("%s exited %d (expected %d)\n%s%s" % (" ".join(cmd), p.returncode, expect_rc,
                                                            p.stdout, p.stderr))

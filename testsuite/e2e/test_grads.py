@@ -24,7 +24,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from refs import conv_ref, pool_ref
-from harness import NOVAC, Failure, case, compile_and_train, erf, rel_err, results
+from harness import NOVAC, Failure, case, compile_and_train, erf, rel_err, results, run
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TOL = 1e-6
@@ -406,20 +405,19 @@ grad_case("avg_pool_include_pad", ["avg_pool"],
 # ---- ops without a backward rule --------------------------------------------------
 
 def refused(model, message):
-    def run():
+    def check():
         d = tempfile.mkdtemp(prefix="nova-grad-")
         try:
             path = os.path.join(d, "model.nova")
             with open(path, "w") as f:
                 f.write(model)
-            p = subprocess.run([NOVAC, path, "--train", "-o", os.path.join(d, "s.so")] + FLAGS,
-                               capture_output=True, text=True, timeout=120)
+            p = run([NOVAC, path, "--train", "-o", os.path.join(d, "s.so")] + FLAGS, expect_rc=None)
             if p.returncode != 1 or message not in p.stderr:
                 raise Failure("novac --train exited %d (expected 1, with '%s'); if the op has a backward rule now, "
                               "give it a gradient case\n%s%s" % (p.returncode, message, p.stdout, p.stderr))
         finally:
             shutil.rmtree(d, ignore_errors=True)
-    return run
+    return check
 
 
 for _op, _model in NO_RULE.items():
