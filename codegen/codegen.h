@@ -27,7 +27,25 @@ typedef struct cg_plan {
   int ops_after_fusion;
   bool *inplace;          /* [noutputs] an update computed in its param's buffer (inplace.c) */
   int noutputs;
+  int64_t memory_limit;   /* --memory-limit (0: none), set before lowering */
+  int64_t peak_without_remat; /* with a limit: the planned peak before recomputing anything */
+  int remat_candidates;   /* cheap activations that could be recomputed */
+  int remat_values;       /* recomputed in the backward instead of kept */
+  int64_t remat_bytes;    /* their sizes, summed */
 } cg_plan;
+
+/* The bytes of a step's inputs, parameters, state and outputs (an update
+ * computed in place counts once): the planned peak is this plus the arena. */
+int64_t cg_io_bytes(const nv_graph *g, const cg_plan *plan);
+
+/* remat.c: with PLAN->memory_limit set, recomputes cheap activations of the
+ * fused linalg module M in the backward pass (the fewest, largest first)
+ * until the planned peak fits the limit.  PLAN_FN runs the target's
+ * pipeline up to the memory plan on a copy of M (0 on success).  0 with M
+ * rewritten and PLAN's remat fields set, or -1 after a diagnostic (the step
+ * cannot fit: the message gives the smallest peak reached). */
+typedef int (*cg_plan_fn)(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan *plan, void *ud);
+int cg_fit_memory(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan_fn plan_fn, void *ud, cg_plan *plan);
 
 /* inplace.c: before bufferization, for each result j of the entry that
  * updates argument PARAM_ARG[j] (-1: none), makes the update compute into
@@ -133,6 +151,7 @@ typedef struct cg_gpu_options {
   bool sim;   /* --gpu-sim */
   int block;  /* --gpu-block=N: threads per block for every kernel; 0 = the configurator's */
   bool tf32;  /* --matmul-precision=tf32: f32 matmuls on tensor cores with tf32 operands */
+  int64_t memory_limit; /* --memory-limit (0: none) */
 } cg_gpu_options;
 int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_device *dev, const cg_gpu_options *o,
                     cg_gpu *out);

@@ -125,14 +125,32 @@ int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
   return rc;
 }
 
+typedef struct cpu_plan_args {
+  const cfg_device *cpu;
+  int opt_level;
+} cpu_plan_args;
+
+/* The CPU pipeline from the fused module to the memory plan (-O1 and up):
+ * 0 planned, 1 not plannable, -1 error. */
+static int plan_cpu(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan *plan, void *ud) {
+  const cpu_plan_args *a = ud;
+  if (cg_prepare_inplace(c, g, m) || cg_cpu_tile(c, m, a->cpu, a->opt_level) ||
+      cg_bufferize(c, m, a->opt_level, false) || cg_plan_inplace(g, m, plan))
+    return -1;
+  return cg_memplan(c, m, plan);
+}
+
 int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_device *cpu, int opt_level,
                      cg_plan *plan) {
   if (cg_fuse(c, m, opt_level, plan)) return -1;
-  if (opt_level > 0 && cg_prepare_inplace(c, g, m)) return -1;
-  if (cg_cpu_tile(c, m, cpu, opt_level)) return -1;
-  if (cg_bufferize(c, m, opt_level, false)) return -1;
-  if (opt_level > 0 && cg_plan_inplace(g, m, plan)) return -1;
-  int rc = opt_level > 0 ? cg_memplan(c, m, plan) : 1;
+  int rc = 1;
+  if (opt_level > 0) {
+    cpu_plan_args a = {cpu, opt_level};
+    if (plan->memory_limit > 0 && cg_fit_memory(c, g, m, plan_cpu, &a, plan)) return -1;
+    rc = plan_cpu(c, g, m, plan, &a);
+  } else if (cg_bufferize(c, m, opt_level, false)) {
+    return -1;
+  }
   if (rc < 0) return -1;
   if (rc == 1 && cg_run_pipeline(c, m, "builtin.module(buffer-deallocation-pipeline)", "buffer deallocation"))
     return -1;

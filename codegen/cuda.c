@@ -718,9 +718,18 @@ static int take_ptx(gpu_ctx *G, MlirModule m) {
   return -1;
 }
 
+/* The GPU pipeline from the fused module to the memory plan (-O1 and up):
+ * 0 planned, 1 not plannable, -1 error. */
+static int plan_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan *plan, void *ud) {
+  (void)ud;
+  if (cg_prepare_inplace(c, g, m) || cg_bufferize(c, m, 1, false) || cg_plan_inplace(g, m, plan)) return -1;
+  return cg_memplan(c, m, plan);
+}
+
 int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_device *dev, const cg_gpu_options *o,
                     cg_gpu *out) {
   memset(out, 0, sizeof *out);
+  out->plan.memory_limit = o->memory_limit;
   if (dev->cc_major < 5) {
     nv_error_plain(c->diag, "--target=cuda: device '%s' has no compute capability", dev->name);
     return -1;
@@ -739,10 +748,14 @@ int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_devi
     return -1;
   }
   gpu_ctx G = {c, c->ctx, dev, out, sim, NULL, 0, 0, o->block, o->tf32, 0};
-  if (cg_fuse(c, m, opt_level, &out->plan) || (opt_level > 0 && cg_prepare_inplace(c, g, m)) ||
-      cg_bufferize(c, m, opt_level, false) || (opt_level > 0 && cg_plan_inplace(g, m, &out->plan)))
+  if (cg_fuse(c, m, opt_level, &out->plan)) return -1;
+  int prc = 1;
+  if (opt_level > 0) {
+    if (out->plan.memory_limit > 0 && cg_fit_memory(c, g, m, plan_gpu, NULL, &out->plan)) return -1;
+    prc = plan_gpu(c, g, m, &out->plan, NULL);
+  } else if (cg_bufferize(c, m, opt_level, false)) {
     return -1;
-  int prc = opt_level > 0 ? cg_memplan(c, m, &out->plan) : 1;
+  }
   if (prc < 0) return -1;
   if (prc == 1 && sim && cg_run_pipeline(c, m, "builtin.module(buffer-deallocation-pipeline)", "buffer deallocation"))
     return -1;

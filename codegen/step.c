@@ -243,6 +243,22 @@ static int nargs_of(const step_tensor *t, int n) {
   return k;
 }
 
+/* Whether tensor I (an update) is computed in its param's buffer. */
+static bool in_place(const cg_plan *plan, const step_tensor *t, int n, int i) {
+  int oi = i - nargs_of(t, n);
+  return plan && plan->inplace && oi >= 0 && oi < plan->noutputs && plan->inplace[oi];
+}
+
+int64_t cg_io_bytes(const nv_graph *g, const cg_plan *plan) {
+  step_tensor *t;
+  int64_t init, io = 0;
+  int n = collect(g, &t, &init);
+  for (int i = 0; i < n; i++) /* an update in place takes its param's memory */
+    if (!in_place(plan, t, n, i)) io += fe_numel(t[i].node) * (int64_t)fe_dtype_size(t[i].node->dtype);
+  free(n >= 0 ? t : NULL);
+  return io;
+}
+
 static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const char *hash, const cg_options *o,
                            const char *cpu) {
   cJSON *root = cJSON_CreateObject();
@@ -271,8 +287,7 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
     cJSON_AddNumberToObject(e, "bytes", bytes);
     cJSON_AddNumberToObject(e, "argument", i);
     if (t[i].updates >= 0) cJSON_AddStringToObject(e, "updates", t[t[i].updates].name);
-    int oi = i - nargs_of(t, n);
-    bool inplace = o->plan && o->plan->inplace && oi >= 0 && oi < o->plan->noutputs && o->plan->inplace[oi];
+    bool inplace = in_place(o->plan, t, n, i);
     if (t[i].updates >= 0) cJSON_AddBoolToObject(e, "in_place", inplace);
     if (x->has_default) cJSON_AddNumberToObject(e, "default", x->init.a);
     if (i < nargs_of(t, n) && x->index_bound > 0) {
@@ -285,9 +300,9 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
       cJSON_AddStringToObject(e, "defined_at", where);
     }
     cJSON_AddItemToArray(ts, e);
-    if (!inplace) io_bytes += bytes; /* an update in place takes its param's memory */
     if (t[i].role == NOVA_ROLE_PARAM) param_bytes += bytes;
   }
+  io_bytes = (double)cg_io_bytes(g, o->plan);
   cJSON *mem = cJSON_AddObjectToObject(root, "memory");
   cJSON_AddNumberToObject(mem, "tensor_bytes", io_bytes);
   cJSON_AddNumberToObject(mem, "param_bytes", param_bytes);
@@ -298,6 +313,14 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
     cJSON_AddNumberToObject(mem, "intermediate_bytes", (double)pl->total_bytes);
     cJSON_AddNumberToObject(mem, "planned_peak_bytes", io_bytes + (double)pl->arena_bytes);
     cJSON_AddNumberToObject(mem, "unplanned_peak_bytes", io_bytes + (double)pl->total_bytes);
+    if (pl->memory_limit > 0) {
+      cJSON_AddNumberToObject(mem, "memory_limit", (double)pl->memory_limit);
+      cJSON *rm = cJSON_AddObjectToObject(mem, "remat");
+      cJSON_AddNumberToObject(rm, "peak_without_bytes", (double)pl->peak_without_remat);
+      cJSON_AddNumberToObject(rm, "candidates", pl->remat_candidates);
+      cJSON_AddNumberToObject(rm, "recomputed", pl->remat_values);
+      cJSON_AddNumberToObject(rm, "recomputed_bytes", (double)pl->remat_bytes);
+    }
     cJSON *pa = cJSON_AddArrayToObject(mem, "plan");
     for (int i = 0; i < pl->n; i++) {
       const cg_plan_entry *e = &pl->entries[i];

@@ -34,6 +34,7 @@ typedef struct opts {
   bool train, time_passes, verbose, explain_config, gpu_sim;
   int gpu_block;
   bool tf32;
+  int64_t memory_limit; /* --memory-limit, bytes (0: none) */
   ad_options ad;
   bool lr_set, wd_set;
   fe_dim_binding dims[32];
@@ -62,6 +63,9 @@ static void usage(FILE *f) {
         "  --cpu=NAME            LLVM CPU to generate code for (default host; e.g. x86-64-v3)\n"
         "  --dim=NAME=N          bind a symbolic dimension\n"
         "  -O0 .. -O3            optimisation level (default -O2)\n"
+        "  --memory-limit=BYTES  (-O1 and up) recompute cheap activations in the backward pass\n"
+        "                        until the planned peak fits BYTES (suffix K, M or G: KiB,\n"
+        "                        MiB, GiB), or fail with the smallest peak reached\n"
         "  --dump-after=STAGE    print the IR after STAGE (frontend, linalg, llvm) to stderr\n"
         "  --time-passes         report the time of each stage\n"
         "  --train               compile a training step: forward, backward and optimizer update\n"
@@ -192,6 +196,16 @@ static int parse_args(int argc, char **argv, opts *o) {
         return bad_usage("--gpu-block takes a multiple of 32 from 32 to 1024, not '%s'", v);
       o->gpu_block = (int)b;
       nv_sb_printf(&o->flags, " --gpu-block=%ld", b);
+    } else if ((v = opt_value(argc, argv, &i, "--memory-limit"))) {
+      char *end;
+      errno = 0;
+      long long b = strtoll(v, &end, 10);
+      int sh = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+      if (sh) end++;
+      if (!*v || *end || errno || b <= 0 || b > (INT64_MAX >> sh))
+        return bad_usage("--memory-limit takes a positive number of bytes (suffix K, M or G allowed), not '%s'", v);
+      o->memory_limit = (int64_t)b << sh;
+      nv_sb_printf(&o->flags, " --memory-limit=%s", v);
     } else if ((v = opt_value(argc, argv, &i, "--matmul-precision"))) {
       if (strcmp(v, "highest") && strcmp(v, "tf32"))
         return bad_usage("--matmul-precision takes highest or tf32, not '%s'", v);
@@ -343,6 +357,10 @@ static int compile(nv_diag *d, opts *o) {
     nv_error_plain(d, "--emit=ptx needs --target=cuda");
     return -1;
   }
+  if (o->memory_limit && o->opt_level == 0) {
+    nv_error_plain(d, "--memory-limit needs -O1 or above (at -O0 intermediates live on the heap, unplanned)");
+    return -1;
+  }
   cfg_device dev;
   if (nd_device(d, cuda, o->device, &dev)) return -1;
   if (o->dump_after && strcmp(o->dump_after, "frontend") && strcmp(o->dump_after, "linalg") &&
@@ -369,6 +387,7 @@ static int compile(nv_diag *d, opts *o) {
   MlirModule nova = {NULL}, lin = {NULL};
   cg_gpu gpu = {0};
   cg_plan plan = {0};
+  plan.memory_limit = o->memory_limit;
   char *out_default = NULL, *man_default = NULL;
   if (nova_ctx_init(&c, d)) {
     fe_graph_destroy(g);
@@ -408,7 +427,7 @@ static int compile(nv_diag *d, opts *o) {
                    .time_passes = o->time_passes, .verbose = o->verbose,
                    .keep_temps = getenv("NOVAC_KEEP_TEMPS") != NULL};
   if (cuda) {
-    cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block, o->tf32};
+    cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block, o->tf32, o->memory_limit};
     if (cg_lower_to_gpu(&c, g, lin, &dev, &go, &gpu) || nova_verify(&c, lin, "lowering to the GPU"))
       goto out;
     gpu.dev = &dev;

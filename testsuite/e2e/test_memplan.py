@@ -104,5 +104,96 @@ def same_losses():
 
 
 case("memplan.same_losses_O2_O0", same_losses)
+
+
+# ---- rematerialization (--memory-limit) ----------------------------------------
+
+GPT = MODELS[2]
+
+
+def train_dump(so, d, tag):
+    """3 AdamW steps on one batch (batch 4, T 8, vocab 50): (losses,
+    {NAME.pb: array} of --dump)."""
+    import numpy as np
+    from harness import read_pb, write_pb
+    ind = os.path.join(d, "in")
+    if not os.path.isdir(ind):
+        os.mkdir(ind)
+        rng = np.random.default_rng(5)
+        for name in ("idx", "targets"):
+            write_pb(os.path.join(ind, name + ".pb"), rng.integers(0, 50, (4, 8)).astype(np.int64), name)
+    log, dump = os.path.join(d, tag + ".loss"), os.path.join(d, tag + ".dump")
+    run([NOVARUN, so, "--inputs", ind, "--steps", "3", "--loss-log", log, "--dump", dump, "-q"])
+    with open(log) as f:
+        losses = [float(l.split()[1]) for l in f.read().splitlines()]
+    return losses, {fn: read_pb(os.path.join(dump, fn)) for fn in sorted(os.listdir(dump))}
+
+
+def remat_reduces(target):
+    """A limit just under the step's planned peak: some activations are
+    recomputed, the plan fits the limit and passes the overlap check, and
+    training gives the same losses, gradients and parameters."""
+    def go():
+        import numpy as np
+        d = tempfile.mkdtemp(prefix="nova-remat-")
+        try:
+            so0, m0 = manifest(GPT[1], GPT[2] + target, d, "s0")
+            p0 = m0["memory"]["planned_peak_bytes"]
+            so1, m1 = manifest(GPT[1], GPT[2] + target + ["--memory-limit=%d" % (p0 - 1)], d, "s1")
+            mem = m1["memory"]
+            check_plan(mem)
+            rm = mem.get("remat") or {}
+            if mem.get("memory_limit") != p0 - 1 or rm.get("peak_without_bytes") != p0:
+                raise Failure("manifest memory: %r" % {k: v for k, v in mem.items() if k != "plan"})
+            if not rm.get("recomputed", 0) >= 1 or not rm.get("recomputed_bytes", 0) > 0:
+                raise Failure("nothing recomputed: %r" % rm)
+            if not mem["planned_peak_bytes"] <= p0 - 1:
+                raise Failure("planned peak %d above the limit %d" % (mem["planned_peak_bytes"], p0 - 1))
+            if target:
+                return   # cuda: the plan only (numerics: the --gpu-sim suites)
+            l0, t0 = train_dump(so0, d, "a")
+            l1, t1 = train_dump(so1, d, "b")
+            if len(l0) != 3 or any(abs(a - b) > 1e-6 * max(abs(a), 1.0) for a, b in zip(l0, l1)):
+                raise Failure("losses differ: %s vs %s" % (l0, l1))
+            if sorted(t0) != sorted(t1) or not any(k.startswith("grad.") for k in t0):
+                raise Failure("dumped tensors differ: %s vs %s" % (sorted(t0), sorted(t1)))
+            for k in t0:
+                a, b = t0[k].astype(np.float64), t1[k].astype(np.float64)
+                if a.shape != b.shape or np.max(np.abs(a - b)) > 1e-6 * max(np.max(np.abs(a)), 1e-6):
+                    raise Failure("%s differs with recomputation: max |diff| %g" % (k, np.max(np.abs(a - b))))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    return go
+
+
+def remat_cannot_fit():
+    d = tempfile.mkdtemp(prefix="nova-remat-")
+    try:
+        p = run([NOVAC, GPT[1], "-o", os.path.join(d, "s.so"), "--memory-limit=4K"] + GPT[2], expect_rc=1)
+        if "does not fit" not in p.stderr or "smallest peak reached is" not in p.stderr:
+            raise Failure("message: %s" % p.stderr)
+        if os.path.exists(os.path.join(d, "s.so")):
+            raise Failure("a step.so was written")
+        p = run([NOVAC, GPT[1], "-o", os.path.join(d, "s.so"), "--memory-limit=1G"] + GPT[2])
+        with open(os.path.join(d, "s.json")) as f:
+            mem = json.load(f)["memory"]
+        if mem["remat"]["recomputed"] != 0 or mem["memory_limit"] != 1 << 30:
+            raise Failure("a limit the step fits in recomputed something: %r" % mem["remat"])
+        for bad, rc, msg in (("--memory-limit=12Q", 2, "positive number of bytes"),
+                             ("--memory-limit=0", 2, "positive number of bytes"),
+                             ("--memory-limit=-5", 2, "positive number of bytes")):
+            p = run([NOVAC, GPT[1], "-o", os.path.join(d, "x.so"), bad] + GPT[2], expect_rc=rc)
+            if msg not in p.stderr:
+                raise Failure("%s: %s" % (bad, p.stderr))
+        p = run([NOVAC, GPT[1], "-o", os.path.join(d, "x.so"), "--memory-limit=1M", "-O0"] + GPT[2], expect_rc=1)
+        if "needs -O1" not in p.stderr:
+            raise Failure("-O0: %s" % p.stderr)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+case("memplan.remat_same_gradients", remat_reduces([]))
+case("memplan.remat.cuda", remat_reduces(["--target=cuda", "--device=h100"]))
+case("memplan.remat_limits", remat_cannot_fit)
 print("# memplan: %d passed, %d failed" % (results["pass"], results["fail"]))
 sys.exit(0)
