@@ -170,7 +170,25 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m) {
                          "lowering to LLVM");
 }
 
+/* The entry's arguments carry {nova.name, nova.role}, which LLVM IR has no
+ * place for: the translation warns about each, printing the whole entry
+ * function into every warning (seconds for a large step).  They are
+ * dropped before translating (argument attributes of the llvm dialect are
+ * kept). */
+static void drop_nova_arg_attrs(MlirModule m) {
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f)) {
+    MlirAttribute a = mlirOperationGetAttributeByName(f, nova_str("arg_attrs"));
+    if (mlirAttributeIsNull(a)) continue;
+    nv_sbuf sb = {0};
+    mlirAttributePrint(a, err_cb, &sb);
+    if (sb.s && !sb.oom && !strstr(sb.s, "llvm.")) mlirOperationRemoveAttributeByName(f, nova_str("arg_attrs"));
+    nv_sb_free(&sb);
+  }
+}
+
 int cg_emit_llvm_ir(nova_ctx *c, MlirModule m, FILE *f) {
+  drop_nova_arg_attrs(m);
   char *s = mlirTranslateModuleToLLVMIRToString(mlirModuleGetOperation(m));
   if (!s) {
     nv_error_plain(c->diag, "translation to LLVM IR failed");
@@ -197,6 +215,7 @@ static int emit_object_here(nova_ctx *c, MlirModule m, const cg_options *o, cons
   LLVMInitializeNativeTarget();
   LLVMInitializeNativeAsmPrinter();
   LLVMContextRef llctx = LLVMContextCreate();
+  drop_nova_arg_attrs(m);
   LLVMModuleRef lm = mlirTranslateModuleToLLVMIR(mlirModuleGetOperation(m), llctx);
   int rc = -1;
   char *triple = LLVMGetDefaultTargetTriple(), *err = NULL, *cpu = NULL, *features = NULL;

@@ -137,7 +137,8 @@ static void roots(capture *args, MlirValue v, int depth) {
 
 /* Outlines NEST (a top-level op of the entry) into @NAME; 0 or -1 (the nest
  * is then left in place). */
-static int outline_one(MlirModule m, MlirOperation nest, const char *name, capture *cap, capture *args, vmap *vm) {
+static int outline_one(MlirModule m, MlirOperation nest, const char *name, capture *cap, capture *args, vmap *vm,
+                       MlirOperation *fn_out, MlirOperation *call_out) {
   MlirContext ctx = mlirOperationGetContext(nest);
   cap->root = nest;
   cap->n = 0;
@@ -187,7 +188,10 @@ static int outline_one(MlirModule m, MlirOperation nest, const char *name, captu
   MlirNamedAttribute callee = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("callee")),
                                                     mlirFlatSymbolRefAttrGet(ctx, nova_str(name)));
   mlirOperationStateAddAttributes(&cs, 1, &callee);
-  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(nest), nest, mlirOperationCreate(&cs));
+  MlirOperation call = mlirOperationCreate(&cs);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(nest), nest, call);
+  *fn_out = fn;
+  *call_out = call;
   /* the nest, its outside values mapped to arguments and clones */
   vm->n = 0;
   for (int i = 0; i < args->n; i++) {
@@ -205,6 +209,55 @@ static int outline_one(MlirModule m, MlirOperation nest, const char *name, captu
   return rc;
 }
 
+/* ---- one function per distinct nest -------------------------------------
+ * The layers of a model repeat: their nests are the same code on other
+ * buffers.  Functions whose text is equal but for their name are kept
+ * once, every call going to the first (a 4-layer GPT step: 656 functions,
+ * 131 distinct), which divides LLVM's work accordingly. */
+
+typedef struct part {
+  MlirOperation fn, call;
+  char name[48];
+  char *text;     /* the function printed, its name blanked */
+  uint64_t hash;
+} part;
+
+static uint64_t fnv1a(const char *s, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+static void dedupe(MlirContext ctx, part *p, int n) {
+  MlirOpPrintingFlags fl = mlirOpPrintingFlagsCreate();
+  mlirOpPrintingFlagsUseLocalScope(fl); /* else each print numbers the whole module */
+  for (int i = 0; i < n; i++) {
+    nv_sbuf sb = {0};
+    mlirOperationPrintWithFlags(p[i].fn, fl, cg_print_to_sbuf, &sb);
+    if (sb.oom || !sb.s) {
+      nv_sb_free(&sb);
+      continue;
+    }
+    char *at = strstr(sb.s, p[i].name);  /* the first mention is the func's own name */
+    if (at) memset(at, '_', strlen(p[i].name));
+    p[i].text = sb.s;
+    p[i].hash = fnv1a(sb.s, strlen(sb.s));
+  }
+  for (int i = 1; i < n; i++) {
+    if (!p[i].text) continue;
+    for (int j = 0; j < i; j++) {
+      if (!p[j].text || mlirOperationIsNull(p[j].fn) || p[j].hash != p[i].hash || strcmp(p[j].text, p[i].text))
+        continue;
+      mlirOperationSetAttributeByName(p[i].call, nova_str("callee"), mlirFlatSymbolRefAttrGet(ctx, nova_str(p[j].name)));
+      mlirOperationDestroy(p[i].fn);
+      p[i].fn = (MlirOperation){NULL};
+      break;
+    }
+  }
+  for (int i = 0; i < n; i++) free(p[i].text);
+  mlirOpPrintingFlagsDestroy(fl);
+}
+
 int cg_outline_nests(nova_ctx *c, MlirModule m) {
   MlirOperation entry = {NULL};
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
@@ -215,20 +268,34 @@ int cg_outline_nests(nova_ctx *c, MlirModule m) {
   if (mlirOperationIsNull(entry)) return 0;
   capture *cap = malloc(sizeof *cap), *args = malloc(sizeof *args);
   vmap *vm = malloc(sizeof *vm);
-  int rc = cap && args && vm ? 0 : -1, k = 0;
+  int rc = cap && args && vm ? 0 : -1, k = 0, np = 0, cp = 0;
+  part *parts = NULL;
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(entry, 0));
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !rc && !mlirOperationIsNull(op);) {
     MlirOperation next = mlirOperationGetNextInBlock(op);
     if (mlirOperationGetNumRegions(op) > 0 && mlirOperationGetNumResults(op) == 0) {
-      char name[48];
-      snprintf(name, sizeof name, "nova_part_%d", k++);
-      if (outline_one(m, op, name, cap, args, vm)) {
+      if (np == cp) {
+        part *q = realloc(parts, sizeof *q * (size_t)(cp = cp ? 2 * cp : 64));
+        if (!q) {
+          rc = -1;
+          break;
+        }
+        parts = q;
+      }
+      part *pt = &parts[np];
+      memset(pt, 0, sizeof *pt);
+      snprintf(pt->name, sizeof pt->name, "nova_part_%d", k++);
+      if (outline_one(m, op, pt->name, cap, args, vm, &pt->fn, &pt->call)) {
         nv_error_plain(c->diag, "internal: cannot outline loop nest %d of the step", k - 1);
         rc = -1;
+      } else {
+        np++;
       }
     }
     op = next;
   }
+  if (!rc && !getenv("NOVAC_NO_DEDUPE")) dedupe(mlirOperationGetContext(entry), parts, np);
+  free(parts);
   free(cap);
   free(args);
   free(vm);
