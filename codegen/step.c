@@ -42,7 +42,11 @@ static int collect(const nv_graph *g, step_tensor **out, int64_t *init_size) {
       const nv_node *x = g->nodes[i];
       if ((pass == 0 && x->op != NV_OP_INPUT) || (pass == 1 && x->op != NV_OP_PARAM)) continue;
       t[n] = (step_tensor){x, x->name, x->role, -1, -1};
-      if (x->op == NV_OP_PARAM || x->has_default) {
+      /* a param or state that starts at zero (optimizer moments) takes no
+       * room in init.bin: the runtime zeroes every buffer it allocates */
+      bool zero = x->op == NV_OP_PARAM &&
+                  (x->init.kind == NV_INIT_ZEROS || (x->init.kind == NV_INIT_CONST && x->init.a == 0.0));
+      if ((x->op == NV_OP_PARAM || x->has_default) && !zero) {
         t[n].init_offset = off;
         off += (fe_numel(x) * (int64_t)fe_dtype_size(x->dtype) + 63) / 64 * 64;
       }
