@@ -35,6 +35,9 @@ static void register_passes(void) { mlirRegisterAllPasses(); }
 int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char *stage) {
   pthread_once(&passes_once, register_passes);
   MlirPassManager pm = mlirPassManagerCreate(c->ctx);
+  /* the IR is verified at the end of each stage (nova_verify); verifying
+   * after every pass as well costs a tenth of a large step's compile time */
+  if (!getenv("NOVAC_VERIFY_EACH_PASS")) mlirPassManagerEnableVerifier(pm, false);
   nv_sbuf err = {0};
   int rc = 0;
   if (mlirLogicalResultIsFailure(mlirParsePassPipeline(mlirPassManagerGetAsOpPassManager(pm),

@@ -513,13 +513,8 @@ static int emit_tile(nv_sbuf *b, const char *src, const char *dst, const int64_t
   return nloops;
 }
 
-/* One op's sequence: tile, mark for vectorization, peel. */
-static void emit_op(nv_sbuf *b, int id, const tile_plan *p) {
-  nv_sb_printf(b,
-               "    transform.sequence %%root : !transform.any_op failures(suppress) {\n"
-               "    ^bb0(%%r: !transform.any_op):\n"
-               "      %%o = transform.structured.match attributes{nova.tile = %d : i64} in %%r"
-               " : (!transform.any_op) -> !transform.any_op\n", id);
+/* The sequence for one op %o: tile, mark for vectorization, peel. */
+static void emit_op(nv_sbuf *b, const tile_plan *p) {
   /* the loops of the first tiling, outermost first: which need a remainder */
   int nl = 0;
   bool peel[MAXL];
@@ -541,7 +536,21 @@ static void emit_op(nv_sbuf *b, int id, const tile_plan *p) {
     if (peel[i])
       nv_sb_printf(b, "      %%p%d, %%q%d = transform.loop.peel %%l1_%d : (!transform.op<\"scf.for\">)"
                       " -> (!transform.any_op, !transform.any_op)\n", i, i, i);
-  nv_sb_printf(b, "    }\n");
+}
+
+/* The ops marked nova.tile = ID share one sequence TEXT (layers repeat:
+ * one match per distinct plan, not per op), applied to each of them. */
+static void emit_group(nv_sbuf *b, int id, const char *text) {
+  nv_sb_printf(b,
+               "    %%g%d = transform.structured.match attributes{nova.tile = %d : i64} in %%root"
+               " : (!transform.any_op) -> !transform.any_op\n"
+               "    transform.foreach %%g%d : !transform.any_op {\n"
+               "    ^bb0(%%r: !transform.any_op):\n"
+               "      transform.sequence %%r : !transform.any_op failures(suppress) {\n"
+               "      ^bb1(%%o: !transform.any_op):\n%s"
+               "      }\n"
+               "    }\n",
+               id, id, id, text);
 }
 
 /* Vectorizes each op marked nova.vec that has static shapes (the others
@@ -643,6 +652,8 @@ typedef struct marker {
   int next;
   int counts[4];
   bool debug;
+  char **texts;   /* [next]: the sequence of plan ID */
+  bool oom;
 } marker;
 
 static void mark_func(marker *mk, MlirOperation func) {
@@ -662,11 +673,30 @@ static void mark_func(marker *mk, MlirOperation func) {
       if (!mlirOperationIsNull(lc)) o = lc, p = plan_op(lc, mk->dev);
     }
     if (p.kind == TK_NONE) continue;
-    int id = mk->next++;
+    nv_sbuf t = {0};
+    emit_op(&t, &p);
+    int id = 0;
+    while (id < mk->next && t.s && strcmp(mk->texts[id], t.s)) id++;
+    if (t.oom || !t.s) {
+      mk->oom = true;
+      nv_sb_free(&t);
+      continue;
+    }
+    if (id == mk->next) {
+      char **nt = realloc(mk->texts, sizeof *nt * (size_t)(mk->next + 1));
+      if (!nt) {
+        mk->oom = true;
+        nv_sb_free(&t);
+        continue;
+      }
+      mk->texts = nt;
+      mk->texts[mk->next++] = t.s;
+    } else {
+      nv_sb_free(&t);
+    }
     mk->counts[p.kind]++;
     mlirOperationSetDiscardableAttributeByName(o, nova_str("nova.tile"),
                                                mlirIntegerAttrGet(mlirIntegerTypeGet(mk->ctx, 64), id));
-    emit_op(mk->script, id, &p);
     if (mk->debug) {
       static const char *kn[] = {"-", "contract", "pointwise", "reduce"};
       fprintf(stderr, "// nova.tile = %d: %s, ranges", id, kn[p.kind]);
@@ -782,6 +812,12 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f))
     if (name_is(f, "func.func")) mark_func(&mk, f);
+  for (int i = 0; i < mk.next; i++) {
+    emit_group(&script, i, mk.texts[i]);
+    free(mk.texts[i]);
+  }
+  free(mk.texts);
+  script.oom |= mk.oom;
   nv_sb_printf(&script, "%s%s%s", SCRIPT_TAIL, getenv("NOVAC_TILE_FAULT") ? SCRIPT_FAULT : "", SCRIPT_END);
   if (debug) {
     fprintf(stderr, "// cpu tiling: %d contractions, %d elementwise, %d reductions\n%s", mk.counts[TK_CONTRACT],
