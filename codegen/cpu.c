@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <mlir-c/BuiltinAttributes.h>
@@ -31,7 +32,14 @@ static void err_cb(MlirStringRef s, void *ud) { nv_sb_printf(ud, "%.*s", (int)s.
 static pthread_once_t passes_once = PTHREAD_ONCE_INIT;
 static void register_passes(void) { mlirRegisterAllPasses(); }
 
-/* Runs a textual pipeline on m; 0 on success. */
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Runs a textual pipeline on m; 0 on success (NOVAC_DEBUG_PIPELINES: its
+ * time on stderr). */
 int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char *stage) {
   pthread_once(&passes_once, register_passes);
   MlirPassManager pm = mlirPassManagerCreate(c->ctx);
@@ -40,6 +48,7 @@ int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char 
   if (!getenv("NOVAC_VERIFY_EACH_PASS")) mlirPassManagerEnableVerifier(pm, false);
   nv_sbuf err = {0};
   int rc = 0;
+  double t0 = now_ms();
   if (mlirLogicalResultIsFailure(mlirParsePassPipeline(mlirPassManagerGetAsOpPassManager(pm),
                                                        nova_str(pipeline), err_cb, &err))) {
     nv_error_plain(c->diag, "internal: bad %s pipeline: %s", stage, err.s ? err.s : "");
@@ -48,6 +57,7 @@ int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char 
     nv_error_plain(c->diag, "%s failed (see the messages above)", stage);
     rc = -1;
   }
+  if (getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: %8.1f ms  %.200s\n", now_ms() - t0, pipeline);
   nv_sb_free(&err);
   mlirPassManagerDestroy(pm);
   return rc;
@@ -161,9 +171,10 @@ int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_dev
 }
 
 int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m) {
-  if (cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-loops),convert-vector-to-scf{full-unroll=1})",
-                      "lowering to loops") ||
-      cg_outline_nests(c, m))
+  /* outlined first: the lowering to loops then runs once per distinct nest */
+  if (cg_outline_nests(c, m) ||
+      cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-loops),convert-vector-to-scf{full-unroll=1})",
+                      "lowering to loops"))
     return -1;
   return cg_run_pipeline(c, m,
                          "builtin.module(convert-scf-to-cf,expand-strided-metadata,"
@@ -229,6 +240,11 @@ static int emit_object_here(nova_ctx *c, MlirModule m, const cg_options *o, cons
     goto out;
   }
   LLVMSetSourceFileName(lm, "step", 4);
+  for (LLVMValueRef fn = LLVMGetFirstFunction(lm); fn; fn = LLVMGetNextFunction(fn)) {
+    size_t len;
+    const char *name = LLVMGetValueName2(fn, &len);
+    if (len > 10 && !memcmp(name, "nova_part_", 10)) LLVMSetVisibility(fn, LLVMHiddenVisibility);
+  }
   if (LLVMGetTargetFromTriple(triple, &target, &err)) {
     nv_error_plain(c->diag, "no LLVM target for %s: %s", triple, err);
     goto out;
@@ -249,7 +265,9 @@ static int emit_object_here(nova_ctx *c, MlirModule m, const cg_options *o, cons
   LLVMSetModuleDataLayout(lm, dl);
   LLVMDisposeTargetData(dl);
   char passes[32];
-  snprintf(passes, sizeof passes, "default<O%d>", ol);
+  /* the loop nests come tiled and vectorized: LLVM's O2 pipeline made the
+   * same code as O1 (a 4-layer GPT, the MLP, GEMMs), in a third more time */
+  snprintf(passes, sizeof passes, "default<O%d>", ol == 2 ? 1 : ol);
   LLVMPassBuilderOptionsRef po = LLVMCreatePassBuilderOptions();
   LLVMErrorRef e = LLVMRunPasses(lm, passes, tm, po);
   LLVMDisposePassBuilderOptions(po);
@@ -275,32 +293,139 @@ out:
   return rc;
 }
 
-int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *obj_path, char *cpu_used,
-                   size_t cpu_size) {
-  cg_cpu_name(o, cpu_used, cpu_size);
-  char log[4200];
-  snprintf(log, sizeof log, "%s.log", obj_path);
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid < 0) {
-    nv_error_plain(c->diag, "cannot start code generation: %s", strerror(errno));
-    return -1;
+/* ---- parallel code generation ---------------------------------------
+ * A large step is many functions (one per distinct loop nest): they are
+ * split into parts of about equal size, one child process per part, each
+ * keeping only its part's function bodies (the others become declarations,
+ * every function external), and the objects are combined with `cc -r`. */
+
+typedef struct parts {
+  int n;        /* parts */
+  int nfn;      /* defined llvm.func ops, in module order */
+  int *of;      /* [nfn] the part of each */
+} parts;
+
+static bool defined_func(MlirOperation f) {
+  MlirStringRef nm = mlirIdentifierStr(mlirOperationGetName(f));
+  if (nm.length != 9 || memcmp(nm.data, "llvm.func", 9)) return false;
+  MlirRegion r = mlirOperationGetRegion(f, 0);
+  return !mlirRegionIsNull(r) && !mlirBlockIsNull(mlirRegionGetFirstBlock(r));
+}
+
+static MlirWalkResult count_op(MlirOperation op, void *ud) {
+  (void)op;
+  ++*(int64_t *)ud;
+  return MlirWalkResultAdvance;
+}
+
+/* Parts for M: largest function first onto the lightest part.  0, or -1
+ * when M is better done in one piece (few functions, a global that is not
+ * private: it would be defined in every part). */
+static int split_module(MlirModule m, int nparts, parts *pt) {
+  memset(pt, 0, sizeof *pt);
+  int cap = 0;
+  int64_t *size = NULL;
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f)) {
+    MlirStringRef nm = mlirIdentifierStr(mlirOperationGetName(f));
+    if (nm.length == 16 && !memcmp(nm.data, "llvm.mlir.global", 16)) {
+      nv_sbuf sb = {0};
+      MlirAttribute l = mlirOperationGetAttributeByName(f, nova_str("linkage"));
+      if (!mlirAttributeIsNull(l)) mlirAttributePrint(l, err_cb, &sb);
+      bool priv = sb.s && (strstr(sb.s, "private") || strstr(sb.s, "internal"));
+      nv_sb_free(&sb);
+      if (!priv) goto whole;
+    }
+    if (!defined_func(f)) continue;
+    if (pt->nfn == cap) {
+      int64_t *ns = realloc(size, sizeof *ns * (size_t)(cap = cap ? 2 * cap : 256));
+      if (!ns) goto whole;
+      size = ns;
+    }
+    size[pt->nfn] = 0;
+    mlirOperationWalk(f, count_op, &size[pt->nfn], MlirWalkPreOrder);
+    pt->nfn++;
   }
+  if (pt->nfn < 4 * nparts) goto whole;
+  pt->of = malloc(sizeof *pt->of * (size_t)pt->nfn);
+  int64_t load[8] = {0};
+  bool *done = calloc((size_t)pt->nfn, sizeof *done);
+  if (!pt->of || !done) {
+    free(done);
+    goto whole;
+  }
+  for (int k = 0; k < pt->nfn; k++) {
+    int big = -1, light = 0;
+    for (int i = 0; i < pt->nfn; i++)
+      if (!done[i] && (big < 0 || size[i] > size[big])) big = i;
+    for (int q = 1; q < nparts; q++)
+      if (load[q] < load[light]) light = q;
+    done[big] = true;
+    pt->of[big] = light;
+    load[light] += size[big];
+  }
+  free(done);
+  free(size);
+  pt->n = nparts;
+  return 0;
+whole:
+  free(size);
+  free(pt->of);
+  memset(pt, 0, sizeof *pt);
+  return -1;
+}
+
+/* In the child for part K: the bodies of the other parts' functions are
+ * dropped, and every function becomes external (a private one is hidden
+ * again in the LLVM module, see emit_object_here). */
+static void keep_part(MlirModule m, const parts *pt, int k) {
+  MlirContext ctx = mlirOperationGetContext(mlirModuleGetOperation(m));
+  MlirAttribute ext = mlirAttributeParseGet(ctx, nova_str("#llvm.linkage<external>"));
+  int i = 0;
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f)) {
+    if (!defined_func(f)) continue;
+    if (!mlirAttributeIsNull(ext)) mlirOperationSetAttributeByName(f, nova_str("linkage"), ext);
+    if (pt->of[i++] != k) {
+      MlirRegion tmp = mlirRegionCreate();
+      mlirRegionTakeBody(tmp, mlirOperationGetRegion(f, 0));
+      mlirRegionDestroy(tmp);
+    }
+  }
+}
+
+/* Runs emit_object_here in a child (its stderr into OBJ_PATH.log), after
+ * KEEP (if any) trimmed the module to part K; -> the child's pid or -1. */
+static pid_t spawn_emit(nova_ctx *c, MlirModule m, const cg_options *o, const char *obj, const parts *pt, int k) {
+  char log[4200];
+  snprintf(log, sizeof log, "%s.log", obj);
+  pid_t pid = fork();
   if (pid == 0) {
     int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd >= 0) {
       dup2(fd, 2);
       close(fd);
     }
-    _exit(emit_object_here(c, m, o, obj_path) ? 1 : 0);
+    if (pt) keep_part(m, pt, k);
+    _exit(emit_object_here(c, m, o, obj) ? 1 : 0);
   }
+  return pid;
+}
+
+/* Waits for PID; its log becomes a diagnostic when it failed (else its
+ * warnings are printed).  0 or -1. */
+static int reap_emit(nova_ctx *c, const cg_options *o, const char *obj, pid_t pid, bool quiet) {
+  char log[4200];
+  snprintf(log, sizeof log, "%s.log", obj);
   int st = 0;
   while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
   size_t len = 0;
   char *text = nv_read_file(log, &len, 1 << 20);
   unlink(log);
   int rc = WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
-  if (rc && text && strstr(text, "is not a recognized processor"))
+  if (rc && quiet) {
+    /* reported once, by the first failing part */
+  } else if (rc && text && strstr(text, "is not a recognized processor"))
     nv_error_plain(c->diag, "--cpu=%s: LLVM does not know this CPU (try host, x86-64, x86-64-v3, skylake-avx512, znver4)",
                    o->cpu ? o->cpu : "host");
   else if (rc) {
@@ -310,8 +435,73 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
     char *nl = line ? strchr(line, '\n') : NULL;
     if (nl) *nl = 0;
     nv_error_plain(c->diag, "code generation failed: %s", line ? line : "(the code generator stopped with no message)");
-  } else if (text && len)
+  } else if (text && len && !quiet)
     fputs(text, stderr); /* warnings */
   free(text);
+  return rc;
+}
+
+/* Processes for code generation: NOVAC_JOBS, else the processors online (at most 8). */
+static int codegen_jobs(void) {
+  const char *e = getenv("NOVAC_JOBS");
+  long n = e && *e ? strtol(e, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+  return n < 1 ? 1 : n > 8 ? 8 : (int)n;
+}
+
+int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *obj_path, char *cpu_used,
+                   size_t cpu_size) {
+  cg_cpu_name(o, cpu_used, cpu_size);
+  fflush(NULL);
+  parts pt;
+  int jobs = codegen_jobs();
+  if (jobs < 2 || split_module(m, jobs, &pt)) {
+    pid_t pid = spawn_emit(c, m, o, obj_path, NULL, 0);
+    if (pid < 0) {
+      nv_error_plain(c->diag, "cannot start code generation: %s", strerror(errno));
+      return -1;
+    }
+    return reap_emit(c, o, obj_path, pid, false);
+  }
+  /* the parts and the combined object in a folder of their own */
+  const char *tmpbase = getenv("TMPDIR");
+  char dir[4096], objs[8][4200], out[8400], log[4200], cwd[4096];
+  snprintf(dir, sizeof dir, "%s/novac-cg.XXXXXX", tmpbase && *tmpbase ? tmpbase : "/tmp");
+  if (!mkdtemp(dir)) {
+    nv_error_plain(c->diag, "cannot create a temporary folder: %s", strerror(errno));
+    free(pt.of);
+    return -1;
+  }
+  pid_t pids[8];
+  int rc = 0, started = 0;
+  for (int k = 0; k < pt.n; k++) {
+    snprintf(objs[k], sizeof objs[k], "%s/part%d.o", dir, k);
+    pids[k] = spawn_emit(c, m, o, objs[k], &pt, k);
+    if (pids[k] < 0) {
+      nv_error_plain(c->diag, "cannot start code generation: %s", strerror(errno));
+      rc = -1;
+      break;
+    }
+    started++;
+  }
+  for (int k = 0; k < started; k++)
+    if (reap_emit(c, o, objs[k], pids[k], rc != 0)) rc = -1;
+  free(pt.of);
+  /* cc runs in DIR: the output path made absolute */
+  if (obj_path[0] == '/') snprintf(out, sizeof out, "%s", obj_path);
+  else if (getcwd(cwd, sizeof cwd)) snprintf(out, sizeof out, "%s/%s", cwd, obj_path);
+  else rc = -1;
+  if (!rc) {
+    const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
+    char *argv[16] = {(char *)cc, "-r", "-nostdlib", "-o", out};
+    char names[8][16];
+    int a = 5;
+    for (int k = 0; k < started; k++) snprintf(names[k], sizeof names[k], "part%d.o", k), argv[a++] = names[k];
+    argv[a] = NULL;
+    rc = cg_run_tool(c, dir, argv, o->verbose, "combining the object files");
+  }
+  for (int k = 0; k < started; k++) unlink(objs[k]);
+  snprintf(log, sizeof log, "%s/tool.log", dir);
+  unlink(log);
+  rmdir(dir);
   return rc;
 }
