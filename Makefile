@@ -20,7 +20,7 @@ ALLCFLAGS = $(WARN) $(CFLAGS) $(SAN) $(CPPFLAGS_ALL)
 
 MLIR_LIBS := -lMLIRCAPIRegisterEverything -lMLIRCAPITransforms -lMLIRCAPITarget -lMLIRCAPIIRDL \
   -lMLIRCAPIConversion -lMLIRCAPIGPU -lMLIRCAPILinalg -lMLIRCAPITensor -lMLIRCAPIArith -lMLIRCAPIMath \
-  -lMLIRCAPIFunc -lMLIRCAPITransformDialect -lMLIRCAPITransformDialectTransforms -lMLIRCAPIIR \
+  -lMLIRCAPIFunc -lMLIRCAPILLVM -lMLIRCAPITransformDialect -lMLIRCAPITransformDialectTransforms -lMLIRCAPIIR \
   -lMLIR -lLLVM -lstdc++
 NOVAC_LDLIBS := -L$(LLVM_LIB) $(MLIR_LIBS) -Wl,-rpath,$(LLVM_LIB) -lcjson -lprotobuf-c -lm -lpthread -ldl
 

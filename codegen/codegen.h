@@ -32,6 +32,7 @@ typedef struct cg_plan {
   int remat_candidates;   /* cheap activations that could be recomputed */
   int remat_values;       /* recomputed in the backward instead of kept */
   int64_t remat_bytes;    /* their sizes, summed */
+  int parallel_loops;     /* loop functions shared out between threads (parallel.c) */
 } cg_plan;
 
 /* The bytes of a step's inputs, parameters, state and outputs (an update
@@ -138,8 +139,20 @@ int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_dev
  * noinline function (LLVM's loop passes cost superlinear time in a
  * function's size); 0, or -1 with a diagnostic. */
 int cg_outline_nests(nova_ctx *c, MlirModule m);
-/* The second half of cg_lower_to_llvm: a bufferized module to the LLVM dialect. */
-int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m);
+/* parallel.c: the outlined nests marked nova.parallel (outline.c) run their
+ * outermost loop shared out between the runtime's threads.
+ * cg_parallel_calls, after the lowering to loops: each such function
+ * takes the loop's bounds as two more arguments, and its calls pack their
+ * arguments and go through @nova_par_<F>; cg_parallel_thunks, in the LLVM
+ * dialect: @nova_par_<F> hands the loop to nova_rt_parallel_for with a
+ * task that unpacks the arguments.  Both 0, or -1 with a diagnostic;
+ * *COUNT gets the number of parallel functions. */
+#define CG_PAR_MIN_BYTES (128 << 10)
+int cg_parallel_calls(nova_ctx *c, MlirModule m, int *count);
+int cg_parallel_thunks(nova_ctx *c, MlirModule m);
+/* The second half of cg_lower_to_llvm: a bufferized module to the LLVM
+ * dialect (*PARALLEL: the loop functions shared out between threads). */
+int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel);
 
 /* Bufferizes a linalg module and lowers it for the GPU described by DEV:
  * host code in the LLVM dialect calling mgpu* launch functions (the

@@ -167,21 +167,26 @@ int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_dev
   if (rc < 0) return -1;
   if (rc == 1 && cg_run_pipeline(c, m, "builtin.module(buffer-deallocation-pipeline)", "buffer deallocation"))
     return -1;
-  return cg_lower_loops_to_llvm(c, m);
+  return cg_lower_loops_to_llvm(c, m, &plan->parallel_loops);
 }
 
-int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m) {
+int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
   /* outlined first: the lowering to loops then runs once per distinct nest */
+  int npar = 0;
   if (cg_outline_nests(c, m) ||
       cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-loops),convert-vector-to-scf{full-unroll=1})",
-                      "lowering to loops"))
+                      "lowering to loops") ||
+      cg_parallel_calls(c, m, &npar))
     return -1;
-  return cg_run_pipeline(c, m,
+  if (cg_run_pipeline(c, m,
                          "builtin.module(convert-scf-to-cf,expand-strided-metadata,"
                          "lower-affine,convert-math-to-llvm,convert-math-to-libm,finalize-memref-to-llvm,convert-vector-to-llvm,"
                          "convert-arith-to-llvm,convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,"
                          "convert-ub-to-llvm,reconcile-unrealized-casts)",
-                         "lowering to LLVM");
+                         "lowering to LLVM"))
+    return -1;
+  if (parallel) *parallel = npar;
+  return npar > 0 ? cg_parallel_thunks(c, m) : 0;
 }
 
 /* The entry's arguments carry {nova.name, nova.role}, which LLVM IR has no

@@ -523,6 +523,14 @@ static void emit_op(nv_sbuf *b, const tile_plan *p) {
     if (p->tile[d]) peel[nl++] = p->range[d] % p->tile[d] != 0;
   }
   emit_tile(b, "o", "1", p->tile, p->n, p->interchange ? p->inter : NULL);
+  /* the outermost tile loop runs over a parallel dimension: its
+   * iterations write disjoint tiles (outline.c may share them out) */
+  for (int i = 0; i < p->n; i++)
+    if (p->tile[p->inter[i]]) {
+      if (!p->red[p->inter[i]])
+        nv_sb_printf(b, "      transform.annotate %%l1_0 \"nova.par\" : !transform.op<\"scf.for\">\n");
+      break;
+    }
   const char *vec = "t1";
   if (p->kdim >= 0 && p->range[p->kdim] > 1) {
     int64_t kt[MAXL] = {0};

@@ -783,7 +783,7 @@ int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_devi
   if (sim) {
     launch_to_loops(&G, entry_function(m));
     if (nova_verify(c, m, "turning kernels into CPU loops (--gpu-sim)")) return -1;
-    return cg_lower_loops_to_llvm(c, m);
+    return cg_lower_loops_to_llvm(c, m, &out->plan.parallel_loops);
   }
   if (cg_run_pipeline(c, m, "builtin.module(gpu-kernel-outlining)", "kernel outlining")) return -1;
   if (merge_modules(&G, m, entry_function(m))) {

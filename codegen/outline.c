@@ -135,6 +135,34 @@ static void roots(capture *args, MlirValue v, int depth) {
   for (intptr_t i = 0; i < mlirOperationGetNumOperands(d); i++) roots(args, mlirOperationGetOperand(d, i), depth + 1);
 }
 
+/* Whether NEST's outermost loop may be shared out between threads
+ * (parallel.c): a tile loop over a parallel dimension (cpu_tile.c marks
+ * it nova.par), or an elementwise-like linalg.generic whose first
+ * dimension is parallel, and enough data that a split pays for the
+ * threads' wake-up: the memrefs it takes, summed, at least
+ * CG_PAR_MIN_BYTES. */
+static bool parallel_nest(MlirOperation nest, const capture *args) {
+  bool par = false;
+  if (named(nest, "scf.for")) {
+    par = !mlirAttributeIsNull(mlirOperationGetAttributeByName(nest, nova_str("nova.par")));
+  } else if (named(nest, "linalg.generic")) {
+    MlirAttribute it = mlirOperationGetAttributeByName(nest, nova_str("iterator_types"));
+    if (!mlirAttributeIsNull(it) && mlirAttributeIsAArray(it) && mlirArrayAttrGetNumElements(it) > 0) {
+      nv_sbuf sb = {0};
+      mlirAttributePrint(mlirArrayAttrGetElement(it, 0), cg_print_to_sbuf, &sb);
+      par = sb.s && strstr(sb.s, "parallel");
+      nv_sb_free(&sb);
+    }
+  }
+  int64_t bytes = 0;
+  for (int i = 0; par && i < args->n; i++) {
+    MlirType t = mlirValueGetType(args->v[i]);
+    if (mlirTypeIsAVector(t)) return false; /* parallel.c passes scalars and buffers only */
+    if (mlirTypeIsAMemRef(t) && mlirShapedTypeHasStaticShape(t)) bytes += cg_type_bytes(t);
+  }
+  return par && bytes >= CG_PAR_MIN_BYTES;
+}
+
 /* Outlines NEST (a top-level op of the entry) into @NAME; 0 or -1 (the nest
  * is then left in place). */
 static int outline_one(MlirModule m, MlirOperation nest, const char *name, capture *cap, capture *args, vmap *vm,
@@ -181,6 +209,8 @@ static int outline_one(MlirModule m, MlirOperation nest, const char *name, captu
   mlirOperationStateAddAttributes(&fs, 4, fa);
   mlirOperationStateAddOwnedRegions(&fs, 1, &region);
   MlirOperation fn = mlirOperationCreate(&fs);
+  if (parallel_nest(nest, args))
+    mlirOperationSetDiscardableAttributeByName(fn, nova_str("nova.parallel"), mlirUnitAttrGet(ctx));
   mlirBlockAppendOwnedOperation(mlirModuleGetBody(m), fn);
   /* the call, where the nest was */
   MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), loc);

@@ -344,6 +344,7 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
     cJSON *fu = cJSON_AddObjectToObject(root, "fusion");
     cJSON_AddNumberToObject(fu, "ops_before", o->plan->ops_before_fusion);
     cJSON_AddNumberToObject(fu, "ops_after", o->plan->ops_after_fusion);
+    if (!o->gpu) cJSON_AddNumberToObject(root, "parallel_loops", o->plan->parallel_loops);
   }
   cJSON *ks = cJSON_AddArrayToObject(root, "kernels");
   cJSON *k = cJSON_CreateObject();

@@ -7,6 +7,7 @@ as without it (-O0, heap buffers and copied updates), step for step."""
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -192,6 +193,53 @@ def remat_cannot_fit():
         shutil.rmtree(d, ignore_errors=True)
 
 
+# ---- threads (parallel loops) ----------------------------------------------------
+
+def threads_same_results():
+    """The MLP (batch 256) and a 384x320x288 GEMM compiled with parallel
+    loops (manifest parallel_loops > 0) give bit-identical results on 1, 2
+    and 3 threads (NOVA_NUM_THREADS): shares are disjoint, so only the
+    order of independent iterations changes."""
+    import numpy as np
+    from harness import read_pb, write_pb
+    d = tempfile.mkdtemp(prefix="nova-par-")
+    try:
+        gemm = os.path.join(d, "g.nova")
+        with open(gemm, "w") as f:
+            f.write("input a: f32[M, K]\ninput b: f32[K, N]\nc = matmul(a, b)\noutput c\n")
+        rng = np.random.default_rng(7)
+        ind = os.path.join(d, "in")
+        os.mkdir(ind)
+        write_pb(os.path.join(ind, "a.pb"), rng.standard_normal((384, 288)).astype(np.float32), "a")
+        write_pb(os.path.join(ind, "b.pb"), rng.standard_normal((288, 320)).astype(np.float32), "b")
+        for name, src, flags, run_args in (
+                ("mlp", MODELS[0][1], ["--dim=batch=256", "--train", "--optimizer=adamw"], ["--seed", "4", "--steps", "3"]),
+                ("gemm", gemm, ["--dim=M=384", "--dim=N=320", "--dim=K=288"], ["--inputs", ind])):
+            so, m = manifest(src, flags, d, name)
+            if not m.get("parallel_loops", 0) > 0:
+                raise Failure("%s: no parallel loops in the manifest (%r)" % (name, m.get("parallel_loops")))
+            got = []
+            for threads in ("1", "2", "3"):
+                out = os.path.join(d, "%s.out%s" % (name, threads))
+                cmd = [NOVARUN, so, "--outputs", out, "-q"] + run_args
+                if "--steps" in run_args:
+                    cmd += ["--dump", out + ".dump"]
+                env = dict(os.environ, NOVA_NUM_THREADS=threads)
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+                if p.returncode:
+                    raise Failure("%s with %s threads: %s" % (name, threads, p.stderr))
+                dumped = os.listdir(out + ".dump") if os.path.isdir(out + ".dump") else []
+                files = sorted(os.listdir(out)) + sorted("dump/" + f for f in dumped)
+                got.append({f: read_pb(os.path.join(out, f) if not f.startswith("dump/")
+                                       else os.path.join(out + ".dump", f[5:])) for f in files})
+            for g in got[1:]:
+                if sorted(g) != sorted(got[0]) or any(not np.array_equal(g[k], got[0][k]) for k in g):
+                    raise Failure("%s: results differ between thread counts" % name)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+case("threads.same_results_1_2_3", threads_same_results)
 case("memplan.remat_same_gradients", remat_reduces([]))
 case("memplan.remat.cuda", remat_reduces(["--target=cuda", "--device=h100"]))
 case("memplan.remat_limits", remat_cannot_fit)

@@ -1,0 +1,134 @@
+/* rt_parallel.c: the threads a step's parallel loops are shared out on.
+ *
+ * novac (codegen/parallel.c) turns the outermost loop of a large parallel
+ * nest into nova_rt_parallel_for(task, argv, lb, ub, step): the iterations
+ * lb, lb+step, ... < ub are split into one contiguous share per thread;
+ * the calling thread runs the first, the pool's workers the others, and
+ * the call returns when all are done.  The iterations write disjoint data,
+ * so the result does not depend on the number of threads.
+ *
+ * Threads: NOVA_NUM_THREADS, else the processors this process may run on
+ * (sched_getaffinity: `taskset -c 0` gives one), at most RT_MAX_THREADS.
+ * The pool starts at the first parallel loop; workers spin briefly for the
+ * next loop of a step, then sleep on a condition variable.  A second thread
+ * running a step while the pool is busy runs its loops alone.  The pool is
+ * stopped and joined when the step.so is unloaded.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define RT_MAX_THREADS 64
+#define RT_SPIN 20000 /* polls before a worker sleeps */
+
+typedef void (*rt_task)(void **argv, int64_t lo, int64_t hi);
+void nova_rt_parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int64_t step);
+
+static struct {
+  pthread_once_t once;
+  int nthreads;                /* including the caller */
+  pthread_t tid[RT_MAX_THREADS];
+  int started;                 /* workers running */
+  pthread_mutex_t busy;        /* held by the thread whose loop the pool runs */
+  pthread_mutex_t mu;
+  pthread_cond_t wake;
+  atomic_uint_fast64_t gen;    /* bumped for each loop (and to stop) */
+  atomic_int pending;          /* workers' shares not finished */
+  atomic_bool stop;
+  /* the loop being run */
+  rt_task task;
+  void **argv;
+  int64_t lb, ub, step, per;   /* per: iterations per share */
+} pool = {.once = PTHREAD_ONCE_INIT, .busy = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
+          .wake = PTHREAD_COND_INITIALIZER};
+
+static void run_share(int k) {
+  int64_t lo = pool.lb + (int64_t)k * pool.per * pool.step;
+  int64_t hi = lo + pool.per * pool.step;
+  if (hi > pool.ub) hi = pool.ub;
+  if (lo < hi) pool.task(pool.argv, lo, hi);
+}
+
+static void *worker(void *arg) {
+  int k = (int)(intptr_t)arg;
+  uint_fast64_t seen = 0;
+  for (;;) {
+    uint_fast64_t g;
+    int spins = 0;
+    while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen) {
+      if (++spins < RT_SPIN) continue;
+      pthread_mutex_lock(&pool.mu);
+      while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen)
+        pthread_cond_wait(&pool.wake, &pool.mu);
+      pthread_mutex_unlock(&pool.mu);
+      break;
+    }
+    seen = g;
+    if (atomic_load(&pool.stop)) return NULL;
+    run_share(k);
+    atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_acq_rel);
+  }
+}
+
+static int threads_wanted(void) {
+  const char *e = getenv("NOVA_NUM_THREADS");
+  long n = 0;
+  if (e && *e) n = strtol(e, NULL, 10);
+  if (n <= 0) {
+    cpu_set_t set;
+    n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  }
+  return n < 1 ? 1 : n > RT_MAX_THREADS ? RT_MAX_THREADS : (int)n;
+}
+
+static void pool_start(void) {
+  pool.nthreads = threads_wanted();
+  for (int k = 1; k < pool.nthreads; k++) {
+    if (pthread_create(&pool.tid[k], NULL, worker, (void *)(intptr_t)k)) break;
+    pool.started = k;
+  }
+  pool.nthreads = pool.started + 1; /* fewer if a thread could not start */
+}
+
+__attribute__((destructor)) static void pool_stop(void) {
+  if (!pool.started) return;
+  pthread_mutex_lock(&pool.busy);
+  atomic_store(&pool.stop, true);
+  pthread_mutex_lock(&pool.mu);
+  atomic_fetch_add_explicit(&pool.gen, 1, memory_order_release);
+  pthread_cond_broadcast(&pool.wake);
+  pthread_mutex_unlock(&pool.mu);
+  for (int k = 1; k <= pool.started; k++) pthread_join(pool.tid[k], NULL);
+  pool.started = 0;
+  pthread_mutex_unlock(&pool.busy);
+}
+
+void nova_rt_parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int64_t step) {
+  int64_t n = step > 0 && ub > lb ? (ub - lb + step - 1) / step : 0;
+  pthread_once(&pool.once, pool_start);
+  if (n < 2 || pool.nthreads < 2 || pthread_mutex_trylock(&pool.busy)) {
+    task(argv, lb, ub);
+    return;
+  }
+  int shares = n < pool.nthreads ? (int)n : pool.nthreads; /* a worker past the last share has none */
+  pool.task = task;
+  pool.argv = argv;
+  pool.lb = lb;
+  pool.ub = ub;
+  pool.step = step;
+  pool.per = (n + shares - 1) / shares;
+  atomic_store_explicit(&pool.pending, pool.nthreads - 1, memory_order_relaxed);
+  pthread_mutex_lock(&pool.mu);
+  atomic_fetch_add_explicit(&pool.gen, 1, memory_order_release);
+  pthread_cond_broadcast(&pool.wake);
+  pthread_mutex_unlock(&pool.mu);
+  run_share(0);
+  while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) {}
+  pthread_mutex_unlock(&pool.busy);
+}
