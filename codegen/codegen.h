@@ -151,7 +151,8 @@ int cg_outline_nests(nova_ctx *c, MlirModule m);
 int cg_parallel_calls(nova_ctx *c, MlirModule m, int *count);
 int cg_parallel_thunks(nova_ctx *c, MlirModule m);
 /* The second half of cg_lower_to_llvm: a bufferized module to the LLVM
- * dialect (*PARALLEL: the loop functions shared out between threads). */
+ * dialect (*PARALLEL: the loop functions shared out between threads;
+ * NULL: none are). */
 int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel);
 
 /* Bufferizes a linalg module and lowers it for the GPU described by DEV:

@@ -167,7 +167,7 @@ int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_dev
   if (rc < 0) return -1;
   if (rc == 1 && cg_run_pipeline(c, m, "builtin.module(buffer-deallocation-pipeline)", "buffer deallocation"))
     return -1;
-  return cg_lower_loops_to_llvm(c, m, &plan->parallel_loops);
+  return cg_lower_loops_to_llvm(c, m, opt_level > 0 ? &plan->parallel_loops : NULL);
 }
 
 int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
@@ -176,7 +176,7 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
   if (cg_outline_nests(c, m) ||
       cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-loops),convert-vector-to-scf{full-unroll=1})",
                       "lowering to loops") ||
-      cg_parallel_calls(c, m, &npar))
+      (parallel && cg_parallel_calls(c, m, &npar)))
     return -1;
   if (cg_run_pipeline(c, m,
                          "builtin.module(convert-scf-to-cf,expand-strided-metadata,"
