@@ -266,8 +266,8 @@ static MlirOperation find_func(MlirModule m, const char *name, size_t len) {
 int cg_parallel_thunks(nova_ctx *c, MlirModule m) {
   nv_sbuf text = {0};
   nv_sb_printf(&text, "module {\nllvm.func @nova_rt_parallel_for(!llvm.ptr, !llvm.ptr, i64, i64, i64)\n");
-  int n = 0;
-  MlirOperation decls[1024];
+  int n = 0, cap = 0;
+  MlirOperation *decls = NULL;
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f)) {
     MlirStringRef s = sym_of(f);
@@ -275,10 +275,21 @@ int cg_parallel_thunks(nova_ctx *c, MlirModule m) {
     if (!named(f, "llvm.func") || s.length <= pl || memcmp(s.data, PAR_PREFIX, pl) || !mlirBlockIsNull(body_of(f)))
       continue;
     MlirOperation target = find_func(m, s.data + pl, s.length - pl);
-    if (mlirOperationIsNull(target) || n == 1024) {
+    if (mlirOperationIsNull(target)) {
       nv_error_plain(c->diag, "internal: no function for the parallel call %.*s", (int)s.length, s.data);
       nv_sb_free(&text);
+      free(decls);
       return -1;
+    }
+    if (n == cap) {
+      MlirOperation *d = realloc(decls, sizeof *d * (size_t)(cap = cap ? 2 * cap : 64));
+      if (!d) {
+        nv_error_plain(c->diag, "out of memory");
+        nv_sb_free(&text);
+        free(decls);
+        return -1;
+      }
+      decls = d;
     }
     MlirType fty = mlirTypeAttrGetValue(mlirOperationGetAttributeByName(target, nova_str("function_type")));
     thunk_text(&text, (MlirStringRef){s.data + pl, s.length - pl}, fty);
@@ -308,5 +319,6 @@ int cg_parallel_thunks(nova_ctx *c, MlirModule m) {
     }
   }
   nv_sb_free(&text);
+  free(decls);
   return rc;
 }

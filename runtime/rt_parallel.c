@@ -48,6 +48,12 @@ static struct {
 } pool = {.once = PTHREAD_ONCE_INIT, .busy = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
           .wake = PTHREAD_COND_INITIALIZER};
 
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 static void run_share(int k) {
   int64_t lo = pool.lb + (int64_t)k * pool.per * pool.step;
   int64_t hi = lo + pool.per * pool.step;
@@ -62,7 +68,10 @@ static void *worker(void *arg) {
     uint_fast64_t g;
     int spins = 0;
     while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen) {
-      if (++spins < RT_SPIN) continue;
+      if (++spins < RT_SPIN) {
+        relax();
+        continue;
+      }
       pthread_mutex_lock(&pool.mu);
       while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen)
         pthread_cond_wait(&pool.wake, &pool.mu);
@@ -129,6 +138,6 @@ void nova_rt_parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int
   pthread_cond_broadcast(&pool.wake);
   pthread_mutex_unlock(&pool.mu);
   run_share(0);
-  while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) {}
+  while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) relax();
   pthread_mutex_unlock(&pool.busy);
 }
