@@ -62,6 +62,12 @@ int cg_inplace(MlirModule m, const int *param_arg, const int *update_arg, int n,
 int cg_prepare_inplace(nova_ctx *c, const nv_graph *g, MlirModule m);
 int cg_plan_inplace(const nv_graph *g, MlirModule m, cg_plan *plan);
 
+/* groups.c: annotates each op of the nova module NOVA with nova.kernels,
+ * the loop nests it is computed in after lowering and fusion at OPT_LEVEL
+ * (ops sharing a number are fused), and the module with nova.loop_nests
+ * {before, after}; 0, or -1 after a diagnostic. */
+int cg_fusion_groups(nova_ctx *c, MlirModule nova, int opt_level);
+
 /* Elementwise fusion over the whole linalg module (at -O1 and above),
  * counting the linalg ops before and after into STATS. */
 int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, cg_plan *stats);

@@ -398,6 +398,7 @@ static int compile(nv_diag *d, opts *o) {
   stage_done(&tm, "build nova IR");
   dump_if(o, "frontend", nova);
   if (o->emit == EMIT_NOVA) {
+    if (cg_fusion_groups(&c, nova, o->opt_level)) goto out;
     FILE *f = open_text_out(d, o->output);
     if (!f) goto out;
     nova_print_op(mlirModuleGetOperation(nova), f);

@@ -1,0 +1,102 @@
+/* groups.c: the fused groups of a step, shown on its nova ops.
+ *
+ * For --emit=nova: a copy of the nova module, each op's location wrapped in
+ * a name "nova.op.N" (N its position), is lowered to linalg and fused as the
+ * step is compiled; each linalg op left is one loop nest (one kernel on the
+ * GPU), and its location, fused from those of everything merged into it,
+ * names the nova ops it computes.  Each nova op of the original module then
+ * gets nova.kernels = [K, ...], the numbers (in order) of the loop nests it
+ * is computed in: ops that share a number were fused into one loop nest;
+ * an op with several numbers is split into several (a softmax: a max, a sum,
+ * then the quotients).  The module gets nova.loop_nests = {before, after}.
+ */
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+
+static MlirBlock entry_block(MlirModule m) {
+  MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m));
+  return mlirOperationIsNull(f) ? (MlirBlock){NULL} : mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
+}
+
+typedef struct kernel_lists {
+  int64_t **k;  /* [nops] the loop nests of each nova op */
+  int *n, *cap;
+} kernel_lists;
+
+static void add_kernel(kernel_lists *L, int op, int64_t k) {
+  if (L->n[op] && L->k[op][L->n[op] - 1] == k) return;
+  if (L->n[op] == L->cap[op]) {
+    int cap = L->cap[op] ? 2 * L->cap[op] : 4;
+    int64_t *nk = realloc(L->k[op], sizeof *nk * (size_t)cap);
+    if (!nk) return;
+    L->k[op] = nk;
+    L->cap[op] = cap;
+  }
+  L->k[op][L->n[op]++] = k;
+}
+
+int cg_fusion_groups(nova_ctx *c, MlirModule nova, int opt_level) {
+  MlirBlock nb = entry_block(nova);
+  if (mlirBlockIsNull(nb)) return 0;
+  int nops = 0;
+  for (MlirOperation o = mlirBlockGetFirstOperation(nb); !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o))
+    nops++;
+  MlirModule copy = mlirModuleFromOperation(mlirOperationClone(mlirModuleGetOperation(nova)));
+  MlirBlock cb = entry_block(copy);
+  int i = 0;
+  char name[32];
+  for (MlirOperation o = mlirBlockGetFirstOperation(cb); !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) {
+    snprintf(name, sizeof name, "nova.op.%d", i++);
+    mlirOperationSetLocation(o, mlirLocationNameGet(c->ctx, nova_str(name), mlirOperationGetLocation(o)));
+  }
+  MlirModule lin = cg_lower_to_linalg(c, copy);
+  mlirModuleDestroy(copy);
+  if (mlirModuleIsNull(lin)) return -1;
+  cg_plan stats = {0};
+  kernel_lists L = {calloc((size_t)nops + 1, sizeof *L.k), calloc((size_t)nops + 1, sizeof *L.n),
+                    calloc((size_t)nops + 1, sizeof *L.cap)};
+  int rc = !L.k || !L.n || !L.cap || cg_fuse(c, lin, opt_level, &stats) ? -1 : 0;
+  int64_t k = 0;
+  for (MlirOperation o = rc ? (MlirOperation){NULL} : mlirBlockGetFirstOperation(entry_block(lin));
+       !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) {
+    MlirStringRef nm = mlirIdentifierStr(mlirOperationGetName(o));
+    if (nm.length < 7 || memcmp(nm.data, "linalg.", 7)) continue;
+    nv_sbuf s = {0};
+    mlirLocationPrint(mlirOperationGetLocation(o), cg_print_to_sbuf, &s);
+    for (const char *p = s.s; p && (p = strstr(p, "nova.op.")); p += 8) {
+      int n = atoi(p + 8);
+      if (n >= 0 && n < nops) add_kernel(&L, n, k);
+    }
+    nv_sb_free(&s);
+    k++;
+  }
+  mlirModuleDestroy(lin);
+  i = 0;
+  for (MlirOperation o = mlirBlockGetFirstOperation(nb); !rc && !mlirOperationIsNull(o);
+       o = mlirOperationGetNextInBlock(o), i++) {
+    if (!L.n[i]) continue;
+    MlirAttribute *el = malloc(sizeof *el * (size_t)L.n[i]);
+    if (!el) break;
+    for (int j = 0; j < L.n[i]; j++) el[j] = mlirIntegerAttrGet(mlirIntegerTypeGet(c->ctx, 64), L.k[i][j]);
+    mlirOperationSetDiscardableAttributeByName(o, nova_str("nova.kernels"), mlirArrayAttrGet(c->ctx, L.n[i], el));
+    free(el);
+  }
+  if (!rc) {
+    MlirAttribute i64[2] = {mlirIntegerAttrGet(mlirIntegerTypeGet(c->ctx, 64), stats.ops_before_fusion),
+                            mlirIntegerAttrGet(mlirIntegerTypeGet(c->ctx, 64), stats.ops_after_fusion)};
+    MlirNamedAttribute na[2] = {
+        mlirNamedAttributeGet(mlirIdentifierGet(c->ctx, nova_str("before")), i64[0]),
+        mlirNamedAttributeGet(mlirIdentifierGet(c->ctx, nova_str("after")), i64[1])};
+    mlirOperationSetDiscardableAttributeByName(mlirModuleGetOperation(nova), nova_str("nova.loop_nests"),
+                                               mlirDictionaryAttrGet(c->ctx, 2, na));
+  }
+  for (int j = 0; j < nops && L.k; j++) free(L.k[j]);
+  free(L.k);
+  free(L.n);
+  free(L.cap);
+  return rc;
+}
