@@ -78,6 +78,11 @@ suite e2e-onnx-models python3 testsuite/e2e/test_onnx_models.py
 suite grad python3 testsuite/e2e/test_grads.py
 suite e2e-train python3 testsuite/e2e/test_train_onnx.py
 suite e2e-checkpoint python3 testsuite/e2e/test_checkpoint.py
+# the whole-model numeric tests again with every optimization off (-O0: no
+# fusion, plan, in-place updates, tiling, threads): the same results
+for t in examples onnx_models train_onnx; do
+  suite "O0-$t" env NOVA_TEST_FLAGS=-O0 NOVA_TEST_TAG=O0/ python3 "testsuite/e2e/test_$t.py"
+done
 [ -f testsuite/runtime/run.sh ] && suite runtime sh testsuite/runtime/run.sh "$B"
 [ -f testsuite/bad/run.sh ] && suite bad sh testsuite/bad/run.sh "$B"
 [ -f testsuite/configurator/run.sh ] && suite configurator sh testsuite/configurator/run.sh "$B"
