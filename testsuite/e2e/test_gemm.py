@@ -5,7 +5,8 @@ grids of one and of many blocks, both SIMT tile sizes (64x64 when the
 tiles fill the SMs, 32x32 otherwise).  Also plain matmuls on the cpu
 target.  Run by testsuite/run.sh with --gpu-sim flags (every kernel run as
 CPU loops, exact f32 arithmetic) and by make check-gpu on the GPU, where
-tf32 operands (10-bit mantissa) get a relative tolerance of 5e-3."""
+tf32 operands (10-bit mantissa) get a relative tolerance of 5e-3.  K of
+2048 and more: the cpu target's cache blocks (m by mc, k by kc)."""
 import sys
 
 import numpy as np
@@ -35,6 +36,8 @@ for shape in SHAPES:
     gemm_case(*shape, "f32")
 for shape in SHAPES[:6]:
     gemm_case(*shape, "f64")
+for shape in [(224, 40, 2048), (120, 33, 3072)]:   # long k: cache-blocked on the cpu
+    gemm_case(*shape, "f32")
 
 print("# gemm: %d passed, %d failed" % (results["pass"], results["fail"]))
 sys.exit(0)
