@@ -62,6 +62,11 @@ int cg_inplace(MlirModule m, const int *param_arg, const int *update_arg, int n,
 int cg_prepare_inplace(nova_ctx *c, const nv_graph *g, MlirModule m);
 int cg_plan_inplace(const nv_graph *g, MlirModule m, cg_plan *plan);
 
+/* fastmath.c: f32 math.exp and math.erf in linalg bodies become arithmetic
+ * the vectorizer handles (cpu target, -O1 and up; NOVAC_LIBM=1 keeps the
+ * libm calls); 0, or -1 after a diagnostic. */
+int cg_fast_math(nova_ctx *c, MlirModule m);
+
 /* groups.c: annotates each op of the nova module NOVA with nova.kernels,
  * the loop nests it is computed in after lowering and fusion at OPT_LEVEL
  * (ops sharing a number are fused), and the module with nova.loop_nests

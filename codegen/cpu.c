@@ -147,7 +147,7 @@ typedef struct cpu_plan_args {
  * 0 planned, 1 not plannable, -1 error. */
 static int plan_cpu(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan *plan, void *ud) {
   const cpu_plan_args *a = ud;
-  if (cg_prepare_inplace(c, g, m) || cg_cpu_tile(c, m, a->cpu, a->opt_level) ||
+  if (cg_prepare_inplace(c, g, m) || cg_fast_math(c, m) || cg_cpu_tile(c, m, a->cpu, a->opt_level) ||
       cg_bufferize(c, m, a->opt_level, false) || cg_plan_inplace(g, m, plan))
     return -1;
   return cg_memplan(c, m, plan);
