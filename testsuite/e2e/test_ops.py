@@ -4,7 +4,7 @@ import sys
 
 import numpy as np
 
-from harness import case, check_close, compile_and_run, erf, results
+from harness import Failure, case, check_close, compile_and_run, erf, results
 from refs import conv_ref, pool_ref
 
 rng = np.random.default_rng(1234)
@@ -142,6 +142,41 @@ for dt in ("f32", "f64"):
             dt, files={"c.bin": c.astype(NP[dt])}, extra="const c: %s[3, 4] = file(\"c.bin\")\n" % dt)
     op_case("const_causal_mask", "r = a + m", {"a": r(2, 4, 4)}, lambda a: a + np.triu(np.full((4, 4), -7.0), 1),
             dt, extra="const m: %s[4, 4] = causal_mask(-7)\n" % dt)
+
+
+
+def exp_erf_accuracy():
+    """f32 exp and erf over their whole range (the cpu target computes them
+    with polynomials): exp within 1.5 ulp of the float64 value wherever that
+    is a normal f32, erf within 1e-6 relative (|x| > 1e-3) and 1e-6
+    absolute; inf, -inf, NaN, 0, overflow and underflow as expf/erff give."""
+    import math
+    a = np.concatenate([np.linspace(-110, 95, 40000), np.linspace(-6, 6, 40000),
+                        [np.nan, np.inf, -np.inf, 0.0, -0.0, 88.73, 200.0, -200.0, 1e-30]]).astype(np.float32)
+    outs, _ = compile_and_run("input a: f32[%d]\ne = exp(a)\nf = erf(a)\noutput e\noutput f\n" % a.size, {"a": a})
+    e, f = outs[0].astype(np.float64), outs[1].astype(np.float64)
+    a64 = a.astype(np.float64)
+    with np.errstate(over="ignore"):
+        ref = np.exp(a64)
+        ref32 = ref.astype(np.float32)
+    normal = np.isfinite(ref32) & (ref32 >= np.finfo(np.float32).tiny)
+    ulp = np.abs(e[normal] - ref[normal]) / np.spacing(ref32[normal]).astype(np.float64)
+    if ulp.max() > 1.5:
+        raise Failure("exp: %.2f ulp at x = %r" % (ulp.max(), a[normal][np.argmax(ulp)]))
+    special = {"nan": (-9, np.nan, np.nan), "inf": (-8, np.inf, 1.0), "-inf": (-7, 0.0, -1.0), "0": (-6, 1.0, 0.0),
+               "overflow": (-4, np.inf, 1.0), "200": (-3, np.inf, 1.0), "-200": (-2, 0.0, -1.0)}
+    for what, (i, ve, vf) in special.items():
+        if not (np.array_equal([e[i]], [ve], equal_nan=True) and np.array_equal([f[i]], [vf], equal_nan=True)):
+            raise Failure("%s: exp %r erf %r, expected %r %r" % (what, e[i], f[i], ve, vf))
+    fin = np.isfinite(a64)
+    rf = np.array([math.erf(v) for v in a64[fin]])
+    err = np.abs(f[fin] - rf)
+    rel = err / np.maximum(np.abs(rf), 1e-30)
+    if err.max() > 1e-6 or rel[np.abs(a64[fin]) > 1e-3].max() > 1e-6:
+        raise Failure("erf: abs %.2e rel %.2e" % (err.max(), rel[np.abs(a64[fin]) > 1e-3].max()))
+
+
+case("exp_erf_accuracy_f32", exp_erf_accuracy)
 
 if __name__ == "__main__":
     sys.exit(0)
