@@ -7,6 +7,19 @@
 #include "../driver/util.h"
 #include "../passes/nova_ir.h"
 
+/* irutil.c: whether OP is the operation NAME ("linalg.generic"); the
+ * step's entry, the public func.func with a body (null if none). */
+bool cg_op_is(MlirOperation op, const char *name);
+MlirOperation cg_entry_func(MlirModule m);
+/* A growing list of operations (collected by a walk); push is false, and
+ * OOM set, when out of memory. */
+typedef struct cg_op_list {
+  MlirOperation *v;
+  size_t n, cap;
+  bool oom;
+} cg_op_list;
+bool cg_op_list_push(cg_op_list *l, MlirOperation op);
+
 /* nova -> linalg on tensors, as a new module (null after a diagnostic). */
 MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule nova);
 

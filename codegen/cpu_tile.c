@@ -98,11 +98,6 @@ typedef struct tile_plan {
 
 /* ---- reading a linalg op -------------------------------------------- */
 
-static bool name_is(MlirOperation op, const char *name) {
-  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
-  return s.length == strlen(name) && !memcmp(s.data, name, s.length);
-}
-
 static bool name_starts(MlirOperation op, const char *prefix) {
   MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
   return s.length >= strlen(prefix) && !memcmp(s.data, prefix, strlen(prefix));
@@ -131,9 +126,9 @@ typedef struct body_check {
 
 static MlirWalkResult body_cb(MlirOperation op, void *ud) {
   body_check *b = ud;
-  if (name_starts(op, "arith.") || name_starts(op, "math.") || name_is(op, "linalg.yield") ||
-      name_is(op, "linalg.index") || name_is(op, "linalg.generic") || name_is(op, "linalg.matmul") ||
-      name_is(op, "linalg.fill") || name_is(op, "linalg.transpose"))
+  if (name_starts(op, "arith.") || name_starts(op, "math.") || cg_op_is(op, "linalg.yield") ||
+      cg_op_is(op, "linalg.index") || cg_op_is(op, "linalg.generic") || cg_op_is(op, "linalg.matmul") ||
+      cg_op_is(op, "linalg.fill") || cg_op_is(op, "linalg.transpose"))
     return MlirWalkResultAdvance;
   b->ok = false;
   return MlirWalkResultInterrupt;
@@ -248,15 +243,15 @@ static bool contraction_dims(MlirOperation op, int nloops, cdims *cd) {
 /* True when OP's body is exactly acc + a * b (or b * a) in one element
  * type, with no casts: what linalg.contract computes. */
 static bool plain_mul_add(MlirOperation op) {
-  if (name_is(op, "linalg.matmul") || name_is(op, "linalg.contract")) return true;
+  if (cg_op_is(op, "linalg.matmul") || cg_op_is(op, "linalg.contract")) return true;
   MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
   if (mlirBlockIsNull(b) || mlirBlockGetNumArguments(b) != 3) return false;
   MlirOperation mul = mlirBlockGetFirstOperation(b);
   MlirOperation add = mlirOperationIsNull(mul) ? mul : mlirOperationGetNextInBlock(mul);
   MlirOperation yield = mlirOperationIsNull(add) ? add : mlirOperationGetNextInBlock(add);
   if (mlirOperationIsNull(yield) || !mlirOperationIsNull(mlirOperationGetNextInBlock(yield))) return false;
-  bool fl = name_is(mul, "arith.mulf");
-  if (!(fl ? name_is(add, "arith.addf") : name_is(mul, "arith.muli") && name_is(add, "arith.addi"))) return false;
+  bool fl = cg_op_is(mul, "arith.mulf");
+  if (!(fl ? cg_op_is(add, "arith.addf") : cg_op_is(mul, "arith.muli") && cg_op_is(add, "arith.addi"))) return false;
   MlirType t = mlirValueGetType(mlirBlockGetArgument(b, 2));
   for (int i = 0; i < 2; i++)
     if (!mlirTypeEqual(mlirValueGetType(mlirBlockGetArgument(b, i)), t)) return false;
@@ -428,9 +423,9 @@ static int64_t tile_or_full(int64_t range, int64_t t) { return range <= t ? 0 : 
 /* The schedule of one op from the device model; kind TK_NONE: left alone. */
 static tile_plan plan_op(MlirOperation op, const cfg_device *dev) {
   tile_plan p = {.kind = TK_NONE, .kdim = -1};
-  bool generic = name_is(op, "linalg.generic");
-  if (!generic && !name_is(op, "linalg.matmul") && !name_is(op, "linalg.contract") && !name_is(op, "linalg.fill") &&
-      !name_is(op, "linalg.transpose"))
+  bool generic = cg_op_is(op, "linalg.generic");
+  if (!generic && !cg_op_is(op, "linalg.matmul") && !cg_op_is(op, "linalg.contract") && !cg_op_is(op, "linalg.fill") &&
+      !cg_op_is(op, "linalg.transpose"))
     return p;
   if (mlirOperationGetNumResults(op) != 1) return p;
   int eb;
@@ -445,7 +440,7 @@ static tile_plan plan_op(MlirOperation op, const cfg_device *dev) {
   for (int d = 0; d < p.n; d++) nred += p.red[d];
   int last = p.n - 1;
   cdims cd;
-  if (nred && name_is(op, "linalg.contract") && contraction_dims(op, p.n, &cd)) {
+  if (nred && cg_op_is(op, "linalg.contract") && contraction_dims(op, p.n, &cd)) {
     int64_t kk = 1;
     for (int d = 0; d < p.n; d++)
       if (cd.k[d]) kk *= p.range[d];
@@ -674,7 +669,7 @@ static const char *SCRIPT_FAULT =
  * original P, which lets one-shot bufferization keep the update in P's
  * buffer. */
 static void read_dest_in_place(MlirOperation op) {
-  if (!name_is(op, "linalg.generic") || mlirOperationGetNumResults(op) != 1) return;
+  if (!cg_op_is(op, "linalg.generic") || mlirOperationGetNumResults(op) != 1) return;
   MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
   intptr_t n = mlirOperationGetNumOperands(op);
   if (mlirAttributeIsNull(maps) || mlirArrayAttrGetNumElements(maps) != n) return;
@@ -711,7 +706,7 @@ static void mark_func(marker *mk, MlirOperation func) {
     tile_plan p = plan_op(o, mk->dev);
     if (p.kind == TK_POINTWISE) read_dest_in_place(o);
     if (p.kind == TK_REDUCE ||
-        (p.kind == TK_NONE && (name_is(o, "linalg.matmul") || name_is(o, "linalg.generic")))) {
+        (p.kind == TK_NONE && (cg_op_is(o, "linalg.matmul") || cg_op_is(o, "linalg.generic")))) {
       /* (a reduction too long for a row of vectors may still be a contraction) */
       /* a contraction the register tile suits, once rewritten? */
       MlirOperation lc = static_operands(o) ? to_contract(mk->ctx, o) : (MlirOperation){NULL};
@@ -856,7 +851,7 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
   marker mk = {.dev = host, .script = &script, .ctx = c->ctx, .debug = debug};
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f))
-    if (name_is(f, "func.func")) mark_func(&mk, f);
+    if (cg_op_is(f, "func.func")) mark_func(&mk, f);
   for (int i = 0; i < mk.next; i++) {
     emit_group(&script, i, mk.texts[i]);
     free(mk.texts[i]);

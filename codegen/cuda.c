@@ -45,11 +45,6 @@ typedef struct gpu_ctx {
   int failed;
 } gpu_ctx;
 
-static bool op_is(MlirOperation op, const char *name) {
-  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
-  return s.length == strlen(name) && !memcmp(s.data, name, s.length);
-}
-
 static MlirNamedAttribute named(MlirContext ctx, const char *name, MlirAttribute a) {
   return mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str(name)), a);
 }
@@ -86,7 +81,7 @@ static MlirValue binop(MlirBlock b, MlirOperation ref, MlirLocation loc, const c
 static bool const_index(MlirValue v, int64_t *out) {
   if (!mlirValueIsAOpResult(v)) return false;
   MlirOperation d = mlirOpResultGetOwner(v);
-  if (!op_is(d, "arith.constant")) return false;
+  if (!cg_op_is(d, "arith.constant")) return false;
   MlirAttribute a = mlirOperationGetAttributeByName(d, nova_str("value"));
   if (mlirAttributeIsNull(a) || !mlirAttributeIsAInteger(a)) return false;
   *out = mlirIntegerAttrGetValueInt(a);
@@ -178,14 +173,14 @@ static void move_body(MlirBlock from, MlirOperation ref) {
  * null. */
 static MlirOperation for_chain_parallel(MlirOperation top) {
   MlirOperation op = top;
-  while (op_is(op, "scf.for") && mlirOperationGetNumResults(op) == 0) {
+  while (cg_op_is(op, "scf.for") && mlirOperationGetNumResults(op) == 0) {
     MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
     MlirOperation first = mlirBlockGetFirstOperation(b);
     if (mlirOperationIsNull(first) || !mlirOperationEqual(mlirOperationGetNextInBlock(first), mlirBlockGetTerminator(b)))
       return (MlirOperation){NULL};
     op = first;
   }
-  return op_is(op, "scf.parallel") && !mlirOperationEqual(op, top) ? op : (MlirOperation){NULL};
+  return cg_op_is(op, "scf.parallel") && !mlirOperationEqual(op, top) ? op : (MlirOperation){NULL};
 }
 
 /* One scf.parallel P (lower bounds 0, steps 1, constant upper bounds: what
@@ -286,7 +281,7 @@ static bool host_op(MlirOperation op) {
                                       "memref.cast", "memref.view", "func.return", "gpu.launch", "gpu.alloc",
                                       NULL};
   for (int i = 0; names[i]; i++)
-    if (op_is(op, names[i])) return true;
+    if (cg_op_is(op, names[i])) return true;
   return false;
 }
 
@@ -339,9 +334,9 @@ static MlirWalkResult sink_cb(MlirOperation op, void *ud) {
     MlirValue v = mlirOperationGetOperand(op, i);
     if (!mlirValueIsAOpResult(v)) continue;
     MlirOperation d = mlirOpResultGetOwner(v);
-    if (!op_is(d, "memref.get_global")) continue;
+    if (!cg_op_is(d, "memref.get_global")) continue;
     MlirOperation parent = mlirOperationGetParentOperation(d);
-    if (mlirOperationEqual(parent, s->launch) || !op_is(parent, "func.func")) continue;
+    if (mlirOperationEqual(parent, s->launch) || !cg_op_is(parent, "func.func")) continue;
     MlirOperation copy = mlirOperationClone(d);
     mlirBlockInsertOwnedOperation(s->launch_body, 0, copy);
     mlirOperationSetOperand(op, i, mlirOperationGetResult(copy, 0));
@@ -370,11 +365,11 @@ static void map_function(gpu_ctx *G, MlirOperation f) {
   int nrun = 0;
   for (int i = 0; run && i < n && !G->failed; i++) {
     MlirOperation op = ops[i];
-    MlirOperation inner = op_is(op, "scf.for") ? for_chain_parallel(op) : (MlirOperation){NULL};
-    if (op_is(op, "scf.parallel") || !mlirOperationIsNull(inner)) {
+    MlirOperation inner = cg_op_is(op, "scf.for") ? for_chain_parallel(op) : (MlirOperation){NULL};
+    if (cg_op_is(op, "scf.parallel") || !mlirOperationIsNull(inner)) {
       if (nrun) map_serial(G, fb, run, nrun), nrun = 0;
       map_parallel(G, fb, op, mlirOperationIsNull(inner) ? op : inner);
-    } else if (op_is(op, "gpu.launch")) { /* a GEMM kernel */
+    } else if (cg_op_is(op, "gpu.launch")) { /* a GEMM kernel */
       if (nrun) map_serial(G, fb, run, nrun), nrun = 0;
       cg_kernel *k = new_kernel(G);
       if (!k || G->gemm_used >= G->ngemm) {
@@ -385,8 +380,8 @@ static void map_function(gpu_ctx *G, MlirOperation f) {
       memcpy(name, k->name, sizeof name);
       *k = G->gemm[G->gemm_used++];
       memcpy(k->name, name, sizeof name);
-    } else if (op_is(op, "memref.alloc") && !G->sim) alloc_to_gpu(G, fb, op);
-    else if (op_is(op, "memref.dealloc")) {
+    } else if (cg_op_is(op, "memref.alloc") && !G->sim) alloc_to_gpu(G, fb, op);
+    else if (cg_op_is(op, "memref.dealloc")) {
       /* the kernel of the pending run goes before a buffer is freed (sim) */
       if (nrun && G->sim) map_serial(G, fb, run, nrun), nrun = 0;
       if (!G->sim) mlirOperationDestroy(op);
@@ -398,38 +393,20 @@ static void map_function(gpu_ctx *G, MlirOperation f) {
   free(ops);
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !G->failed && !mlirOperationIsNull(op);
        op = mlirOperationGetNextInBlock(op))
-    if (op_is(op, "gpu.launch")) {
+    if (cg_op_is(op, "gpu.launch")) {
       sink_ud s = {mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0)), op};
       mlirOperationWalk(op, sink_cb, &s, MlirWalkPreOrder);
     }
 }
 
 /* memref.copy -> linalg.copy, so that copies become kernels too. */
-typedef struct op_list {
-  MlirOperation *v;
-  size_t n, cap;
-  bool oom;
-} op_list;
-
 static MlirWalkResult collect_copies(MlirOperation op, void *ud) {
-  op_list *l = ud;
-  if (!op_is(op, "memref.copy")) return MlirWalkResultAdvance;
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? 2 * l->cap : 16;
-    MlirOperation *v = realloc(l->v, cap * sizeof *v);
-    if (!v) {
-      l->oom = true;
-      return MlirWalkResultInterrupt;
-    }
-    l->v = v;
-    l->cap = cap;
-  }
-  l->v[l->n++] = op;
-  return MlirWalkResultAdvance;
+  if (!cg_op_is(op, "memref.copy")) return MlirWalkResultAdvance;
+  return cg_op_list_push(ud, op) ? MlirWalkResultAdvance : MlirWalkResultInterrupt;
 }
 
 static int copies_to_linalg(gpu_ctx *G, MlirModule m) {
-  op_list l = {0};
+  cg_op_list l = {0};
   mlirOperationWalk(mlirModuleGetOperation(m), collect_copies, &l, MlirWalkPostOrder);
   for (size_t i = 0; i < l.n; i++) {
     MlirOperation cp = l.v[i];
@@ -457,7 +434,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);) {
     MlirOperation next = mlirOperationGetNextInBlock(op);
-    if (!op_is(op, "linalg.matmul") || mlirOperationGetNumOperands(op) != 3) {
+    if (!cg_op_is(op, "linalg.matmul") || mlirOperationGetNumOperands(op) != 3) {
       op = next;
       continue;
     }
@@ -576,7 +553,7 @@ static void launch_to_loops(gpu_ctx *G, MlirOperation f) {
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
   for (MlirOperation l = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(l);) {
     MlirOperation next = mlirOperationGetNextInBlock(l);
-    if (!op_is(l, "gpu.launch")) {
+    if (!cg_op_is(l, "gpu.launch")) {
       l = next;
       continue;
     }
@@ -614,7 +591,7 @@ static void launch_to_loops(gpu_ctx *G, MlirOperation f) {
 static MlirOperation entry_function(MlirModule m) {
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f))
-    if (op_is(f, "func.func") && !mlirRegionIsNull(mlirOperationGetRegion(f, 0)) &&
+    if (cg_op_is(f, "func.func") && !mlirRegionIsNull(mlirOperationGetRegion(f, 0)) &&
         !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0))))
       return f;
   return (MlirOperation){NULL};
@@ -629,7 +606,7 @@ static int merge_modules(gpu_ctx *G, MlirModule m, MlirOperation f) {
   int ki = 0;
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);
        op = mlirOperationGetNextInBlock(op)) {
-    if (!op_is(op, "gpu.launch_func")) continue;
+    if (!cg_op_is(op, "gpu.launch_func")) continue;
     MlirAttribute kref = mlirOperationGetAttributeByName(op, nova_str("kernel"));
     if (mlirAttributeIsNull(kref) || ki >= G->out->nk) return -1;
     MlirStringRef modname = mlirSymbolRefAttrGetRootReference(kref);
@@ -638,7 +615,7 @@ static int merge_modules(gpu_ctx *G, MlirModule m, MlirOperation f) {
     for (MlirOperation x = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(x);
          x = mlirOperationGetNextInBlock(x)) {
       MlirAttribute sn = mlirOperationGetAttributeByName(x, nova_str("sym_name"));
-      if (op_is(x, "gpu.module") && !mlirAttributeIsNull(sn) &&
+      if (cg_op_is(x, "gpu.module") && !mlirAttributeIsNull(sn) &&
           mlirStringRefEqual(mlirStringAttrGetValue(sn), modname)) {
         mod = x;
         break;
@@ -652,7 +629,7 @@ static int merge_modules(gpu_ctx *G, MlirModule m, MlirOperation f) {
     for (MlirOperation x = mlirBlockGetFirstOperation(mb); !mlirOperationIsNull(x);) {
       MlirOperation next = mlirOperationGetNextInBlock(x);
       MlirAttribute sn = mlirOperationGetAttributeByName(x, nova_str("sym_name"));
-      if (op_is(x, "gpu.func") && mlirStringRefEqual(mlirStringAttrGetValue(sn), fname)) {
+      if (cg_op_is(x, "gpu.func") && mlirStringRefEqual(mlirStringAttrGetValue(sn), fname)) {
         mlirOperationSetAttributeByName(x, nova_str("sym_name"), mlirStringAttrGet(G->ctx, nova_str(kname)));
         if (!mlirOperationEqual(mod, first)) {
           mlirOperationRemoveFromParent(x);
@@ -684,7 +661,7 @@ static int merge_modules(gpu_ctx *G, MlirModule m, MlirOperation f) {
   /* the launches refer to the module by name: update them */
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);
        op = mlirOperationGetNextInBlock(op)) {
-    if (!op_is(op, "gpu.launch_func")) continue;
+    if (!cg_op_is(op, "gpu.launch_func")) continue;
     MlirAttribute kref = mlirOperationGetAttributeByName(op, nova_str("kernel"));
     MlirAttribute leaf = mlirFlatSymbolRefAttrGet(G->ctx, mlirSymbolRefAttrGetLeafReference(kref));
     mlirOperationSetAttributeByName(op, nova_str("kernel"),
@@ -697,7 +674,7 @@ static int merge_modules(gpu_ctx *G, MlirModule m, MlirOperation f) {
 static int take_ptx(gpu_ctx *G, MlirModule m) {
   for (MlirOperation x = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(x);
        x = mlirOperationGetNextInBlock(x)) {
-    if (!op_is(x, "gpu.binary")) continue;
+    if (!cg_op_is(x, "gpu.binary")) continue;
     MlirAttribute objs = mlirOperationGetAttributeByName(x, nova_str("objects"));
     if (mlirAttributeIsNull(objs) || !mlirAttributeIsAArray(objs) || mlirArrayAttrGetNumElements(objs) != 1) break;
     MlirAttribute o = mlirArrayAttrGetElement(objs, 0);

@@ -34,11 +34,6 @@ typedef struct fm {
   MlirType f32, i32;
 } fm;
 
-static bool named(MlirOperation op, const char *name) {
-  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
-  return s.length == strlen(name) && !memcmp(s.data, name, s.length);
-}
-
 static MlirValue op(fm *b, const char *name, int n, MlirValue a0, MlirValue a1, MlirValue a2, MlirType t) {
   MlirValue ops[3] = {a0, a1, a2};
   MlirOperationState st = mlirOperationStateGet(nova_str(name), b->loc);
@@ -49,27 +44,18 @@ static MlirValue op(fm *b, const char *name, int n, MlirValue a0, MlirValue a1, 
   return mlirOperationGetResult(o, 0);
 }
 
-static MlirValue cf(fm *b, double v) {
-  MlirNamedAttribute a = mlirNamedAttributeGet(mlirIdentifierGet(b->ctx, nova_str("value")),
-                                               mlirFloatAttrDoubleGet(b->ctx, b->f32, v));
+static MlirValue constant(fm *b, MlirAttribute value, MlirType t) {
+  MlirNamedAttribute a = mlirNamedAttributeGet(mlirIdentifierGet(b->ctx, nova_str("value")), value);
   MlirOperationState st = mlirOperationStateGet(nova_str("arith.constant"), b->loc);
   mlirOperationStateAddAttributes(&st, 1, &a);
-  mlirOperationStateAddResults(&st, 1, &b->f32);
+  mlirOperationStateAddResults(&st, 1, &t);
   MlirOperation o = mlirOperationCreate(&st);
   mlirBlockInsertOwnedOperationBefore(b->block, b->ref, o);
   return mlirOperationGetResult(o, 0);
 }
 
-static MlirValue ci(fm *b, int64_t v) {
-  MlirNamedAttribute a = mlirNamedAttributeGet(mlirIdentifierGet(b->ctx, nova_str("value")),
-                                               mlirIntegerAttrGet(b->i32, v));
-  MlirOperationState st = mlirOperationStateGet(nova_str("arith.constant"), b->loc);
-  mlirOperationStateAddAttributes(&st, 1, &a);
-  mlirOperationStateAddResults(&st, 1, &b->i32);
-  MlirOperation o = mlirOperationCreate(&st);
-  mlirBlockInsertOwnedOperationBefore(b->block, b->ref, o);
-  return mlirOperationGetResult(o, 0);
-}
+static MlirValue cf(fm *b, double v) { return constant(b, mlirFloatAttrDoubleGet(b->ctx, b->f32, v), b->f32); }
+static MlirValue ci(fm *b, int64_t v) { return constant(b, mlirIntegerAttrGet(b->i32, v), b->i32); }
 
 static MlirValue f2(fm *b, const char *name, MlirValue x, MlirValue y) { return op(b, name, 2, x, y, x, b->f32); }
 static MlirValue fma3(fm *b, MlirValue x, MlirValue y, MlirValue z) { return op(b, "math.fma", 3, x, y, z, b->f32); }
@@ -137,51 +123,33 @@ static MlirValue erf_f32(fm *b, MlirValue x) {
   return f2(b, "arith.minimumf", f2(b, "arith.maximumf", r, cf(b, -1.0)), cf(b, 1.0));
 }
 
-typedef struct walk_state {
-  MlirOperation *ops;
-  int n, cap;
-  bool oom;
-} walk_state;
-
 static MlirWalkResult collect(MlirOperation o, void *ud) {
-  walk_state *w = ud;
-  if ((!named(o, "math.exp") && !named(o, "math.erf")) || mlirOperationGetNumResults(o) != 1 ||
+  if ((!cg_op_is(o, "math.exp") && !cg_op_is(o, "math.erf")) || mlirOperationGetNumResults(o) != 1 ||
       !mlirTypeIsAF32(mlirValueGetType(mlirOperationGetResult(o, 0))))
     return MlirWalkResultAdvance;
   MlirOperation parent = mlirOperationGetParentOperation(o);
-  if (mlirOperationIsNull(parent) || !named(parent, "linalg.generic")) return MlirWalkResultAdvance;
-  if (w->n == w->cap) {
-    int cap = w->cap ? 2 * w->cap : 64;
-    MlirOperation *n = realloc(w->ops, sizeof *n * (size_t)cap);
-    if (!n) {
-      w->oom = true;
-      return MlirWalkResultInterrupt;
-    }
-    w->ops = n;
-    w->cap = cap;
-  }
-  w->ops[w->n++] = o;
-  return MlirWalkResultAdvance;
+  if (mlirOperationIsNull(parent) || !cg_op_is(parent, "linalg.generic")) return MlirWalkResultAdvance;
+  return cg_op_list_push(ud, o) ? MlirWalkResultAdvance : MlirWalkResultInterrupt;
 }
 
 int cg_fast_math(nova_ctx *c, MlirModule m) {
   if (getenv("NOVAC_LIBM")) return 0;
-  walk_state w = {0};
+  cg_op_list w = {0};
   mlirOperationWalk(mlirModuleGetOperation(m), collect, &w, MlirWalkPreOrder);
   if (w.oom) {
-    free(w.ops);
+    free(w.v);
     nv_error_plain(c->diag, "out of memory");
     return -1;
   }
-  for (int i = 0; i < w.n; i++) {
-    MlirOperation o = w.ops[i];
+  for (size_t i = 0; i < w.n; i++) {
+    MlirOperation o = w.v[i];
     fm b = {c->ctx, mlirOperationGetBlock(o), o, mlirOperationGetLocation(o), mlirF32TypeGet(c->ctx),
             mlirIntegerTypeGet(c->ctx, 32)};
     MlirValue x = mlirOperationGetOperand(o, 0);
-    MlirValue r = named(o, "math.exp") ? exp_f32(&b, x) : erf_f32(&b, x);
+    MlirValue r = cg_op_is(o, "math.exp") ? exp_f32(&b, x) : erf_f32(&b, x);
     mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(o, 0), r);
     mlirOperationDestroy(o);
   }
-  free(w.ops);
+  free(w.v);
   return w.n ? nova_verify(c, m, "expanding exp and erf") : 0;
 }

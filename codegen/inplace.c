@@ -24,26 +24,13 @@
 
 #include "codegen.h"
 
-static bool named(MlirOperation op, const char *name) {
-  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
-  return s.length == strlen(name) && !memcmp(s.data, name, s.length);
-}
-
-static MlirOperation entry_of(MlirModule m) {
-  MlirOperation func = {NULL};
-  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
-       f = mlirOperationGetNextInBlock(f))
-    if (named(f, "func.func") && !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0)))) func = f;
-  return func;
-}
-
 /* If the value RESULT (an update of the argument P) comes from an
  * all-parallel linalg.generic with a tensor.empty destination that reads P
  * with the destination's indexing map, P becomes its destination. */
 static void retarget(MlirValue result, MlirValue p) {
   if (!mlirValueIsAOpResult(result)) return;
   MlirOperation g = mlirOpResultGetOwner(result);
-  if (!named(g, "linalg.generic") || mlirOperationGetNumResults(g) != 1) return;
+  if (!cg_op_is(g, "linalg.generic") || mlirOperationGetNumResults(g) != 1) return;
   MlirAttribute seg = mlirOperationGetAttributeByName(g, nova_str("operandSegmentSizes"));
   MlirAttribute it = mlirOperationGetAttributeByName(g, nova_str("iterator_types"));
   MlirAttribute maps = mlirOperationGetAttributeByName(g, nova_str("indexing_maps"));
@@ -59,7 +46,7 @@ static void retarget(MlirValue result, MlirValue p) {
   }
   intptr_t n = mlirOperationGetNumOperands(g);
   MlirValue init = mlirOperationGetOperand(g, n - 1);
-  if (!mlirValueIsAOpResult(init) || !named(mlirOpResultGetOwner(init), "tensor.empty")) return;
+  if (!mlirValueIsAOpResult(init) || !cg_op_is(mlirOpResultGetOwner(init), "tensor.empty")) return;
   MlirAttribute omap = mlirArrayAttrGetElement(maps, n - 1);
   for (intptr_t k = 0; k + 1 < n; k++)
     if (mlirValueEqual(mlirOperationGetOperand(g, k), p) && mlirAttributeEqual(mlirArrayAttrGetElement(maps, k), omap)) {
@@ -79,7 +66,7 @@ static void retarget(MlirValue result, MlirValue p) {
 }
 
 int cg_mark_writable(MlirModule m, const int *param_arg, int n) {
-  MlirOperation func = entry_of(m);
+  MlirOperation func = cg_entry_func(m);
   if (mlirOperationIsNull(func)) return 0;
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
   MlirOperation ret = mlirBlockGetTerminator(fb);
@@ -122,7 +109,7 @@ int cg_mark_writable(MlirModule m, const int *param_arg, int n) {
 }
 
 int cg_inplace(MlirModule m, const int *param_arg, const int *update_arg, int n, bool *ok) {
-  MlirOperation func = entry_of(m);
+  MlirOperation func = cg_entry_func(m);
   for (int j = 0; j < n; j++) ok[j] = false;
   if (mlirOperationIsNull(func)) return 0;
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
@@ -134,7 +121,7 @@ int cg_inplace(MlirModule m, const int *param_arg, const int *update_arg, int n,
     MlirOpOperand use = mlirValueGetFirstUse(u);
     if (mlirOpOperandIsNull(use) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(use))) continue;
     MlirOperation cp = mlirOpOperandGetOwner(use);
-    if (!named(cp, "memref.copy") || !mlirOperationEqual(mlirOperationGetParentOperation(cp), func) ||
+    if (!cg_op_is(cp, "memref.copy") || !mlirOperationEqual(mlirOperationGetParentOperation(cp), func) ||
         mlirOpOperandGetOperandNumber(use) != 1 || !mlirValueEqual(mlirOperationGetOperand(cp, 0), p))
       continue;
     mlirOperationDestroy(cp);

@@ -35,15 +35,10 @@ typedef struct pbuf {
   int first, last;  /* top-level op indices */
 } pbuf;
 
-static bool op_named(MlirOperation op, const char *name) {
-  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
-  return s.length == strlen(name) && !memcmp(s.data, name, s.length);
-}
-
 static bool is_view(MlirOperation op) {
-  return op_named(op, "memref.expand_shape") || op_named(op, "memref.collapse_shape") ||
-         op_named(op, "memref.subview") || op_named(op, "memref.cast") || op_named(op, "memref.reinterpret_cast") ||
-         op_named(op, "memref.view");
+  return cg_op_is(op, "memref.expand_shape") || cg_op_is(op, "memref.collapse_shape") ||
+         cg_op_is(op, "memref.subview") || cg_op_is(op, "memref.cast") || cg_op_is(op, "memref.reinterpret_cast") ||
+         cg_op_is(op, "memref.view");
 }
 
 /* The op of FB's body that holds OP (OP itself at top level). */
@@ -133,7 +128,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   MlirOperation func = {NULL};
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f))
-    if (op_named(f, "func.func") && !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0)))) func = f;
+    if (cg_op_is(f, "func.func") && !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0)))) func = f;
   if (mlirOperationIsNull(func)) return 1;
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
   int n = 0;
@@ -149,7 +144,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
     ops[n++] = op;
   rc = 1; /* not plannable: the caller keeps heap buffers */
   for (int i = 0; i < n; i++) {
-    if (!op_named(ops[i], "memref.alloc")) continue;
+    if (!cg_op_is(ops[i], "memref.alloc")) continue;
     MlirType t = mlirValueGetType(mlirOperationGetResult(ops[i], 0));
     if (!mlirShapedTypeHasStaticShape(t) || !mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t)) ||
         mlirOperationGetNumOperands(ops[i]))
@@ -160,7 +155,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   /* an alloc nested in a region (none after bufferization today) or a
    * dealloc would need more than this plan: keep the heap */
   for (int i = 0; i < n; i++)
-    if (op_named(ops[i], "memref.dealloc")) goto out;
+    if (cg_op_is(ops[i], "memref.dealloc")) goto out;
   qsort(bufs, (size_t)nb, sizeof *bufs, by_size_desc);
   int64_t peak = 0, total = 0;
   for (int i = 0; i < nb; i++) {

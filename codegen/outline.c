@@ -21,14 +21,9 @@
 
 #define MAX_CAPTURE 4096
 
-static bool named(MlirOperation op, const char *name) {
-  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
-  return s.length == strlen(name) && !memcmp(s.data, name, s.length);
-}
-
 static bool is_view(MlirOperation op) {
-  return named(op, "memref.expand_shape") || named(op, "memref.collapse_shape") || named(op, "memref.subview") ||
-         named(op, "memref.cast") || named(op, "memref.reinterpret_cast") || named(op, "memref.view");
+  return cg_op_is(op, "memref.expand_shape") || cg_op_is(op, "memref.collapse_shape") || cg_op_is(op, "memref.subview") ||
+         cg_op_is(op, "memref.cast") || cg_op_is(op, "memref.reinterpret_cast") || cg_op_is(op, "memref.view");
 }
 
 /* Whether OP lies inside ROOT (or is it). */
@@ -71,7 +66,7 @@ static MlirWalkResult collect_cb(MlirOperation op, void *ud) {
 static bool recompute(MlirValue v) {
   if (!mlirValueIsAOpResult(v)) return false;
   MlirOperation d = mlirOpResultGetOwner(v);
-  if (named(d, "arith.constant")) return true;
+  if (cg_op_is(d, "arith.constant")) return true;
   if (!is_view(d)) return false;
   MlirType t = mlirValueGetType(v);
   return !mlirTypeIsAMemRef(t) || !mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t));
@@ -143,9 +138,9 @@ static void roots(capture *args, MlirValue v, int depth) {
  * CG_PAR_MIN_BYTES. */
 static bool parallel_nest(MlirOperation nest, const capture *args) {
   bool par = false;
-  if (named(nest, "scf.for")) {
+  if (cg_op_is(nest, "scf.for")) {
     par = !mlirAttributeIsNull(mlirOperationGetAttributeByName(nest, nova_str("nova.par")));
-  } else if (named(nest, "linalg.generic")) {
+  } else if (cg_op_is(nest, "linalg.generic")) {
     MlirAttribute it = mlirOperationGetAttributeByName(nest, nova_str("iterator_types"));
     if (!mlirAttributeIsNull(it) && mlirAttributeIsAArray(it) && mlirArrayAttrGetNumElements(it) > 0) {
       nv_sbuf sb = {0};
@@ -289,12 +284,7 @@ static void dedupe(MlirContext ctx, part *p, int n) {
 }
 
 int cg_outline_nests(nova_ctx *c, MlirModule m) {
-  MlirOperation entry = {NULL};
-  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
-       f = mlirOperationGetNextInBlock(f))
-    if (named(f, "func.func") && mlirAttributeIsNull(mlirOperationGetAttributeByName(f, nova_str("sym_visibility"))) &&
-        !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0))))
-      entry = f;
+  MlirOperation entry = cg_entry_func(m);
   if (mlirOperationIsNull(entry)) return 0;
   capture *cap = malloc(sizeof *cap), *args = malloc(sizeof *args);
   vmap *vm = malloc(sizeof *vm);

@@ -27,11 +27,6 @@
 
 #define PAR_PREFIX "nova_par_"
 
-static bool named(MlirOperation op, const char *name) {
-  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
-  return s.length == strlen(name) && !memcmp(s.data, name, s.length);
-}
-
 static MlirBlock body_of(MlirOperation f) {
   MlirRegion r = mlirOperationGetRegion(f, 0);
   return mlirRegionIsNull(r) ? (MlirBlock){NULL} : mlirRegionGetFirstBlock(r);
@@ -51,11 +46,11 @@ static MlirOperation root_loop(MlirOperation f) {
     if (!mlirOperationIsNull(root)) return (MlirOperation){NULL};
     root = op;
   }
-  return !mlirOperationIsNull(root) && named(root, "scf.for") ? root : (MlirOperation){NULL};
+  return !mlirOperationIsNull(root) && cg_op_is(root, "scf.for") ? root : (MlirOperation){NULL};
 }
 
 static bool const_int(MlirValue v, int64_t *out) {
-  if (!mlirValueIsAOpResult(v) || !named(mlirOpResultGetOwner(v), "arith.constant")) return false;
+  if (!mlirValueIsAOpResult(v) || !cg_op_is(mlirOpResultGetOwner(v), "arith.constant")) return false;
   MlirAttribute a = mlirOperationGetAttributeByName(mlirOpResultGetOwner(v), nova_str("value"));
   if (mlirAttributeIsNull(a) || !mlirAttributeIsAInteger(a)) return false;
   *out = mlirIntegerAttrGetValueInt(a);
@@ -187,7 +182,7 @@ static bool parallelize(MlirContext ctx, MlirModule m, MlirOperation entry, Mlir
   MlirBlock eb = body_of(entry);
   for (MlirOperation op = mlirBlockGetFirstOperation(eb); !mlirOperationIsNull(op);) {
     MlirOperation next = mlirOperationGetNextInBlock(op);
-    if (named(op, "func.call")) {
+    if (cg_op_is(op, "func.call")) {
       MlirAttribute callee = mlirOperationGetAttributeByName(op, nova_str("callee"));
       MlirStringRef cn = mlirFlatSymbolRefAttrGetValue(callee);
       if (cn.length == fname.length && !memcmp(cn.data, fname.data, cn.length)) rewrite_call(ctx, op, par, bounds);
@@ -200,16 +195,11 @@ static bool parallelize(MlirContext ctx, MlirModule m, MlirOperation entry, Mlir
 
 int cg_parallel_calls(nova_ctx *c, MlirModule m, int *count) {
   *count = 0;
-  MlirOperation entry = {NULL};
-  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
-       f = mlirOperationGetNextInBlock(f))
-    if (named(f, "func.func") && mlirAttributeIsNull(mlirOperationGetAttributeByName(f, nova_str("sym_visibility"))) &&
-        !mlirBlockIsNull(body_of(f)))
-      entry = f;
+  MlirOperation entry = cg_entry_func(m);
   if (mlirOperationIsNull(entry) || getenv("NOVAC_NO_PARALLEL")) return 0;
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f))
-    if (named(f, "func.func") && !mlirAttributeIsNull(mlirOperationGetAttributeByName(f, nova_str("nova.parallel"))) &&
+    if (cg_op_is(f, "func.func") && !mlirAttributeIsNull(mlirOperationGetAttributeByName(f, nova_str("nova.parallel"))) &&
         !mlirBlockIsNull(body_of(f)) && parallelize(c->ctx, m, entry, f))
       ++*count;
   return nova_verify(c, m, "sharing loops out between threads");
@@ -258,7 +248,7 @@ static MlirOperation find_func(MlirModule m, const char *name, size_t len) {
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f)) {
     MlirStringRef s = sym_of(f);
-    if (named(f, "llvm.func") && s.length == len && !memcmp(s.data, name, len)) return f;
+    if (cg_op_is(f, "llvm.func") && s.length == len && !memcmp(s.data, name, len)) return f;
   }
   return (MlirOperation){NULL};
 }
@@ -272,7 +262,7 @@ int cg_parallel_thunks(nova_ctx *c, MlirModule m) {
        f = mlirOperationGetNextInBlock(f)) {
     MlirStringRef s = sym_of(f);
     size_t pl = strlen(PAR_PREFIX);
-    if (!named(f, "llvm.func") || s.length <= pl || memcmp(s.data, PAR_PREFIX, pl) || !mlirBlockIsNull(body_of(f)))
+    if (!cg_op_is(f, "llvm.func") || s.length <= pl || memcmp(s.data, PAR_PREFIX, pl) || !mlirBlockIsNull(body_of(f)))
       continue;
     MlirOperation target = find_func(m, s.data + pl, s.length - pl);
     if (mlirOperationIsNull(target)) {

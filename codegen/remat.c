@@ -45,26 +45,6 @@ typedef struct body {
   int cap;
 } body;
 
-static bool named(MlirOperation op, const char *name) {
-  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
-  return s.length == strlen(name) && !memcmp(s.data, name, s.length);
-}
-
-static MlirOperation entry_of(MlirModule m) {
-  MlirOperation any = {NULL};
-  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
-       f = mlirOperationGetNextInBlock(f)) {
-    if (!named(f, "func.func")) continue;
-    MlirAttribute a = mlirOperationGetAttributeByName(f, mlirStringRefCreateFromCString("sym_name"));
-    if (!mlirAttributeIsNull(a) && mlirAttributeIsAString(a)) {
-      MlirStringRef s = mlirStringAttrGetValue(a);
-      if (s.length == 10 && !memcmp(s.data, "train_step", 10)) return f;
-    }
-    if (mlirOperationIsNull(any)) any = f;
-  }
-  return any;
-}
-
 static void body_free(body *b) {
   free(b->ops);
   free(b->keys);
@@ -130,7 +110,7 @@ static int num_inputs(MlirOperation op) {
 /* An elementwise linalg.generic: every loop parallel, every output a fresh
  * tensor.empty (the payload computes, it does not accumulate). */
 static bool cheap(MlirOperation op) {
-  if (!named(op, "linalg.generic")) return false;
+  if (!cg_op_is(op, "linalg.generic")) return false;
   MlirAttribute it = mlirOperationGetAttributeByName(op, mlirStringRefCreateFromCString("iterator_types"));
   if (mlirAttributeIsNull(it)) return false;
   nv_sbuf s = {0};
@@ -141,7 +121,7 @@ static bool cheap(MlirOperation op) {
   if (!par || ni < 0) return false;
   for (intptr_t i = ni; i < mlirOperationGetNumOperands(op); i++) {
     MlirValue v = mlirOperationGetOperand(op, i);
-    if (!mlirValueIsAOpResult(v) || !named(mlirOpResultGetOwner(v), "tensor.empty")) return false;
+    if (!mlirValueIsAOpResult(v) || !cg_op_is(mlirOpResultGetOwner(v), "tensor.empty")) return false;
   }
   return mlirOperationGetNumResults(op) > 0;
 }
@@ -149,7 +129,7 @@ static bool cheap(MlirOperation op) {
 static bool free_value(MlirValue v) {
   if (mlirValueIsABlockArgument(v)) return true;
   MlirOperation d = mlirOpResultGetOwner(v);
-  return named(d, "arith.constant") || named(d, "tensor.empty");
+  return cg_op_is(d, "arith.constant") || cg_op_is(d, "tensor.empty");
 }
 
 /* V is available at top-level position AT: an argument or constant, or
@@ -210,7 +190,7 @@ static int late_point(const body *b, MlirValue res, int def, int mingap) {
   if (!p) return -1;
   p[n++] = def;
   for (MlirOpOperand u = mlirValueGetFirstUse(res); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u)) {
-    if (named(mlirOpOperandGetOwner(u), "func.return")) { /* an output: kept to the end anyway */
+    if (cg_op_is(mlirOpOperandGetOwner(u), "func.return")) { /* an output: kept to the end anyway */
       free(p);
       return -1;
     }
@@ -250,7 +230,7 @@ static int by_bytes(const void *x, const void *y) {
 /* The candidates of M, largest first; -1 when out of memory. */
 static int find_candidates(MlirModule m, cand **out) {
   *out = NULL;
-  MlirOperation f = entry_of(m);
+  MlirOperation f = cg_entry_func(m);
   if (mlirOperationIsNull(f)) return 0;
   body b = {0};
   if (body_index(&b, f)) {
@@ -290,7 +270,7 @@ static int find_candidates(MlirModule m, cand **out) {
 /* Applies the candidates C[i] with USE[i] (found on an identical module)
  * to M; returns how many were applied, -1 when out of memory. */
 static int apply(MlirModule m, const cand *c, const bool *use, int k) {
-  MlirOperation f = entry_of(m);
+  MlirOperation f = cg_entry_func(m);
   if (mlirOperationIsNull(f) || k == 0) return 0;
   body b = {0};
   if (body_index(&b, f)) {
