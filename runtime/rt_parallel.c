@@ -12,7 +12,9 @@
  * The pool starts at the first parallel loop; workers spin briefly for the
  * next loop of a step, then sleep on a condition variable.  A second thread
  * running a step while the pool is busy runs its loops alone.  The pool is
- * stopped and joined when the step.so is unloaded.
+ * stopped and joined when the step.so is unloaded.  A child made by fork()
+ * has none of its parent's workers: it starts a pool of its own at its
+ * first parallel loop (pthread_atfork).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -31,7 +33,7 @@ typedef void (*rt_task)(void **argv, int64_t lo, int64_t hi);
 void nova_rt_parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int64_t step);
 
 static struct {
-  pthread_once_t once;
+  atomic_bool ready;           /* the pool of this process has started */
   int nthreads;                /* including the caller */
   pthread_t tid[RT_MAX_THREADS];
   int started;                 /* workers running */
@@ -45,8 +47,9 @@ static struct {
   rt_task task;
   void **argv;
   int64_t lb, ub, step, per;   /* per: iterations per share */
-} pool = {.once = PTHREAD_ONCE_INIT, .busy = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
-          .wake = PTHREAD_COND_INITIALIZER};
+} pool = {.busy = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static inline void relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -96,7 +99,24 @@ static int threads_wanted(void) {
   return n < 1 ? 1 : n > RT_MAX_THREADS ? RT_MAX_THREADS : (int)n;
 }
 
+/* In a child after fork(): only the forking thread exists; the locks may
+ * have been held by threads that are gone. */
+static void pool_forget(void) {
+  pthread_mutex_init(&pool.busy, NULL);
+  pthread_mutex_init(&pool.mu, NULL);
+  pthread_mutex_init(&start_mu, NULL);
+  pthread_cond_init(&pool.wake, NULL);
+  pool.started = 0;
+  pool.nthreads = 0;
+  atomic_store(&pool.gen, 0);
+  atomic_store(&pool.pending, 0);
+  atomic_store(&pool.stop, false);
+  atomic_store(&pool.ready, false);
+}
+
 static void pool_start(void) {
+  static bool atfork;
+  if (!atfork) atfork = pthread_atfork(NULL, NULL, pool_forget) == 0;
   pool.nthreads = threads_wanted();
   for (int k = 1; k < pool.nthreads; k++) {
     if (pthread_create(&pool.tid[k], NULL, worker, (void *)(intptr_t)k)) break;
@@ -120,7 +140,14 @@ __attribute__((destructor)) static void pool_stop(void) {
 
 void nova_rt_parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int64_t step) {
   int64_t n = step > 0 && ub > lb ? (ub - lb + step - 1) / step : 0;
-  pthread_once(&pool.once, pool_start);
+  if (!atomic_load_explicit(&pool.ready, memory_order_acquire)) {
+    pthread_mutex_lock(&start_mu);
+    if (!atomic_load(&pool.ready)) {
+      pool_start();
+      atomic_store_explicit(&pool.ready, true, memory_order_release);
+    }
+    pthread_mutex_unlock(&start_mu);
+  }
   if (n < 2 || pool.nthreads < 2 || pthread_mutex_trylock(&pool.busy)) {
     task(argv, lb, ub);
     return;

@@ -415,6 +415,14 @@ if python3 -c '' 2>/dev/null; then
 fi
 
 # The same success and failure paths once more under valgrind: no error, no leak.
+# ---- the thread pool across fork() (a step compiled by novac, 2 threads) ----------
+if [ -x "$B/bin/novac" ] &&
+  build fork.build "$B/bin/novac" "$root/examples/mlp.nova" --dim=batch=256 -o "$T/mlp256.so" &&
+  build fork.build $CC $CFLAGS $SAN $INC "$here/fork_step.c" -ldl -o "$T/fork_step"; then
+  if NOVA_NUM_THREADS=2 timeout 60 "$T/fork_step" "$T/mlp256.so" >"$T/fork.out" 2>&1 && grep -q "fork: ok" "$T/fork.out"
+  then pass fork.child_runs_its_own_pool; else fail fork.child_runs_its_own_pool "$(cat "$T/fork.out")"; fi
+fi
+
 if [ -n "$VALGRIND" ]; then
   NOVARUN_PREFIX=$VALGRIND
   novarun valgrind.novarun_run 0 "$T/fixture.so" --inputs "$T/in" --outputs "$T/out5" --print &&
