@@ -305,6 +305,12 @@ int cg_outline_nests(nova_ctx *c, MlirModule m) {
       part *pt = &parts[np];
       memset(pt, 0, sizeof *pt);
       snprintf(pt->name, sizeof pt->name, "nova_part_%d", k++);
+      if (getenv("NOVAC_DEBUG_OUTLINE")) { /* which source op each function computes (for perf) */
+        nv_sbuf l = {0};
+        mlirLocationPrint(mlirOperationGetLocation(op), cg_print_to_sbuf, &l);
+        fprintf(stderr, "novac: %s: %s\n", pt->name, l.s ? l.s : "?");
+        nv_sb_free(&l);
+      }
       if (outline_one(m, op, pt->name, cap, args, vm, &pt->fn, &pt->call)) {
         nv_error_plain(c->diag, "internal: cannot outline loop nest %d of the step", k - 1);
         rc = -1;
