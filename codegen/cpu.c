@@ -173,18 +173,22 @@ int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_dev
 int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
   /* outlined first: the lowering to loops then runs once per distinct nest */
   int npar = 0;
-  if (cg_outline_nests(c, m) ||
-      cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-loops),convert-vector-to-scf{full-unroll=1})",
-                      "lowering to loops") ||
-      (parallel && cg_parallel_calls(c, m, &npar)))
-    return -1;
-  if (cg_run_pipeline(c, m,
-                         "builtin.module(convert-scf-to-cf,expand-strided-metadata,"
-                         "lower-affine,convert-math-to-llvm,convert-math-to-libm,finalize-memref-to-llvm,convert-vector-to-llvm,"
-                         "convert-arith-to-llvm,convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,"
-                         "convert-ub-to-llvm,reconcile-unrealized-casts)",
-                         "lowering to LLVM"))
-    return -1;
+  if (cg_outline_nests(c, m)) return -1;
+  /* one function per distinct nest from here: the function-level passes
+   * run on several threads (stopped again before code generation forks) */
+  if (!getenv("NOVAC_JOBS") || atoi(getenv("NOVAC_JOBS")) > 1) mlirContextEnableMultithreading(c->ctx, true);
+  int rc = cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-loops,convert-vector-to-scf{full-unroll=1}))",
+                           "lowering to loops") ||
+           (parallel && cg_parallel_calls(c, m, &npar)) ||
+           cg_run_pipeline(c, m,
+                           "builtin.module(func.func(convert-scf-to-cf,expand-strided-metadata,lower-affine,"
+                           "convert-math-to-llvm),convert-math-to-libm,finalize-memref-to-llvm,"
+                           "func.func(convert-vector-to-llvm,convert-arith-to-llvm),"
+                           "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,"
+                           "convert-ub-to-llvm,reconcile-unrealized-casts)",
+                           "lowering to LLVM");
+  mlirContextEnableMultithreading(c->ctx, false);
+  if (rc) return -1;
   if (parallel) *parallel = npar;
   return npar > 0 ? cg_parallel_thunks(c, m) : 0;
 }
