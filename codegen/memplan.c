@@ -120,6 +120,43 @@ static void describe(MlirOperation op, char *out, size_t n) {
   nv_sb_free(&b);
 }
 
+/* A result computed into a buffer of the step's own and then copied into
+ * the caller's output buffer (buffer-results-to-out-params leaves such
+ * copies: the gradients, the logits) is computed in the output buffer
+ * directly when the copy is the buffer's last use (views and loops that
+ * carry it included) and nothing else uses the output buffer.  Returns the
+ * number of copies removed. */
+static int forward_output_copies(MlirOperation func, MlirBlock fb) {
+  int n = 0, k = 0;
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op))
+    n++;
+  MlirOperation *ops = calloc((size_t)n + 1, sizeof *ops);
+  if (!ops) return 0;
+  n = 0;
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op))
+    ops[n++] = op;
+  for (int i = 0; i < n; i++) {
+    if (!cg_op_is(ops[i], "memref.copy")) continue;
+    MlirValue src = mlirOperationGetOperand(ops[i], 0), dst = mlirOperationGetOperand(ops[i], 1);
+    if (!mlirValueIsABlockArgument(dst) || !mlirValueIsAOpResult(src) ||
+        !cg_op_is(mlirOpResultGetOwner(src), "memref.alloc") || !mlirTypeEqual(mlirValueGetType(src), mlirValueGetType(dst)))
+      continue;
+    MlirOpOperand u = mlirValueGetFirstUse(dst);
+    if (mlirOpOperandIsNull(u) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u))) continue;
+    if (last_use(src, func, ops, n, 0) != i) continue;
+    MlirOperation alloc = mlirOpResultGetOwner(src);
+    mlirOperationDestroy(ops[i]); /* the copy (it used both) */
+    mlirValueReplaceAllUsesOfWith(src, dst);
+    for (int j = 0; j < n; j++)
+      if (mlirOperationEqual(ops[j], alloc)) ops[j] = (MlirOperation){NULL};
+    ops[i] = (MlirOperation){NULL};
+    mlirOperationDestroy(alloc);
+    k++;
+  }
+  free(ops);
+  return k;
+}
+
 int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   free(plan->entries);
   plan->entries = NULL;
@@ -131,6 +168,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
     if (cg_op_is(f, "func.func") && !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0)))) func = f;
   if (mlirOperationIsNull(func)) return 1;
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
+  plan->forwarded = forward_output_copies(func, fb);
   int n = 0;
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op))
     n++;

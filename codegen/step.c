@@ -317,6 +317,7 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
     cJSON_AddNumberToObject(mem, "intermediate_bytes", (double)pl->total_bytes);
     cJSON_AddNumberToObject(mem, "planned_peak_bytes", io_bytes + (double)pl->arena_bytes);
     cJSON_AddNumberToObject(mem, "unplanned_peak_bytes", io_bytes + (double)pl->total_bytes);
+    cJSON_AddNumberToObject(mem, "outputs_computed_in_place", pl->forwarded);
     if (pl->memory_limit > 0) {
       cJSON_AddNumberToObject(mem, "memory_limit", (double)pl->memory_limit);
       cJSON *rm = cJSON_AddObjectToObject(mem, "remat");
