@@ -502,7 +502,7 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
   if (!rc) {
     const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
     char *argv[16] = {(char *)cc, "-r", "-nostdlib", "-o", out};
-    char names[8][16];
+    char names[8][24];
     int a = 5;
     for (int k = 0; k < started; k++) snprintf(names[k], sizeof names[k], "part%d.o", k), argv[a++] = names[k];
     argv[a] = NULL;
