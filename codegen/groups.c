@@ -39,6 +39,32 @@ static void add_kernel(kernel_lists *L, int op, int64_t k) {
   L->k[op][L->n[op]++] = k;
 }
 
+/* For each linalg op of LIN's entry, in order, the nova ops its location
+ * names: added to L as loop nest K (with L), or only marked in HAD. */
+static void scan(MlirModule lin, int nops, kernel_lists *L, bool *had) {
+  int64_t k = 0;
+  for (MlirOperation o = mlirBlockGetFirstOperation(entry_block(lin)); !mlirOperationIsNull(o);
+       o = mlirOperationGetNextInBlock(o)) {
+    MlirStringRef nm = mlirIdentifierStr(mlirOperationGetName(o));
+    if (nm.length < 7 || memcmp(nm.data, "linalg.", 7)) continue;
+    nv_sbuf s = {0};
+    mlirLocationPrint(mlirOperationGetLocation(o), cg_print_to_sbuf, &s);
+    for (const char *p = s.s; p && (p = strstr(p, "nova.op.")); p += 8) {
+      int n = atoi(p + 8);
+      if (n < 0 || n >= nops) continue;
+      if (L) add_kernel(L, n, k);
+      else had[n] = true;
+    }
+    nv_sb_free(&s);
+    k++;
+  }
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 int cg_fusion_groups(nova_ctx *c, MlirModule nova, int opt_level) {
   MlirBlock nb = entry_block(nova);
   if (mlirBlockIsNull(nb)) return 0;
@@ -59,22 +85,37 @@ int cg_fusion_groups(nova_ctx *c, MlirModule nova, int opt_level) {
   cg_plan stats = {0};
   kernel_lists L = {calloc((size_t)nops + 1, sizeof *L.k), calloc((size_t)nops + 1, sizeof *L.n),
                     calloc((size_t)nops + 1, sizeof *L.cap)};
-  int rc = !L.k || !L.n || !L.cap || cg_fuse(c, lin, opt_level, &stats) ? -1 : 0;
-  int64_t k = 0;
-  for (MlirOperation o = rc ? (MlirOperation){NULL} : mlirBlockGetFirstOperation(entry_block(lin));
-       !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) {
-    MlirStringRef nm = mlirIdentifierStr(mlirOperationGetName(o));
-    if (nm.length < 7 || memcmp(nm.data, "linalg.", 7)) continue;
-    nv_sbuf s = {0};
-    mlirLocationPrint(mlirOperationGetLocation(o), cg_print_to_sbuf, &s);
-    for (const char *p = s.s; p && (p = strstr(p, "nova.op.")); p += 8) {
-      int n = atoi(p + 8);
-      if (n >= 0 && n < nops) add_kernel(&L, n, k);
-    }
-    nv_sb_free(&s);
-    k++;
-  }
+  bool *had = calloc((size_t)nops + 1, sizeof *had);
+  int rc = !L.k || !L.n || !L.cap || !had ? -1 : 0;
+  if (!rc) scan(lin, nops, NULL, had); /* which ops have loops of their own before fusion */
+  if (!rc && cg_fuse(c, lin, opt_level, &stats)) rc = -1;
+  if (!rc) scan(lin, nops, &L, NULL);
   mlirModuleDestroy(lin);
+  /* An op that had loops but is named by no loop nest after fusion was
+   * fused into its users' nests (an elementwise producer moves into its
+   * consumers): it gets theirs.  Users come later in the block. */
+  MlirOperation *ops = rc ? NULL : calloc((size_t)nops + 1, sizeof *ops);
+  i = 0;
+  for (MlirOperation o = mlirBlockGetFirstOperation(nb); ops && !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o))
+    ops[i++] = o;
+  for (int n = nops - 1; ops && n >= 0; n--) {
+    if (!had[n] || L.n[n]) continue;
+    for (intptr_t r = 0; r < mlirOperationGetNumResults(ops[n]); r++)
+      for (MlirOpOperand u = mlirValueGetFirstUse(mlirOperationGetResult(ops[n], r)); !mlirOpOperandIsNull(u);
+           u = mlirOpOperandGetNextUse(u))
+        for (int j = n + 1; j < nops; j++)
+          if (mlirOperationEqual(ops[j], mlirOpOperandGetOwner(u)))
+            for (int q = 0; q < L.n[j]; q++) add_kernel(&L, n, L.k[j][q]);
+    if (L.n[n] > 1) { /* sorted, without repeats */
+      qsort(L.k[n], (size_t)L.n[n], sizeof *L.k[n], cmp_i64);
+      int w = 1;
+      for (int q = 1; q < L.n[n]; q++)
+        if (L.k[n][q] != L.k[n][w - 1]) L.k[n][w++] = L.k[n][q];
+      L.n[n] = w;
+    }
+  }
+  free(ops);
+  free(had);
   i = 0;
   for (MlirOperation o = mlirBlockGetFirstOperation(nb); !rc && !mlirOperationIsNull(o);
        o = mlirOperationGetNextInBlock(o), i++) {
