@@ -1,0 +1,32 @@
+/* cpu_tile.h: what cpu_tile.c and cpu_contract.c share. */
+#ifndef NOVA_CPU_TILE_H
+#define NOVA_CPU_TILE_H
+
+#include <mlir-c/IR.h>
+#include <stdbool.h>
+
+#include "../frontend/graph.h"
+
+#define MAXL (NOVA_MAX_RANK + 2) /* loops of one op */
+
+/* The roles of the loops of a contraction C[.., m, n] += A[.., k] B[.., n]
+ * (linalg's inference: batch, m, n, k dims) when its layout suits the
+ * register tile: one n loop, last in B and in C (contiguous), and an m loop
+ * just before it in C.  M_INNER, N and K_INNER (the k loop innermost in A
+ * if there is one, else the last k loop) get the register tile and the
+ * K-by-1 loop; every other loop is tiled by 1. */
+typedef struct cdims {
+  int m_inner, n, k_inner;
+  bool k[MAXL];
+} cdims;
+
+bool cg_contraction_dims(MlirOperation op, int nloops, cdims *cd);
+/* Whether every operand of OP has a static shape. */
+bool cg_static_operands(MlirOperation op);
+/* OP (a contraction: linalg.matmul or a mul-add generic) as a
+ * linalg.contract whose layout suits the register tile (several k loops
+ * collapsed into one, operands collapsed to match), in its place; null
+ * (OP unchanged) when it cannot be. */
+MlirOperation cg_to_contract(MlirContext ctx, MlirOperation op);
+
+#endif
