@@ -16,6 +16,9 @@
  * Activations live until their last use in the backward pass and
  * gradients until the optimizer consumed them, because that is where
  * their last uses are in the one train_step function.
+ * Before planning, a result that bufferization computes into a buffer of
+ * its own and copies into the caller's output buffer at the end is computed
+ * in the output buffer directly where that is safe (forward_output_copies).
  * The plan (offset, size, live range, defining op) goes to the manifest,
  * where an independent checker can verify that no two buffers live at the
  * same time overlap.

@@ -13,9 +13,11 @@
  * have a gap of at least max(16, ops/8) top-level ops: the uses after the
  * gap get the recomputed value.  They are tried largest first.  The peak a
  * set of them gives is measured, not estimated: the target's own pipeline
- * up to the memory plan runs on a copy of the module.  cg_fit_memory finds
- * the smallest number of candidates (largest first) that fits the limit by
- * bisection, or reports the smallest peak it could reach with all of them.
+ * up to the memory plan runs on a copy of the module.  cg_fit_memory adds
+ * candidates one at a time, largest first, keeping each only when the
+ * measured peak drops (first-fit placement is not monotone), until the plan
+ * fits the limit; else it reports the smallest peak it reached.  Values
+ * outside the returned results are not candidates (outputs are kept anyway).
  * Recomputing performs the same arithmetic on the same values, so the
  * gradients do not change.
  */
