@@ -16,8 +16,8 @@
  * up to the memory plan runs on a copy of the module.  cg_fit_memory adds
  * candidates one at a time, largest first, keeping each only when the
  * measured peak drops (first-fit placement is not monotone), until the plan
- * fits the limit; else it reports the smallest peak it reached.  Values
- * outside the returned results are not candidates (outputs are kept anyway).
+ * fits the limit; else it reports the smallest peak it reached.  A value
+ * the step returns is no candidate: it is kept to the end anyway.
  * Recomputing performs the same arithmetic on the same values, so the
  * gradients do not change.
  */
