@@ -45,6 +45,11 @@ tv lw_filled(lw *L, int rank, const int64_t *shape, nova_dtype dt, double v);
 int64_t lw_tv_numel(const tv *t);
 tv lw_elementwise(lw *L, int nin, const tv *ins, int orank, const int64_t *oshape, nova_dtype odt, const char *body);
 tv lw_reshape(lw *L, tv x, int rank, const int64_t *shape);
+/* The general structured op (see lower_linalg.c): maps[i] has ins[i].rank
+ * entries (loop numbers, -1 = 0); iters one 'p' or 'r' per loop; init.id < 0:
+ * an empty output; body defines %r from %in0.. and %acc ("": %in0). */
+tv lw_generic(lw *L, int nin, const tv *ins, const int *const *maps, int nloops, const char *iters,
+              const int *outmap, int orank, const int64_t *oshape, nova_dtype odt, tv init, const char *body);
 int64_t lw_iattr(MlirOperation op, const char *name);
 int lw_iarray(MlirOperation op, const char *name, int64_t *out);
 
@@ -55,5 +60,13 @@ tv lw_lower_conv_grad_input(lw *L, MlirOperation op, tv gy, tv wt, const tv *res
 tv lw_lower_conv_grad_weight(lw *L, MlirOperation op, tv x, tv gy, const tv *res);
 tv lw_lower_pool_grad(lw *L, MlirOperation op, nv_op kind, tv *in, const tv *res);
 tv lw_lower_pool_indices(lw *L, MlirOperation op, tv x, tv y, const tv *res);
+
+/* indexing ops (lower_index.c) */
+const char *lw_mod_body(bool fmod, nova_dtype dt, char *buf, size_t n);
+tv lw_lower_gather_elements(lw *L, tv x, tv idx, int axis, const tv *res);
+tv lw_lower_scatter_elements(lw *L, const tv *in, int axis, int mode, const tv *res);
+tv lw_lower_gather_nd(lw *L, tv x, tv idx, int batch_dims, const tv *res);
+tv lw_lower_scatter_nd(lw *L, const tv *in, int mode, const tv *res);
+tv lw_lower_cumsum(lw *L, tv x, int axis, int mode, const tv *res);
 
 #endif

@@ -124,7 +124,7 @@ static void affine(nv_sbuf *b, int nloops, int nres, const int *dims) {
  * entries); the result has shape out over the loops outmap names; iters has
  * one 'p' or 'r' per loop.  init: the output's initial value (id < 0: empty).
  * body: lines using %in0.. and %acc, defining %r ("": the result is %in0). */
-static tv generic(lw *L, int nin, const tv *ins, const int *const *maps, int nloops, const char *iters,
+tv lw_generic(lw *L, int nin, const tv *ins, const int *const *maps, int nloops, const char *iters,
                   const int *outmap, int orank, const int64_t *oshape, nova_dtype odt, tv init,
                   const char *body) {
   if (init.id < 0) init = lw_empty(L, orank, oshape, odt);
@@ -162,6 +162,7 @@ static tv generic(lw *L, int nin, const tv *ins, const int *const *maps, int nlo
   nv_sb_free(&b);
   return r;
 }
+#define generic lw_generic
 
 static const tv NO_INIT = {.id = -1};
 
@@ -205,7 +206,27 @@ static int drop_map(int *m, int rank, const bool *red) {
   return k;
 }
 
-/* Reduction of x over red[] (kind '+' or 'M' for max), result without the
+/* The identity of a reduction kind ('+' sum, '*' product, 'M' max, 'm' min)
+ * as a literal of dt, and its combining op. */
+static const char *reduce_init(char *buf, size_t n, char kind, nova_dtype dt) {
+  if (fe_dtype_is_float(dt))
+    return lw_flit(buf, n, kind == '+' ? 0.0 : kind == '*' ? 1.0 : kind == 'M' ? -INFINITY : INFINITY, dt);
+  bool w = fe_dtype_size(dt) == 8;
+  snprintf(buf, n, "%lld", kind == '+' ? 0LL : kind == '*' ? 1LL : kind == 'M' ? (w ? (long long)INT64_MIN : (long long)INT32_MIN)
+                                                                        : (w ? (long long)INT64_MAX : (long long)INT32_MAX));
+  return buf;
+}
+static const char *reduce_op(char kind, nova_dtype dt) {
+  bool fl = fe_dtype_is_float(dt);
+  switch (kind) {
+  case '*': return fl ? "arith.mulf" : "arith.muli";
+  case 'M': return fl ? "arith.maximumf" : "arith.maxsi";
+  case 'm': return fl ? "arith.minimumf" : "arith.minsi";
+  default: return fl ? "arith.addf" : "arith.addi";
+  }
+}
+
+/* Reduction of x over red[] (kind as for reduce_init), result without the
  * reduced axes.  pre: body lines computing %t from %in0.. (extra inputs
  * given in more[], read through drop maps); NULL: %t = %in0. */
 static tv reduce(lw *L, tv x, const bool *red, char kind, int nmore, const tv *more, const char *pre) {
@@ -223,8 +244,13 @@ static tv reduce(lw *L, tv x, const bool *red, char kind, int nmore, const tv *m
     drop_map(mm[i], x.rank, red);
     mp[1 + i] = mm[i];
   }
-  tv init = lw_filled(L, orank, os, x.dt, kind == 'M' ? -INFINITY : 0.0);
-  const char *op = kind == 'M' ? "arith.maximumf" : "arith.addf";
+  tv init = lw_empty(L, orank, os, x.dt);
+  int c = L->next_id++;
+  lw_emit(L, "%%v%d = arith.constant %s : %s", c, reduce_init((char[64]){0}, 64, kind, x.dt), lw_ety(x.dt));
+  tv f = lw_fresh(L, orank, os, x.dt);
+  lw_emit(L, "%%v%d = linalg.fill ins(%%v%d : %s) outs(%%v%d : %s) -> %s", f.id, c, lw_ety(x.dt), init.id, TT(init), TT(f));
+  init = f;
+  const char *op = reduce_op(kind, x.dt);
   char body[600];
   if (pre)
     snprintf(body, sizeof body, "%s%%r = %s %%t, %%acc : %s", pre, op, lw_ety(x.dt));
@@ -295,6 +321,29 @@ static const char *unary_body(nv_op op, nova_dtype dt, char *buf, size_t n) {
   case NV_OP_SQRT: snprintf(buf, n, "%%r = math.sqrt %%in0 : %s", T); break;
   case NV_OP_TANH: snprintf(buf, n, "%%r = math.tanh %%in0 : %s", T); break;
   case NV_OP_ERF: snprintf(buf, n, "%%r = math.erf %%in0 : %s", T); break;
+  case NV_OP_SIN: case NV_OP_COS: case NV_OP_TAN: case NV_OP_ASIN: case NV_OP_ACOS: case NV_OP_ATAN:
+  case NV_OP_SINH: case NV_OP_COSH: case NV_OP_ASINH: case NV_OP_ACOSH: case NV_OP_ATANH:
+  case NV_OP_FLOOR: case NV_OP_CEIL:
+    snprintf(buf, n, "%%r = math.%s %%in0 : %s", nv_op_name(op), T);
+    break;
+  case NV_OP_ROUND: snprintf(buf, n, "%%r = math.roundeven %%in0 : %s", T); break; /* halves to even, as ONNX */
+  case NV_OP_ISNAN: snprintf(buf, n, "%%r = arith.cmpf uno, %%in0, %%in0 : %s", T); break;
+  case NV_OP_ISINF:
+    snprintf(buf, n, "%%a = math.absf %%in0 : %s\n%%inf = arith.constant %s : %s\n%%r = arith.cmpf oeq, %%a, %%inf : %s",
+             T, FL(INFINITY, dt), T, T);
+    break;
+  case NV_OP_NOT: snprintf(buf, n, "%%t = arith.constant true\n%%r = arith.xori %%in0, %%t : i1"); break;
+  case NV_OP_SIGN: /* -1, 0 or 1; NaN stays NaN */
+    if (fe_dtype_is_float(dt))
+      snprintf(buf, n, "%%z = arith.constant %s : %s\n%%o = arith.constant %s : %s\n%%m = arith.constant %s : %s\n"
+               "%%p = arith.cmpf ogt, %%in0, %%z : %s\n%%q = arith.cmpf olt, %%in0, %%z : %s\n"
+               "%%s = arith.select %%q, %%m, %%in0 : %s\n%%r = arith.select %%p, %%o, %%s : %s",
+               FL(0.0, dt), T, FL(1.0, dt), T, FL(-1.0, dt), T, T, T, T, T);
+    else
+      snprintf(buf, n, "%%z = arith.constant 0 : %s\n%%o = arith.constant 1 : %s\n%%m = arith.constant -1 : %s\n"
+               "%%p = arith.cmpi sgt, %%in0, %%z : %s\n%%q = arith.cmpi slt, %%in0, %%z : %s\n"
+               "%%s = arith.select %%q, %%m, %%z : %s\n%%r = arith.select %%p, %%o, %%s : %s", T, T, T, T, T, T, T);
+    break;
   case NV_OP_SIGMOID:
     snprintf(buf, n, "%%one = arith.constant %s : %s\n%%n = arith.negf %%in0 : %s\n%%e = math.exp %%n : %s\n"
              "%%d = arith.addf %%one, %%e : %s\n%%r = arith.divf %%one, %%d : %s",
@@ -421,7 +470,8 @@ static tv lower_reduce(lw *L, nv_op kind, tv x, MlirOperation op, const tv *res)
     red[axes[i]] = true;
     count *= x.shape[axes[i]];
   }
-  tv r = reduce(L, x, red, kind == NV_OP_REDUCE_MAX ? 'M' : '+', 0, NULL, NULL);
+  tv r = reduce(L, x, red, kind == NV_OP_REDUCE_MAX ? 'M' : kind == NV_OP_REDUCE_MIN ? 'm' : kind == NV_OP_REDUCE_PROD ? '*' : '+',
+                0, NULL, NULL);
   if (kind == NV_OP_REDUCE_MEAN) {
     char body[200];
     snprintf(body, sizeof body, "%%c = arith.constant %s : %s\n%%r = arith.divf %%in0, %%c : %s",
@@ -577,11 +627,24 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
     r = lw_elementwise(L, 2, in, res.rank, res.shape, res.dt, body);
     break;
   }
+  case NV_OP_AND:
+  case NV_OP_OR:
+  case NV_OP_XOR:
+    snprintf(body, sizeof body, "%%r = arith.%s %%in0, %%in1 : i1", kind == NV_OP_AND ? "andi" : kind == NV_OP_OR ? "ori" : "xori");
+    r = lw_elementwise(L, 2, in, res.rank, res.shape, res.dt, body);
+    break;
+  case NV_OP_MOD:
+  case NV_OP_FMOD:
+    r = lw_elementwise(L, 2, in, res.rank, res.shape, res.dt, lw_mod_body(kind == NV_OP_FMOD, res.dt, body, sizeof body));
+    break;
   case NV_OP_EQUAL:
   case NV_OP_LESS:
-  case NV_OP_GREATER: {
+  case NV_OP_GREATER:
+  case NV_OP_LESS_EQUAL:
+  case NV_OP_GREATER_EQUAL: {
     bool fl = fe_dtype_is_float(in[0].dt);
     const char *pred = kind == NV_OP_EQUAL ? (fl ? "oeq" : "eq") : kind == NV_OP_LESS ? (fl ? "olt" : "slt")
+                     : kind == NV_OP_LESS_EQUAL ? (fl ? "ole" : "sle") : kind == NV_OP_GREATER_EQUAL ? (fl ? "oge" : "sge")
                                                                                    : (fl ? "ogt" : "sgt");
     snprintf(body, sizeof body, "%%r = %s %s, %%in0, %%in1 : %s", fl ? "arith.cmpf" : "arith.cmpi", pred,
              lw_ety(in[0].dt));
@@ -609,7 +672,11 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_AVG_POOL_GRAD: r = lw_lower_pool_grad(L, op, kind, in, &res); break;
   case NV_OP_NEG: case NV_OP_EXP: case NV_OP_LOG: case NV_OP_SQRT: case NV_OP_TANH:
   case NV_OP_SIGMOID: case NV_OP_RELU: case NV_OP_GELU: case NV_OP_ERF:
-    r = lw_elementwise(L, 1, in, res.rank, res.shape, res.dt, unary_body(kind, res.dt, body, sizeof body));
+  case NV_OP_SIN: case NV_OP_COS: case NV_OP_TAN: case NV_OP_ASIN: case NV_OP_ACOS: case NV_OP_ATAN:
+  case NV_OP_SINH: case NV_OP_COSH: case NV_OP_ASINH: case NV_OP_ACOSH: case NV_OP_ATANH:
+  case NV_OP_FLOOR: case NV_OP_CEIL: case NV_OP_ROUND: case NV_OP_ISNAN: case NV_OP_ISINF: case NV_OP_NOT:
+  case NV_OP_SIGN:
+    r = lw_elementwise(L, 1, in, res.rank, res.shape, res.dt, unary_body(kind, in[0].dt, body, sizeof body));
     break;
   case NV_OP_MATMUL: r = lower_matmul(L, in[0], in[1], &res); break;
   case NV_OP_SOFTMAX:
@@ -620,7 +687,9 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
     break;
   case NV_OP_REDUCE_SUM:
   case NV_OP_REDUCE_MEAN:
-  case NV_OP_REDUCE_MAX: r = lower_reduce(L, kind, in[0], op, &res); break;
+  case NV_OP_REDUCE_MAX:
+  case NV_OP_REDUCE_MIN:
+  case NV_OP_REDUCE_PROD: r = lower_reduce(L, kind, in[0], op, &res); break;
   case NV_OP_RESHAPE: r = lw_reshape(L, in[0], res.rank, res.shape); break;
   case NV_OP_TRANSPOSE: {
     int64_t perm[NOVA_MAX_RANK];
@@ -641,6 +710,13 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_SLICE: r = lower_slice(L, in[0], op, &res); break;
   case NV_OP_GATHER: r = lower_gather(L, in[0], in[1], (int)lw_iattr(op, "axis"), &res); break;
   case NV_OP_CROSS_ENTROPY: r = lower_cross_entropy(L, in[0], in[1]); break;
+  case NV_OP_GATHER_ELEMENTS: r = lw_lower_gather_elements(L, in[0], in[1], (int)lw_iattr(op, "axis"), &res); break;
+  case NV_OP_SCATTER_ELEMENTS:
+    r = lw_lower_scatter_elements(L, in, (int)lw_iattr(op, "axis"), (int)lw_iattr(op, "mode"), &res);
+    break;
+  case NV_OP_GATHER_ND: r = lw_lower_gather_nd(L, in[0], in[1], (int)lw_iattr(op, "batch_dims"), &res); break;
+  case NV_OP_SCATTER_ND: r = lw_lower_scatter_nd(L, in, (int)lw_iattr(op, "mode"), &res); break;
+  case NV_OP_CUMSUM: r = lw_lower_cumsum(L, in[0], (int)lw_iattr(op, "axis"), (int)lw_iattr(op, "mode"), &res); break;
   default:
     nv_error_plain(L->c->diag, "internal: no lowering for nova.%s", nv_op_name(kind));
     return -1;

@@ -242,7 +242,7 @@ static int infer_matmul(nv_diag *d, nv_node *n, const nv_node *a, const nv_node 
 
 /* Reductions: axes (empty = all), keepdims. */
 static int infer_reduce(nv_diag *d, nv_node *n, const nv_node *x) {
-  if (need_float(d, n, x, "operand")) return -1;
+  if (n->op == NV_OP_REDUCE_MEAN ? need_float(d, n, x, "operand") : need_number(d, n, x, "operand")) return -1;
   bool red[NOVA_MAX_RANK] = {0};
   if (n->nlist == 0) {
     n->nlist = x->rank;
@@ -415,6 +415,8 @@ static const nv_node *mark_index_bound(nv_node *n, int64_t bound, bool neg) {
   case NV_OP_SLICE:
   case NV_OP_BROADCAST:
   case NV_OP_GATHER: /* the values are those of the data operand */
+  case NV_OP_GATHER_ELEMENTS:
+  case NV_OP_GATHER_ND:
     return mark_index_bound(n->in[0], bound, neg);
   case NV_OP_CONCAT:
     for (int i = 0; i < n->nin; i++) {
@@ -579,6 +581,122 @@ static int infer_window(nv_diag *d, nv_node *n, const nv_node *x, const nv_node 
   return set_shape(d, n, x->rank, s);
 }
 
+/* The dims of x other than axis must hold those of idx (gather_elements,
+ * scatter_elements: same rank, idx no larger). */
+static int elements_shapes(nv_diag *d, nv_node *n, const nv_node *x, const nv_node *idx) {
+  if (!fe_dtype_is_int(idx->dtype)) {
+    nv_error(d, n->loc, "%s: indices must be i32 or i64, got %s", nv_op_name(n->op), fe_dtype_name(idx->dtype));
+    return -1;
+  }
+  if (x->rank == 0 || idx->rank != x->rank) {
+    nv_error(d, n->loc, "%s: data %s and indices %s must have the same rank (>= 1)", nv_op_name(n->op), SHP(x), SHP(idx));
+    return -1;
+  }
+  if (norm_axis(d, n, &n->axis, x->rank)) return -1;
+  for (int i = 0; i < x->rank; i++)
+    if (i != n->axis && idx->shape[i] > x->shape[i]) {
+      nv_error(d, n->loc, "%s: indices %s exceed data %s on axis %d", nv_op_name(n->op), SHP(idx), SHP(x), i);
+      return -1;
+    }
+  return 0;
+}
+
+/* gather_nd / scatter_nd: the last axis of idx [.., k] indexes the k dims of
+ * x from `first` on.  Constant tuples are checked entry by entry; run-time
+ * ones need one bound, so those k dims must agree. */
+static int nd_indices(nv_diag *d, nv_node *n, const nv_node *x, nv_node *idx, int first) {
+  if (!fe_dtype_is_int(idx->dtype) || idx->rank < 1) {
+    nv_error(d, n->loc, "%s: indices must be an i32 or i64 tensor of rank >= 1, got %s %s", nv_op_name(n->op),
+             fe_dtype_name(idx->dtype), SHP(idx));
+    return -1;
+  }
+  int64_t k = idx->shape[idx->rank - 1];
+  if (k < 1 || first + k > x->rank) {
+    nv_error(d, n->loc, "%s: index tuples of %lld entries do not fit data %s (after %d batch dims)", nv_op_name(n->op),
+             (long long)k, SHP(x), first);
+    return -1;
+  }
+  if (idx->op == NV_OP_CONSTANT && idx->init.kind == NV_INIT_DATA) {
+    for (int64_t i = 0, e = fe_numel(idx); i < e; i++) {
+      int64_t v = idx->dtype == NOVA_DTYPE_I64 ? ((const int64_t *)idx->init.data)[i] : ((const int32_t *)idx->init.data)[i];
+      int64_t dim = x->shape[first + i % k];
+      if (v < -dim || v >= dim) {
+        nv_error(d, n->loc, "%s: constant index %lld is outside [%lld, %lld) for dim %lld of %s", nv_op_name(n->op),
+                 (long long)v, (long long)-dim, (long long)dim, (long long)(first + i % k), SHP(x));
+        return -1;
+      }
+    }
+    return 0;
+  }
+  for (int i = 1; i < k; i++)
+    if (x->shape[first + i] != x->shape[first]) {
+      nv_error(d, n->loc, "%s: indices computed by the step must index dims of one size, got %s; give constant indices",
+               nv_op_name(n->op), SHP(x));
+      return -1;
+    }
+  return index_operand(d, n, idx, x->shape[first], true);
+}
+
+static int infer_indexing(nv_diag *d, nv_node *n, nv_node **in) {
+  nv_node *x = in[0], *idx = in[1];
+  int64_t s[NOVA_MAX_RANK];
+  switch (n->op) {
+  case NV_OP_GATHER_ELEMENTS:
+    if (elements_shapes(d, n, x, idx) || index_operand(d, n, idx, x->shape[n->axis], true)) return -1;
+    n->dtype = x->dtype;
+    return set_shape(d, n, idx->rank, idx->shape);
+  case NV_OP_SCATTER_ELEMENTS:
+    if (elements_shapes(d, n, x, idx)) return -1;
+    if (in[2]->dtype != x->dtype || in[2]->rank != idx->rank || memcmp(in[2]->shape, idx->shape, (size_t)idx->rank * 8)) {
+      nv_error(d, n->loc, "scatter_elements: updates %s %s must be %s shaped like the indices %s",
+               fe_dtype_name(in[2]->dtype), SHP(in[2]), fe_dtype_name(x->dtype), SHP(idx));
+      return -1;
+    }
+    if (index_operand(d, n, idx, x->shape[n->axis], true)) return -1;
+    break;
+  case NV_OP_GATHER_ND: {
+    int b = (int)n->axis, q = idx->rank;
+    if (b < 0 || b >= q || b >= x->rank) {
+      nv_error(d, n->loc, "gather_nd: batch_dims %d must be below the ranks of data %s and indices %s", b, SHP(x), SHP(idx));
+      return -1;
+    }
+    for (int i = 0; i < b; i++)
+      if (idx->shape[i] != x->shape[i]) {
+        nv_error(d, n->loc, "gather_nd: the %d batch dims of data %s and indices %s differ", b, SHP(x), SHP(idx));
+        return -1;
+      }
+    if (nd_indices(d, n, x, idx, b)) return -1;
+    int64_t k = idx->shape[q - 1];
+    int r = 0;
+    if (q - 1 + x->rank - b - (int)k > NOVA_MAX_RANK) {
+      nv_error(d, n->loc, "gather_nd: result rank exceeds %d", NOVA_MAX_RANK);
+      return -1;
+    }
+    for (int i = 0; i < q - 1; i++) s[r++] = idx->shape[i];
+    for (int i = b + (int)k; i < x->rank; i++) s[r++] = x->shape[i];
+    n->dtype = x->dtype;
+    return set_shape(d, n, r, s);
+  }
+  case NV_OP_SCATTER_ND: {
+    if (nd_indices(d, n, x, idx, 0)) return -1;
+    int q = idx->rank, r = 0;
+    int64_t k = idx->shape[q - 1];
+    for (int i = 0; i < q - 1; i++) s[r++] = idx->shape[i];
+    for (int i = (int)k; i < x->rank; i++) s[r++] = x->shape[i];
+    if (in[2]->dtype != x->dtype || in[2]->rank != r || memcmp(in[2]->shape, s, (size_t)r * 8)) {
+      nv_error(d, n->loc, "scatter_nd: updates %s %s must be %s %s (indices' leading dims, then data's from dim %lld)",
+               fe_dtype_name(in[2]->dtype), SHP(in[2]), fe_dtype_name(x->dtype),
+               fe_shape_str((char[160]){0}, 160, r, s), (long long)k);
+      return -1;
+    }
+    break;
+  }
+  default: break;
+  }
+  n->dtype = x->dtype;
+  return set_shape(d, n, x->rank, x->shape);
+}
+
 static int infer(nv_diag *d, nv_node *n) {
   nv_node **in = n->in;
   switch (n->op) {
@@ -597,9 +715,47 @@ static int infer(nv_diag *d, nv_node *n) {
   case NV_OP_POW:
     if (need_float(d, n, in[0], "base") || need_float(d, n, in[1], "exponent")) return -1;
     return infer_broadcast(d, n, in[0], in[1]);
+  case NV_OP_MOD:
+  case NV_OP_FMOD:
+    if (need_number(d, n, in[0], "left operand") || need_number(d, n, in[1], "right operand")) return -1;
+    return infer_broadcast(d, n, in[0], in[1]);
+  case NV_OP_AND:
+  case NV_OP_OR:
+  case NV_OP_XOR:
+  case NV_OP_NOT:
+    for (int i = 0; i < n->nin; i++)
+      if (in[i]->dtype != NOVA_DTYPE_BOOL) {
+        nv_error(d, n->loc, "%s: operands must be bool, got %s", nv_op_name(n->op), fe_dtype_name(in[i]->dtype));
+        return -1;
+      }
+    if (n->op == NV_OP_NOT) {
+      n->dtype = NOVA_DTYPE_BOOL;
+      return set_shape(d, n, in[0]->rank, in[0]->shape);
+    }
+    return infer_broadcast(d, n, in[0], in[1]);
+  case NV_OP_ISNAN:
+  case NV_OP_ISINF:
+    if (need_float(d, n, in[0], "operand")) return -1;
+    n->dtype = NOVA_DTYPE_BOOL;
+    return set_shape(d, n, in[0]->rank, in[0]->shape);
+  case NV_OP_SIGN:
+  case NV_OP_CUMSUM:
+    if (need_number(d, n, in[0], "operand")) return -1;
+    if (n->op == NV_OP_CUMSUM && (in[0]->rank == 0 || norm_axis(d, n, &n->axis, in[0]->rank))) {
+      if (in[0]->rank == 0) nv_error(d, n->loc, "cumsum: operand must have rank >= 1");
+      return -1;
+    }
+    n->dtype = in[0]->dtype;
+    return set_shape(d, n, in[0]->rank, in[0]->shape);
+  case NV_OP_GATHER_ELEMENTS:
+  case NV_OP_SCATTER_ELEMENTS:
+  case NV_OP_GATHER_ND:
+  case NV_OP_SCATTER_ND: return infer_indexing(d, n, in);
   case NV_OP_EQUAL:
   case NV_OP_LESS:
   case NV_OP_GREATER:
+  case NV_OP_LESS_EQUAL:
+  case NV_OP_GREATER_EQUAL:
     if (n->op != NV_OP_EQUAL && (need_number(d, n, in[0], "left operand") || need_number(d, n, in[1], "right operand")))
       return -1;
     if (infer_broadcast(d, n, in[0], in[1])) return -1;
@@ -656,6 +812,9 @@ static int infer(nv_diag *d, nv_node *n) {
   case NV_OP_RELU:
   case NV_OP_GELU:
   case NV_OP_ERF:
+  case NV_OP_SIN: case NV_OP_COS: case NV_OP_TAN: case NV_OP_ASIN: case NV_OP_ACOS: case NV_OP_ATAN:
+  case NV_OP_SINH: case NV_OP_COSH: case NV_OP_ASINH: case NV_OP_ACOSH: case NV_OP_ATANH:
+  case NV_OP_FLOOR: case NV_OP_CEIL: case NV_OP_ROUND:
     if (need_float(d, n, in[0], "operand")) return -1;
     n->dtype = in[0]->dtype;
     return set_shape(d, n, in[0]->rank, in[0]->shape);
@@ -673,7 +832,9 @@ static int infer(nv_diag *d, nv_node *n) {
   case NV_OP_LAYER_NORM: return infer_layer_norm(d, n, in[0], in[1], in[2]);
   case NV_OP_REDUCE_SUM:
   case NV_OP_REDUCE_MEAN:
-  case NV_OP_REDUCE_MAX: return infer_reduce(d, n, in[0]);
+  case NV_OP_REDUCE_MAX:
+  case NV_OP_REDUCE_MIN:
+  case NV_OP_REDUCE_PROD: return infer_reduce(d, n, in[0]);
   case NV_OP_RESHAPE: return infer_reshape(d, n, in[0]);
   case NV_OP_TRANSPOSE: return infer_transpose(d, n, in[0]);
   case NV_OP_BROADCAST: return infer_broadcast_to(d, n, in[0]);

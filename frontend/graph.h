@@ -66,7 +66,44 @@
   X(CONV_GRAD_WEIGHT, "conv_grad_weight", 2, 2) \
   X(MAX_POOL_GRAD, "max_pool_grad", 3, 3)       \
   X(AVG_POOL_GRAD, "avg_pool_grad", 1, 1)       \
-  X(MAX_POOL_INDICES, "max_pool_indices", 2, 2)
+  X(MAX_POOL_INDICES, "max_pool_indices", 2, 2)  \
+  X(SIN, "sin", 1, 1)                     \
+  X(COS, "cos", 1, 1)                     \
+  X(TAN, "tan", 1, 1)                     \
+  X(ASIN, "asin", 1, 1)                   \
+  X(ACOS, "acos", 1, 1)                   \
+  X(ATAN, "atan", 1, 1)                   \
+  X(SINH, "sinh", 1, 1)                   \
+  X(COSH, "cosh", 1, 1)                   \
+  X(ASINH, "asinh", 1, 1)                 \
+  X(ACOSH, "acosh", 1, 1)                 \
+  X(ATANH, "atanh", 1, 1)                 \
+  X(FLOOR, "floor", 1, 1)                 \
+  X(CEIL, "ceil", 1, 1)                   \
+  X(ROUND, "round", 1, 1)                 \
+  X(SIGN, "sign", 1, 1)                   \
+  X(ISNAN, "isnan", 1, 1)                 \
+  X(ISINF, "isinf", 1, 1)                 \
+  X(NOT, "not", 1, 1)                     \
+  X(AND, "and", 2, 2)                     \
+  X(OR, "or", 2, 2)                       \
+  X(XOR, "xor", 2, 2)                     \
+  X(LESS_EQUAL, "less_equal", 2, 2)       \
+  X(GREATER_EQUAL, "greater_equal", 2, 2) \
+  X(MOD, "mod", 2, 2)                     \
+  X(FMOD, "fmod", 2, 2)                   \
+  X(REDUCE_MIN, "reduce_min", 1, 1)       \
+  X(REDUCE_PROD, "reduce_prod", 1, 1)     \
+  X(GATHER_ELEMENTS, "gather_elements", 2, 2)   \
+  X(SCATTER_ELEMENTS, "scatter_elements", 3, 3) \
+  X(GATHER_ND, "gather_nd", 2, 2)               \
+  X(SCATTER_ND, "scatter_nd", 3, 3)             \
+  X(CUMSUM, "cumsum", 1, 1)
+
+/* How scatter_elements / scatter_nd combine an update with the value there. */
+enum { NV_SCATTER_NONE, NV_SCATTER_ADD, NV_SCATTER_MUL, NV_SCATTER_MAX, NV_SCATTER_MIN };
+/* cumsum: exclusive (the element itself not included), reverse (from the end). */
+enum { NV_CUMSUM_EXCLUSIVE = 1, NV_CUMSUM_REVERSE = 2 };
 
 typedef enum nv_op {
 #define X(e, n, a, b) NV_OP_##e,
@@ -121,6 +158,7 @@ struct nv_node {
   int64_t groups;       /* conv */
   bool count_include_pad, ceil_mode; /* avg_pool; ceil_mode: pools */
   bool col_major;       /* max_pool_indices: ONNX storage_order 1 */
+  int64_t mode;         /* scatter_*: an NV_SCATTER_* combiner; cumsum: NV_CUMSUM_* bits */
   /* inputs, params and constants (constants: init gives the value) */
   nova_role role;       /* params: NOVA_ROLE_PARAM or NOVA_ROLE_OPT_STATE */
   bool has_default;     /* inputs: init gives a value used until one is bound (lr) */

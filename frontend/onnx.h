@@ -77,6 +77,36 @@ int ox_val_rank(ox_val v);
 const int64_t *ox_val_shape(ox_val v);
 
 /* ---- conversion (onnx_ops.c) ---- */
+typedef int (*ox_conv_fn)(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout);
+typedef struct ox_op_entry {
+  const char *name;
+  ox_conv_fn fn;
+} ox_op_entry;
+/* Converters by op family: onnx_math.c (elementwise, activations, logic,
+ * reductions), onnx_index.c (indexing, padding, sequences). */
+extern const ox_op_entry ox_math_ops[], ox_index_ops[];
+extern const size_t ox_math_nops, ox_index_nops;
+
+/* Helpers the converters share (each returns NULL/-1 after a diagnostic). */
+int ox_need(ox_ctx *x, ox_val *in, int nin, int min, int max); /* input count; the first min present */
+int ox_set_out(ox_val *out, nv_node *n);                        /* out[0] = n; -1 if n is NULL */
+int ox_known(ox_val *out, ox_tensor *t);                        /* out[0] = the known t (owned) */
+nv_node *ox_N(ox_ctx *x, ox_val v);
+nv_node *ox_op1(ox_ctx *x, nv_op op, nv_node *a);
+nv_node *ox_op2(ox_ctx *x, nv_op op, nv_node *a, nv_node *b);
+nv_node *ox_op3(ox_ctx *x, nv_op op, nv_node *a, nv_node *b, nv_node *c);
+nv_node *ox_scalar(ox_ctx *x, nova_dtype dt, double v);         /* a rank-0 constant */
+nv_node *ox_reshape(ox_ctx *x, nv_node *a, int rank, const int64_t *shape);
+nv_node *ox_transpose(ox_ctx *x, nv_node *a, const int64_t *perm);
+nv_node *ox_broadcast_to(ox_ctx *x, nv_node *a, int rank, const int64_t *shape);
+nv_node *ox_reduce(ox_ctx *x, nv_op op, nv_node *a, int naxes, const int64_t *axes, bool keep);
+nv_node *ox_slice1(ox_ctx *x, nv_node *a, int64_t axis, int64_t start, int64_t end, int64_t step);
+int ox_norm_axis(ox_ctx *x, int64_t *axis, int rank);
+/* A float initializer's initial value where an operand must be known (owned copy or NULL). */
+ox_tensor *ox_initial_value(ox_val v);
+/* Reductions' axes: the input from opset `from` on, else the attribute.
+ * Returns the count (0: all, unless noop_with_empty_axes) or -1. */
+int ox_reduce_axes(ox_ctx *x, ox_val *in, int nin, int64_t from, int64_t *axes);
 /* Converts the current node: in[nin] -> out[nout] (out[i].present set for
  * each output produced).  Folds on the host when every input is known and
  * the op can be evaluated (onnx_fold.c). */

@@ -12,11 +12,10 @@
 
 #include "onnx.h"
 
-typedef int (*ox_conv_fn)(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout);
 
 /* ---- small helpers -------------------------------------------------- */
 
-static int need(ox_ctx *x, ox_val *in, int nin, int min, int max) {
+int ox_need(ox_ctx *x, ox_val *in, int nin, int min, int max) {
   if (nin < min || (max >= 0 && nin > max))
     return max >= 0 ? ox_err(x, "takes %d to %d inputs, got %d", min, max, nin)
                     : ox_err(x, "takes at least %d inputs, got %d", min, nin);
@@ -25,48 +24,48 @@ static int need(ox_ctx *x, ox_val *in, int nin, int min, int max) {
   return 0;
 }
 
-static int set_out(ox_val *out, nv_node *n) {
+int ox_set_out(ox_val *out, nv_node *n) {
   if (!n) return -1;
   out[0] = (ox_val){.node = n, .present = true};
   return 0;
 }
 
-static nv_node *N(ox_ctx *x, ox_val v) { return ox_node(x, v); }
+nv_node *ox_N(ox_ctx *x, ox_val v) { return ox_node(x, v); }
 
-static nv_node *op1(ox_ctx *x, nv_op op, nv_node *a) { return a ? ox_add(x, op, 1, &a, NULL) : NULL; }
-static nv_node *op2(ox_ctx *x, nv_op op, nv_node *a, nv_node *b) {
+nv_node *ox_op1(ox_ctx *x, nv_op op, nv_node *a) { return a ? ox_add(x, op, 1, &a, NULL) : NULL; }
+nv_node *ox_op2(ox_ctx *x, nv_op op, nv_node *a, nv_node *b) {
   nv_node *in[2] = {a, b};
   return ox_add(x, op, 2, in, NULL);
 }
-static nv_node *op3(ox_ctx *x, nv_op op, nv_node *a, nv_node *b, nv_node *c) {
+nv_node *ox_op3(ox_ctx *x, nv_op op, nv_node *a, nv_node *b, nv_node *c) {
   nv_node *in[3] = {a, b, c};
   return ox_add(x, op, 3, in, NULL);
 }
 
 /* A scalar constant of dtype dt. */
-static nv_node *scalar(ox_ctx *x, nova_dtype dt, double v) {
+nv_node *ox_scalar(ox_ctx *x, nova_dtype dt, double v) {
   nv_node *n = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, dt, 0, NULL, x->loc);
   if (n) n->init = (nv_init){.kind = NV_INIT_CONST, .a = v};
   return n;
 }
 
-static nv_node *reshape(ox_ctx *x, nv_node *a, int rank, const int64_t *shape) {
+nv_node *ox_reshape(ox_ctx *x, nv_node *a, int rank, const int64_t *shape) {
   return fe_reshape(x->g, x->d, a, rank, shape, x->loc);
 }
-static nv_node *transpose(ox_ctx *x, nv_node *a, const int64_t *perm) { return fe_transpose(x->g, x->d, a, perm, x->loc); }
-static nv_node *broadcast_to(ox_ctx *x, nv_node *a, int rank, const int64_t *shape) {
+nv_node *ox_transpose(ox_ctx *x, nv_node *a, const int64_t *perm) { return fe_transpose(x->g, x->d, a, perm, x->loc); }
+nv_node *ox_broadcast_to(ox_ctx *x, nv_node *a, int rank, const int64_t *shape) {
   return fe_broadcast(x->g, x->d, a, rank, shape, x->loc);
 }
-static nv_node *reduce(ox_ctx *x, nv_op op, nv_node *a, int naxes, const int64_t *axes, bool keep) {
+nv_node *ox_reduce(ox_ctx *x, nv_op op, nv_node *a, int naxes, const int64_t *axes, bool keep) {
   return fe_reduce(x->g, x->d, op, a, naxes, axes, keep, x->loc);
 }
 
-static nv_node *slice1(ox_ctx *x, nv_node *a, int64_t axis, int64_t start, int64_t end, int64_t step) {
+nv_node *ox_slice1(ox_ctx *x, nv_node *a, int64_t axis, int64_t start, int64_t end, int64_t step) {
   nv_node at = {.axis = axis, .start = start, .end = end, .step = step};
   return a ? ox_add(x, NV_OP_SLICE, 1, &a, &at) : NULL;
 }
 
-static int norm_axis(ox_ctx *x, int64_t *axis, int rank) {
+int ox_norm_axis(ox_ctx *x, int64_t *axis, int rank) {
   if (*axis < -rank || *axis >= (rank ? rank : 1)) return ox_err(x, "axis %lld is out of range for rank %d", (long long)*axis, rank);
   if (*axis < 0) *axis += rank;
   return 0;
@@ -75,7 +74,7 @@ static int norm_axis(ox_ctx *x, int64_t *axis, int rank) {
 /* A float initializer is a parameter, but where an operand must be known
  * when compiling (Range bounds, Dropout's ratio) its initial value serves:
  * returns a known copy (owned) or NULL. */
-static ox_tensor *initial_value(ox_val v) {
+ox_tensor *ox_initial_value(ox_val v) {
   if (v.k) return NULL;
   nv_node *n = v.node;
   if (!n || n->op != NV_OP_PARAM || n->init.kind != NV_INIT_DATA || !n->init.data) return NULL;
@@ -87,20 +86,20 @@ static ox_tensor *initial_value(ox_val v) {
 /* ---- elementwise ------------------------------------------------------ */
 
 static int cv_binary(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out) {
-  if (need(x, in, nin, 2, 2)) return -1;
-  nv_node *a = N(x, in[0]), *b = N(x, in[1]);
+  if (ox_need(x, in, nin, 2, 2)) return -1;
+  nv_node *a = ox_N(x, in[0]), *b = ox_N(x, in[1]);
   if (a && b && op == NV_OP_POW && !fe_dtype_is_float(a->dtype)) {
     /* integer base: computed in float64, truncated back to the base's type */
     nv_node f64 = {.to = NOVA_DTYPE_F64}, back = {.to = a->dtype};
     nv_node *af = ox_add(x, NV_OP_CAST, 1, &a, &f64), *bf = b->dtype == NOVA_DTYPE_F64 ? b : ox_add(x, NV_OP_CAST, 1, &b, &f64);
-    nv_node *p = af && bf ? op2(x, NV_OP_POW, af, bf) : NULL;
-    return set_out(out, p ? ox_add(x, NV_OP_CAST, 1, &p, &back) : NULL);
+    nv_node *p = af && bf ? ox_op2(x, NV_OP_POW, af, bf) : NULL;
+    return ox_set_out(out, p ? ox_add(x, NV_OP_CAST, 1, &p, &back) : NULL);
   }
   if (a && b && op == NV_OP_POW && b->dtype != a->dtype) { /* Pow(T, T1): the exponent may be another type */
     nv_node at = {.to = a->dtype};
     b = ox_add(x, NV_OP_CAST, 1, &b, &at);
   }
-  return set_out(out, a && b ? op2(x, op, a, b) : NULL);
+  return ox_set_out(out, a && b ? ox_op2(x, op, a, b) : NULL);
 }
 #define BIN(name, op) \
   static int cv_##name(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_binary(x, op, in, nin, out); }
@@ -114,8 +113,8 @@ BIN(less, NV_OP_LESS)
 BIN(greater, NV_OP_GREATER)
 
 static int cv_unary(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out) {
-  if (need(x, in, nin, 1, 1)) return -1;
-  return set_out(out, op1(x, op, N(x, in[0])));
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  return ox_set_out(out, ox_op1(x, op, ox_N(x, in[0])));
 }
 #define UN(name, op) \
   static int cv_##name(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_unary(x, op, in, nin, out); }
@@ -131,93 +130,93 @@ UN(erf, NV_OP_ERF)
 
 static int cv_reciprocal(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 1)) return -1;
-  nv_node *a = N(x, in[0]);
-  return set_out(out, a ? op2(x, NV_OP_DIV, scalar(x, a->dtype, 1.0), a) : NULL);
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  return ox_set_out(out, a ? ox_op2(x, NV_OP_DIV, ox_scalar(x, a->dtype, 1.0), a) : NULL);
 }
 
 static int cv_leaky_relu(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 1)) return -1;
-  nv_node *a = N(x, in[0]);
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
   double alpha = ox_attr_f(x, "alpha", 0.01);
-  nv_node *neg = op2(x, NV_OP_LESS, a, scalar(x, a->dtype, 0.0));
-  return set_out(out, op3(x, NV_OP_WHERE, neg, op2(x, NV_OP_MUL, a, scalar(x, a->dtype, alpha)), a));
+  nv_node *neg = ox_op2(x, NV_OP_LESS, a, ox_scalar(x, a->dtype, 0.0));
+  return ox_set_out(out, ox_op3(x, NV_OP_WHERE, neg, ox_op2(x, NV_OP_MUL, a, ox_scalar(x, a->dtype, alpha)), a));
 }
 
 static int cv_gelu(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 1)) return -1;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
   char buf[32];
   const char *approx = ox_attr_s(x, "approximate", "none", buf, sizeof buf);
-  nv_node *a = N(x, in[0]);
+  nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
-  if (!strcmp(approx, "none")) return set_out(out, op1(x, NV_OP_GELU, a));
+  if (!strcmp(approx, "none")) return ox_set_out(out, ox_op1(x, NV_OP_GELU, a));
   if (strcmp(approx, "tanh")) return ox_err(x, "approximate='%s'; expected 'none' or 'tanh'", approx);
   /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
   nova_dtype dt = a->dtype;
-  nv_node *x3 = op2(x, NV_OP_MUL, op2(x, NV_OP_MUL, a, a), a);
-  nv_node *inner = op2(x, NV_OP_MUL, scalar(x, dt, sqrt(2.0 / M_PI)),
-                       op2(x, NV_OP_ADD, a, op2(x, NV_OP_MUL, scalar(x, dt, 0.044715), x3)));
-  nv_node *t = op2(x, NV_OP_ADD, scalar(x, dt, 1.0), op1(x, NV_OP_TANH, inner));
-  return set_out(out, op2(x, NV_OP_MUL, op2(x, NV_OP_MUL, scalar(x, dt, 0.5), a), t));
+  nv_node *x3 = ox_op2(x, NV_OP_MUL, ox_op2(x, NV_OP_MUL, a, a), a);
+  nv_node *inner = ox_op2(x, NV_OP_MUL, ox_scalar(x, dt, sqrt(2.0 / M_PI)),
+                       ox_op2(x, NV_OP_ADD, a, ox_op2(x, NV_OP_MUL, ox_scalar(x, dt, 0.044715), x3)));
+  nv_node *t = ox_op2(x, NV_OP_ADD, ox_scalar(x, dt, 1.0), ox_op1(x, NV_OP_TANH, inner));
+  return ox_set_out(out, ox_op2(x, NV_OP_MUL, ox_op2(x, NV_OP_MUL, ox_scalar(x, dt, 0.5), a), t));
 }
 
 static int cv_minmax(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out) {
-  if (need(x, in, nin, 1, -1)) return -1;
-  nv_node *acc = N(x, in[0]);
-  for (int i = 1; i < nin && acc; i++) acc = op2(x, op, acc, N(x, in[i]));
-  return set_out(out, acc);
+  if (ox_need(x, in, nin, 1, -1)) return -1;
+  nv_node *acc = ox_N(x, in[0]);
+  for (int i = 1; i < nin && acc; i++) acc = ox_op2(x, op, acc, ox_N(x, in[i]));
+  return ox_set_out(out, acc);
 }
 static int cv_min(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_minmax(x, NV_OP_MINIMUM, in, nin, out); }
 static int cv_max(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_minmax(x, NV_OP_MAXIMUM, in, nin, out); }
 
 static int cv_clip(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 3)) return -1;
-  nv_node *a = N(x, in[0]);
-  if (a && nin > 1 && in[1].present) a = op2(x, NV_OP_MAXIMUM, a, N(x, in[1]));
-  if (a && nin > 2 && in[2].present) a = op2(x, NV_OP_MINIMUM, a, N(x, in[2]));
-  return set_out(out, a);
+  if (ox_need(x, in, nin, 1, 3)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (a && nin > 1 && in[1].present) a = ox_op2(x, NV_OP_MAXIMUM, a, ox_N(x, in[1]));
+  if (a && nin > 2 && in[2].present) a = ox_op2(x, NV_OP_MINIMUM, a, ox_N(x, in[2]));
+  return ox_set_out(out, a);
 }
 
 static int cv_where(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 3, 3)) return -1;
-  return set_out(out, op3(x, NV_OP_WHERE, N(x, in[0]), N(x, in[1]), N(x, in[2])));
+  if (ox_need(x, in, nin, 3, 3)) return -1;
+  return ox_set_out(out, ox_op3(x, NV_OP_WHERE, ox_N(x, in[0]), ox_N(x, in[1]), ox_N(x, in[2])));
 }
 
 static int cv_cast(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 1)) return -1;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
   int64_t to = ox_attr_i(x, "to", 0);
   nv_node at = {.to = ox_dtype_of_onnx((int32_t)to)};
   if (!at.to) return ox_err(x, "cast to %s is not supported (float, double, int64, int32, bool)", ox_onnx_type_name((int32_t)to));
-  nv_node *a = N(x, in[0]);
-  if (a && a->dtype == at.to) return set_out(out, a);
-  return set_out(out, a ? ox_add(x, NV_OP_CAST, 1, &a, &at) : NULL);
+  nv_node *a = ox_N(x, in[0]);
+  if (a && a->dtype == at.to) return ox_set_out(out, a);
+  return ox_set_out(out, a ? ox_add(x, NV_OP_CAST, 1, &a, &at) : NULL);
 }
 
 static int cv_identity(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 1)) return -1;
-  return set_out(out, N(x, in[0]));
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  return ox_set_out(out, ox_N(x, in[0]));
 }
 
 static int cv_dropout(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
-  if (need(x, in, nin, 1, 3)) return -1;
+  if (ox_need(x, in, nin, 1, 3)) return -1;
   if (nin > 2 && in[2].present) {
     if (!in[2].k) return ox_err(x, "training_mode must be known when compiling");
-    ox_tensor *iv = nin > 1 && in[1].present ? initial_value(in[1]) : NULL;
+    ox_tensor *iv = nin > 1 && in[1].present ? ox_initial_value(in[1]) : NULL;
     const ox_tensor *rk = nin > 1 && in[1].present ? (in[1].k ? in[1].k : iv) : NULL;
     double ratio = rk ? ox_getf(rk, 0) : nin > 1 && in[1].present ? -1 : 0.5;
     ox_tensor_free(iv);
     if (ox_geti(in[2].k, 0) && ratio != 0)
       return ox_err(x, "Dropout in training mode is not supported yet (only ratio 0, which keeps every element)");
   }
-  nv_node *a = N(x, in[0]);
-  if (set_out(out, a)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (ox_set_out(out, a)) return -1;
   if (nout > 1) { /* mask: all true in inference */
     ox_tensor *m = ox_tensor_new(NOVA_DTYPE_BOOL, a->rank, a->shape);
     if (!m) return -1;
@@ -237,8 +236,8 @@ static nv_node *matmul(ox_ctx *x, nv_node *a, nv_node *b) {
     ox_err(x, "MatMul operands must have rank >= 1");
     return NULL;
   }
-  if (ra == 1) a = reshape(x, a, 2, (int64_t[]){1, a->shape[0]});
-  if (rb == 1) b = reshape(x, b, 2, (int64_t[]){b->shape[0], 1});
+  if (ra == 1) a = ox_reshape(x, a, 2, (int64_t[]){1, a->shape[0]});
+  if (rb == 1) b = ox_reshape(x, b, 2, (int64_t[]){b->shape[0], 1});
   if (!a || !b) return NULL;
   if (a->rank > 2 || b->rank > 2) { /* broadcast batch dims */
     int r = a->rank > b->rank ? a->rank : b->rank;
@@ -257,64 +256,64 @@ static nv_node *matmul(ox_ctx *x, nv_node *a, nv_node *b) {
     memcpy(sb, batch, sizeof batch);
     sa[r - 2] = a->shape[a->rank - 2], sa[r - 1] = a->shape[a->rank - 1];
     sb[r - 2] = b->shape[b->rank - 2], sb[r - 1] = b->shape[b->rank - 1];
-    a = broadcast_to(x, a, r, sa);
-    if (b->rank != 2 || a->rank != r) b = broadcast_to(x, b, r, sb);
+    a = ox_broadcast_to(x, a, r, sa);
+    if (b->rank != 2 || a->rank != r) b = ox_broadcast_to(x, b, r, sb);
   }
-  nv_node *y = op2(x, NV_OP_MATMUL, a, b);
+  nv_node *y = ox_op2(x, NV_OP_MATMUL, a, b);
   if (!y) return NULL;
   if (ra == 1 || rb == 1) { /* drop the promoted dims */
     int64_t s[NOVA_MAX_RANK];
     int k = 0;
     for (int i = 0; i < y->rank; i++)
       if (!((ra == 1 && i == y->rank - 2) || (rb == 1 && i == y->rank - 1))) s[k++] = y->shape[i];
-    y = reshape(x, y, k, s);
+    y = ox_reshape(x, y, k, s);
   }
   return y;
 }
 
 static int cv_matmul(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 2, 2)) return -1;
-  return set_out(out, matmul(x, N(x, in[0]), N(x, in[1])));
+  if (ox_need(x, in, nin, 2, 2)) return -1;
+  return ox_set_out(out, matmul(x, ox_N(x, in[0]), ox_N(x, in[1])));
 }
 
 static int cv_gemm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 2, 3)) return -1;
-  nv_node *a = N(x, in[0]), *b = N(x, in[1]);
+  if (ox_need(x, in, nin, 2, 3)) return -1;
+  nv_node *a = ox_N(x, in[0]), *b = ox_N(x, in[1]);
   if (!a || !b) return -1;
   if (a->rank != 2 || b->rank != 2) return ox_err(x, "Gemm needs 2-D A and B");
   double alpha = ox_attr_f(x, "alpha", 1.0), beta = ox_attr_f(x, "beta", 1.0);
-  if (ox_attr_i(x, "transA", 0)) a = transpose(x, a, (int64_t[]){1, 0});
-  if (ox_attr_i(x, "transB", 0)) b = transpose(x, b, (int64_t[]){1, 0});
-  nv_node *y = op2(x, NV_OP_MATMUL, a, b);
-  if (y && alpha != 1.0) y = op2(x, NV_OP_MUL, y, scalar(x, y->dtype, alpha));
+  if (ox_attr_i(x, "transA", 0)) a = ox_transpose(x, a, (int64_t[]){1, 0});
+  if (ox_attr_i(x, "transB", 0)) b = ox_transpose(x, b, (int64_t[]){1, 0});
+  nv_node *y = ox_op2(x, NV_OP_MATMUL, a, b);
+  if (y && alpha != 1.0) y = ox_op2(x, NV_OP_MUL, y, ox_scalar(x, y->dtype, alpha));
   if (y && nin > 2 && in[2].present && beta != 0.0) {
-    nv_node *c = N(x, in[2]);
-    if (c && beta != 1.0) c = op2(x, NV_OP_MUL, c, scalar(x, c->dtype, beta));
-    y = c ? op2(x, NV_OP_ADD, y, c) : NULL;
+    nv_node *c = ox_N(x, in[2]);
+    if (c && beta != 1.0) c = ox_op2(x, NV_OP_MUL, c, ox_scalar(x, c->dtype, beta));
+    y = c ? ox_op2(x, NV_OP_ADD, y, c) : NULL;
   }
-  return set_out(out, y);
+  return ox_set_out(out, y);
 }
 
 /* ---- normalisation ------------------------------------------------------ */
 
 static int cv_softmax_like(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out) {
-  if (need(x, in, nin, 1, 1)) return -1;
-  nv_node *a = N(x, in[0]);
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
   nv_node at = {.axis = ox_attr_i(x, "axis", -1)};
-  return set_out(out, ox_add(x, op, 1, &a, &at));
+  return ox_set_out(out, ox_add(x, op, 1, &a, &at));
 }
 static int cv_softmax(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_softmax_like(x, NV_OP_SOFTMAX, in, nin, out); }
 static int cv_log_softmax(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_softmax_like(x, NV_OP_LOG_SOFTMAX, in, nin, out); }
 
 static int cv_layer_norm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
-  if (need(x, in, nin, 2, 3)) return -1;
-  nv_node *a = N(x, in[0]), *sc = N(x, in[1]), *bias = nin > 2 && in[2].present ? N(x, in[2]) : NULL;
+  if (ox_need(x, in, nin, 2, 3)) return -1;
+  nv_node *a = ox_N(x, in[0]), *sc = ox_N(x, in[1]), *bias = nin > 2 && in[2].present ? ox_N(x, in[2]) : NULL;
   if (!a || !sc) return -1;
   int64_t axis = ox_attr_i(x, "axis", -1);
-  if (norm_axis(x, &axis, a->rank)) return -1;
+  if (ox_norm_axis(x, &axis, a->rank)) return -1;
   double eps = ox_attr_f(x, "epsilon", 1e-5);
   int64_t inner = 1, fs[NOVA_MAX_RANK];
   for (int i = (int)axis; i < a->rank; i++) inner *= a->shape[i];
@@ -322,28 +321,28 @@ static int cv_layer_norm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) 
   fs[axis] = inner;
   /* scale and bias broadcast to the normalised dims, then flattened */
   int tail = a->rank - (int)axis;
-  sc = reshape(x, broadcast_to(x, sc, tail, a->shape + axis), 1, &inner);
-  bias = bias ? reshape(x, broadcast_to(x, bias, tail, a->shape + axis), 1, &inner) : NULL;
+  sc = ox_reshape(x, ox_broadcast_to(x, sc, tail, a->shape + axis), 1, &inner);
+  bias = bias ? ox_reshape(x, ox_broadcast_to(x, bias, tail, a->shape + axis), 1, &inner) : NULL;
   if (!bias) {
     ox_tensor *z = ox_tensor_new(a->dtype, 1, &inner);
     if (!z) return -1;
     bias = ox_node(x, (ox_val){.k = z, .present = true});
     ox_tensor_free(z);
   }
-  nv_node *flat = reshape(x, a, (int)axis + 1, fs);
+  nv_node *flat = ox_reshape(x, a, (int)axis + 1, fs);
   nv_node *in3[3] = {flat, sc, bias}, at = {.eps = eps};
   nv_node *y = ox_add(x, NV_OP_LAYER_NORM, 3, in3, &at);
-  if (set_out(out, reshape(x, y, a->rank, a->shape))) return -1;
+  if (ox_set_out(out, ox_reshape(x, y, a->rank, a->shape))) return -1;
   if (nout > 1) { /* Mean and InvStdDev, shaped like X with 1s from axis on */
     int64_t ax[NOVA_MAX_RANK];
     for (int i = 0; i < tail; i++) ax[i] = axis + i;
-    nv_node *mean = reduce(x, NV_OP_REDUCE_MEAN, a, tail, ax, true);
+    nv_node *mean = ox_reduce(x, NV_OP_REDUCE_MEAN, a, tail, ax, true);
     out[1] = (ox_val){.node = mean, .present = mean != NULL};
     if (nout > 2 && mean) {
-      nv_node *dlt = op2(x, NV_OP_SUB, a, mean);
-      nv_node *var = reduce(x, NV_OP_REDUCE_MEAN, op2(x, NV_OP_MUL, dlt, dlt), tail, ax, true);
-      nv_node *inv = op2(x, NV_OP_DIV, scalar(x, a->dtype, 1.0),
-                         op1(x, NV_OP_SQRT, op2(x, NV_OP_ADD, var, scalar(x, a->dtype, eps))));
+      nv_node *dlt = ox_op2(x, NV_OP_SUB, a, mean);
+      nv_node *var = ox_reduce(x, NV_OP_REDUCE_MEAN, ox_op2(x, NV_OP_MUL, dlt, dlt), tail, ax, true);
+      nv_node *inv = ox_op2(x, NV_OP_DIV, ox_scalar(x, a->dtype, 1.0),
+                         ox_op1(x, NV_OP_SQRT, ox_op2(x, NV_OP_ADD, var, ox_scalar(x, a->dtype, eps))));
       out[2] = (ox_val){.node = inv, .present = inv != NULL};
     }
   }
@@ -355,18 +354,18 @@ static nv_node *per_channel(ox_ctx *x, nv_node *v, const nv_node *like) {
   int64_t s[NOVA_MAX_RANK];
   s[0] = like->shape[1];
   for (int i = 2; i < like->rank; i++) s[i - 1] = 1;
-  return reshape(x, v, like->rank - 1, s);
+  return ox_reshape(x, v, like->rank - 1, s);
 }
 
 static int cv_batch_norm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
-  if (need(x, in, nin, 5, 5)) return -1;
-  nv_node *a = N(x, in[0]);
+  if (ox_need(x, in, nin, 5, 5)) return -1;
+  nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
   if (a->rank < 2) return ox_err(x, "BatchNormalization needs X of rank >= 2 (N, C, ...)");
   nova_dtype dt = a->dtype;
   double eps = ox_attr_f(x, "epsilon", 1e-5), mom = ox_attr_f(x, "momentum", 0.9);
-  nv_node *sc = per_channel(x, N(x, in[1]), a), *b = per_channel(x, N(x, in[2]), a);
-  nv_node *mean = N(x, in[3]), *var = N(x, in[4]);
+  nv_node *sc = per_channel(x, ox_N(x, in[1]), a), *b = per_channel(x, ox_N(x, in[2]), a);
+  nv_node *mean = ox_N(x, in[3]), *var = ox_N(x, in[4]);
   bool training = ox_attr_i(x, "training_mode", 0) != 0;
   nv_node *m = per_channel(x, mean, a), *v = per_channel(x, var, a);
   nv_node *cur_mean = NULL, *cur_var = NULL;
@@ -375,22 +374,22 @@ static int cv_batch_norm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) 
     int k = 0;
     for (int i = 0; i < a->rank; i++)
       if (i != 1) ax[k++] = i;
-    cur_mean = reduce(x, NV_OP_REDUCE_MEAN, a, k, ax, false);
-    nv_node *dl = op2(x, NV_OP_SUB, a, per_channel(x, cur_mean, a));
-    cur_var = reduce(x, NV_OP_REDUCE_MEAN, op2(x, NV_OP_MUL, dl, dl), k, ax, false);
+    cur_mean = ox_reduce(x, NV_OP_REDUCE_MEAN, a, k, ax, false);
+    nv_node *dl = ox_op2(x, NV_OP_SUB, a, per_channel(x, cur_mean, a));
+    cur_var = ox_reduce(x, NV_OP_REDUCE_MEAN, ox_op2(x, NV_OP_MUL, dl, dl), k, ax, false);
     m = per_channel(x, cur_mean, a);
     v = per_channel(x, cur_var, a);
   }
-  nv_node *den = op1(x, NV_OP_SQRT, op2(x, NV_OP_ADD, v, scalar(x, dt, eps)));
-  nv_node *y = op2(x, NV_OP_ADD, op2(x, NV_OP_MUL, op2(x, NV_OP_DIV, op2(x, NV_OP_SUB, a, m), den), sc), b);
-  if (set_out(out, y)) return -1;
+  nv_node *den = ox_op1(x, NV_OP_SQRT, ox_op2(x, NV_OP_ADD, v, ox_scalar(x, dt, eps)));
+  nv_node *y = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_MUL, ox_op2(x, NV_OP_DIV, ox_op2(x, NV_OP_SUB, a, m), den), sc), b);
+  if (ox_set_out(out, y)) return -1;
   if (training && nout > 1) {
-    nv_node *rm = op2(x, NV_OP_ADD, op2(x, NV_OP_MUL, mean, scalar(x, dt, mom)),
-                      op2(x, NV_OP_MUL, cur_mean, scalar(x, dt, 1 - mom)));
+    nv_node *rm = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_MUL, mean, ox_scalar(x, dt, mom)),
+                      ox_op2(x, NV_OP_MUL, cur_mean, ox_scalar(x, dt, 1 - mom)));
     out[1] = (ox_val){.node = rm, .present = rm != NULL};
     if (nout > 2) {
-      nv_node *rv = op2(x, NV_OP_ADD, op2(x, NV_OP_MUL, var, scalar(x, dt, mom)),
-                        op2(x, NV_OP_MUL, cur_var, scalar(x, dt, 1 - mom)));
+      nv_node *rv = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_MUL, var, ox_scalar(x, dt, mom)),
+                        ox_op2(x, NV_OP_MUL, cur_var, ox_scalar(x, dt, 1 - mom)));
       out[2] = (ox_val){.node = rv, .present = rv != NULL};
     }
   } else if (nout > 1)
@@ -408,12 +407,12 @@ static int reshaped(ox_ctx *x, ox_val *in, int rank, const int64_t *shape, ox_va
     if (n != ox_numel(in[0].k)) return ox_err(x, "cannot reshape %lld elements", (long long)ox_numel(in[0].k));
     return ox_fold_reshape(in, rank, shape, out) < 0 ? -1 : 0;
   }
-  return set_out(out, reshape(x, in[0].node, rank, shape));
+  return ox_set_out(out, ox_reshape(x, in[0].node, rank, shape));
 }
 
 static int cv_reshape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 2, 2)) return -1;
+  if (ox_need(x, in, nin, 2, 2)) return -1;
   int64_t s[NOVA_MAX_RANK + 1];
   int n = ox_const_ints(x, in[1], "the target shape", s, NOVA_MAX_RANK);
   if (n < 0) return -1;
@@ -447,7 +446,7 @@ static int cv_reshape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
 
 static int cv_flatten(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 1)) return -1;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
   int r = ox_val_rank(in[0]);
   const int64_t *src = ox_val_shape(in[0]);
   int64_t axis = ox_attr_i(x, "axis", 1);
@@ -465,7 +464,7 @@ static int axes_list(ox_ctx *x, ox_val *in, int nin, int idx, int64_t *axes) {
 
 static int cv_unsqueeze(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 2)) return -1;
+  if (ox_need(x, in, nin, 1, 2)) return -1;
   int64_t axes[NOVA_MAX_RANK], s[NOVA_MAX_RANK];
   int na = axes_list(x, in, nin, 1, axes);
   if (na <= 0) return na < 0 ? ox_err(x, "Unsqueeze needs axes") : ox_err(x, "Unsqueeze with empty axes");
@@ -474,7 +473,7 @@ static int cv_unsqueeze(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   bool ins[NOVA_MAX_RANK] = {0};
   for (int i = 0; i < na; i++) {
     int64_t a = axes[i];
-    if (norm_axis(x, &a, ro)) return -1;
+    if (ox_norm_axis(x, &a, ro)) return -1;
     if (ins[a]) return ox_err(x, "axis %lld repeated", (long long)a);
     ins[a] = true;
   }
@@ -485,7 +484,7 @@ static int cv_unsqueeze(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
 
 static int cv_squeeze(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 2)) return -1;
+  if (ox_need(x, in, nin, 1, 2)) return -1;
   int64_t axes[NOVA_MAX_RANK], s[NOVA_MAX_RANK];
   int na = axes_list(x, in, nin, 1, axes), r = ox_val_rank(in[0]), k = 0;
   const int64_t *src = ox_val_shape(in[0]);
@@ -494,7 +493,7 @@ static int cv_squeeze(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
     for (int i = 0; i < r; i++) drop[i] = src[i] == 1;
   for (int i = 0; i < na; i++) {
     int64_t a = axes[i];
-    if (norm_axis(x, &a, r)) return -1;
+    if (ox_norm_axis(x, &a, r)) return -1;
     if (src[a] != 1) return ox_err(x, "cannot squeeze axis %lld of size %lld", (long long)a, (long long)src[a]);
     drop[a] = true;
   }
@@ -505,7 +504,7 @@ static int cv_squeeze(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
 
 static int cv_expand(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 2, 2)) return -1;
+  if (ox_need(x, in, nin, 2, 2)) return -1;
   int64_t s[NOVA_MAX_RANK], o[NOVA_MAX_RANK];
   int n = ox_const_ints(x, in[1], "the shape", s, NOVA_MAX_RANK);
   if (n < 0) return -1;
@@ -517,39 +516,39 @@ static int cv_expand(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
     if (da != db && da != 1 && db != 1) return ox_err(x, "cannot expand dimension %lld to %lld", (long long)da, (long long)db);
     o[i] = da == 1 ? db : da;
   }
-  if (in[0].k) in[0] = (ox_val){.node = N(x, in[0]), .present = true};
-  return set_out(out, broadcast_to(x, in[0].node, ro, o));
+  if (in[0].k) in[0] = (ox_val){.node = ox_N(x, in[0]), .present = true};
+  return ox_set_out(out, ox_broadcast_to(x, in[0].node, ro, o));
 }
 
 static int cv_transpose(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 1)) return -1;
-  nv_node *a = N(x, in[0]);
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
   nv_node at = {0};
   at.nlist = ox_attr_ints(x, "perm", at.list, NOVA_MAX_RANK);
   if (at.nlist < 0) at.nlist = 0;
-  return set_out(out, ox_add(x, NV_OP_TRANSPOSE, 1, &a, &at));
+  return ox_set_out(out, ox_add(x, NV_OP_TRANSPOSE, 1, &a, &at));
 }
 
 static int cv_concat(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, -1)) return -1;
+  if (ox_need(x, in, nin, 1, -1)) return -1;
   nv_node at = {.axis = ox_attr_i(x, "axis", 0)};
-  nv_node *acc = N(x, in[0]);
+  nv_node *acc = ox_N(x, in[0]);
   for (int i = 1; i < nin && acc; i++) {
-    nv_node *pair[2] = {acc, N(x, in[i])};
+    nv_node *pair[2] = {acc, ox_N(x, in[i])};
     acc = ox_add(x, NV_OP_CONCAT, 2, pair, &at);
   }
-  return set_out(out, acc);
+  return ox_set_out(out, acc);
 }
 
 static int cv_split(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
-  if (need(x, in, nin, 1, 2)) return -1;
-  nv_node *a = N(x, in[0]);
+  if (ox_need(x, in, nin, 1, 2)) return -1;
+  nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
   int64_t axis = ox_attr_i(x, "axis", 0), parts[64];
-  if (norm_axis(x, &axis, a->rank)) return -1;
+  if (ox_norm_axis(x, &axis, a->rank)) return -1;
   int64_t dim = a->shape[axis];
   int np;
   if (nin > 1 && in[1].present) {
@@ -566,7 +565,7 @@ static int cv_split(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   int64_t off = 0;
   for (int i = 0; i < np; i++) {
     if (parts[i] < 0) return ox_err(x, "split part %d has size %lld", i, (long long)parts[i]);
-    nv_node *p = slice1(x, a, axis, off, off + parts[i], 1);
+    nv_node *p = ox_slice1(x, a, axis, off, off + parts[i], 1);
     if (!p) return -1;
     out[i] = (ox_val){.node = p, .present = true};
     off += parts[i];
@@ -577,8 +576,8 @@ static int cv_split(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
 
 static int cv_slice(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 3, 5)) return -1;
-  nv_node *a = N(x, in[0]);
+  if (ox_need(x, in, nin, 3, 5)) return -1;
+  nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
   int64_t st[NOVA_MAX_RANK], en[NOVA_MAX_RANK], ax[NOVA_MAX_RANK], sp[NOVA_MAX_RANK];
   int n = ox_const_ints(x, in[1], "starts", st, NOVA_MAX_RANK);
@@ -588,7 +587,7 @@ static int cv_slice(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   if (nin > 4 && in[4].present && ox_const_ints(x, in[4], "steps", sp, NOVA_MAX_RANK) != n) return -1;
   for (int i = 0; i < n && a; i++) {
     int64_t axis = ax[i];
-    if (norm_axis(x, &axis, a->rank)) return -1;
+    if (ox_norm_axis(x, &axis, a->rank)) return -1;
     int64_t dim = a->shape[axis], s = st[i] < 0 ? st[i] + dim : st[i], e = en[i] < 0 ? en[i] + dim : en[i];
     if (sp[i] == 0) return ox_err(x, "a step of 0");
     if (sp[i] < 0) { /* the same elements ascending, then reversed with a gather */
@@ -596,11 +595,11 @@ static int cv_slice(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
       s = s < 0 ? -1 : s > dim - 1 ? dim - 1 : s;
       e = e < -1 ? -1 : e > dim - 1 ? dim - 1 : e;
       if (s <= e) { /* empty */
-        a = slice1(x, a, axis, 0, 0, 1);
+        a = ox_slice1(x, a, axis, 0, 0, 1);
         continue;
       }
       int64_t cnt = (s - e - 1) / step + 1, lo = s - (cnt - 1) * step;
-      a = slice1(x, a, axis, lo, s + 1, step);
+      a = ox_slice1(x, a, axis, lo, s + 1, step);
       ox_tensor *rev = ox_tensor_new(NOVA_DTYPE_I64, 1, &cnt);
       if (!rev || !a) return -1;
       for (int64_t j = 0; j < cnt; j++) ox_set(rev, j, 0, cnt - 1 - j);
@@ -613,18 +612,18 @@ static int cv_slice(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
     e = e < 0 ? 0 : e > dim ? dim : e;
     if (e < s) e = s; /* empty */
     if (s == 0 && e == dim && sp[i] == 1) continue;
-    a = slice1(x, a, axis, s, e, sp[i]);
+    a = ox_slice1(x, a, axis, s, e, sp[i]);
   }
-  return set_out(out, a);
+  return ox_set_out(out, a);
 }
 
 static int cv_gather(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 2, 2)) return -1;
-  nv_node *d = N(x, in[0]);
+  if (ox_need(x, in, nin, 2, 2)) return -1;
+  nv_node *d = ox_N(x, in[0]);
   if (!d) return -1;
   int64_t axis = ox_attr_i(x, "axis", 0);
-  if (norm_axis(x, &axis, d->rank)) return -1;
+  if (ox_norm_axis(x, &axis, d->rank)) return -1;
   ox_val iv = in[1];
   ox_tensor *fixed = NULL;
   if (iv.k) { /* known indices: make negative ones positive (ONNX allows [-n, n)) */
@@ -636,15 +635,15 @@ static int cv_gather(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
     }
     iv = (ox_val){.k = fixed, .present = true};
   }
-  nv_node *idx = N(x, iv);
+  nv_node *idx = ox_N(x, iv);
   ox_tensor_free(fixed);
   nv_node *pair[2] = {d, idx}, at = {.axis = axis, .index_negative = true};
-  return set_out(out, idx ? ox_add(x, NV_OP_GATHER, 2, pair, &at) : NULL);
+  return ox_set_out(out, idx ? ox_add(x, NV_OP_GATHER, 2, pair, &at) : NULL);
 }
 
 /* ---- constants and shapes -------------------------------------------------- */
 
-static int known(ox_val *out, ox_tensor *t) {
+int ox_known(ox_val *out, ox_tensor *t) {
   if (!t) return -1;
   out[0] = (ox_val){.k = t, .present = true};
   return 0;
@@ -654,29 +653,29 @@ static int cv_constant(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)in, (void)nin, (void)nout;
   const Onnx__AttributeProto *a;
   if ((a = ox_attr(x, "value")) && a->t) {
-    return known(out, ox_decode_tensor(x, a->t));
+    return ox_known(out, ox_decode_tensor(x, a->t));
   }
   if ((a = ox_attr(x, "value_float")) && a->has_f) {
     ox_tensor *t = ox_tensor_new(NOVA_DTYPE_F32, 0, NULL);
     if (t) ox_set(t, 0, a->f, 0);
-    return known(out, t);
+    return ox_known(out, t);
   }
   if ((a = ox_attr(x, "value_int")) && a->has_i) {
     ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 0, NULL);
     if (t) ox_set(t, 0, 0, a->i);
-    return known(out, t);
+    return ox_known(out, t);
   }
   if ((a = ox_attr(x, "value_floats"))) {
     int64_t n = (int64_t)a->n_floats;
     ox_tensor *t = ox_tensor_new(NOVA_DTYPE_F32, 1, &n);
     for (int64_t i = 0; t && i < n; i++) ox_set(t, i, a->floats[i], 0);
-    return known(out, t);
+    return ox_known(out, t);
   }
   if ((a = ox_attr(x, "value_ints"))) {
     int64_t n = (int64_t)a->n_ints;
     ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 1, &n);
     for (int64_t i = 0; t && i < n; i++) ox_set(t, i, 0, a->ints[i]);
-    return known(out, t);
+    return ox_known(out, t);
   }
   return ox_err(x, "Constant without a supported value (value, value_float(s), value_int(s); strings and sparse "
                 "tensors are not supported)");
@@ -684,7 +683,7 @@ static int cv_constant(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
 
 static int cv_constant_of_shape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 1)) return -1;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
   int64_t s[NOVA_MAX_RANK];
   int n = ox_const_ints(x, in[0], "the shape", s, NOVA_MAX_RANK);
   if (n < 0) return -1;
@@ -705,12 +704,12 @@ static int cv_constant_of_shape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int
   ox_tensor *t = ox_tensor_new(dt, n, s);
   if (!t) return ox_err(x, "the constant is too large (more than 2^28 elements)");
   for (int64_t i = 0, e = ox_numel(t); i < e; i++) ox_set(t, i, fv, iv);
-  return known(out, t);
+  return ox_known(out, t);
 }
 
 static int cv_shape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 1)) return -1;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
   int r = ox_val_rank(in[0]);
   int64_t s = ox_attr_i(x, "start", 0), e = ox_attr_i(x, "end", r);
   s = s < 0 ? s + r : s;
@@ -720,16 +719,16 @@ static int cv_shape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   int64_t n = e > s ? e - s : 0;
   ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 1, &n);
   for (int64_t i = 0; t && i < n; i++) ox_set(t, i, 0, ox_val_shape(in[0])[s + i]);
-  return known(out, t);
+  return ox_known(out, t);
 }
 
 static int cv_range(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
-  if (need(x, in, nin, 3, 3)) return -1;
+  if (ox_need(x, in, nin, 3, 3)) return -1;
   ox_val k[3];
   ox_tensor *own[3] = {0};
   for (int i = 0; i < 3; i++) {
     k[i] = in[i];
-    if (!k[i].k && (own[i] = initial_value(in[i]))) k[i] = (ox_val){.k = own[i], .present = true};
+    if (!k[i].k && (own[i] = ox_initial_value(in[i]))) k[i] = (ox_val){.k = own[i], .present = true};
   }
   int f = k[0].k && k[1].k && k[2].k ? ox_fold(x, "Range", k, 3, out, nout) : 0;
   for (int i = 0; i < 3; i++) ox_tensor_free(own[i]);
@@ -739,8 +738,8 @@ static int cv_range(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
 
 static int cv_trilu(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 2)) return -1;
-  nv_node *a = N(x, in[0]);
+  if (ox_need(x, in, nin, 1, 2)) return -1;
+  nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
   if (a->rank < 2) return ox_err(x, "Trilu needs rank >= 2");
   int64_t k = 0;
@@ -753,33 +752,41 @@ static int cv_trilu(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
     for (int64_t j = 0; j < cols; j++) ox_set(m, i * cols + j, 0, upper ? j - i >= k : j - i <= k);
   nv_node *mask = ox_node(x, (ox_val){.k = m, .present = true});
   ox_tensor_free(m);
-  return set_out(out, op3(x, NV_OP_WHERE, mask, a, scalar(x, a->dtype, 0)));
+  return ox_set_out(out, ox_op3(x, NV_OP_WHERE, mask, a, ox_scalar(x, a->dtype, 0)));
 }
 
 /* ---- reductions ------------------------------------------------------------ */
 
-static int cv_reduce(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out, bool axes_input) {
-  if (need(x, in, nin, 1, 2)) return -1;
-  nv_node *a = N(x, in[0]);
-  if (!a) return -1;
-  int64_t axes[NOVA_MAX_RANK];
+int ox_reduce_axes(ox_ctx *x, ox_val *in, int nin, int64_t from, int64_t *axes) {
+  bool axes_input = x->opset >= from;
   int na = axes_input && nin > 1 && in[1].present ? ox_const_ints(x, in[1], "axes", axes, NOVA_MAX_RANK)
            : axes_input ? 0 : ox_attr_ints(x, "axes", axes, NOVA_MAX_RANK);
   if (na < 0 && (axes_input || ox_attr(x, "axes"))) return -1;
   if (na < 0) na = 0;
+  if (na == 0 && ox_attr_i(x, "noop_with_empty_axes", 0)) return -2;
+  return na;
+}
+
+static int cv_reduce(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out, int64_t from) {
+  if (ox_need(x, in, nin, 1, 2)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a) return -1;
+  int64_t axes[NOVA_MAX_RANK];
+  int na = ox_reduce_axes(x, in, nin, from, axes);
+  if (na == -1) return -1;
+  if (na == -2) return ox_set_out(out, a);
   bool keep = ox_attr_i(x, "keepdims", 1) != 0;
-  if (na == 0 && ox_attr_i(x, "noop_with_empty_axes", 0)) return set_out(out, a);
   if (a->dtype == NOVA_DTYPE_BOOL && op == NV_OP_REDUCE_MAX) { /* "any": max over 0/1, empty sets give false */
     nv_node f32 = {.to = NOVA_DTYPE_F32};
-    nv_node *m = reduce(x, op, ox_add(x, NV_OP_CAST, 1, &a, &f32), na, axes, keep);
-    return set_out(out, m ? op2(x, NV_OP_GREATER, m, scalar(x, NOVA_DTYPE_F32, 0.5)) : NULL);
+    nv_node *m = ox_reduce(x, op, ox_add(x, NV_OP_CAST, 1, &a, &f32), na, axes, keep);
+    return ox_set_out(out, m ? ox_op2(x, NV_OP_GREATER, m, ox_scalar(x, NOVA_DTYPE_F32, 0.5)) : NULL);
   }
-  return set_out(out, reduce(x, op, a, na, axes, keep));
+  return ox_set_out(out, ox_reduce(x, op, a, na, axes, keep));
 }
 /* ReduceSum takes axes as an input from opset 13, Mean and Max from 18. */
-static int cv_reduce_sum(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_reduce(x, NV_OP_REDUCE_SUM, in, nin, out, true); }
-static int cv_reduce_mean(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_reduce(x, NV_OP_REDUCE_MEAN, in, nin, out, x->opset >= 18); }
-static int cv_reduce_max(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_reduce(x, NV_OP_REDUCE_MAX, in, nin, out, x->opset >= 18); }
+static int cv_reduce_sum(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_reduce(x, NV_OP_REDUCE_SUM, in, nin, out, 13); }
+static int cv_reduce_mean(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_reduce(x, NV_OP_REDUCE_MEAN, in, nin, out, 18); }
+static int cv_reduce_max(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_reduce(x, NV_OP_REDUCE_MAX, in, nin, out, 18); }
 
 /* ---- losses ------------------------------------------------------------------ */
 
@@ -810,11 +817,11 @@ static nv_node *nll(ox_ctx *x, nv_node *lp, nv_node *lab, nv_node *w, bool has_i
   for (int i = 1; i < r - 1; i++) cs[i] = 1;
   ls[0] = lab->shape[0], ls[1] = 1;
   for (int i = 1; i < lab->rank; i++) ls[i + 1] = lab->shape[i];
-  nv_node *classes = reshape(x, ox_node(x, (ox_val){.k = cls, .present = true}), (int)r - 1, cs);
+  nv_node *classes = ox_reshape(x, ox_node(x, (ox_val){.k = cls, .present = true}), (int)r - 1, cs);
   ox_tensor_free(cls);
-  nv_node *onehot = op2(x, NV_OP_EQUAL, reshape(x, lab, (int)r, ls), classes); /* [N, C, d...] */
-  nv_node *zero = scalar(x, dt, 0.0);
-  nv_node *picked = reduce(x, NV_OP_REDUCE_SUM, op3(x, NV_OP_WHERE, onehot, lp, zero), 1, (int64_t[]){1}, false);
+  nv_node *onehot = ox_op2(x, NV_OP_EQUAL, ox_reshape(x, lab, (int)r, ls), classes); /* [N, C, d...] */
+  nv_node *zero = ox_scalar(x, dt, 0.0);
+  nv_node *picked = ox_reduce(x, NV_OP_REDUCE_SUM, ox_op3(x, NV_OP_WHERE, onehot, lp, zero), 1, (int64_t[]){1}, false);
   /* per-element weight: w[label], 0 for ignored labels */
   nv_node *wt;
   if (w) {
@@ -822,31 +829,31 @@ static nv_node *nll(ox_ctx *x, nv_node *lp, nv_node *lab, nv_node *w, bool has_i
       ox_err(x, "weights must be [C]");
       return NULL;
     }
-    nv_node *wc = reshape(x, w, (int)r - 1, cs);
-    wt = reduce(x, NV_OP_REDUCE_SUM, op3(x, NV_OP_WHERE, onehot, wc, zero), 1, (int64_t[]){1}, false);
+    nv_node *wc = ox_reshape(x, w, (int)r - 1, cs);
+    wt = ox_reduce(x, NV_OP_REDUCE_SUM, ox_op3(x, NV_OP_WHERE, onehot, wc, zero), 1, (int64_t[]){1}, false);
   } else if (has_ii)
-    wt = op3(x, NV_OP_WHERE, op2(x, NV_OP_EQUAL, lab, scalar(x, lab->dtype, (double)ii)), zero, scalar(x, dt, 1.0));
+    wt = ox_op3(x, NV_OP_WHERE, ox_op2(x, NV_OP_EQUAL, lab, ox_scalar(x, lab->dtype, (double)ii)), zero, ox_scalar(x, dt, 1.0));
   else
     wt = NULL;
   if (w && has_ii)
-    wt = op3(x, NV_OP_WHERE, op2(x, NV_OP_EQUAL, lab, scalar(x, lab->dtype, (double)ii)), zero, wt);
-  nv_node *loss = op1(x, NV_OP_NEG, picked);
-  if (wt) loss = op2(x, NV_OP_MUL, loss, wt);
+    wt = ox_op3(x, NV_OP_WHERE, ox_op2(x, NV_OP_EQUAL, lab, ox_scalar(x, lab->dtype, (double)ii)), zero, wt);
+  nv_node *loss = ox_op1(x, NV_OP_NEG, picked);
+  if (wt) loss = ox_op2(x, NV_OP_MUL, loss, wt);
   if (!loss) return NULL;
   if (!strcmp(red, "none")) return loss;
-  nv_node *sum = reduce(x, NV_OP_REDUCE_SUM, loss, 0, NULL, false);
+  nv_node *sum = ox_reduce(x, NV_OP_REDUCE_SUM, loss, 0, NULL, false);
   if (!strcmp(red, "sum")) return sum;
   if (strcmp(red, "mean")) {
     ox_err(x, "reduction '%s'; expected none, sum or mean", red);
     return NULL;
   }
-  if (!wt) return op2(x, NV_OP_DIV, sum, scalar(x, dt, (double)fe_numel(lab)));
-  return op2(x, NV_OP_DIV, sum, reduce(x, NV_OP_REDUCE_SUM, wt, 0, NULL, false));
+  if (!wt) return ox_op2(x, NV_OP_DIV, sum, ox_scalar(x, dt, (double)fe_numel(lab)));
+  return ox_op2(x, NV_OP_DIV, sum, ox_reduce(x, NV_OP_REDUCE_SUM, wt, 0, NULL, false));
 }
 
 static int cv_sce_loss(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
-  if (need(x, in, nin, 2, 3)) return -1;
-  nv_node *s = N(x, in[0]), *lab = N(x, in[1]), *w = nin > 2 && in[2].present ? N(x, in[2]) : NULL;
+  if (ox_need(x, in, nin, 2, 3)) return -1;
+  nv_node *s = ox_N(x, in[0]), *lab = ox_N(x, in[1]), *w = nin > 2 && in[2].present ? ox_N(x, in[2]) : NULL;
   if (!s || !lab) return -1;
   char buf[16];
   const char *red = ox_attr_s(x, "reduction", "mean", buf, sizeof buf);
@@ -854,35 +861,35 @@ static int cv_sce_loss(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   int64_t ii = ox_attr_i(x, "ignore_index", 0);
   nv_node *y;
   if (s->rank == 2 && !w && !has_ii && !strcmp(red, "mean") && nout < 2) {
-    y = op2(x, NV_OP_CROSS_ENTROPY, s, lab); /* the fused op: labels checked at run time */
-    return set_out(out, y);
+    y = ox_op2(x, NV_OP_CROSS_ENTROPY, s, lab); /* the fused op: labels checked at run time */
+    return ox_set_out(out, y);
   }
   if (s->rank < 2) return ox_err(x, "scores must be [N, C, ...]");
   nv_node at = {.axis = 1};
   nv_node *lp = ox_add(x, NV_OP_LOG_SOFTMAX, 1, &s, &at);
-  if (set_out(out, nll(x, lp, lab, w, has_ii, ii, red))) return -1;
+  if (ox_set_out(out, nll(x, lp, lab, w, has_ii, ii, red))) return -1;
   if (nout > 1) out[1] = (ox_val){.node = lp, .present = lp != NULL};
   return 0;
 }
 
 static int cv_nll_loss(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 2, 3)) return -1;
+  if (ox_need(x, in, nin, 2, 3)) return -1;
   char buf[16];
   const char *red = ox_attr_s(x, "reduction", "mean", buf, sizeof buf);
-  return set_out(out, nll(x, N(x, in[0]), N(x, in[1]), nin > 2 && in[2].present ? N(x, in[2]) : NULL,
+  return ox_set_out(out, nll(x, ox_N(x, in[0]), ox_N(x, in[1]), nin > 2 && in[2].present ? ox_N(x, in[2]) : NULL,
                           ox_attr(x, "ignore_index") != NULL, ox_attr_i(x, "ignore_index", 0), red));
 }
 
 static int cv_global_avg_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 1, 1)) return -1;
-  nv_node *a = N(x, in[0]);
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
   if (a->rank < 3) return ox_err(x, "GlobalAveragePool needs X of rank >= 3 (N, C, spatial...)");
   int64_t ax[NOVA_MAX_RANK];
   for (int i = 2; i < a->rank; i++) ax[i - 2] = i;
-  return set_out(out, reduce(x, NV_OP_REDUCE_MEAN, a, a->rank - 2, ax, true));
+  return ox_set_out(out, ox_reduce(x, NV_OP_REDUCE_MEAN, a, a->rank - 2, ax, true));
 }
 
 /* ---- convolution and pooling ------------------------------------------------- */
@@ -929,22 +936,22 @@ static int window_attrs(ox_ctx *x, nv_node *at, const nv_node *a, bool with_dila
 
 static int cv_conv(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (need(x, in, nin, 2, 3)) return -1;
-  nv_node *a = N(x, in[0]), *w = N(x, in[1]);
+  if (ox_need(x, in, nin, 2, 3)) return -1;
+  nv_node *a = ox_N(x, in[0]), *w = ox_N(x, in[1]);
   if (!a || !w) return -1;
   nv_node at = {.groups = ox_attr_i(x, "group", 1)};
   for (int i = 0; i + 2 < w->rank && i < 3; i++) at.kernel[i] = w->shape[2 + i];
   if (window_attrs(x, &at, a, true)) return -1;
   nv_node *pair[2] = {a, w};
   nv_node *y = ox_add(x, NV_OP_CONV, 2, pair, &at);
-  if (y && nin > 2 && in[2].present) y = op2(x, NV_OP_ADD, y, per_channel(x, N(x, in[2]), y));
-  return set_out(out, y);
+  if (y && nin > 2 && in[2].present) y = ox_op2(x, NV_OP_ADD, y, per_channel(x, ox_N(x, in[2]), y));
+  return ox_set_out(out, y);
 }
 
 static int cv_pool(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out, int nout) {
-  if (need(x, in, nin, 1, 1)) return -1;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
   if (nout > 1 && op != NV_OP_MAX_POOL) return ox_err(x, "has one output");
-  nv_node *a = N(x, in[0]);
+  nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
   nv_node at = {.ceil_mode = ox_attr_i(x, "ceil_mode", 0) != 0, .count_include_pad = ox_attr_i(x, "count_include_pad", 0) != 0};
   int n = ox_attr_ints(x, "kernel_shape", at.kernel, 3);
@@ -952,7 +959,7 @@ static int cv_pool(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out, int no
   at.col_major = ox_attr_i(x, "storage_order", 0) != 0;
   if (window_attrs(x, &at, a, true)) return -1;
   nv_node *y = ox_add(x, op, 1, &a, &at);
-  if (set_out(out, y)) return -1;
+  if (ox_set_out(out, y)) return -1;
   if (nout > 1) { /* Indices: flat row-major positions in X of each window's maximum */
     nv_node *ix = ox_add(x, NV_OP_MAX_POOL_INDICES, 2, (nv_node *[]){a, y}, &at);
     out[1] = (ox_val){.node = ix, .present = ix != NULL};
@@ -965,10 +972,7 @@ static int cv_avg_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { 
 
 /* ---- dispatch ------------------------------------------------------------------ */
 
-static const struct {
-  const char *name;
-  ox_conv_fn fn;
-} table[] = {
+static const ox_op_entry table[] = {
     {"Add", cv_add}, {"Sub", cv_sub}, {"Mul", cv_mul}, {"Div", cv_div}, {"Pow", cv_pow},
     {"Equal", cv_equal}, {"Less", cv_less}, {"Greater", cv_greater}, {"Neg", cv_neg}, {"Abs", cv_abs},
     {"Exp", cv_exp}, {"Log", cv_log}, {"Sqrt", cv_sqrt}, {"Tanh", cv_tanh}, {"Sigmoid", cv_sigmoid},
@@ -986,16 +990,25 @@ static const struct {
     {"Conv", cv_conv}, {"MaxPool", cv_max_pool}, {"AveragePool", cv_avg_pool},
 };
 
+static ox_conv_fn lookup(const char *op) {
+  const struct { const ox_op_entry *t; size_t n; } tabs[] = {
+      {table, sizeof table / sizeof *table}, {ox_math_ops, ox_math_nops}, {ox_index_ops, ox_index_nops}};
+  for (size_t k = 0; k < sizeof tabs / sizeof *tabs; k++)
+    for (size_t i = 0; i < tabs[k].n; i++)
+      if (!strcmp(tabs[k].t[i].name, op)) return tabs[k].t[i].fn;
+  return NULL;
+}
+
 int ox_convert(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   const char *op = x->node->op_type;
-  for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
-    if (strcmp(table[i].name, op)) continue;
+  ox_conv_fn fn = lookup(op);
+  if (fn) {
     int before = nv_diag_count(x->d);
     int f = ox_fold(x, op, in, nin, out, nout);
     if (f < 0 && nv_diag_count(x->d) == before)
       ox_err(x, "evaluating it when compiling failed: its result is too large (more than 2^28 elements) or memory ran out");
     if (f) return f < 0 ? -1 : 0;
-    int rc = table[i].fn(x, in, nin, out, nout);
+    int rc = fn(x, in, nin, out, nout);
     if (rc && nv_diag_count(x->d) == before) ox_err(x, "could not be converted");
     return rc ? -1 : 0;
   }

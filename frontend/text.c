@@ -327,9 +327,11 @@ static ev binary(parser *P, char op, ev a, ev b, nv_loc loc) {
 /* Keyword arguments each op accepts. */
 static const char *allowed_attrs(nv_op op) {
   switch (op) {
-  case NV_OP_SOFTMAX: case NV_OP_LOG_SOFTMAX: case NV_OP_CONCAT: case NV_OP_GATHER: return "axis";
+  case NV_OP_SOFTMAX: case NV_OP_LOG_SOFTMAX: case NV_OP_CONCAT: case NV_OP_GATHER: case NV_OP_GATHER_ELEMENTS:
+  case NV_OP_CUMSUM: return "axis";
   case NV_OP_LAYER_NORM: return "eps";
-  case NV_OP_REDUCE_SUM: case NV_OP_REDUCE_MEAN: case NV_OP_REDUCE_MAX: return "axes keepdims";
+  case NV_OP_REDUCE_SUM: case NV_OP_REDUCE_MEAN: case NV_OP_REDUCE_MAX: case NV_OP_REDUCE_MIN:
+  case NV_OP_REDUCE_PROD: return "axes keepdims";
   case NV_OP_RESHAPE: case NV_OP_BROADCAST: return "shape";
   case NV_OP_TRANSPOSE: return "perm";
   case NV_OP_CAST: return "to";

@@ -96,13 +96,23 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
   case NV_OP_SOFTMAX:
   case NV_OP_LOG_SOFTMAX:
   case NV_OP_CONCAT:
+  case NV_OP_GATHER_ELEMENTS:
   case NV_OP_GATHER: out[k++] = named(ctx, "axis", i64_attr(ctx, n->axis)); break;
+  case NV_OP_GATHER_ND: out[k++] = named(ctx, "batch_dims", i64_attr(ctx, n->axis)); break;
+  case NV_OP_SCATTER_ND: out[k++] = named(ctx, "mode", i64_attr(ctx, n->mode)); break;
+  case NV_OP_SCATTER_ELEMENTS:
+  case NV_OP_CUMSUM:
+    out[k++] = named(ctx, "axis", i64_attr(ctx, n->axis));
+    out[k++] = named(ctx, "mode", i64_attr(ctx, n->mode));
+    break;
   case NV_OP_LAYER_NORM:
     out[k++] = named(ctx, "eps", mlirFloatAttrDoubleGet(ctx, mlirF64TypeGet(ctx), n->eps));
     break;
   case NV_OP_REDUCE_SUM:
   case NV_OP_REDUCE_MEAN:
   case NV_OP_REDUCE_MAX:
+  case NV_OP_REDUCE_MIN:
+  case NV_OP_REDUCE_PROD:
     out[k++] = named(ctx, "axes", mlirDenseI64ArrayGet(ctx, n->nlist, n->list));
     out[k++] = named(ctx, "keepdims", i64_attr(ctx, n->keepdims));
     break;

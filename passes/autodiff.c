@@ -110,8 +110,81 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
   nova_dtype dt = y->dtype;
   switch (y->op) {
   case NV_OP_INPUT: case NV_OP_PARAM: case NV_OP_CONSTANT:
-  case NV_OP_EQUAL: case NV_OP_LESS: case NV_OP_GREATER:
+  case NV_OP_EQUAL: case NV_OP_LESS: case NV_OP_GREATER: case NV_OP_LESS_EQUAL: case NV_OP_GREATER_EQUAL:
+  case NV_OP_ISNAN: case NV_OP_ISINF: case NV_OP_NOT: case NV_OP_AND: case NV_OP_OR: case NV_OP_XOR:
     return true; /* leaves; comparisons are not differentiable (bool) */
+  case NV_OP_FLOOR: case NV_OP_CEIL: case NV_OP_ROUND: case NV_OP_SIGN:
+    return true; /* piecewise constant: zero gradient, as PyTorch defines it */
+  case NV_OP_SIN: accumulate(A, x, mul(A, g, u1(A, NV_OP_COS, x))); return true;
+  case NV_OP_COS: accumulate(A, x, u1(A, NV_OP_NEG, mul(A, g, u1(A, NV_OP_SIN, x)))); return true;
+  case NV_OP_TAN: accumulate(A, x, mul(A, g, add(A, konst(A, dt, 1), mul(A, y, y)))); return true;
+  case NV_OP_SINH: accumulate(A, x, mul(A, g, u1(A, NV_OP_COSH, x))); return true;
+  case NV_OP_COSH: accumulate(A, x, mul(A, g, u1(A, NV_OP_SINH, x))); return true;
+  case NV_OP_ATAN: accumulate(A, x, dvd(A, g, add(A, konst(A, dt, 1), mul(A, x, x)))); return true;
+  case NV_OP_ATANH: accumulate(A, x, dvd(A, g, sub(A, konst(A, dt, 1), mul(A, x, x)))); return true;
+  case NV_OP_ASIN: /* 1/sqrt(1 - x^2) */
+  case NV_OP_ACOS: { /* -1/sqrt(1 - x^2) */
+    nv_node *q = dvd(A, g, u1(A, NV_OP_SQRT, sub(A, konst(A, dt, 1), mul(A, x, x))));
+    accumulate(A, x, y->op == NV_OP_ACOS ? u1(A, NV_OP_NEG, q) : q);
+    return true;
+  }
+  case NV_OP_ASINH: accumulate(A, x, dvd(A, g, u1(A, NV_OP_SQRT, add(A, mul(A, x, x), konst(A, dt, 1))))); return true;
+  case NV_OP_ACOSH: accumulate(A, x, dvd(A, g, u1(A, NV_OP_SQRT, sub(A, mul(A, x, x), konst(A, dt, 1))))); return true;
+  case NV_OP_MOD:  /* a - b floor(a/b): d/db = -floor(a/b) */
+  case NV_OP_FMOD: { /* a - b trunc(a/b) */
+    accumulate(A, in[0], unbroadcast(A, g, in[0]));
+    if (A->needs[in[1]->id]) {
+      nv_node *q = dvd(A, in[0], in[1]);
+      nv_node *k = y->op == NV_OP_MOD ? u1(A, NV_OP_FLOOR, q)
+                                      : w3(A, b2(A, NV_OP_LESS, q, konst(A, dt, 0)), u1(A, NV_OP_CEIL, q), u1(A, NV_OP_FLOOR, q));
+      accumulate(A, in[1], unbroadcast(A, u1(A, NV_OP_NEG, mul(A, g, k)), in[1]));
+    }
+    return true;
+  }
+  case NV_OP_REDUCE_PROD: { /* prod of the others: y/x, or where x is the only zero the product of the rest */
+    nv_node *z = konst(A, dt, 0), *one = konst(A, dt, 1);
+    nv_node *isz = b2(A, NV_OP_EQUAL, x, z);
+    nv_node *nz = expand_back(A, mk(A, NV_OP_REDUCE_SUM, 1, (nv_node *[]){w3(A, isz, one, z)}, y), x, y);
+    nv_node *rest = expand_back(A, mk(A, NV_OP_REDUCE_PROD, 1, (nv_node *[]){w3(A, isz, one, x)}, y), x, y);
+    nv_node *yb = expand_back(A, y, x, y);
+    nv_node *others = w3(A, isz, w3(A, b2(A, NV_OP_EQUAL, nz, one), rest, z), dvd(A, yb, w3(A, isz, one, x)));
+    accumulate(A, x, mul(A, expand_back(A, g, x, y), others));
+    return true;
+  }
+  case NV_OP_CUMSUM: { /* the sum the other way round */
+    nv_node at = *y;
+    at.mode = y->mode ^ NV_CUMSUM_REVERSE;
+    accumulate(A, x, mk(A, NV_OP_CUMSUM, 1, &g, &at));
+    return true;
+  }
+  case NV_OP_GATHER_ELEMENTS:
+  case NV_OP_GATHER_ND: { /* scatter-add of g into zeros shaped like x */
+    nv_node *z = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, dt, x->rank, x->shape, A->loc);
+    if (!z) return false;
+    nv_node at = {.axis = y->axis, .mode = NV_SCATTER_ADD};
+    if (y->op == NV_OP_GATHER_ND && y->axis) return false; /* batch dims: no rule yet */
+    accumulate(A, x, mk(A, y->op == NV_OP_GATHER_ND ? NV_OP_SCATTER_ND : NV_OP_SCATTER_ELEMENTS, 3,
+                        (nv_node *[]){z, in[1], g}, &at));
+    return true;
+  }
+  case NV_OP_SCATTER_ELEMENTS:
+  case NV_OP_SCATTER_ND: { /* none: g where nothing was written; add: g.  Updates: g at their places */
+    if (y->mode != NV_SCATTER_NONE && y->mode != NV_SCATTER_ADD) return false;
+    bool nd = y->op == NV_OP_SCATTER_ND;
+    nv_node ga = {.axis = nd ? 0 : y->axis};
+    if (A->needs[x->id]) {
+      nv_node *gx = g;
+      if (y->mode == NV_SCATTER_NONE) {
+        nv_node *z = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, dt, in[2]->rank, in[2]->shape, A->loc);
+        nv_node at = {.axis = y->axis, .mode = NV_SCATTER_NONE};
+        gx = z ? mk(A, y->op, 3, (nv_node *[]){g, in[1], z}, &at) : NULL;
+      }
+      accumulate(A, x, gx);
+    }
+    if (A->needs[in[2]->id])
+      accumulate(A, in[2], mk(A, nd ? NV_OP_GATHER_ND : NV_OP_GATHER_ELEMENTS, 2, (nv_node *[]){g, in[1]}, &ga));
+    return true;
+  }
   case NV_OP_ADD:
     accumulate(A, in[0], unbroadcast(A, g, in[0]));
     accumulate(A, in[1], unbroadcast(A, g, in[1]));
@@ -222,7 +295,8 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
   case NV_OP_REDUCE_MEAN:
     accumulate(A, x, expand_back(A, dvd(A, g, konst(A, dt, (double)numel(x) / (double)numel(y))), x, y));
     return true;
-  case NV_OP_REDUCE_MAX: { /* split evenly between tied maxima */
+  case NV_OP_REDUCE_MAX:
+  case NV_OP_REDUCE_MIN: { /* split evenly between tied extrema */
     nv_node *yb = expand_back(A, y, x, y);
     nv_node *hit = w3(A, b2(A, NV_OP_EQUAL, x, yb), konst(A, dt, 1), konst(A, dt, 0));
     nv_node *cnt = expand_back(A, rsum(A, hit, y->nlist, y->list, y->keepdims), x, y);
@@ -267,11 +341,11 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     accumulate(A, x, acc);
     return true;
   }
-  case NV_OP_GATHER: { /* scatter-add as one-hot^T @ g: [n, V]^T [n, D] */
+  case NV_OP_GATHER: { /* scatter-add as one-hot^T @ g: [n, V]^T [n, D], the gathered axis moved first */
     if (!A->needs[x->id]) return true;
-    if (y->axis != 0) return false;
     nv_node *idx = in[1];
-    int64_t V = x->shape[0], n = numel(idx), D = numel(x) / V;
+    int ax = (int)y->axis, ni = idx->rank, r = x->rank;
+    int64_t V = x->shape[ax], n = numel(idx), D = numel(x) / V;
     nv_node *cls = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, idx->dtype, 1, &V, A->loc);
     if (!cls) return false;
     cls->init.kind = NV_INIT_DATA;
@@ -282,6 +356,13 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
       if (es == 8) ((int64_t *)cls->init.data)[i] = i;
       else ((int32_t *)cls->init.data)[i] = (int32_t)i;
     }
+    /* g [A..., I..., B...] -> [I..., A..., B...] -> [n, D] */
+    int64_t gp[NOVA_MAX_RANK], xs[NOVA_MAX_RANK], xp[NOVA_MAX_RANK];
+    int k = 0;
+    for (int i = 0; i < ni; i++) gp[k++] = ax + i;
+    for (int i = 0; i < ax; i++) gp[k++] = i;
+    for (int i = ax + ni; i < g->rank; i++) gp[k++] = i;
+    nv_node *gt = ax ? transpose(A, g, gp) : g;
     int64_t ncol[2] = {n, 1}, gs[2] = {n, D};
     nv_node *idxn = reshape(A, idx, 2, ncol);
     if (idx->index_negative || y->index_negative) { /* i < 0 counts from the end */
@@ -291,7 +372,15 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     nv_node at = {.to = dt};
     nv_node *hit = b2(A, NV_OP_EQUAL, idxn, cls);
     nv_node *oh = mk(A, NV_OP_CAST, 1, &hit, &at);
-    accumulate(A, x, reshape(A, b2(A, NV_OP_MATMUL, tr_last(A, oh), reshape(A, g, 2, gs)), x->rank, x->shape));
+    nv_node *gx = b2(A, NV_OP_MATMUL, tr_last(A, oh), reshape(A, gt, 2, gs)); /* [V, A... B...] */
+    /* back to [A..., V, B...] */
+    k = 0;
+    xs[k++] = V;
+    for (int i = 0; i < r; i++)
+      if (i != ax) xs[k++] = x->shape[i];
+    for (int i = 0; i < r; i++) xp[i] = i < ax ? i + 1 : i == ax ? 0 : i;
+    gx = reshape(A, gx, r, xs);
+    accumulate(A, x, ax ? transpose(A, gx, xp) : gx);
     return true;
   }
   case NV_OP_CROSS_ENTROPY: { /* (softmax(x) - onehot(labels)) g / n */
@@ -492,7 +581,7 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     A.loc = n->loc;
     if (!rule(&A, n, A.grad[i]) && !A.failed) {
       nv_error(d, n->loc, "--train: %s has no backward rule%s", nv_op_name(n->op),
-               n->op == NV_OP_SLICE ? " for steps other than 1" : n->op == NV_OP_GATHER ? " for axes other than 0" : "");
+               n->op == NV_OP_SLICE ? " for steps other than 1" : "");
       A.failed = true;
     }
   }

@@ -33,6 +33,14 @@ static const char *const op_attrs[] = {
     [NV_OP_MAX_POOL_GRAD] = "kernel strides pads dilations",
     [NV_OP_MAX_POOL_INDICES] = "kernel strides pads dilations storage_order",
     [NV_OP_AVG_POOL_GRAD] = "kernel strides pads dilations count_include_pad shape",
+    [NV_OP_SIN] = "", [NV_OP_COS] = "", [NV_OP_TAN] = "", [NV_OP_ASIN] = "", [NV_OP_ACOS] = "",
+    [NV_OP_ATAN] = "", [NV_OP_SINH] = "", [NV_OP_COSH] = "", [NV_OP_ASINH] = "", [NV_OP_ACOSH] = "",
+    [NV_OP_ATANH] = "", [NV_OP_FLOOR] = "", [NV_OP_CEIL] = "", [NV_OP_ROUND] = "", [NV_OP_SIGN] = "",
+    [NV_OP_ISNAN] = "", [NV_OP_ISINF] = "", [NV_OP_NOT] = "", [NV_OP_AND] = "", [NV_OP_OR] = "",
+    [NV_OP_XOR] = "", [NV_OP_LESS_EQUAL] = "", [NV_OP_GREATER_EQUAL] = "", [NV_OP_MOD] = "",
+    [NV_OP_FMOD] = "", [NV_OP_REDUCE_MIN] = "axes keepdims", [NV_OP_REDUCE_PROD] = "axes keepdims",
+    [NV_OP_GATHER_ELEMENTS] = "axis", [NV_OP_SCATTER_ELEMENTS] = "axis mode", [NV_OP_GATHER_ND] = "batch_dims",
+    [NV_OP_SCATTER_ND] = "mode", [NV_OP_CUMSUM] = "axis mode",
 };
 static_assert(sizeof op_attrs / sizeof op_attrs[0] == NV_OP_COUNT, "attribute table out of step with NV_OPS");
 

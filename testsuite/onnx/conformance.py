@@ -89,7 +89,10 @@ FOLD = {
     "Reshape": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4), "Split": (1,),
     "Squeeze": (1,), "Unsqueeze": (1,), "ReduceMean": (1,), "ReduceSum": (1,),
     "ReduceMax": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2), "Trilu": (1,),
-    "Dropout": (1, 2),
+    "Dropout": (1, 2), "Pad": (1, 3), "Tile": (1,), "OneHot": (1,), "TopK": (1,),
+    "Resize": (1, 2, 3), "Upsample": (1,), "ReduceMin": (1,), "ReduceProd": (1,), "ReduceL1": (1,),
+    "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,),
+    "CumSum": (1,), "Split": (1,), "SplitToSequence": (1,), "CenterCropPad": (1,), "Col2Im": (1, 2),
 }
 
 # onnx's backend-test tolerances, and tests known to need others:
@@ -268,6 +271,60 @@ def out_of_scope(t, ops):
         return "dtype outside float32/float64/int64/int32/bool: %s" % ", ".join(sorted(bad))
     if t.data_sets() and any(ds is None for ds in t.data_sets()):
         return "dtype outside float32/float64/int64/int32/bool: non-tensor test data"
+    return None
+
+
+# --all: the whole suite is in scope except these (issue 11's exclusions).
+ALL_OPSET_MIN = 7
+EXCLUDED_DTYPES = {TensorProto.STRING, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2,
+                   TensorProto.FLOAT8E5M2FNUZ, TensorProto.UINT4, TensorProto.INT4}
+for _n in ("FLOAT4E2M1", "FLOAT8E8M0", "INT2", "UINT2"):
+    if hasattr(TensorProto, _n):
+        EXCLUDED_DTYPES.add(getattr(TensorProto, _n))
+EXCLUDED_DOMAINS = ("ai.onnx.ml", "ai.onnx.preview.training")
+
+
+def out_of_scope_all(t):
+    """Why test T is outside the whole-suite count, or None."""
+    g = t.model.graph
+    opset = t.opset()
+    if opset is None:
+        return "opset: no ai.onnx opset import"
+    if opset < ALL_OPSET_MIN:
+        return "opset: %d (before %d)" % (opset, ALL_OPSET_MIN)
+    if t.name in RANDOM:
+        return "random: the expected values come from numpy's random generator"
+    doms = sorted({n.domain for n in g.node if n.domain in EXCLUDED_DOMAINS} |
+                  {i.domain for i in t.model.opset_import if i.domain in EXCLUDED_DOMAINS and len(g.node) and
+                   any(n.domain == i.domain for n in g.node)})
+    if doms:
+        return "domain: %s" % ", ".join(doms)
+    bad = set()
+    for v in list(g.input) + list(g.output):
+        kind = v.type.WhichOneof("value")
+        if kind != "tensor_type":
+            bad.add("%s-typed graph input/output" % kind)
+        elif v.type.tensor_type.elem_type in EXCLUDED_DTYPES:
+            bad.add(dtype_name(v.type.tensor_type.elem_type))
+    for v in g.value_info:
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in EXCLUDED_DTYPES:
+            bad.add(dtype_name(v.type.tensor_type.elem_type))
+    for init in g.initializer:
+        if init.data_type in EXCLUDED_DTYPES:
+            bad.add(dtype_name(init.data_type))
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in EXCLUDED_DTYPES:
+                bad.add(dtype_name(a.t.data_type))
+            elif n.op_type == "Constant" and a.name in ("value_string", "value_strings"):
+                bad.add("string")
+            elif n.op_type in ("Cast", "CastLike", "QuantizeLinear") and a.name in ("to", "output_dtype") and \
+                    a.i in EXCLUDED_DTYPES:
+                bad.add(dtype_name(a.i))
+    if bad:
+        return "excluded type: %s" % ", ".join(sorted(bad))
+    if t.data_sets() and any(ds is None for ds in t.data_sets()):
+        return "excluded type: sequence, map or optional test data"
     return None
 
 
@@ -662,6 +719,10 @@ def main(argv):
     ap.add_argument("--data", metavar="DIR", help="read the tests from DIR/test_*/ (the onnx file layout)")
     ap.add_argument("--no-fold", dest="fold", action="store_false",
                     help="compile the models unchanged (no shape operands folded into initializers)")
+    ap.add_argument("--all", action="store_true",
+                    help="the whole node suite: every op in scope; out of scope only float8/float4/int4/int2, "
+                         "string, sequence/map/optional graph inputs and outputs, the ai.onnx.ml and "
+                         "ai.onnx.preview.training domains, opsets before 7 and random expected values")
     ap.add_argument("--list", action="store_true", help="list the selected tests with their op and scope; run nothing")
     ap.add_argument("--export", metavar="DIR", help="write the selected tests to DIR in the onnx file layout; run nothing")
     ap.add_argument("-v", "--verbose", action="store_true", help="also print the out-of-scope tests (SKIP)")
@@ -676,6 +737,8 @@ def main(argv):
         if not subset:
             return 0
     ops = set(OPS)
+    if args.all:
+        ops = {sc.name for sc in onnx.defs.get_all_schemas_with_history() if sc.domain in ("", "ai.onnx")}
     if args.ops:
         ops = {o.strip() for o in args.ops.split(",") if o.strip()}
         unknown = sorted(o for o in ops if not onnx.defs.has(o))
@@ -711,7 +774,7 @@ def main(argv):
         chosen = []
         for t in tests.values():
             uses_set_only = all(n.domain in ("", "ai.onnx") and n.op_type in ops for n in t.model.graph.node)
-            if t.op in ops or uses_set_only:
+            if args.all or t.op in ops or uses_set_only:
                 chosen.append(t)
     if args.filter:
         rx = re.compile(args.filter)
@@ -719,7 +782,7 @@ def main(argv):
         missing = [n for n in missing if rx.search(n)]
     chosen.sort(key=lambda t: t.name)
     for t in chosen:
-        t.scope = out_of_scope(t, ops)
+        t.scope = out_of_scope_all(t) if args.all else out_of_scope(t, ops)
         if t.scope is None:
             t.fold = fold_inputs(t)
 
