@@ -630,7 +630,8 @@ static int nd_indices(nv_diag *d, nv_node *n, const nv_node *x, nv_node *idx, in
   }
   for (int i = 1; i < k; i++)
     if (x->shape[first + i] != x->shape[first]) {
-      nv_error(d, n->loc, "%s: indices computed by the step must index dims of one size, got %s; give constant indices",
+      nv_error(d, n->loc, "%s: indices known only at run time are range-checked against one bound, so the dims they index must "
+               "have one size, got %s; make the indices constant",
                nv_op_name(n->op), SHP(x));
       return -1;
     }

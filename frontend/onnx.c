@@ -590,9 +590,9 @@ nv_graph *fe_parse_onnx(nv_diag *d, const char *name, const uint8_t *bytes, size
     goto out;
   }
   x.opset = opset_of(&x, m);
-  if (x.opset < 13) {
+  if (x.opset < 7) {
     if (x.opset)
-      ox_err(&x, "opset %lld is too old; novac supports opsets 13 to 21 (convert the model with "
+      ox_err(&x, "opset %lld is too old; novac supports opsets 7 to 28 (convert the model with "
              "onnx.version_converter)", (long long)x.opset);
     else
       ox_err(&x, "the model imports no opset of the default ONNX domain");
@@ -603,7 +603,7 @@ nv_graph *fe_parse_onnx(nv_diag *d, const char *name, const uint8_t *bytes, size
    * loader rejects by type; their semantics for float, double, int64, int32
    * and bool are those of opset 21. */
   if (x.opset > 28) {
-    ox_err(&x, "opset %lld is newer than novac knows (13 to 21; 22 to 28 where only dtypes changed)", (long long)x.opset);
+    ox_err(&x, "opset %lld is newer than novac knows (7 to 28)", (long long)x.opset);
     goto out;
   }
   g = fe_graph_create();

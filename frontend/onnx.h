@@ -102,6 +102,8 @@ nv_node *ox_broadcast_to(ox_ctx *x, nv_node *a, int rank, const int64_t *shape);
 nv_node *ox_reduce(ox_ctx *x, nv_op op, nv_node *a, int naxes, const int64_t *axes, bool keep);
 nv_node *ox_slice1(ox_ctx *x, nv_node *a, int64_t axis, int64_t start, int64_t end, int64_t step);
 int ox_norm_axis(ox_ctx *x, int64_t *axis, int rank);
+/* a [d0..dr) as [d0 * .. * d(axis-1), d(axis) * ..], axis then 1 (opset < 13 Softmax, Hardmax). */
+nv_node *ox_coerce_2d(ox_ctx *x, nv_node *a, int64_t *axis);
 /* A float initializer's initial value where an operand must be known (owned copy or NULL). */
 ox_tensor *ox_initial_value(ox_val v);
 /* Reductions' axes: the input from opset `from` on, else the attribute.

@@ -226,6 +226,6 @@ CV(cv_one_hot) { /* (wrap(i) == j) ? on : off along the new axis */
 
 const ox_op_entry ox_index_ops[] = {
     {"GatherElements", cv_gather_elements}, {"ScatterElements", cv_scatter_elements}, {"GatherND", cv_gather_nd},
-    {"ScatterND", cv_scatter_nd}, {"CumSum", cv_cumsum}, {"Tile", cv_tile}, {"Pad", cv_pad}, {"OneHot", cv_one_hot},
+    {"ScatterND", cv_scatter_nd}, {"Scatter", cv_scatter_elements}, {"CumSum", cv_cumsum}, {"Tile", cv_tile}, {"Pad", cv_pad}, {"OneHot", cv_one_hot},
 };
 const size_t ox_index_nops = sizeof ox_index_ops / sizeof *ox_index_ops;

@@ -328,12 +328,14 @@ CV(cv_hardmax) { /* 1 at the first maximum along axis */
   if (ox_need(x, in, nin, 1, 1)) return -1;
   nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
-  if (x->opset < 13) return ox_err(x, "Hardmax before opset 13 (2-D coercion) is not supported");
-  int64_t axis = ox_attr_i(x, "axis", -1);
-  if (a->rank == 0 || ox_norm_axis(x, &axis, a->rank)) return a->rank ? -1 : ox_err(x, "input must have rank >= 1");
-  nv_node *am = arg_extremum(x, a, axis, true, false, true);
-  nv_node *hit = ox_op2(x, NV_OP_EQUAL, am, iota(x, a->rank, (int)axis, a->shape[axis]));
-  return ox_set_out(out, ox_op3(x, NV_OP_WHERE, hit, K(x, a, 1), K(x, a, 0)));
+  int64_t axis = ox_attr_i(x, "axis", x->opset < 13 ? 1 : -1);
+  if (a->rank == 0) return ox_err(x, "input must have rank >= 1");
+  nv_node *src = x->opset < 13 ? ox_coerce_2d(x, a, &axis) : a; /* before 13: over the flattened trailing dims */
+  if (!src || ox_norm_axis(x, &axis, src->rank)) return -1;
+  nv_node *am = arg_extremum(x, src, axis, true, false, true);
+  nv_node *hit = ox_op2(x, NV_OP_EQUAL, am, iota(x, src->rank, (int)axis, src->shape[axis]));
+  nv_node *y = ox_op3(x, NV_OP_WHERE, hit, K(x, a, 1), K(x, a, 0));
+  return ox_set_out(out, ox_reshape(x, y, a->rank, a->shape));
 }
 
 const ox_op_entry ox_math_ops[] = {

@@ -174,8 +174,12 @@ static int cv_max(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void
 
 static int cv_clip(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (ox_need(x, in, nin, 1, 3)) return -1;
+  if (ox_need(x, in, nin, 1, x->opset < 11 ? 1 : 3)) return -1;
   nv_node *a = ox_N(x, in[0]);
+  if (a && x->opset < 11) { /* min and max attributes (default: the float range) */
+    a = ox_op2(x, NV_OP_MAXIMUM, a, ox_scalar(x, a->dtype, ox_attr_f(x, "min", -HUGE_VAL)));
+    return ox_set_out(out, a ? ox_op2(x, NV_OP_MINIMUM, a, ox_scalar(x, a->dtype, ox_attr_f(x, "max", HUGE_VAL))) : NULL);
+  }
   if (a && nin > 1 && in[1].present) a = ox_op2(x, NV_OP_MAXIMUM, a, ox_N(x, in[1]));
   if (a && nin > 2 && in[2].present) a = ox_op2(x, NV_OP_MINIMUM, a, ox_N(x, in[2]));
   return ox_set_out(out, a);
@@ -298,12 +302,25 @@ static int cv_gemm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
 
 /* ---- normalisation ------------------------------------------------------ */
 
+nv_node *ox_coerce_2d(ox_ctx *x, nv_node *a, int64_t *axis) {
+  if (!a || ox_norm_axis(x, axis, a->rank)) return NULL;
+  int64_t s[2] = {1, 1};
+  for (int i = 0; i < a->rank; i++) s[i >= *axis] *= a->shape[i];
+  *axis = 1;
+  return ox_reshape(x, a, 2, s);
+}
+
+/* Before opset 13 the input is coerced to 2-D at axis (default 1) and
+ * normalised over the whole second dimension. */
 static int cv_softmax_like(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out) {
   if (ox_need(x, in, nin, 1, 1)) return -1;
   nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
-  nv_node at = {.axis = ox_attr_i(x, "axis", -1)};
-  return ox_set_out(out, ox_add(x, op, 1, &a, &at));
+  nv_node at = {.axis = ox_attr_i(x, "axis", x->opset < 13 ? 1 : -1)};
+  if (x->opset >= 13 || a->rank == 0) return ox_set_out(out, ox_add(x, op, 1, &a, &at));
+  nv_node *flat = ox_coerce_2d(x, a, &at.axis);
+  nv_node *y = flat ? ox_add(x, op, 1, &flat, &at) : NULL;
+  return ox_set_out(out, ox_reshape(x, y, a->rank, a->shape));
 }
 static int cv_softmax(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_softmax_like(x, NV_OP_SOFTMAX, in, nin, out); }
 static int cv_log_softmax(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { (void)nout; return cv_softmax_like(x, NV_OP_LOG_SOFTMAX, in, nin, out); }
@@ -576,15 +593,18 @@ static int cv_split(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
 
 static int cv_slice(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
-  if (ox_need(x, in, nin, 3, 5)) return -1;
+  bool attrs = x->opset < 10; /* starts, ends and axes as attributes */
+  if (ox_need(x, in, nin, attrs ? 1 : 3, attrs ? 1 : 5)) return -1;
   nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
   int64_t st[NOVA_MAX_RANK], en[NOVA_MAX_RANK], ax[NOVA_MAX_RANK], sp[NOVA_MAX_RANK];
-  int n = ox_const_ints(x, in[1], "starts", st, NOVA_MAX_RANK);
-  if (n < 0 || ox_const_ints(x, in[2], "ends", en, NOVA_MAX_RANK) != n) return n < 0 ? -1 : ox_err(x, "starts and ends differ in length");
+  int n = attrs ? ox_attr_ints(x, "starts", st, NOVA_MAX_RANK) : ox_const_ints(x, in[1], "starts", st, NOVA_MAX_RANK);
+  int ne = attrs ? ox_attr_ints(x, "ends", en, NOVA_MAX_RANK) : ox_const_ints(x, in[2], "ends", en, NOVA_MAX_RANK);
+  if (n < 0 || ne != n) return n < 0 && !attrs ? -1 : ox_err(x, "starts and ends must be given with one length");
   for (int i = 0; i < n; i++) ax[i] = i, sp[i] = 1;
-  if (nin > 3 && in[3].present && ox_const_ints(x, in[3], "axes", ax, NOVA_MAX_RANK) != n) return -1;
-  if (nin > 4 && in[4].present && ox_const_ints(x, in[4], "steps", sp, NOVA_MAX_RANK) != n) return -1;
+  if (attrs && ox_attr(x, "axes") && ox_attr_ints(x, "axes", ax, NOVA_MAX_RANK) != n) return ox_err(x, "axes differs in length");
+  if (!attrs && nin > 3 && in[3].present && ox_const_ints(x, in[3], "axes", ax, NOVA_MAX_RANK) != n) return -1;
+  if (!attrs && nin > 4 && in[4].present && ox_const_ints(x, in[4], "steps", sp, NOVA_MAX_RANK) != n) return -1;
   for (int i = 0; i < n && a; i++) {
     int64_t axis = ax[i];
     if (ox_norm_axis(x, &axis, a->rank)) return -1;
@@ -999,10 +1019,19 @@ static ox_conv_fn lookup(const char *op) {
   return NULL;
 }
 
+/* Older versions whose semantics differ from what the converters
+ * implement (the converters handle the attribute-versus-input forms). */
+static int version_gate(ox_ctx *x, const char *op) {
+  if (!strcmp(op, "BatchNormalization") && x->opset < 9 && ox_attr_i(x, "spatial", 1) == 0)
+    return ox_err(x, "spatial=0 (per-element statistics, opset %lld) is not supported", (long long)x->opset);
+  return 0;
+}
+
 int ox_convert(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   const char *op = x->node->op_type;
   ox_conv_fn fn = lookup(op);
   if (fn) {
+    if (version_gate(x, op)) return -1;
     int before = nv_diag_count(x->d);
     int f = ox_fold(x, op, in, nin, out, nout);
     if (f < 0 && nv_diag_count(x->d) == before)

@@ -328,7 +328,10 @@ static ev binary(parser *P, char op, ev a, ev b, nv_loc loc) {
 static const char *allowed_attrs(nv_op op) {
   switch (op) {
   case NV_OP_SOFTMAX: case NV_OP_LOG_SOFTMAX: case NV_OP_CONCAT: case NV_OP_GATHER: case NV_OP_GATHER_ELEMENTS:
-  case NV_OP_CUMSUM: return "axis";
+    return "axis";
+  case NV_OP_CUMSUM: case NV_OP_SCATTER_ELEMENTS: return "axis mode";
+  case NV_OP_SCATTER_ND: return "mode";
+  case NV_OP_GATHER_ND: return "batch_dims";
   case NV_OP_LAYER_NORM: return "eps";
   case NV_OP_REDUCE_SUM: case NV_OP_REDUCE_MEAN: case NV_OP_REDUCE_MAX: case NV_OP_REDUCE_MIN:
   case NV_OP_REDUCE_PROD: return "axes keepdims";
@@ -466,8 +469,15 @@ static bool parse_attr(parser *P, nv_op op, const char *key, nv_loc kloc, nv_nod
   }
   int64_t v;
   if (!parse_int_value(P, key, &v)) return false;
-  if (strcmp(key, "axis") == 0) a->axis = v;
-  else if (strcmp(key, "keepdims") == 0) {
+  if (strcmp(key, "axis") == 0 || strcmp(key, "batch_dims") == 0) a->axis = v;
+  else if (strcmp(key, "mode") == 0) {
+    if (v < 0 || v > 4) {
+      nv_error(P->d, kloc, "mode must be 0 to 4 (scatter: none, add, mul, max, min; cumsum: 1 exclusive + 2 reverse)");
+      P->failed = true;
+      return false;
+    }
+    a->mode = v;
+  } else if (strcmp(key, "keepdims") == 0) {
     if (v != 0 && v != 1) {
       nv_error(P->d, kloc, "keepdims must be 0 or 1");
       P->failed = true;

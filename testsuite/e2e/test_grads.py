@@ -47,6 +47,14 @@ NOT_DIFFERENTIABLE = {
     "equal": "bool result, not differentiable (used as a where condition)",
     "less": "bool result, not differentiable (used as a where condition)",
     "greater": "bool result, not differentiable",
+    "less_equal": "bool result, not differentiable (covered as a where condition in where_less_equal)",
+    "greater_equal": "bool result, not differentiable (covered as a where condition in where_greater_equal)",
+    "isnan": "bool result, not differentiable",
+    "isinf": "bool result, not differentiable",
+    "not": "bool operands and result",
+    "and": "bool operands and result",
+    "or": "bool operands and result",
+    "xor": "bool operands and result",
 }
 NOT_DIFFERENTIABLE.update({
     "conv_grad_input": "backward op made by autodiff (no second derivatives)",
@@ -61,9 +69,6 @@ NO_RULE_FORMS = {
     "slice_step2": ("param x: f64[3, 8] = normal(1)\n"
                     "output loss = reduce_sum(slice(x, axis=1, start=1, end=7, step=2))\n",
                     "slice has no backward rule for steps other than 1"),
-    "gather_axis1": ("input i: i64[4]\nparam x: f64[3, 6] = normal(1)\n"
-                     "output loss = reduce_sum(gather(x, i, axis=1))\n",
-                     "gather has no backward rule for axes other than 0"),
 }
 
 
@@ -343,6 +348,126 @@ grad_case("gather_rank3", ["gather"], "r = gather(t, i, axis=0)", {"t": u(5, 2, 
           inputs={"i": np.array([3, 0, 3, 3, 2, 0, 4], dtype=np.int64)})
 grad_case("gather_i32", ["gather"], "r = gather(t, i)", {"t": u(4, 3)}, lambda t, i: t[i],
           inputs={"i": np.array([2, 2, 0, 2], dtype=np.int32)})
+
+# gather on other axes (the axis moved first, one-hot matmul, moved back)
+grad_case("gather_axis1", ["gather"], "r = gather(t, i, axis=1)", {"t": u(3, 6)}, lambda t, i: t[:, i],
+          inputs={"i": np.array([4, 0, 4, 5], dtype=np.int64)})
+grad_case("gather_axis2_idx2d", ["gather"], "r = gather(t, i, axis=2)", {"t": u(2, 3, 5)}, lambda t, i: t[:, :, i],
+          inputs={"i": np.array([[1, 4], [4, 0], [2, 2]], dtype=np.int64)})
+
+# trigonometric and hyperbolic functions, inside their domains
+grad_case("sin", ["sin"], "r = sin(a)", {"a": u(3, 4, lo=-3, hi=3)}, lambda a: np.sin(a))
+grad_case("cos", ["cos"], "r = cos(a)", {"a": u(3, 4, lo=-3, hi=3)}, lambda a: np.cos(a))
+grad_case("tan", ["tan"], "r = tan(a)", {"a": u(3, 4, lo=-1.2, hi=1.2)}, lambda a: np.tan(a))
+grad_case("asin", ["asin"], "r = asin(a)", {"a": u(3, 4, lo=-0.8, hi=0.8)}, lambda a: np.arcsin(a))
+grad_case("acos", ["acos"], "r = acos(a)", {"a": u(3, 4, lo=-0.8, hi=0.8)}, lambda a: np.arccos(a))
+grad_case("atan", ["atan"], "r = atan(a)", {"a": u(3, 4, lo=-3, hi=3)}, lambda a: np.arctan(a))
+grad_case("sinh", ["sinh"], "r = sinh(a)", {"a": u(3, 4)}, lambda a: np.sinh(a))
+grad_case("cosh", ["cosh"], "r = cosh(a)", {"a": u(3, 4)}, lambda a: np.cosh(a))
+grad_case("asinh", ["asinh"], "r = asinh(a)", {"a": u(3, 4, lo=-3, hi=3)}, lambda a: np.arcsinh(a))
+grad_case("acosh", ["acosh"], "r = acosh(a)", {"a": u(3, 4, lo=1.2, hi=3)}, lambda a: np.arccosh(a))
+grad_case("atanh", ["atanh"], "r = atanh(a)", {"a": u(3, 4, lo=-0.8, hi=0.8)}, lambda a: np.arctanh(a))
+
+
+def off_grid(*shape, lo=0.15, hi=0.35):
+    """Integers plus a fraction in [lo, hi]: floor/ceil/round do not change within +- h."""
+    return rng.integers(-3, 3, size=shape) + rng.uniform(lo, hi, size=shape)
+
+
+# piecewise constant ops: zero gradient through them, the product rule still checked
+grad_case("floor", ["floor"], "r = floor(a) * a", {"a": off_grid(3, 4)}, lambda a: np.floor(a) * a)
+grad_case("ceil", ["ceil"], "r = ceil(a) * a", {"a": off_grid(3, 4)}, lambda a: np.ceil(a) * a)
+grad_case("round", ["round"], "r = round(a) * a", {"a": off_grid(3, 4, lo=0.6, hi=0.9)}, lambda a: np.round(a) * a)
+grad_case("sign", ["sign"], "r = sign(a) * a * a", {"a": away(3, 4)}, lambda a: np.sign(a) * a * a)
+grad_case("where_less_equal", ["where"], "r = where(less_equal(a, b), a, b * 2)", {"a": u(3, 4), "b": apart(0.0, 3, 4)},
+          lambda a, b: np.where(a <= b, a, b * 2))
+grad_case("where_greater_equal", ["where"], "r = where(greater_equal(a, b), a * b, b)", {"a": u(3, 4), "b": apart(0.0, 3, 4)},
+          lambda a, b: np.where(a >= b, a * b, b))
+
+
+def quotient_off_grid(b, lo=0.2, hi=0.8):
+    """a with a / b an integer plus a fraction in [lo, hi] (either sign): mod's floor stays put."""
+    return b * (rng.integers(-3, 3, size=b.shape) + rng.uniform(lo, hi, size=b.shape))
+
+
+_mb = away(3, 4, gap=0.5)
+grad_case("mod", ["mod"], "r = mod(a, b)", {"a": quotient_off_grid(_mb), "b": _mb}, lambda a, b: np.mod(a, b))
+grad_case("fmod", ["fmod"], "r = fmod(a, b)", {"a": quotient_off_grid(_mb), "b": _mb}, lambda a, b: np.fmod(a, b))
+grad_case("reduce_min_axis", ["reduce_min"], "r = reduce_min(a, axes=[1])", {"a": distinct(3, 4, 5)},
+          lambda a: a.min(1))
+grad_case("reduce_min_all", ["reduce_min"], "r = reduce_min(a, keepdims=1)", {"a": distinct(3, 4)},
+          lambda a: a.min(keepdims=True))
+grad_case("reduce_prod_axis", ["reduce_prod"], "r = reduce_prod(a, axes=[1])", {"a": away(3, 4, gap=0.5, hi=1.5)},
+          lambda a: a.prod(1))
+# rows with one zero (the gradient there is the product of the others) and with two (all zero):
+# the product is multilinear, so central differences are exact at 0
+_pz = away(4, 5, gap=0.5, hi=1.5)
+_pz[0, 2] = 0.0
+_pz[1, 0] = _pz[1, 3] = 0.0
+grad_case("reduce_prod_zeros", ["reduce_prod"], "r = reduce_prod(a, axes=[1])", {"a": _pz}, lambda a: a.prod(1))
+
+
+def take_along(t, i, axis):
+    return np.take_along_axis(t, np.where(i < 0, i + t.shape[axis], i), axis)
+
+
+grad_case("gather_elements_axis1", ["gather_elements"], "r = gather_elements(t, i, axis=1)", {"t": u(3, 5)},
+          lambda t, i: take_along(t, i, 1),
+          inputs={"i": np.array([[0, 4, 4, -1], [2, 2, 0, 1], [3, 3, -2, 3]], dtype=np.int64)})
+grad_case("gather_elements_axis0", ["gather_elements"], "r = gather_elements(t, i, axis=0)", {"t": u(4, 3)},
+          lambda t, i: take_along(t, i, 0), inputs={"i": np.array([[3, 0, 1], [3, 3, 2]], dtype=np.int64)})
+
+
+def scatter_elements_ref(d, i, v, axis, add):
+    out = d.copy()
+    for idx in np.ndindex(*i.shape):
+        dst = list(idx)
+        dst[axis] = i[idx]
+        if add:
+            out[tuple(dst)] += v[idx]
+        else:
+            out[tuple(dst)] = v[idx]
+    return out
+
+
+_si = np.array([[3, 0], [1, 2], [0, 3]], dtype=np.int64)  # distinct in each row
+grad_case("scatter_elements_none", ["scatter_elements"], "r = scatter_elements(d, i, v, axis=1)",
+          {"d": u(3, 4), "v": u(3, 2)}, lambda d, v, i: scatter_elements_ref(d, i, v, 1, False), inputs={"i": _si})
+grad_case("scatter_elements_add", ["scatter_elements"], "r = scatter_elements(d, i, v, axis=0, mode=1)",
+          {"d": u(3, 4), "v": u(2, 3)}, lambda d, v, i: scatter_elements_ref(d, i, v, 0, True),
+          inputs={"i": np.array([[2, 2, 0], [2, 0, 0]], dtype=np.int64)})
+
+
+def scatter_nd_ref(d, i, v, add):
+    out = d.copy()
+    for u_ in np.ndindex(*i.shape[:-1]):
+        dst = tuple(i[u_])
+        if add:
+            out[dst] += v[u_]
+        else:
+            out[dst] = v[u_]
+    return out
+
+
+grad_case("gather_nd", ["gather_nd"], "r = gather_nd(t, i)", {"t": u(4, 4, 2)}, lambda t, i: t[tuple(i.T)],
+          inputs={"i": np.array([[2, 1], [0, 3], [2, 1]], dtype=np.int64)})
+grad_case("scatter_nd_none", ["scatter_nd"], "r = scatter_nd(d, i, v)", {"d": u(4, 4, 2), "v": u(2, 2)},
+          lambda d, v, i: scatter_nd_ref(d, i, v, False), inputs={"i": np.array([[2, 1], [0, 3]], dtype=np.int64)})
+grad_case("scatter_nd_add", ["scatter_nd"], "r = scatter_nd(d, i, v, mode=1)", {"d": u(3, 4), "v": u(3, 4)},
+          lambda d, v, i: scatter_nd_ref(d, i, v, True), inputs={"i": np.array([[2], [0], [2]], dtype=np.int64)})
+
+
+def cumsum_ref(a, axis, exclusive, reverse):
+    x = np.flip(a, axis) if reverse else a
+    c = np.cumsum(x, axis)
+    if exclusive:
+        c = c - x
+    return np.flip(c, axis) if reverse else c
+
+
+for _m in range(4):
+    grad_case("cumsum_mode%d" % _m, ["cumsum"], "r = cumsum(a, axis=1, mode=%d)" % _m, {"a": u(3, 5, 2)},
+              lambda a, m=_m: cumsum_ref(a, 1, m & 1, m & 2))
 
 # cross_entropy: the loss itself, times a constant
 grad_case("cross_entropy_2d", ["cross_entropy"], "r = cross_entropy(l, y)", {"l": u(6, 5, lo=-3, hi=3)},
