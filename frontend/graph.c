@@ -883,6 +883,15 @@ nv_node *fe_graph_add(nv_graph *g, nv_diag *d, nv_op op, int nin, nv_node **in,
   return n;
 }
 
+void fe_graph_truncate(nv_graph *g, int mark) {
+  while (g->nnodes > mark) {
+    nv_node *n = g->nodes[--g->nnodes];
+    free(n->init.path);
+    free(n->init.data);
+    free_node(n);
+  }
+}
+
 int fe_graph_add_output(nv_graph *g, nv_diag *d, const char *name, nv_node *n, nv_loc loc) {
   for (int i = 0; i < g->nnodes; i++) {
     const nv_node *x = g->nodes[i];

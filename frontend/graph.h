@@ -198,6 +198,8 @@ nv_node *fe_graph_add(nv_graph *g, nv_diag *d, nv_op op, int nin, nv_node **in,
 nv_node *fe_graph_leaf(nv_graph *g, nv_diag *d, nv_op op, const char *name, nova_dtype dt,
                        int rank, const int64_t *shape, nv_loc loc);
 int fe_graph_add_output(nv_graph *g, nv_diag *d, const char *name, nv_node *n, nv_loc loc);
+/* Drops the nodes made from `mark` on (nothing before them may use them). */
+void fe_graph_truncate(nv_graph *g, int mark);
 
 /* Data-movement nodes for importers and passes: x itself when nothing
  * changes, NULL if x is NULL or after a diagnostic. */

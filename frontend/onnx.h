@@ -116,6 +116,10 @@ int ox_convert(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout);
 /* Host evaluation: 1 if folded into out, 0 if this op/input can't be
  * folded, -1 after an error. */
 int ox_fold(ox_ctx *x, const char *op, ox_val *in, int nin, ox_val *out, int nout);
+/* Evaluates the outputs of the current node, converted into graph nodes
+ * from `mark` on over constant leaves only (onnx_eval.c): 1 if every output
+ * is now known (the nodes may then be dropped), 0 if one could not be. */
+int ox_eval_known(ox_ctx *x, int mark, ox_val *out, int nout);
 /* out = the known in[0] under a new shape (same element count). */
 int ox_fold_reshape(ox_val *in, int rank, const int64_t *shape, ox_val *out);
 

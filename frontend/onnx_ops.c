@@ -779,6 +779,9 @@ static int cv_trilu(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
 
 int ox_reduce_axes(ox_ctx *x, ox_val *in, int nin, int64_t from, int64_t *axes) {
   bool axes_input = x->opset >= from;
+  if (!axes_input && nin > 1 && in[1].present)
+    return ox_err(x, "takes axes as an attribute before opset %lld, not as a second input (opset %lld)", (long long)from,
+                  (long long)x->opset);
   int na = axes_input && nin > 1 && in[1].present ? ox_const_ints(x, in[1], "axes", axes, NOVA_MAX_RANK)
            : axes_input ? 0 : ox_attr_ints(x, "axes", axes, NOVA_MAX_RANK);
   if (na < 0 && (axes_input || ox_attr(x, "axes"))) return -1;
@@ -1037,8 +1040,13 @@ int ox_convert(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
     if (f < 0 && nv_diag_count(x->d) == before)
       ox_err(x, "evaluating it when compiling failed: its result is too large (more than 2^28 elements) or memory ran out");
     if (f) return f < 0 ? -1 : 0;
+    /* every input known: convert as always, then evaluate what was built */
+    bool known = nin > 0;
+    for (int i = 0; i < nin; i++) known &= !in[i].present || in[i].k != NULL;
+    int mark = x->g->nnodes;
     int rc = fn(x, in, nin, out, nout);
     if (rc && nv_diag_count(x->d) == before) ox_err(x, "could not be converted");
+    if (!rc && known && ox_eval_known(x, mark, out, nout)) fe_graph_truncate(x->g, mark);
     return rc ? -1 : 0;
   }
   return ox_err(x, "operator %s (domain ai.onnx, opset %lld) is not supported", op, (long long)x->opset);

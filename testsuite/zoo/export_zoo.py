@@ -122,16 +122,22 @@ class SmallResNet18(nn.Module):
 class HFLM(nn.Module):
     """A Hugging Face model returning (logits, cross entropy of logits vs labels)."""
 
-    def __init__(self, model):
+    def __init__(self, model, ones_mask=False):
         super().__init__()
         import inspect
         self.m = model
+        self.ones_mask = ones_mask
         self.kw = {"return_dict": True}
         if "use_cache" in inspect.signature(model.forward).parameters:
             self.kw["use_cache"] = False
 
     def forward(self, input_ids, labels):
-        logits = self.m(input_ids=input_ids, **self.kw).logits
+        kw = dict(self.kw)
+        if self.ones_mask:
+            # no padding; without a mask transformers 5 looks for packed sequences in the
+            # position ids with torch.diff, which the TorchScript exporter cannot export
+            kw["attention_mask"] = torch.ones_like(input_ids)
+        logits = self.m(input_ids=input_ids, **kw).logits
         return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
@@ -220,7 +226,9 @@ def make_gpt2(g):
     kw = dict(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, n_inner=64,
               bos_token_id=0, eos_token_id=0, tie_word_embeddings=False, use_cache=False,
               attn_implementation="eager")
-    return HFLM(GPT2LMHeadModel(hf_config(GPT2Config, **kw))), kw, lm_inputs(g, 64)
+    m = HFLM(GPT2LMHeadModel(hf_config(GPT2Config, **kw)), ones_mask=True)
+    kw["attention_mask"] = "torch.ones_like(input_ids), made inside the wrapper"
+    return m, kw, lm_inputs(g, 64)
 
 
 def make_bert_mlm(g):
@@ -246,7 +254,9 @@ def make_llama(g):
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
               rms_norm_eps=1e-6, bos_token_id=0, eos_token_id=0, pad_token_id=None,
               tie_word_embeddings=False, use_cache=False, attn_implementation="eager")
-    return HFLM(LlamaForCausalLM(hf_config(LlamaConfig, **kw))), kw, lm_inputs(g, 64)
+    m = HFLM(LlamaForCausalLM(hf_config(LlamaConfig, **kw)), ones_mask=True)
+    kw["attention_mask"] = "torch.ones_like(input_ids), made inside the wrapper"
+    return m, kw, lm_inputs(g, 64)
 
 
 def make_t5(g):
@@ -492,8 +502,9 @@ def export_case(name, make, seed, mode, exporter, outdir):
         shutil.rmtree(mdir)
     try:
         torch.manual_seed(seed)
-        with torch.no_grad():
-            data = export(copy.deepcopy(model), exporter, mode, input_names, inputs)
+        # with gradients enabled, as for training (under no_grad nn.MultiheadAttention takes
+        # its inference fast path, aten::_native_multi_head_attention, which TorchScript cannot export)
+        data = export(copy.deepcopy(model), exporter, mode, input_names, inputs)
         if not data:
             raise RuntimeError("the exporter returned no model")
         onnx_model = onnx.load_from_string(data)

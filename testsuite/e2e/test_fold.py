@@ -1,0 +1,108 @@
+"""Compile-time evaluation of ONNX subgraphs whose inputs are all known
+(frontend/onnx_eval.c): the folded nodes must leave the step (checked in
+--emit=nova) and the values must be those numpy computes.
+
+Each case builds a model whose constants go through a chain of ops and
+then meet a graph input x: y = x + f(constants) (or an index use of it).
+The reference is numpy on the same constants."""
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from harness import NOVAC, NOVARUN, Failure, case, check_close, read_pb, run, write_pb
+
+
+def const(name, arr):
+    return h.make_node("Constant", [], [name], value=nh.from_array(np.asarray(arr), name))
+
+
+def fold_case(name, consts, nodes, result, ref, x_shape, x_dtype=np.float32, combine="Add", banned=()):
+    """consts: name -> array (Constant nodes); nodes: the chain, ending in
+    `result`; y = combine(x, result); ref: y from x in numpy.  banned: nova
+    ops that must not be left in the step."""
+    def go():
+        ttype = {np.float32: T.FLOAT, np.int64: T.INT64}[x_dtype]
+        all_nodes = [const(k, v) for k, v in consts.items()] + nodes + [h.make_node(combine, ["x", result], ["y"])]
+        g = h.make_graph(all_nodes, name, [h.make_tensor_value_info("x", ttype, list(x_shape))],
+                         [h.make_tensor_value_info("y", ttype, None)])
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+        d = tempfile.mkdtemp(prefix="nova-fold-")
+        try:
+            path = os.path.join(d, "m.onnx")
+            onnx.save(m, path)
+            ir = run([NOVAC, path, "--emit=nova", "-o", "-"]).stdout
+            for op in banned:
+                if '"nova.%s"' % op in ir:
+                    raise Failure("nova.%s was left to the step:\n%s" % (op, ir[:2000]))
+            x = (np.random.default_rng(3).standard_normal(x_shape) * 3).astype(x_dtype)
+            os.mkdir(os.path.join(d, "in"))
+            write_pb(os.path.join(d, "in", "input_0.pb"), x, "x")
+            so = os.path.join(d, "m.so")
+            run([NOVAC, path, "-o", so])
+            run([NOVARUN, so, "--inputs", os.path.join(d, "in"), "--outputs", os.path.join(d, "out"), "-q"])
+            got = read_pb(os.path.join(d, "out", "output_0.pb"))
+            want = ref(x)
+            if got.dtype != want.dtype or got.shape != want.shape:
+                raise Failure("got %s %s, expected %s %s" % (got.dtype, got.shape, want.dtype, want.shape))
+            check_close(got, want, 1e-6)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    case("fold.%s" % name, go)
+
+
+# T5's relative-position buckets: Range, Sub, Abs, Cast, Div, Log, Mul, Cast of log(0) (-inf -> the
+# most negative int64, as numpy and PyTorch give on x86), Min, Less, Where, then a Gather of a table.
+L, NB, MAXD = 6, 8, 16
+
+
+def t5_buckets():
+    ctx = np.arange(L)[:, None]
+    rel = np.abs(np.arange(L)[None, :] - ctx)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        large = (np.log(rel.astype(np.float32) / np.float32(NB / 2)) / np.float32(np.log(MAXD / (NB / 2)))
+                 * np.float32(NB / 2)).astype(np.int64) + NB // 2
+    return np.where(rel < NB // 2, rel, np.minimum(large, NB - 1))
+
+
+TABLE = np.random.default_rng(1).standard_normal((NB, 3)).astype(np.float32)
+fold_case("t5_relative_position_buckets",
+          {"s0": np.int64(0), "L": np.int64(L), "one": np.int64(1), "ax1": np.array([1]), "ax0": np.array([0]),
+           "half": np.float32(NB / 2), "lden": np.float32(np.log(MAXD / (NB / 2))), "nbf": np.float32(NB / 2),
+           "halfi": np.int64(NB // 2), "top": np.int64(NB - 1), "table": TABLE},
+          [h.make_node("Range", ["s0", "L", "one"], ["ctx"]), h.make_node("Unsqueeze", ["ctx", "ax1"], ["c2"]),
+           h.make_node("Unsqueeze", ["ctx", "ax0"], ["m2"]), h.make_node("Sub", ["m2", "c2"], ["rel"]),
+           h.make_node("Abs", ["rel"], ["arel"]), h.make_node("Cast", ["arel"], ["f"], to=T.FLOAT),
+           h.make_node("Div", ["f", "half"], ["q"]), h.make_node("Log", ["q"], ["lq"]),
+           h.make_node("Div", ["lq", "lden"], ["r1"]), h.make_node("Mul", ["r1", "nbf"], ["r2"]),
+           h.make_node("Cast", ["r2"], ["i2"], to=T.INT64), h.make_node("Add", ["i2", "halfi"], ["i3"]),
+           h.make_node("Min", ["i3", "top"], ["i4"]), h.make_node("Less", ["arel", "halfi"], ["small"]),
+           h.make_node("Where", ["small", "arel", "i4"], ["bucket"]), h.make_node("Gather", ["table", "bucket"], ["bias"])],
+          "bias", lambda x: x + TABLE[t5_buckets()], (L, L, 3), banned=("log", "minimum", "where", "cast", "gather"))
+
+# Every family of elementwise op on constants (float and integer), reductions and data movement
+A = np.array([[0.5, -1.25, 2.0], [3.5, -0.75, 1.5]], dtype=np.float32)
+I = np.array([[7, -3, 4], [-8, 5, 2]], dtype=np.int64)
+fold_case("float_chain", {"a": A, "b": np.float32(0.75), "ax": np.array([1]), "shp": np.array([2, 3])},
+          [h.make_node("Sin", ["a"], ["s"]), h.make_node("Cosh", ["s"], ["c"]), h.make_node("Floor", ["a"], ["fl"]),
+           h.make_node("Mod", ["a", "b"], ["md"], fmod=1), h.make_node("Softplus", ["a"], ["sp"]),
+           h.make_node("Add", ["c", "fl"], ["t1"]), h.make_node("Mul", ["t1", "md"], ["t2"]),
+           h.make_node("Add", ["t2", "sp"], ["t3"]), h.make_node("ReduceSum", ["t3", "ax"], ["r"], keepdims=1),
+           h.make_node("Transpose", ["t3"], ["tt"]), h.make_node("Reshape", ["tt", "shp"], ["t4"]),
+           h.make_node("Sub", ["t4", "r"], ["out"])],
+          "out",
+          lambda x: x + ((np.cosh(np.sin(A)) + np.floor(A)) * np.fmod(A, np.float32(0.75)) + np.log1p(np.exp(A))).T.reshape(2, 3)
+          - ((np.cosh(np.sin(A)) + np.floor(A)) * np.fmod(A, np.float32(0.75)) + np.log1p(np.exp(A))).sum(1, keepdims=True),
+          (2, 3), banned=("sin", "cosh", "floor", "fmod", "reduce_sum", "transpose"))
+fold_case("integer_chain", {"i": I, "k": np.int64(3)},
+          [h.make_node("Mod", ["i", "k"], ["m"]), h.make_node("Div", ["i", "k"], ["q"]),
+           h.make_node("Mul", ["m", "q"], ["p"]), h.make_node("ReduceMax", ["p"], ["mx"], axes=[0], keepdims=0),
+           h.make_node("Neg", ["mx"], ["out"])],
+          "out", lambda x: x + -(np.mod(I, 3) * np.trunc(I / 3).astype(np.int64)).max(0), (3,), x_dtype=np.int64,
+          banned=("mod", "div", "mul", "reduce_max"))
+
