@@ -271,7 +271,15 @@ def make_t5(g):
     dec = torch.cat([torch.zeros(BATCH, 1, dtype=torch.long), labels[:, :-1]], dim=1)
     kw["decoder_input_ids"] = "labels shifted right, decoder_start_token_id 0 first"
     cfg = {k: v for k, v in kw.items() if k != "decoder_input_ids"}
-    return HFSeq2Seq(T5ForConditionalGeneration(hf_config(T5Config, **cfg))), kw, \
+    t5 = T5ForConditionalGeneration(hf_config(T5Config, **cfg))
+    if t5.lm_head.weight is t5.shared.weight:
+        # transformers 5 ties lm_head to the embedding even with tie_word_embeddings=False;
+        # the exporters would store the tied table twice (as is and transposed), which
+        # novac would train as two tensors: untied here.  The encoder and the decoder
+        # still share m.shared.weight (one initializer, two Gathers).
+        t5.lm_head.weight = nn.Parameter(t5.shared.weight.detach().clone())
+        kw["lm_head"] = "untied from the shared embedding (a parameter of its own)"
+    return HFSeq2Seq(t5), kw, \
         (("input_ids", "decoder_input_ids", "labels"), (src, dec, labels))
 
 
@@ -461,8 +469,25 @@ def export(model, exporter, mode, input_names, inputs):
                               do_constant_folding=True, keep_initializers_as_inputs=False, **kw)
             return buf.getvalue()
         prog = torch.onnx.export(model, inputs, dynamo=True, opset_version=OPSETS["dynamo"],
-                                 external_data=False, verbose=False, report=False, **kw)
-        return prog.model_proto.SerializeToString()
+                                 external_data=False, verbose=False, report=False, optimize=False, **kw)
+        # the exporter's default optimization (onnxscript.optimizer.optimize_ir), except
+        # that a node reading a parameter is never folded into a constant (it folds
+        # e.g. Gather(position table, static positions), making the table untrainable)
+        import onnx_ir as ir
+        from onnxscript.optimizer import optimize_ir
+        pnames = set(n for n, _ in model.named_parameters(remove_duplicate=False))
+
+        def should_fold(node):
+            if any(v is not None and v.name in pnames and v.is_initializer() for v in node.inputs):
+                return False
+            return None
+        optimize_ir(prog.model, should_fold=should_fold)
+        proto = ir.serde.serialize_model(prog.model)
+        # node metadata: the exporter's stack traces (paths on the exporting machine),
+        # 70% of the file; no meaning for the graph
+        for n in proto.graph.node:
+            del n.metadata_props[:]
+        return proto.SerializeToString()
 
 
 def ort_run(data, feeds):
@@ -561,13 +586,17 @@ def export_case(name, make, seed, mode, exporter, outdir):
     write_pb(os.path.join(tdir, "output_0.pb"), npy(logits).astype(np.float32), "logits")
     write_pb(os.path.join(tdir, "output_1.pb"), npy(loss).astype(np.float32), "loss")
     for e in params:
-        if e["initializer"] and "copies" not in e:
+        if named[e["torch"]].grad is None:
+            e["note"] = "the forward does not use this parameter (PyTorch computes no gradient)"
+            e["unused"] = True
+    for e in params:
+        if e["initializer"] and "copies" not in e and not e.get("unused"):
             write_pb(os.path.join(tdir, "grad.%s.pb" % e["initializer"].replace("/", "_")),
                      in_layout(named[e["torch"]].grad, e["layout"]), e["initializer"])
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=SGD_LR)
     opt.step()
     for e in params:
-        if e["initializer"] and "copies" not in e:
+        if e["initializer"] and "copies" not in e and not e.get("unused"):
             write_pb(os.path.join(tdir, "sgd_step", "param.%s.pb" % e["initializer"].replace("/", "_")),
                      in_layout(named[e["torch"]], e["layout"]), e["initializer"])
     train_extra = None
@@ -683,7 +712,8 @@ def export_case(name, make, seed, mode, exporter, outdir):
     info["dir_bytes"] = dir_size(mdir)
     info["initializers"] = len(onnx_model.graph.initializer)
     info["nodes"] = len(onnx_model.graph.node)
-    info["parameters_without_initializer"] = [e["torch"] for e in params if not e["initializer"]]
+    info["parameters_without_initializer"] = [e["torch"] for e in params if not e["initializer"] and not e.get("unused")]
+    info["unused_parameters"] = [e["torch"] for e in params if e.get("unused")]
     info["shared_parameters"] = [e["torch"] for e in params if "copies" in e]
     info["transposed_parameters"] = [e["torch"] for e in params if e.get("layout") == "transposed"]
     info["frozen"] = [e["torch"] for e in frozen]
@@ -707,8 +737,9 @@ def exporter_text(exporter, mode):
     if exporter == "ts":
         return ("torch.onnx.export(dynamo=False, opset_version=17, training=%s, do_constant_folding=True)"
                 % ("TrainingMode.TRAINING" if mode == "train" else "TrainingMode.PRESERVE (model.eval())"))
-    return ("torch.onnx.export(dynamo=True, opset_version=18) (model.%s()), default optimization without "
-            "onnxscript's BatchNorm-into-Conv fusion" % ("train" if mode == "train" else "eval"))
+    return ("torch.onnx.export(dynamo=True, opset_version=18, optimize=False) (model.%s()), then "
+            "onnxscript.optimizer.optimize_ir without folding nodes that read a parameter and without "
+            "the BatchNorm-into-Conv fusion" % ("train" if mode == "train" else "eval"))
 
 
 def dir_size(d):

@@ -1,0 +1,1 @@
+ B0m.bert.encoder.layer.0.attention.self.value.biasJ€èå›9rßù¹	6p;ôEj;³!¤:Ò«l9§ÏºPF¦8	%«¹dj]»^dxºh$Dºz¦Ë8¬)›ºFŠºˆÍ/»8U:½A;ğìÍ7¨x»*/ºv©»Ü1µ:b’9œ¨‚»Dtj»jãâ¶ßrºÌŸÑ:X\;ÑºÆñ;º

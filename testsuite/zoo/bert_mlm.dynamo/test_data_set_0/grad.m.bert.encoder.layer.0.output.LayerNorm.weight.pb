@@ -1,0 +1,1 @@
+ B.m.bert.encoder.layer.0.output.LayerNorm.weightJ€xGõ:]K\½çÅç»Ú™p¼@ñª»$~ƒ=˜‘¼»êN›:›Ú;]e1»S#B»ıK„<ùÉÒºC¬‹¼éæº‰Æ»„~s»áàƒ»w»Ñl¼µ(®;W–¼ 3(<±³;—/¿<´‹;?;6<ô†;bãL»xG€»jœ»

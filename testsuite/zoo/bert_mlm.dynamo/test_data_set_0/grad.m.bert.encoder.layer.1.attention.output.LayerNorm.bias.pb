@@ -1,0 +1,1 @@
+ B6m.bert.encoder.layer.1.attention.output.LayerNorm.biasJ€8CÄ;È.·¼x *¼Fá®;jÀ¼X½åÕ›»èö¤;rÑA¼À¾:Ø½‡»°¶:‡´4¼F¨„<Œ«í:*”¼Qc–<öÁB<„É:F®8;•ù•;¼'<¨«u:„[^<¢$˜<™oI¼iV¤¼“vı»’ë$=DÓ¼ğÊÍ:Şİ¨;

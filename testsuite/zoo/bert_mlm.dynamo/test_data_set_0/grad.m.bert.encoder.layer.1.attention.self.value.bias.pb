@@ -1,0 +1,1 @@
+ B0m.bert.encoder.layer.1.attention.self.value.biasJ€ó ºZXj:¼¥:áj‘ºˆÂ:627;Qài»dÛ´8õ÷9ö7K;Ø…Ï8;¹7;™ÁºMèºÀhµ:ÁÃ9uG:½ŞO»¤;ÛV|;M"Ë»Ñµ¹ fºzC»Ã†ï¹mfß:[‡‰;Ş²«»g‹ü:WåºõW»ÊÜº

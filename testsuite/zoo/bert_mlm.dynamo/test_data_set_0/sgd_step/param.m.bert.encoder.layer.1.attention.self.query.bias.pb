@@ -1,0 +1,1 @@
+ B0m.bert.encoder.layer.1.attention.self.query.biasJÄÉΩâ#ª¿X=^Táº[b÷;`u}<ûÃºfY<⁄ºÛIÓªjâ∫;+Û;^ú=x}4<(sºj≤<\©Íª˛hÏ<∏&Iªµyºâå<ºÏòÜ<«3°º–µ\ºÚ,ºœ~<yø∏’U–ºà› ª-Òc<g∞!<„I£º

@@ -1,0 +1,1 @@
+ B(m.bert.encoder.layer.0.output.dense.biasJ€p¾;R×´¼¯í)¼té¨;¼k¼0½ël¤»‰¶;Sš?¼±ú-¹ş§w»¦[¶:"2¼,¦ƒ<ş‹à:ÓÛ¼w™<øXG<œŒÄ:;Ó‹;F·(<78Š:‰Qn<>”š<£	J¼Q£¼Ò¼br"=vv¼ãT¥:£e¯;

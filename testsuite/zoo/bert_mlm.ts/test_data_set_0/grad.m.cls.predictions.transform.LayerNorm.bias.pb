@@ -1,0 +1,1 @@
+ B*m.cls.predictions.transform.LayerNorm.biasJ€½N<N‡r<±å&¼2Çk»‚e<ï<H ¼†ÒÈ:`;fwï»Ò¬;C&¼,h£<IÞ;<–/A;L›o¼p¬ê9¶›¼U< y‡¹—7;½WÂ;I6;c¦t»Ð©;Aœ»É‹y<”Í2¼´Ô;ø=<rÉÎ»NM¹;

@@ -1,0 +1,1 @@
+ B6m.bert.encoder.layer.1.attention.output.LayerNorm.biasJ€æFÎ;O¥Òºâ^]¼B!»ïW*;•[¼¨ÃÚ;[À;€?‡;»*z<]¬_;ÙPr<ı_·¼©b¼õë<’Íã;Xwa¼8Û<^³¼aHé»tEÆ»?Ke<â»¼Êb»Ã¼._:»îr£¼FT½h(¥»E……;¦ş¼Aæ·<

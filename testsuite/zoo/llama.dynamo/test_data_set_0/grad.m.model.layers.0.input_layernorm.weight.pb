@@ -1,0 +1,1 @@
+ B'm.model.layers.0.input_layernorm.weightJ€i¯;ÿ±P:œ,ò:,œÖ:$ŠÙ¹mß“»oEŠ9I*µ9f¿D:ÿh¹Cã…;Ÿ†Ï¹‘˜¸õ;{ó¹Fä’ºØŸZ;—TO¹cî©»v€ô¹õ}»ÆR9ì¸F°:CE7º'·äº ô³»S»—ÿ$»H6%»Òº'¼

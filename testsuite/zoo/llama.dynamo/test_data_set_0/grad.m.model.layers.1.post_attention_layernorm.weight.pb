@@ -1,0 +1,1 @@
+ B0m.model.layers.1.post_attention_layernorm.weightJ€¤‡':PÄ:z½ª9a°F:iŞ¸!j:¾J¦¹R)]85bÙ9L Å9ş°}9ùÉ|9À–	·b³¸CÍºs"Ê9Fº¤#Ä¹˜b.¹ıg'»cµ:x„«9ØtY9Ë;:]8º¦{ºÍe8¿GÂºÀ§ºz¹§'iº"º

@@ -1,0 +1,1 @@
+Bnet.features.1.block.0.1.weightJ ØŽÐ²+S$²l3²2œÇË1ÞÄ³±'È<4àž²XšD2

@@ -1,0 +1,1 @@
+Bnet.features.2.block.2.1.biasJ Ğõß²ìí\5÷9’´†„-5°ôv3ÁI÷5»µàA84

@@ -1,0 +1,1 @@
+Bnet.features.2.block.2.1.weightJ 擬洸豶p碃2憻叧񶲔>拼Ww碏�
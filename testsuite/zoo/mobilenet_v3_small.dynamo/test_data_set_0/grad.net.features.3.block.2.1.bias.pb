@@ -1,0 +1,1 @@
+Bnet.features.3.block.2.1.biasJ TÜó3ö±d5Ni•´ˆ<Ğ4Ú-4UÙ6“É§µÔ"t4

@@ -1,0 +1,1 @@
+Bnet.features.0.1.weightJ ás€?'cx?qâx?îS}?¨?z?™K€?ø=|?

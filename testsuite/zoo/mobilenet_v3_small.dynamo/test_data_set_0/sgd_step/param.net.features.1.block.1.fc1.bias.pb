@@ -1,0 +1,1 @@
+Bnet.features.1.block.1.fc1.biasJ XÆ›<›>N=8ld½ÇR<"‡e¼ò´	=ç0¥ºr»

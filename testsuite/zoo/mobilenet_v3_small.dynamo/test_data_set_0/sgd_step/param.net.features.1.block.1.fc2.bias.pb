@@ -1,0 +1,1 @@
+Bnet.features.1.block.1.fc2.biasJ ´r=¹®m¼¾(½B<$¾u¹"þÏ<7#$¼b’…<

@@ -1,0 +1,1 @@
+Bnet.features.3.block.2.1.weightJ Ái€?1n?M&†?Âäz?8¦~?şK‚?„6|?×¢€?

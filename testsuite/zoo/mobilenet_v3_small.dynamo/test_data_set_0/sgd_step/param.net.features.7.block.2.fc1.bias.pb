@@ -1,0 +1,1 @@
+Bnet.features.7.block.2.fc1.biasJ ƒoÏ»şáÅ<Ş¹î»Æ·À;¼à"=Ç¼émŠ;¢R¼

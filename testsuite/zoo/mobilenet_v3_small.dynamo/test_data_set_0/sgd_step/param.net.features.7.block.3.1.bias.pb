@@ -1,0 +1,1 @@
+Bnet.features.7.block.3.1.biasJ@iRu¼Ãw¼0¹~¼k}<¿'Ÿ»5|»ø‰£:R$j:÷Ž¼\½b‡Q<íŽ<SL)<%Þä¼gå³;j=

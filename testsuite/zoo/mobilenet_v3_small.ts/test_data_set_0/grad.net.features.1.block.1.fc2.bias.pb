@@ -1,0 +1,1 @@
+Bnet.features.1.block.1.fc2.biasJ ³àÍ±.6Q±ø1ùt1±î!3ü²Tv1

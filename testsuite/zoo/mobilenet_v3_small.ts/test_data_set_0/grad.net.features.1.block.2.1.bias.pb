@@ -1,0 +1,1 @@
+Bnet.features.1.block.2.1.biasJ Bดfตุด,]4k"Üด8ณฆยู4…ห๙3

@@ -1,0 +1,1 @@
+Bnet.features.1.block.2.1.weightJ ;A3¯x¿±ýåy±.22QÕ34¨¬2¹Íd³Æ‡2

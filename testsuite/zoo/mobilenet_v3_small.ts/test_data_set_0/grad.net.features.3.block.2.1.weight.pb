@@ -1,0 +1,1 @@
+Bnet.features.3.block.2.1.weightJ "â±¬rA´,Œ²å¤²ÉÒÌ²–Â—´N;C³Cä2

@@ -1,0 +1,1 @@
+Bnet.features.5.block.3.1.biasJ@*Ù7Ë#ş7 {f¸Q^n6k#8×S¶C¦·¯¥·~_9zc#8hC5ŒY³·ƒ—¶ÂNõ·ö¾b¸PÜ™µ

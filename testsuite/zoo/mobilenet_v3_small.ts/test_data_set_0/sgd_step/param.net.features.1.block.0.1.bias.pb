@@ -1,0 +1,1 @@
+Bnet.features.1.block.0.1.biasJ •+H½Æö¼<ÿ;6ƒ<s¶Ì<‡DÊ<†ÿÃ<íeç<

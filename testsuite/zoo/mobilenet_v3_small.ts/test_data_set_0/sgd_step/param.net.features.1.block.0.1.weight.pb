@@ -1,0 +1,1 @@
+Bnet.features.1.block.0.1.weightJ ÖÂƒ?ìît?_z„?¨Çt?´%~?g{?_ƒ?øÎ‚?

@@ -1,0 +1,1 @@
+Bnet.features.1.block.2.1.biasJ ›E:#8<¯º;h³n8Ápó<oI‰<éü¼ˆË‡»

@@ -1,0 +1,1 @@
+Bnet.features.2.block.2.1.biasJ £HÓ<8¯9<ä~Ï;Án<½Uœ¼1Ü…¼ÌM‚¼™p »

@@ -1,0 +1,1 @@
+Bnet.features.2.block.2.1.weightJ ˆ?ì)~?ú<~?'?»ý€?oz?#•z?b€?

@@ -1,0 +1,1 @@
+Bnet.features.4.block.2.fc1.biasJ sƒ<Û€Ã<¿}™<R2.½ªmÑ»b‘¼i ½ùJ‡¼

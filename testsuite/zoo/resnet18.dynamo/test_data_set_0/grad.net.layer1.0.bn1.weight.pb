@@ -1,0 +1,1 @@
+Bnet.layer1.0.bn1.weightJ ÚÇ¸Sêk¸Øçu9„Ëµq&:j^“µÙÀE9lx%¶

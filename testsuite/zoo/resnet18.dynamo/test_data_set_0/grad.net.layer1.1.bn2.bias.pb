@@ -1,0 +1,1 @@
+Bnet.layer1.1.bn2.biasJ †!)<M©€»<wP¹LÊ¼t˜;>D–:}È¼Xw»

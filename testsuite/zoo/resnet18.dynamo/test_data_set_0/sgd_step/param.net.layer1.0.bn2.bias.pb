@@ -1,0 +1,1 @@
+Bnet.layer1.0.bn2.biasJ XV<ô×P»r-Æ¼÷Jˆ½qü?¼á	<ÍÑºË‚Z»

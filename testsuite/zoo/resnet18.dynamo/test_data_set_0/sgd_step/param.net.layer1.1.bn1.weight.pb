@@ -1,0 +1,1 @@
+Bnet.layer1.1.bn1.weightJ ıHx?|?˜Š{?‰fƒ?ˆF?&!{?ùÖ„?ÅÌt?

@@ -1,0 +1,1 @@
+ B+m.decoder.block.1.layer.1.layer_norm.weightJ€Êž¾b†A<T;<Þ‰W½°ù˜¼³8¼>ñd¼ã>{½Z3`=ò]=”@&<ÂNA;¾Ç˜;c4s<\¹J<ðe]=XÔ´½J¿:»‡Ð<¶hn=VñØ¼]œ½tô=ª·;î c=Ð¤=ÏÇƒ»OL<i»µ<qÈ6¼‹þ]=PÉÁ<

@@ -1,0 +1,1 @@
+ B+m.decoder.block.0.layer.2.layer_norm.weightJ€ÇÎÁ<*Jˆ=V¾ço“=+6…¾Ícx¾lÕP>Ğ¨©¼}!>®w½=Ñ%½	¿ß`@¾¤¾¢×<8:€¼Dh½§±§=xÙœ¼ÈËY¾âÜ¼2¶4¾P¯r;œSÕ<nx=f½ØJì=e'¢¾şf}¾n¾ ¿A¾ ‚o=

@@ -1,0 +1,1 @@
+BFm.decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weightJ@G^,>˜#>+Ë¾\öÊ¾·ü½íì½gó|>øÓf=÷\:>Ý|¿=#eº;=©X=(=qä½½íÇ=”M‚¾

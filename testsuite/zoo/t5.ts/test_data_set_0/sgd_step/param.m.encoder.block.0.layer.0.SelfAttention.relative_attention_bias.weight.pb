@@ -1,0 +1,1 @@
+BFm.encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weightJ@"e>ю≤Т╫3╬©>┤√=HЕд╫шЙ<д@г=Y'l╬кД┐╫n╬цl(>ВG╬┘ь┴╬лк╬иш╝╫8≤>

@@ -1,0 +1,1 @@
+ B,net.encoder.layers.encoder_layer_1.ln_2.biasJ€ä®¼®4¼´d!»àî>»¿Z»óÆE<„t;«›»ì¤E<q»aâF<Ö¼l9ü¼55è» Žº`ç„:næ]<o¸»eæN».€M¼!½»L‚§ºž7<ÄW¼,lÇ»pY;+Ët<Í^;@ø:²Ë}<2¦a;žûl;

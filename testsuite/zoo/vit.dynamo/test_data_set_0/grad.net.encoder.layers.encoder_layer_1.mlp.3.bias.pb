@@ -1,0 +1,1 @@
+ B-net.encoder.layers.encoder_layer_1.mlp.3.biasJ€e”Ñ»Çd<ñ†<1U¼Æ©¼”Ä!<få¼6¡¼ı»sg<Ó{¼4ÖQ<Z\;»²œ{;Ù|»<Òw»2]€»¸fƒ<Y=(<ôx¼y­»mé<È¼ø{%¼99¹<Èf„<å¼|§¼8)€:qnÆ;½dk¼jåS<

@@ -1,0 +1,1 @@
+ B?net.encoder.layers.encoder_layer_1.self_attention.out_proj.biasJ€³ ¼ìÓ†»{½'FH¼À»”øxº]²Y<\ş<S»^<<ZÉ<ã<ˆ»,š¼Æ¿g» ’œ¼ÅÕÔ¼ÃÎ­¼cg=!ô±»ºK3<²í%;ALË<¤[;z§:?Tá<Äf¼ÈÄ;ëÖR<ĞØ¥»­‰¼Yaå¼p¶¼

@@ -1,0 +1,1 @@
+ B?net.encoder.layers.encoder_layer_0.self_attention.out_proj.biasJ€{K>E£;þ¸½‰™”=Qœ–¼úý=ÄW…¾4;=õM=AåS½tö-9¸m¼Þçû½«‚$¼óâO=žÇ>h„‘½¦‹t¾ê«Ý=Çöº¼¢ÖJ>­»>çŸ¢½ÀœM=fr½BÄ”¾CK¤ºv>ë¼f«¡¾Ïåd=â>Œ>Hþ!=

@@ -1,0 +1,2 @@
+
+Bnet.heads.head.biasJ(ûBâ=¡Â=M`à=@Î=W¬Ì¾C¾=h¯¸=už¯=R/È¾e0Ú=
