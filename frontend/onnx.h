@@ -83,9 +83,10 @@ typedef struct ox_op_entry {
   ox_conv_fn fn;
 } ox_op_entry;
 /* Converters by op family: onnx_math.c (elementwise, activations, logic,
- * reductions), onnx_index.c (indexing, padding, sequences). */
-extern const ox_op_entry ox_math_ops[], ox_index_ops[];
-extern const size_t ox_math_nops, ox_index_nops;
+ * reductions), onnx_index.c (indexing, padding, tiling), onnx_nn.c
+ * (attention, rotary embeddings, normalizations, space/depth moves). */
+extern const ox_op_entry ox_math_ops[], ox_index_ops[], ox_nn_ops[];
+extern const size_t ox_math_nops, ox_index_nops, ox_nn_nops;
 
 /* Helpers the converters share (each returns NULL/-1 after a diagnostic). */
 int ox_need(ox_ctx *x, ox_val *in, int nin, int min, int max); /* input count; the first min present */

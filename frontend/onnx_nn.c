@@ -1,0 +1,415 @@
+/* onnx_nn.c: ONNX neural-network building blocks -> nova nodes: Attention
+ * (opset 23 on), RotaryEmbedding, RMSNormalization, InstanceNormalization,
+ * GroupNormalization, LpNormalization, MeanVarianceNormalization,
+ * GlobalMaxPool, DepthToSpace, SpaceToDepth, EyeLike.
+ *
+ * Each is written as the composition of nova ops that its ONNX reference
+ * computes (onnx/reference/ops and the function bodies), so the gradients
+ * come from those ops' rules.  Attention follows the reference's edge cases:
+ * the mask padded to the key length with -inf (False), bottom-right causal
+ * alignment after a past cache, softcap before the mask, a softmax whose
+ * fully masked rows are 0 (decided on the additive bias).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "onnx.h"
+
+#define CV(name) static int name(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout)
+
+static nv_node *K(ox_ctx *x, const nv_node *like, double v) { return like ? ox_scalar(x, like->dtype, v) : NULL; }
+static nv_node *add(ox_ctx *x, nv_node *a, nv_node *b) { return ox_op2(x, NV_OP_ADD, a, b); }
+static nv_node *sub(ox_ctx *x, nv_node *a, nv_node *b) { return ox_op2(x, NV_OP_SUB, a, b); }
+static nv_node *mul(ox_ctx *x, nv_node *a, nv_node *b) { return ox_op2(x, NV_OP_MUL, a, b); }
+static nv_node *dvd(ox_ctx *x, nv_node *a, nv_node *b) { return ox_op2(x, NV_OP_DIV, a, b); }
+static nv_node *opt(ox_ctx *x, ox_val *in, int nin, int i) { return nin > i && in[i].present ? ox_N(x, in[i]) : NULL; }
+
+/* The axes [from, rank). */
+static int tail_axes(int64_t *ax, int from, int rank) {
+  for (int i = from; i < rank; i++) ax[i - from] = i;
+  return rank - from;
+}
+
+/* (a - mean) / sqrt(var + eps) over axes (population variance). */
+static nv_node *standardize(ox_ctx *x, nv_node *a, int n, const int64_t *ax, double eps) {
+  nv_node *m = ox_reduce(x, NV_OP_REDUCE_MEAN, a, n, ax, true);
+  nv_node *d = sub(x, a, m);
+  nv_node *v = ox_reduce(x, NV_OP_REDUCE_MEAN, mul(x, d, d), n, ax, true);
+  return dvd(x, d, ox_op1(x, NV_OP_SQRT, add(x, v, K(x, a, eps))));
+}
+
+/* v [C] shaped [1, C, 1, ...] against a of rank r. */
+static nv_node *channel(ox_ctx *x, nv_node *v, int r) {
+  if (!v) return NULL;
+  int64_t s[NOVA_MAX_RANK];
+  for (int i = 0; i < r; i++) s[i] = i == 1 ? fe_numel(v) : 1;
+  return ox_reshape(x, v, r, s);
+}
+
+CV(cv_rms_norm) {
+  (void)nout;
+  if (ox_need(x, in, nin, 2, 2)) return -1;
+  nv_node *a = ox_N(x, in[0]), *w = ox_N(x, in[1]);
+  if (!a || !w) return -1;
+  int64_t axis = ox_attr_i(x, "axis", -1), ax[NOVA_MAX_RANK];
+  if (ox_norm_axis(x, &axis, a->rank)) return -1;
+  if (ox_attr_i(x, "stash_type", 1) != 1) return ox_err(x, "stash_type other than 1 (float) is not supported");
+  int n = tail_axes(ax, (int)axis, a->rank);
+  nv_node *ms = ox_reduce(x, NV_OP_REDUCE_MEAN, mul(x, a, a), n, ax, true);
+  nv_node *rms = ox_op1(x, NV_OP_SQRT, add(x, ms, K(x, a, ox_attr_f(x, "epsilon", 1e-5))));
+  return ox_set_out(out, mul(x, dvd(x, a, rms), w));
+}
+
+CV(cv_instance_norm) {
+  (void)nout;
+  if (ox_need(x, in, nin, 3, 3)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a || a->rank < 3) return a ? ox_err(x, "input must be [N, C, spatial...]") : -1;
+  int64_t ax[NOVA_MAX_RANK];
+  int n = tail_axes(ax, 2, a->rank);
+  nv_node *y = standardize(x, a, n, ax, ox_attr_f(x, "epsilon", 1e-5));
+  return ox_set_out(out, add(x, mul(x, y, channel(x, ox_N(x, in[1]), a->rank)), channel(x, ox_N(x, in[2]), a->rank)));
+}
+
+CV(cv_group_norm) {
+  (void)nout;
+  if (ox_need(x, in, nin, 3, 3)) return -1;
+  nv_node *a = ox_N(x, in[0]), *sc = ox_N(x, in[1]), *b = ox_N(x, in[2]);
+  if (!a || !sc || !b) return -1;
+  if (a->rank < 2) return ox_err(x, "input must be [N, C, ...]");
+  int64_t G = ox_attr_i(x, "num_groups", 0), C = a->shape[1];
+  if (G <= 0 || C % G) return ox_err(x, "num_groups %lld must divide the %lld channels", (long long)G, (long long)C);
+  if (ox_attr_i(x, "stash_type", 1) != 1) return ox_err(x, "stash_type other than 1 (float) is not supported");
+  int64_t s3[3] = {a->shape[0], G, fe_numel(a) / (a->shape[0] * G)}, ax[1] = {2};
+  nv_node *y = ox_reshape(x, standardize(x, ox_reshape(x, a, 3, s3), 1, ax, ox_attr_f(x, "epsilon", 1e-5)), a->rank, a->shape);
+  if (fe_numel(sc) == G && G != C) { /* opset 18: one scale and bias per group */
+    int64_t gs[2] = {G, 1}, gc[2] = {G, C / G};
+    sc = ox_reshape(x, ox_broadcast_to(x, ox_reshape(x, sc, 2, gs), 2, gc), 1, &C);
+    b = ox_reshape(x, ox_broadcast_to(x, ox_reshape(x, b, 2, gs), 2, gc), 1, &C);
+  }
+  if (!sc || !b || fe_numel(sc) != C || fe_numel(b) != C) return sc && b ? ox_err(x, "scale and bias must have C entries") : -1;
+  return ox_set_out(out, add(x, mul(x, y, channel(x, sc, a->rank)), channel(x, b, a->rank)));
+}
+
+CV(cv_lp_norm) { /* x / ||x||_p along axis; 0 where the norm is 0 */
+  (void)nout;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a) return -1;
+  int64_t axis = ox_attr_i(x, "axis", -1), p = ox_attr_i(x, "p", 2);
+  if (ox_norm_axis(x, &axis, a->rank)) return -1;
+  if (p != 1 && p != 2) return ox_err(x, "p is %lld; expected 1 or 2", (long long)p);
+  nv_node *t = p == 1 ? ox_op1(x, NV_OP_ABS, a) : mul(x, a, a);
+  nv_node *nrm = ox_reduce(x, NV_OP_REDUCE_SUM, t, 1, &axis, true);
+  if (p == 2) nrm = ox_op1(x, NV_OP_SQRT, nrm);
+  nv_node *z = ox_op2(x, NV_OP_EQUAL, nrm, K(x, a, 0));
+  return ox_set_out(out, ox_op3(x, NV_OP_WHERE, z, K(x, a, 0), dvd(x, a, ox_op3(x, NV_OP_WHERE, z, K(x, a, 1), nrm))));
+}
+
+CV(cv_mvn) { /* (x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9), its function body */
+  (void)nout;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a) return -1;
+  int64_t ax[NOVA_MAX_RANK] = {0, 2, 3};
+  int n = ox_attr_ints(x, "axes", ax, NOVA_MAX_RANK);
+  if (n < 0) n = 3;
+  nv_node *m = ox_reduce(x, NV_OP_REDUCE_MEAN, a, n, ax, true);
+  nv_node *m2 = ox_reduce(x, NV_OP_REDUCE_MEAN, mul(x, a, a), n, ax, true);
+  nv_node *sd = ox_op1(x, NV_OP_SQRT, sub(x, m2, mul(x, m, m)));
+  return ox_set_out(out, dvd(x, sub(x, a, m), add(x, sd, K(x, a, 1e-9))));
+}
+
+CV(cv_global_max_pool) {
+  (void)nout;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a || a->rank < 3) return a ? ox_err(x, "input must be [N, C, spatial...]") : -1;
+  int64_t ax[NOVA_MAX_RANK];
+  return ox_set_out(out, ox_reduce(x, NV_OP_REDUCE_MAX, a, tail_axes(ax, 2, a->rank), ax, true));
+}
+
+/* reshape to s6, transpose by perm, reshape to s4 */
+static nv_node *shuffle(ox_ctx *x, nv_node *a, const int64_t *s6, const int64_t *perm, const int64_t *s4) {
+  return ox_reshape(x, ox_transpose(x, ox_reshape(x, a, 6, s6), perm), 4, s4);
+}
+
+CV(cv_depth_to_space) {
+  (void)nout;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a) return -1;
+  int64_t b = ox_attr_i(x, "blocksize", 0);
+  if (a->rank != 4 || b <= 0 || a->shape[1] % (b * b)) return ox_err(x, "needs [N, C, H, W] with C divisible by blocksize^2");
+  char buf[8];
+  bool crd = !strcmp(ox_attr_s(x, "mode", "DCR", buf, sizeof buf), "CRD");
+  int64_t N = a->shape[0], C = a->shape[1] / (b * b), H = a->shape[2], W = a->shape[3];
+  int64_t s6d[6] = {N, b, b, C, H, W}, pd[6] = {0, 3, 4, 1, 5, 2};
+  int64_t s6c[6] = {N, C, b, b, H, W}, pc[6] = {0, 1, 4, 2, 5, 3}, s4[4] = {N, C, H * b, W * b};
+  return ox_set_out(out, crd ? shuffle(x, a, s6c, pc, s4) : shuffle(x, a, s6d, pd, s4));
+}
+
+CV(cv_space_to_depth) {
+  (void)nout;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a) return -1;
+  int64_t b = ox_attr_i(x, "blocksize", 0);
+  if (a->rank != 4 || b <= 0 || a->shape[2] % b || a->shape[3] % b)
+    return ox_err(x, "needs [N, C, H, W] with H and W divisible by blocksize");
+  char buf[8];
+  const char *mode = ox_attr_s(x, "mode", "DCR", buf, sizeof buf);
+  if (strcmp(mode, "DCR") && strcmp(mode, "CRD")) return ox_err(x, "mode '%s'; expected DCR or CRD", mode);
+  int64_t N = a->shape[0], C = a->shape[1], H = a->shape[2] / b, W = a->shape[3] / b;
+  int64_t s6[6] = {N, C, H, b, W, b}, pd[6] = {0, 3, 5, 1, 2, 4}, pc[6] = {0, 1, 3, 5, 2, 4}, s4[4] = {N, C * b * b, H, W};
+  return ox_set_out(out, shuffle(x, a, s6, strcmp(mode, "CRD") ? pd : pc, s4));
+}
+
+CV(cv_eye_like) {
+  (void)nout;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  if (ox_val_rank(in[0]) != 2) return ox_err(x, "input must be 2-D");
+  const int64_t *s = ox_val_shape(in[0]);
+  nova_dtype dt = in[0].k ? in[0].k->dt : in[0].node->dtype;
+  if (ox_attr(x, "dtype") && !(dt = ox_dtype_of_onnx((int32_t)ox_attr_i(x, "dtype", 1))))
+    return ox_err(x, "dtype %s is not supported", ox_onnx_type_name((int32_t)ox_attr_i(x, "dtype", 1)));
+  int64_t k = ox_attr_i(x, "k", 0);
+  ox_tensor *t = ox_tensor_new(dt, 2, s);
+  if (!t) return -1;
+  for (int64_t i = 0; i < s[0]; i++)
+    for (int64_t j = 0; j < s[1]; j++) ox_set(t, i * s[1] + j, j - i == k, j - i == k);
+  return ox_known(out, t);
+}
+
+/* ---- RotaryEmbedding ------------------------------------------------------ */
+
+CV(cv_rotary) {
+  (void)nout;
+  if (ox_need(x, in, nin, 3, 4)) return -1;
+  nv_node *a = ox_N(x, in[0]), *cs = ox_N(x, in[1]), *sn = ox_N(x, in[2]), *pos = opt(x, in, nin, 3);
+  if (!a || !cs || !sn) return -1;
+  bool inter = ox_attr_i(x, "interleaved", 0) != 0;
+  int64_t nh = ox_attr_i(x, "num_heads", 0), rd = ox_attr_i(x, "rotary_embedding_dim", 0);
+  if (a->rank != 3 && a->rank != 4) return ox_err(x, "input must be [B, S, hidden] or [B, H, S, D]");
+  nv_node *t = a; /* [B, S, H, D] */
+  if (a->rank == 4) t = ox_transpose(x, a, (int64_t[]){0, 2, 1, 3});
+  else {
+    if (nh <= 0 || a->shape[2] % nh) return ox_err(x, "num_heads must divide the hidden size of a 3-D input");
+    t = ox_reshape(x, a, 4, (int64_t[]){a->shape[0], a->shape[1], nh, a->shape[2] / nh});
+  }
+  if (!t) return -1;
+  int64_t D = t->shape[3];
+  if (rd == 0) rd = D;
+  if (rd > D || rd % 2) return ox_err(x, "rotary_embedding_dim %lld must be even and at most the head size %lld", (long long)rd, (long long)D);
+  if (pos) { /* caches indexed by position ids [B, S] */
+    nv_node at = {.axis = 0, .index_negative = true};
+    cs = ox_add(x, NV_OP_GATHER, 2, (nv_node *[]){cs, pos}, &at);
+    sn = ox_add(x, NV_OP_GATHER, 2, (nv_node *[]){sn, pos}, &at);
+    if (!cs || !sn) return -1;
+  }
+  if (cs->shape[cs->rank - 1] != rd / 2 || sn->shape[sn->rank - 1] != rd / 2)
+    return ox_err(x, "the caches' last dimension must be rotary_embedding_dim / 2 = %lld", (long long)(rd / 2));
+  /* [.., S, rd/2] -> [B or 1, S, 1, rd/2] */
+  int64_t s4[4] = {cs->rank == 3 ? cs->shape[0] : 1, cs->shape[cs->rank - 2], 1, rd / 2};
+  cs = ox_reshape(x, cs, 4, s4), sn = ox_reshape(x, sn, 4, s4);
+  nv_node *rot = ox_slice1(x, t, 3, 0, rd, 1), *keep = rd < D ? ox_slice1(x, t, 3, rd, D, 1) : NULL;
+  nv_node *x1 = inter ? ox_slice1(x, rot, 3, 0, rd, 2) : ox_slice1(x, rot, 3, 0, rd / 2, 1);
+  nv_node *x2 = inter ? ox_slice1(x, rot, 3, 1, rd, 2) : ox_slice1(x, rot, 3, rd / 2, rd, 1);
+  nv_node *re = sub(x, mul(x, cs, x1), mul(x, sn, x2)), *im = add(x, mul(x, sn, x1), mul(x, cs, x2));
+  if (!re || !im) return -1;
+  nv_node at = {.axis = inter ? 4 : 3}, *r;
+  if (inter) { /* (re, im) pairs: stack on a new last axis, flatten */
+    int64_t s5[5] = {re->shape[0], re->shape[1], re->shape[2], re->shape[3], 1}, s4r[4];
+    memcpy(s4r, rot->shape, sizeof s4r);
+    nv_node *p = ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){ox_reshape(x, re, 5, s5), ox_reshape(x, im, 5, s5)}, &at);
+    r = ox_reshape(x, p, 4, s4r);
+  } else
+    r = ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){re, im}, &at);
+  nv_node c3 = {.axis = 3};
+  if (r && keep) r = ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){r, keep}, &c3);
+  if (!r) return -1;
+  return ox_set_out(out, a->rank == 4 ? ox_transpose(x, r, (int64_t[]){0, 2, 1, 3}) : ox_reshape(x, r, 3, a->shape));
+}
+
+/* ---- Attention ------------------------------------------------------------ */
+
+/* [B, S, H*D] -> [B, H, S, D] */
+static nv_node *heads(ox_ctx *x, nv_node *a, int64_t h) {
+  if (!a) return NULL;
+  if (h <= 0 || a->shape[2] % h) {
+    ox_err(x, "a 3-D input needs q_num_heads and kv_num_heads dividing its hidden size");
+    return NULL;
+  }
+  nv_node *r = ox_reshape(x, a, 4, (int64_t[]){a->shape[0], a->shape[1], h, a->shape[2] / h});
+  return ox_transpose(x, r, (int64_t[]){0, 2, 1, 3});
+}
+
+/* A constant [q, kv] bool: j <= i + off (causal) or within the window. */
+static nv_node *band(ox_ctx *x, int64_t q, int64_t kv, int64_t off, int64_t left, int64_t right, bool causal) {
+  int64_t s[2] = {q, kv};
+  ox_tensor *t = ox_tensor_new(NOVA_DTYPE_BOOL, 2, s);
+  if (!t) return NULL;
+  for (int64_t i = 0; i < q; i++)
+    for (int64_t j = 0; j < kv; j++) {
+      int64_t d = i + off - j;
+      bool ok = causal ? d >= 0 : (left < 0 || d <= left) && (right < 0 || -d <= right);
+      ox_set(t, i * kv + j, ok, ok);
+    }
+  nv_node *n = ox_N(x, (ox_val){.k = t, .present = true});
+  ox_tensor_free(t);
+  return n;
+}
+
+/* An int64 constant [1, 1, n, 1] (axis 2) or [1, 1, 1, n] (axis 3) of 0..n-1. */
+static nv_node *positions(ox_ctx *x, int64_t n, int axis) {
+  int64_t s[4] = {1, 1, 1, 1};
+  s[axis] = n;
+  ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 4, s);
+  for (int64_t i = 0; t && i < n; i++) ox_set(t, i, (double)i, i);
+  nv_node *c = t ? ox_N(x, (ox_val){.k = t, .present = true}) : NULL;
+  ox_tensor_free(t);
+  return c;
+}
+
+/* The band of band() with a per-batch offset computed by the step: off
+ * [B, 1, 1, 1] int64; the result is bool [B, 1, q, kv]. */
+static nv_node *band_per_batch(ox_ctx *x, int64_t q, int64_t kv, nv_node *off, int64_t left, int64_t right, bool causal) {
+  nv_node *d = sub(x, add(x, positions(x, q, 2), off), positions(x, kv, 3)); /* i + off - j */
+  if (!d) return NULL;
+  if (causal) return ox_op2(x, NV_OP_GREATER_EQUAL, d, ox_scalar(x, NOVA_DTYPE_I64, 0));
+  nv_node *ok = ox_op2(x, NV_OP_EQUAL, d, d); /* all true */
+  if (left >= 0) ok = ox_op2(x, NV_OP_AND, ok, ox_op2(x, NV_OP_LESS_EQUAL, d, ox_scalar(x, NOVA_DTYPE_I64, (double)left)));
+  if (right >= 0)
+    ok = ox_op2(x, NV_OP_AND, ok, ox_op2(x, NV_OP_GREATER_EQUAL, d, ox_scalar(x, NOVA_DTYPE_I64, (double)-right)));
+  return ok;
+}
+
+/* where(allowed, 0, -inf) added to the bias */
+static nv_node *add_allowed(ox_ctx *x, nv_node *bias, nv_node *allowed) {
+  if (!bias || !allowed) return NULL;
+  return add(x, bias, ox_op3(x, NV_OP_WHERE, allowed, K(x, bias, 0), K(x, bias, -INFINITY)));
+}
+
+/* softmax over the last axis with all--inf rows giving 0 (the reference's). */
+static nv_node *safe_softmax(ox_ctx *x, nv_node *s) {
+  int64_t last = s->rank - 1;
+  nv_node *m = ox_reduce(x, NV_OP_REDUCE_MAX, s, 1, &last, true);
+  nv_node *safe = ox_op3(x, NV_OP_WHERE, ox_op2(x, NV_OP_EQUAL, m, K(x, s, -INFINITY)), K(x, s, 0), m);
+  nv_node *e = ox_op1(x, NV_OP_EXP, sub(x, s, safe));
+  nv_node *sum = ox_reduce(x, NV_OP_REDUCE_SUM, e, 1, &last, true);
+  nv_node *den = ox_op3(x, NV_OP_WHERE, ox_op2(x, NV_OP_EQUAL, sum, K(x, s, 0)), K(x, s, 1), sum);
+  return dvd(x, e, den);
+}
+
+CV(cv_attention) {
+  if (ox_need(x, in, nin, 3, 7)) return -1;
+  nv_node *q = ox_N(x, in[0]), *k = ox_N(x, in[1]), *v = ox_N(x, in[2]);
+  nv_node *mask = opt(x, in, nin, 3), *pk = opt(x, in, nin, 4), *pv = opt(x, in, nin, 5), *nonpad = opt(x, in, nin, 6);
+  if (!q || !k || !v) return -1;
+  if (!pk != !pv) return ox_err(x, "past_key and past_value must be given together");
+  if (nonpad && pk) return ox_err(x, "nonpad_kv_seqlen cannot be combined with past_key and past_value");
+  if (q->rank != k->rank || q->rank != v->rank || (q->rank != 3 && q->rank != 4))
+    return ox_err(x, "Q, K and V must all be 3-D or all 4-D");
+  bool three = q->rank == 3;
+  if (three) q = heads(x, q, ox_attr_i(x, "q_num_heads", 0)), k = heads(x, k, ox_attr_i(x, "kv_num_heads", 0)),
+             v = heads(x, v, ox_attr_i(x, "kv_num_heads", 0));
+  if (!q || !k || !v) return -1;
+  nova_dtype dt = q->dtype;
+  double scale = ox_attr(x, "scale") ? ox_attr_f(x, "scale", 1) : 1 / sqrt((double)q->shape[3]);
+  nv_node *sq = ox_scalar(x, dt, (double)(float)sqrt(scale));
+  nv_node c2 = {.axis = 2};
+  if (pk) k = ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){pk, k}, &c2), v = ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){pv, v}, &c2);
+  if (!k || !v) return -1;
+  nv_node *present_k = k, *present_v = v;
+  int64_t ql = q->shape[2], kvl = k->shape[2], off = pk ? pk->shape[2] : 0;
+  /* the additive bias */
+  nv_node *bias = ox_scalar(x, dt, 0);
+  if (mask) {
+    int64_t pad = kvl - mask->shape[mask->rank - 1];
+    if (pad < 0) return ox_err(x, "attn_mask's last dimension exceeds the key length %lld", (long long)kvl);
+    if (pad) {
+      int64_t s[NOVA_MAX_RANK];
+      memcpy(s, mask->shape, sizeof s);
+      s[mask->rank - 1] = pad;
+      nv_node *fill = mask->dtype == NOVA_DTYPE_BOOL ? ox_scalar(x, NOVA_DTYPE_BOOL, 0) : K(x, mask, -INFINITY);
+      nv_node at = {.axis = mask->rank - 1};
+      mask = ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){mask, ox_broadcast_to(x, fill, mask->rank, s)}, &at);
+      if (!mask) return -1;
+    }
+    bias = mask->dtype == NOVA_DTYPE_BOOL ? add_allowed(x, bias, mask) : add(x, bias, mask);
+  }
+  int64_t left = ox_attr_i(x, "left_window_size", -1), right = ox_attr_i(x, "right_window_size", -1);
+  bool causal = ox_attr_i(x, "is_causal", 0) != 0, window = left >= 0 || right >= 0;
+  if (nonpad) { /* an external cache: batch b holds nonpad[b] valid keys, the queries are the last ones */
+    if (nonpad->dtype != NOVA_DTYPE_I64 || fe_numel(nonpad) != q->shape[0])
+      return ox_err(x, "nonpad_kv_seqlen must be int64 [batch]");
+    nv_node *nb = ox_reshape(x, nonpad, 4, (int64_t[]){q->shape[0], 1, 1, 1});
+    nv_node *offb = sub(x, nb, ox_scalar(x, NOVA_DTYPE_I64, (double)ql));
+    if (causal) bias = add_allowed(x, bias, band_per_batch(x, ql, kvl, offb, -1, -1, true));
+    if (window) bias = add_allowed(x, bias, band_per_batch(x, ql, kvl, offb, left, right, false));
+    bias = add_allowed(x, bias, ox_op2(x, NV_OP_LESS, positions(x, kvl, 3), nb));
+  } else {
+    if (causal) bias = add_allowed(x, bias, band(x, ql, kvl, off, -1, -1, true));
+    if (window) bias = add_allowed(x, bias, band(x, ql, kvl, off, left, right, false));
+  }
+  if (!bias) return -1;
+  /* grouped-query attention: KV head h serves query heads h*r .. h*r + r - 1 */
+  int64_t hq = q->shape[1], hk = k->shape[1];
+  if (hq != hk) {
+    if (hk == 0 || hq % hk || v->shape[1] != hk) return ox_err(x, "%lld query heads do not group over %lld KV heads", (long long)hq, (long long)hk);
+    int64_t *ix = malloc((size_t)hq * sizeof *ix);
+    if (!ix) return -1;
+    for (int64_t i = 0; i < hq; i++) ix[i] = i / (hq / hk);
+    ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 1, &hq);
+    for (int64_t i = 0; t && i < hq; i++) ox_set(t, i, (double)ix[i], ix[i]);
+    free(ix);
+    nv_node *idx = t ? ox_N(x, (ox_val){.k = t, .present = true}) : NULL;
+    ox_tensor_free(t);
+    nv_node at = {.axis = 1};
+    k = ox_add(x, NV_OP_GATHER, 2, (nv_node *[]){k, idx}, &at), v = ox_add(x, NV_OP_GATHER, 2, (nv_node *[]){v, idx}, &at);
+    if (!k || !v) return -1;
+  }
+  nv_node *kt = ox_transpose(x, mul(x, k, sq), (int64_t[]){0, 1, 3, 2});
+  nv_node *qk = ox_op2(x, NV_OP_MATMUL, mul(x, q, sq), kt);
+  double cap = ox_attr_f(x, "softcap", 0);
+  if (qk && cap > 0) qk = mul(x, ox_op1(x, NV_OP_TANH, dvd(x, qk, K(x, qk, cap))), K(x, qk, cap));
+  nv_node *qkb = add(x, qk, bias);
+  if (!qkb) return -1;
+  if (ox_attr(x, "softmax_precision")) {
+    nova_dtype sp = ox_dtype_of_onnx((int32_t)ox_attr_i(x, "softmax_precision", 1));
+    if (sp != NOVA_DTYPE_F32 && sp != NOVA_DTYPE_F64) return ox_err(x, "softmax_precision must be float or double");
+    if (sp != dt) qkb = ox_add(x, NV_OP_CAST, 1, &qkb, &(nv_node){.to = sp});
+  }
+  nv_node *p = safe_softmax(x, qkb);
+  /* rows whose bias masks every key are 0 */
+  int64_t last = bias->rank - 1;
+  if (bias->rank >= 1) {
+    nv_node *bm = ox_reduce(x, NV_OP_REDUCE_MAX, bias, 1, &last, true);
+    p = ox_op3(x, NV_OP_WHERE, ox_op2(x, NV_OP_EQUAL, bm, K(x, bias, -INFINITY)), K(x, p, 0), p);
+  }
+  if (p && p->dtype != dt) p = ox_add(x, NV_OP_CAST, 1, &p, &(nv_node){.to = dt});
+  nv_node *y = ox_op2(x, NV_OP_MATMUL, p, v);
+  if (!y) return -1;
+  if (three) {
+    nv_node *t = ox_transpose(x, y, (int64_t[]){0, 2, 1, 3});
+    y = ox_reshape(x, t, 3, (int64_t[]){t->shape[0], t->shape[1], t->shape[2] * t->shape[3]});
+  }
+  if (ox_set_out(out, y)) return -1;
+  int64_t mode = ox_attr_i(x, "qk_matmul_output_mode", 0);
+  nv_node *outs[3] = {present_k, present_v, mode == 2 ? qkb : mode == 3 ? p : qk};
+  if (mode == 2 && outs[2] && outs[2]->dtype != dt) outs[2] = ox_add(x, NV_OP_CAST, 1, &outs[2], &(nv_node){.to = dt});
+  for (int i = 1; i < nout && i < 4; i++) {
+    if (!outs[i - 1]) return -1;
+    out[i] = (ox_val){.node = outs[i - 1], .present = true};
+  }
+  return 0;
+}
+
+const ox_op_entry ox_nn_ops[] = {
+    {"Attention", cv_attention}, {"RotaryEmbedding", cv_rotary}, {"RMSNormalization", cv_rms_norm},
+    {"InstanceNormalization", cv_instance_norm}, {"GroupNormalization", cv_group_norm},
+    {"LpNormalization", cv_lp_norm}, {"MeanVarianceNormalization", cv_mvn}, {"GlobalMaxPool", cv_global_max_pool},
+    {"DepthToSpace", cv_depth_to_space}, {"SpaceToDepth", cv_space_to_depth}, {"EyeLike", cv_eye_like},
+};
+const size_t ox_nn_nops = sizeof ox_nn_ops / sizeof *ox_nn_ops;
