@@ -321,7 +321,23 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     return true;
   }
   case NV_OP_SLICE: { /* g placed back between zeros (step 1) */
-    if (y->step != 1) return false;
+    if (y->step != 1) { /* strided: gather from g with a zero row appended, index n where nothing was taken */
+      int64_t n = y->shape[y->axis], dim = x->shape[y->axis], s1[NOVA_MAX_RANK];
+      memcpy(s1, g->shape, sizeof s1);
+      s1[y->axis] = 1;
+      nv_node *z = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, dt, g->rank, s1, A->loc);
+      nv_node *ix = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, NOVA_DTYPE_I64, 1, &dim, A->loc);
+      if (!z || !ix || !(ix->init.data = malloc((size_t)dim * 8))) return false;
+      ix->init.kind = NV_INIT_DATA;
+      for (int64_t j = 0; j < dim; j++) {
+        int64_t k = j - y->start;
+        ((int64_t *)ix->init.data)[j] = k >= 0 && k % y->step == 0 && k / y->step < n ? k / y->step : n;
+      }
+      nv_node cat = {.axis = y->axis}, gat = {.axis = y->axis};
+      nv_node *gz = mk(A, NV_OP_CONCAT, 2, (nv_node *[]){g, z}, &cat);
+      accumulate(A, x, mk(A, NV_OP_GATHER, 2, (nv_node *[]){gz, ix}, &gat));
+      return true;
+    }
     nv_node *acc = g;
     int64_t s[NOVA_MAX_RANK];
     memcpy(s, x->shape, sizeof s);
@@ -581,7 +597,7 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     A.loc = n->loc;
     if (!rule(&A, n, A.grad[i]) && !A.failed) {
       nv_error(d, n->loc, "--train: %s has no backward rule%s", nv_op_name(n->op),
-               n->op == NV_OP_SLICE ? " for steps other than 1" : "");
+               "");
       A.failed = true;
     }
   }

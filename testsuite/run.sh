@@ -77,6 +77,7 @@ suite e2e-examples python3 testsuite/e2e/test_examples.py
 suite e2e-onnx-models python3 testsuite/e2e/test_onnx_models.py
 suite e2e-fold python3 testsuite/e2e/test_fold.py
 suite grad python3 testsuite/e2e/test_grads.py
+suite grad-onnx python3 testsuite/e2e/test_grads_onnx.py
 suite e2e-train python3 testsuite/e2e/test_train_onnx.py
 suite e2e-checkpoint python3 testsuite/e2e/test_checkpoint.py
 # the whole-model numeric tests again with every optimization off (-O0: no

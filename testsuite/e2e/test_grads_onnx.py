@@ -1,0 +1,140 @@
+"""Gradient check of ONNX operators that novac writes as compositions
+(frontend/onnx_math.c, onnx_index.c, onnx_nn.c), in float64.
+
+Each case is a one-node ONNX model whose float operands are float64
+initializers (the trained params), loss = ReduceSum(Y * W) with a random
+constant W.  novac --train runs one SGD step with lr 0 (novarun --dump);
+every gradient is compared with central finite differences of the onnx
+package's reference implementation (onnx.reference.ReferenceEvaluator), an
+independent implementation: relative error (max-norm) at most 1e-6.
+Values are drawn away from the kinks of the op under test.
+
+Prints 'PASS: grad-onnx :: NAME' or 'FAIL: grad-onnx :: NAME'.
+"""
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from onnx.reference import ReferenceEvaluator
+
+from harness import NOVAC, NOVARUN, Failure, case, read_pb, rel_err, run
+
+TOL = 1e-6
+rng = np.random.default_rng(11)
+
+
+def u(*shape, lo=-2.0, hi=2.0):
+    return rng.uniform(lo, hi, size=shape)
+
+
+def away(*shape, gap=0.2, hi=2.0):
+    x = rng.uniform(gap, hi, size=shape)
+    return np.where(rng.random(shape) < 0.5, -x, x)
+
+
+def grad_case(name, op, params, consts=None, attrs=None, opset=23, outputs=1, inputs_order=None, ref=None):
+    """op applied to params (trained, float64) and consts (other inputs,
+    any dtype; None = an omitted optional input), in inputs_order; ref:
+    a numpy forward of the params instead of the onnx reference."""
+    consts = consts or {}
+    order = inputs_order or list(params) + list(consts)
+
+    def model(P):
+        inits = [nh.from_array(np.asarray(v), k) for k, v in list(P.items()) + list(consts.items()) if v is not None]
+        outs = ["y"] + ["y%d" % i for i in range(1, outputs)]
+        node = h.make_node(op, [k if (k in P or consts.get(k) is not None) else "" for k in order], outs, **(attrs or {}))
+        return h.make_model(h.make_graph([node], name, [], [h.make_tensor_value_info("y", T.DOUBLE, None)], inits),
+                            opset_imports=[h.make_opsetid("", opset)])
+
+    def forward(P):
+        if ref:
+            return ref(**P)
+        return np.asarray(ReferenceEvaluator(model(P)).run(None, {})[0], dtype=np.float64)
+
+    def go():
+        P0 = {k: np.array(v, dtype=np.float64) for k, v in params.items()}
+        y0 = forward(P0)
+        W = rng.uniform(-1, 1, size=y0.shape)
+        m = model(P0)
+        g = m.graph
+        g.initializer.append(nh.from_array(W, "W"))
+        g.node.extend([h.make_node("Mul", ["y", "W"], ["yw"]), h.make_node("ReduceSum", ["yw"], ["loss"], keepdims=0)])
+        del g.output[:]
+        g.output.extend([h.make_tensor_value_info("loss", T.DOUBLE, [])])
+        d = tempfile.mkdtemp(prefix="nova-gonnx-")
+        try:
+            path = os.path.join(d, "m.onnx")
+            onnx.save(m, path)
+            so = os.path.join(d, "m.so")
+            run([NOVAC, path, "--train", "--optimizer=sgd", "--lr=0", "-o", so])
+            run([NOVARUN, so, "--steps", "1", "--dump", os.path.join(d, "dump"), "-q"])
+            for k, v in P0.items():
+                got = read_pb(os.path.join(d, "dump", "grad.%s.pb" % k)).astype(np.float64)
+                want = np.zeros_like(v)
+                for i in np.ndindex(*v.shape):
+                    hh = 1e-6 * max(1.0, abs(v[i]))
+                    Pp = {kk: vv.copy() for kk, vv in P0.items()}
+                    Pm = {kk: vv.copy() for kk, vv in P0.items()}
+                    Pp[k][i] += hh
+                    Pm[k][i] -= hh
+                    want[i] = (np.sum(forward(Pp) * W) - np.sum(forward(Pm) * W)) / (2 * hh)
+                e = rel_err(got, want)
+                if not e <= TOL:
+                    raise Failure("grad of %s: relative error %.3g > %g\n got %s\n ref %s" % (k, e, TOL, got, want))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    case("grad_onnx.%s" % name, go, suite="grad-onnx")
+
+
+# activations written as compositions
+grad_case("softplus", "Softplus", {"x": u(3, 4)})
+grad_case("softsign", "Softsign", {"x": away(3, 4)})
+grad_case("mish", "Mish", {"x": u(3, 4)})
+grad_case("elu", "Elu", {"x": away(3, 4)}, attrs={"alpha": 0.7})
+grad_case("selu", "Selu", {"x": away(3, 4)})
+grad_case("celu", "Celu", {"x": away(3, 4)}, attrs={"alpha": 1.3})
+grad_case("hard_sigmoid", "HardSigmoid", {"x": u(3, 4, lo=-2, hi=2)}, attrs={"alpha": 0.2, "beta": 0.5})
+grad_case("hard_swish", "HardSwish", {"x": u(3, 4, lo=-2.5, hi=2.5)})
+grad_case("prelu", "PRelu", {"x": away(2, 3, 4), "slope": u(3, 1)})
+grad_case("reduce_log_sum_exp", "ReduceLogSumExp", {"x": u(3, 4)}, consts={"axes": np.array([1])}, attrs={"keepdims": 0})
+grad_case("reduce_l2", "ReduceL2", {"x": away(3, 4)}, consts={"axes": np.array([0])})
+# indexing, padding, tiling
+grad_case("pad_reflect", "Pad", {"x": u(3, 4)}, consts={"pads": np.array([1, 2, 0, 3])}, attrs={"mode": "reflect"})
+grad_case("pad_edge", "Pad", {"x": u(3, 4)}, consts={"pads": np.array([0, 1, 2, 1])}, attrs={"mode": "edge"})
+grad_case("pad_wrap", "Pad", {"x": u(3, 4)}, consts={"pads": np.array([1, 2, 2, 5])}, attrs={"mode": "wrap"})
+grad_case("pad_crop", "Pad", {"x": u(3, 4)}, consts={"pads": np.array([-1, 2, 1, -2])},  # (the reference refuses < 0)
+          ref=lambda x: np.pad(x[1:, :-2], ((0, 1), (2, 0))))
+grad_case("pad_constant", "Pad", {"x": u(2, 3), "v": np.array(0.5)}, consts={"pads": np.array([1, 0, 0, 2])},
+          inputs_order=["x", "pads", "v"])
+grad_case("tile", "Tile", {"x": u(2, 3)}, consts={"r": np.array([2, 3])})
+# normalizations and attention
+grad_case("rms_norm", "RMSNormalization", {"x": u(2, 3, 4), "s": u(4)}, attrs={"axis": -1})
+# (GroupNormalization: the onnx reference computes in float32, too coarse for differences; numpy instead)
+def group_norm_ref(x, s, b, G=2, eps=1e-5):
+    n = x.reshape(x.shape[0], G, -1)
+    n = (n - n.mean(-1, keepdims=True)) / np.sqrt(n.var(-1, keepdims=True) + eps)
+    return n.reshape(x.shape) * s.reshape(1, -1, 1) + b.reshape(1, -1, 1)
+
+
+grad_case("group_norm", "GroupNormalization", {"x": u(2, 4, 3), "s": u(4), "b": u(4)}, attrs={"num_groups": 2},
+          opset=21, ref=group_norm_ref)
+grad_case("instance_norm", "InstanceNormalization", {"x": u(2, 3, 4), "s": u(3), "b": u(3)})
+grad_case("lp_norm", "LpNormalization", {"x": away(3, 4)}, attrs={"axis": 1, "p": 2}, opset=22)
+grad_case("rotary", "RotaryEmbedding", {"x": u(2, 3, 4, 4), "cos": u(2, 4, 2), "sin": u(2, 4, 2)})
+grad_case("rotary_interleaved_pos", "RotaryEmbedding", {"x": u(1, 3, 8)},
+          consts={"cos": u(5, 2), "sin": u(5, 2), "pos": np.array([[4, 0, 2]])},
+          attrs={"interleaved": 1, "num_heads": 2}, inputs_order=["x", "cos", "sin", "pos"])
+grad_case("attention_4d_causal", "Attention", {"q": u(1, 2, 3, 4), "k": u(1, 2, 3, 4), "v": u(1, 2, 3, 4)},
+          attrs={"is_causal": 1})
+grad_case("attention_3d_gqa_mask_softcap", "Attention", {"q": u(2, 3, 8), "k": u(2, 4, 4), "v": u(2, 4, 6)},
+          consts={"mask": rng.random((3, 4)) < 0.7},
+          attrs={"q_num_heads": 4, "kv_num_heads": 2, "softcap": 2.0}, inputs_order=["q", "k", "v", "mask"])
+grad_case("attention_past", "Attention", {"q": u(1, 2, 2, 3), "k": u(1, 2, 2, 3), "v": u(1, 2, 2, 3),
+                                          "pk": u(1, 2, 3, 3), "pv": u(1, 2, 3, 3)},
+          attrs={"is_causal": 1, "scale": 0.4}, consts={"mask": None},
+          inputs_order=["q", "k", "v", "mask", "pk", "pv"])
