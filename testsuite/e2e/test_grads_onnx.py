@@ -138,3 +138,13 @@ grad_case("attention_past", "Attention", {"q": u(1, 2, 2, 3), "k": u(1, 2, 2, 3)
                                           "pk": u(1, 2, 3, 3), "pv": u(1, 2, 3, 3)},
           attrs={"is_causal": 1, "scale": 0.4}, consts={"mask": None},
           inputs_order=["q", "k", "v", "mask", "pk", "pv"])
+# resizing: one interpolation matrix per axis (a gather for nearest)
+grad_case("resize_linear", "Resize", {"x": u(1, 2, 3, 4)},
+          consts={"roi": None, "scales": np.array([1, 1, 1.5, 0.75], dtype=np.float32)},
+          attrs={"mode": "linear"}, opset=19, inputs_order=["x", "roi", "scales"])
+grad_case("resize_cubic_sizes_antialias", "Resize", {"x": u(1, 1, 6, 5)},
+          consts={"roi": None, "scales": None, "sizes": np.array([1, 1, 3, 7])},
+          attrs={"mode": "cubic", "antialias": 1}, opset=19, inputs_order=["x", "roi", "scales", "sizes"])
+grad_case("resize_nearest_axes", "Resize", {"x": u(2, 3, 4)},
+          consts={"roi": None, "scales": np.array([2.0, 0.5], dtype=np.float32)},
+          attrs={"mode": "nearest", "axes": [2, 1]}, opset=19, inputs_order=["x", "roi", "scales"])
