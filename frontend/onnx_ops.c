@@ -971,6 +971,56 @@ static int cv_conv(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   return ox_set_out(out, y);
 }
 
+/* ConvTranspose: the input gradient of the convolution it transposes
+ * (x [N, C, in...], w [C, M/group, k...] -> [N, M, out...]). */
+static int cv_conv_transpose(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (ox_need(x, in, nin, 2, 3)) return -1;
+  nv_node *a = ox_N(x, in[0]), *w = ox_N(x, in[1]);
+  if (!a || !w) return -1;
+  int ns = a->rank - 2;
+  if (ns < 1 || ns > 3 || w->rank != a->rank) return ox_err(x, "X must be [N, C, spatial...] (1 to 3 spatial dims) and W of its rank");
+  nv_node at = {.groups = ox_attr_i(x, "group", 1), .nspatial = ns};
+  int64_t v[6], op[3] = {0, 0, 0}, os[3];
+  for (int i = 0; i < ns; i++) at.strides[i] = at.dilations[i] = 1, at.kernel[i] = w->shape[2 + i];
+  if (ox_attr_ints(x, "strides", v, 3) == ns) memcpy(at.strides, v, (size_t)ns * 8);
+  if (ox_attr_ints(x, "dilations", v, 3) == ns) memcpy(at.dilations, v, (size_t)ns * 8);
+  int nop = ox_attr_ints(x, "output_padding", v, 6);
+  if (nop >= ns) memcpy(op, v, (size_t)ns * 8);
+  int nos = ox_attr_ints(x, "output_shape", v, 6);
+  if (nos > 0 && nos != ns) return ox_err(x, "output_shape has %d entries for %d spatial dims", nos, ns);
+  if (nos > 0) memcpy(os, v, (size_t)ns * 8);
+  char buf[32];
+  const char *ap = ox_attr_s(x, "auto_pad", "NOTSET", buf, sizeof buf);
+  int np = ox_attr_ints(x, "pads", v, 6);
+  for (int i = 0; i < ns; i++) {
+    if (at.strides[i] <= 0 || at.dilations[i] <= 0 || op[i] < 0 || (op[i] >= at.strides[i] && op[i] >= at.dilations[i]))
+      return ox_err(x, "strides and dilations must be positive, output_padding below the stride or the dilation");
+    int64_t span = at.strides[i] * (a->shape[2 + i] - 1) + op[i] + (at.kernel[i] - 1) * at.dilations[i] + 1;
+    if (!strcmp(ap, "SAME_UPPER") || !strcmp(ap, "SAME_LOWER")) {
+      int64_t o = nos > 0 ? os[i] : a->shape[2 + i] * at.strides[i], t = span - o;
+      at.pads[i] = !strcmp(ap, "SAME_UPPER") ? t / 2 : t - t / 2;
+      at.pads[ns + i] = t - at.pads[i];
+    } else if (!strcmp(ap, "NOTSET") || !strcmp(ap, "VALID")) {
+      at.pads[i] = np == 2 * ns && strcmp(ap, "VALID") ? v[i] : 0;
+      at.pads[ns + i] = np == 2 * ns && strcmp(ap, "VALID") ? v[ns + i] : 0;
+    } else
+      return ox_err(x, "auto_pad '%s' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID", ap);
+    if (at.pads[i] < 0 || at.pads[ns + i] < 0) return ox_err(x, "the padding for output_shape is negative");
+    at.list[2 + i] = nos > 0 && strcmp(ap, "SAME_UPPER") && strcmp(ap, "SAME_LOWER") ? os[i] : span - at.pads[i] - at.pads[ns + i];
+    if (at.list[2 + i] <= 0) return ox_err(x, "the output would be empty on spatial axis %d", i);
+  }
+  if (np >= 0 && np != 2 * ns) return ox_err(x, "pads has %d entries for %d spatial dims", np, ns);
+  if (at.groups <= 0 || a->shape[1] != w->shape[0] || a->shape[1] % at.groups)
+    return ox_err(x, "W [C, M/group, k...] must have X's C = %lld channels first, divisible by group %lld",
+                  (long long)a->shape[1], (long long)at.groups);
+  at.nlist = a->rank;
+  at.list[0] = a->shape[0], at.list[1] = w->shape[1] * at.groups;
+  nv_node *y = ox_add(x, NV_OP_CONV_GRAD_INPUT, 2, (nv_node *[]){a, w}, &at);
+  if (y && nin > 2 && in[2].present) y = ox_op2(x, NV_OP_ADD, y, per_channel(x, ox_N(x, in[2]), y));
+  return ox_set_out(out, y);
+}
+
 static int cv_pool(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out, int nout) {
   if (ox_need(x, in, nin, 1, 1)) return -1;
   if (nout > 1 && op != NV_OP_MAX_POOL) return ox_err(x, "has one output");
@@ -1010,7 +1060,7 @@ static const ox_op_entry table[] = {
     {"Shape", cv_shape}, {"Range", cv_range}, {"Trilu", cv_trilu}, {"ReduceSum", cv_reduce_sum},
     {"ReduceMean", cv_reduce_mean}, {"ReduceMax", cv_reduce_max}, {"SoftmaxCrossEntropyLoss", cv_sce_loss},
     {"NegativeLogLikelihoodLoss", cv_nll_loss}, {"GlobalAveragePool", cv_global_avg_pool},
-    {"Conv", cv_conv}, {"MaxPool", cv_max_pool}, {"AveragePool", cv_avg_pool},
+    {"Conv", cv_conv}, {"ConvTranspose", cv_conv_transpose}, {"MaxPool", cv_max_pool}, {"AveragePool", cv_avg_pool},
 };
 
 static ox_conv_fn lookup(const char *op) {

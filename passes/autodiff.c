@@ -448,7 +448,26 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
   }
   case NV_OP_MAX_POOL_INDICES:
     return true; /* integer result */
-  case NV_OP_CONV_GRAD_INPUT: case NV_OP_CONV_GRAD_WEIGHT: case NV_OP_MAX_POOL_GRAD: case NV_OP_AVG_POOL_GRAD:
+  case NV_OP_CONV_GRAD_INPUT: { /* ConvTranspose: d input = conv(g, w) (cut to the input), d w = conv_grad_weight(g, input) */
+    nv_node at = *y;
+    nv_node *gin = in[0], *w = in[1];
+    if (A->needs[gin->id]) {
+      nv_node *c = mk(A, NV_OP_CONV, 2, (nv_node *[]){g, w}, &at);
+      for (int i = 2; c && i < c->rank; i++)
+        if (c->shape[i] != gin->shape[i]) {
+          nv_node sl = {.axis = i, .start = 0, .end = gin->shape[i], .step = 1};
+          c = mk(A, NV_OP_SLICE, 1, &c, &sl);
+        }
+      accumulate(A, gin, c);
+    }
+    if (A->needs[w->id]) {
+      at.nlist = w->rank;
+      memcpy(at.list, w->shape, sizeof at.list);
+      accumulate(A, w, mk(A, NV_OP_CONV_GRAD_WEIGHT, 2, (nv_node *[]){g, gin}, &at));
+    }
+    return true;
+  }
+  case NV_OP_CONV_GRAD_WEIGHT: case NV_OP_MAX_POOL_GRAD: case NV_OP_AVG_POOL_GRAD:
   case NV_OP_COUNT:
     return false; /* no second derivatives */
   }

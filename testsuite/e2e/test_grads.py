@@ -57,7 +57,7 @@ NOT_DIFFERENTIABLE = {
     "xor": "bool operands and result",
 }
 NOT_DIFFERENTIABLE.update({
-    "conv_grad_input": "backward op made by autodiff (no second derivatives)",
+    "conv_grad_input": "ONNX ConvTranspose; its rule is checked by test_grads_onnx.py (conv_transpose_*)",
     "conv_grad_weight": "backward op made by autodiff (no second derivatives)",
     "max_pool_grad": "backward op made by autodiff (no second derivatives)",
     "max_pool_indices": "integer result (ONNX MaxPool Indices), not differentiable",

@@ -148,3 +148,26 @@ grad_case("resize_cubic_sizes_antialias", "Resize", {"x": u(1, 1, 6, 5)},
 grad_case("resize_nearest_axes", "Resize", {"x": u(2, 3, 4)},
           consts={"roi": None, "scales": np.array([2.0, 0.5], dtype=np.float32)},
           attrs={"mode": "nearest", "axes": [2, 1]}, opset=19, inputs_order=["x", "roi", "scales"])
+# ConvTranspose: the transposed convolution's input gradient (conv) and weight gradient
+grad_case("conv_transpose_stride_pad", "ConvTranspose", {"x": u(2, 3, 3, 4), "w": u(3, 2, 3, 2), "b": u(2)},
+          attrs={"strides": [2, 1], "pads": [1, 0, 0, 1], "output_padding": [1, 0]}, opset=17)
+def conv_transpose_1d_ref(x, w, G=2, s=3):
+    """(the onnx reference fails on groups in 1-D): y[n, g M + m, o s + k] += x[n, g C + c, o] w[g C + c, m, k]"""
+    N, C, O = x.shape
+    M, K = w.shape[1], w.shape[2]
+    y = np.zeros((N, M * G, s * (O - 1) + K))
+    for g in range(G):
+        for c in range(C // G):
+            for m in range(M):
+                for o in range(O):
+                    for k in range(K):
+                        y[:, g * M + m, o * s + k] += x[:, g * (C // G) + c, o] * w[g * (C // G) + c, m, k]
+    return y
+
+
+grad_case("conv_transpose_group", "ConvTranspose", {"x": u(1, 4, 5), "w": u(4, 3, 2)},
+          attrs={"group": 2, "strides": [3]}, opset=17, ref=conv_transpose_1d_ref)
+grad_case("conv_transpose_dilation", "ConvTranspose", {"x": u(1, 2, 5), "w": u(2, 3, 2)},
+          attrs={"dilations": [2], "strides": [2]}, opset=17)
+grad_case("conv_transpose_output_shape", "ConvTranspose", {"x": u(1, 2, 3, 3), "w": u(2, 1, 3, 3)},
+          attrs={"strides": [2, 2], "output_shape": [8, 7]}, opset=17)
