@@ -168,21 +168,24 @@ tv lw_lower_scatter_nd(lw *L, const tv *in, int mode, const tv *res) {
   return out;
 }
 
-/* Loops (x dims..., j over the axis), j a reduction: out[i] sums x[j] for j
- * before i (or after it, reversed; i itself unless exclusive). */
+/* Loops (x dims..., j over the axis), j a reduction: out[i] sums (or
+ * multiplies) x[j] for j before i (or after it, reversed; i itself unless
+ * exclusive). */
 tv lw_lower_cumsum(lw *L, tv x, int axis, int mode, const tv *res) {
   int r = x.rank, xm[NOVA_MAX_RANK], om[NOVA_MAX_RANK];
   for (int i = 0; i < r; i++) xm[i] = i == axis ? r : i, om[i] = i;
   char iters[NOVA_MAX_RANK + 2] = "pppppppp";
   iters[r] = 'r', iters[r + 1] = 0;
-  bool fl = fe_dtype_is_float(x.dt), ex = mode & NV_CUMSUM_EXCLUSIVE, rev = mode & NV_CUMSUM_REVERSE;
+  bool fl = fe_dtype_is_float(x.dt), ex = mode & NV_CUMSUM_EXCLUSIVE, rev = mode & NV_CUMSUM_REVERSE,
+       prod = mode & NV_CUMSUM_PRODUCT;
   const char *pred = rev ? (ex ? "ugt" : "uge") : (ex ? "ult" : "ule");
   char body[600];
   snprintf(body, sizeof body,
            "%%i = linalg.index %d : index\n%%j = linalg.index %d : index\n%%in = arith.cmpi %s, %%j, %%i : index\n"
            "%%s = %s %%acc, %%in0 : %s\n%%r = arith.select %%in, %%s, %%acc : %s",
-           axis, r, pred, fl ? "arith.addf" : "arith.addi", lw_ety(x.dt), lw_ety(x.dt));
-  tv z = lw_filled(L, r, res->shape, res->dt, 0.0);
+           axis, r, pred, prod ? (fl ? "arith.mulf" : "arith.muli") : (fl ? "arith.addf" : "arith.addi"), lw_ety(x.dt),
+           lw_ety(x.dt));
+  tv z = lw_filled(L, r, res->shape, res->dt, prod ? 1.0 : 0.0);
   const int *mp[1] = {xm};
   return lw_generic(L, 1, &x, mp, r + 1, iters, om, r, res->shape, res->dt, z, body);
 }

@@ -102,8 +102,9 @@
 
 /* How scatter_elements / scatter_nd combine an update with the value there. */
 enum { NV_SCATTER_NONE, NV_SCATTER_ADD, NV_SCATTER_MUL, NV_SCATTER_MAX, NV_SCATTER_MIN };
-/* cumsum: exclusive (the element itself not included), reverse (from the end). */
-enum { NV_CUMSUM_EXCLUSIVE = 1, NV_CUMSUM_REVERSE = 2 };
+/* cumsum: exclusive (the element itself not included), reverse (from the end),
+ * product (running products: ONNX CumProd). */
+enum { NV_CUMSUM_EXCLUSIVE = 1, NV_CUMSUM_REVERSE = 2, NV_CUMSUM_PRODUCT = 4 };
 
 typedef enum nv_op {
 #define X(e, n, a, b) NV_OP_##e,

@@ -73,16 +73,17 @@ CV(cv_scatter_nd) {
   return ox_set_out(out, ox_add(x, NV_OP_SCATTER_ND, 3, (nv_node *[]){ox_N(x, in[0]), ox_N(x, in[1]), ox_N(x, in[2])}, &at));
 }
 
-CV(cv_cumsum) {
-  (void)nout;
+static int cumulative(ox_ctx *x, ox_val *in, int nin, ox_val *out, int64_t product) {
   if (ox_need(x, in, nin, 2, 2)) return -1;
   int64_t axis;
   if (ox_const_ints(x, in[1], "axis", &axis, 1) != 1) return -1;
   nv_node at = {.axis = axis, .mode = (ox_attr_i(x, "exclusive", 0) ? NV_CUMSUM_EXCLUSIVE : 0) |
-                                      (ox_attr_i(x, "reverse", 0) ? NV_CUMSUM_REVERSE : 0)};
+                                      (ox_attr_i(x, "reverse", 0) ? NV_CUMSUM_REVERSE : 0) | product};
   nv_node *a = ox_N(x, in[0]);
   return ox_set_out(out, a ? ox_add(x, NV_OP_CUMSUM, 1, &a, &at) : NULL);
 }
+CV(cv_cumsum) { (void)nout; return cumulative(x, in, nin, out, 0); }
+CV(cv_cumprod) { (void)nout; return cumulative(x, in, nin, out, NV_CUMSUM_PRODUCT); }
 
 CV(cv_tile) { /* per axis: a gather of j mod d for j < r d */
   (void)nout;
@@ -226,6 +227,6 @@ CV(cv_one_hot) { /* (wrap(i) == j) ? on : off along the new axis */
 
 const ox_op_entry ox_index_ops[] = {
     {"GatherElements", cv_gather_elements}, {"ScatterElements", cv_scatter_elements}, {"GatherND", cv_gather_nd},
-    {"ScatterND", cv_scatter_nd}, {"Scatter", cv_scatter_elements}, {"CumSum", cv_cumsum}, {"Tile", cv_tile}, {"Pad", cv_pad}, {"OneHot", cv_one_hot},
+    {"ScatterND", cv_scatter_nd}, {"Scatter", cv_scatter_elements}, {"CumSum", cv_cumsum}, {"CumProd", cv_cumprod}, {"Tile", cv_tile}, {"Pad", cv_pad}, {"OneHot", cv_one_hot},
 };
 const size_t ox_index_nops = sizeof ox_index_ops / sizeof *ox_index_ops;

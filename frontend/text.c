@@ -471,8 +471,9 @@ static bool parse_attr(parser *P, nv_op op, const char *key, nv_loc kloc, nv_nod
   if (!parse_int_value(P, key, &v)) return false;
   if (strcmp(key, "axis") == 0 || strcmp(key, "batch_dims") == 0) a->axis = v;
   else if (strcmp(key, "mode") == 0) {
-    if (v < 0 || v > 4) {
-      nv_error(P->d, kloc, "mode must be 0 to 4 (scatter: none, add, mul, max, min; cumsum: 1 exclusive + 2 reverse)");
+    if (v < 0 || v > 7) {
+      nv_error(P->d, kloc, "mode must be 0 to 7 (scatter: 0 to 4, none, add, mul, max, min; cumsum: 1 exclusive + 2 "
+               "reverse + 4 product)");
       P->failed = true;
       return false;
     }

@@ -152,6 +152,7 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     return true;
   }
   case NV_OP_CUMSUM: { /* the sum the other way round */
+    if (y->mode & NV_CUMSUM_PRODUCT) return false; /* running products: no rule yet */
     nv_node at = *y;
     at.mode = y->mode ^ NV_CUMSUM_REVERSE;
     accumulate(A, x, mk(A, NV_OP_CUMSUM, 1, &g, &at));
@@ -616,7 +617,7 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     A.loc = n->loc;
     if (!rule(&A, n, A.grad[i]) && !A.failed) {
       nv_error(d, n->loc, "--train: %s has no backward rule%s", nv_op_name(n->op),
-               "");
+               n->op == NV_OP_CUMSUM ? " for running products (CumProd)" : "");
       A.failed = true;
     }
   }

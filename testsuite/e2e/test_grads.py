@@ -65,7 +65,11 @@ NOT_DIFFERENTIABLE.update({
 })
 NO_RULE = {}  # op -> a model using it; novac --train must refuse it
 # Forms of ops that have a rule, but not for these attributes (refused the same way).
-NO_RULE_FORMS = {}
+NO_RULE_FORMS = {
+    "cumsum_product": ("param x: f64[3, 4] = normal(1)\n"
+                       "output loss = reduce_sum(cumsum(x, axis=1, mode=4))\n",
+                       "cumsum has no backward rule for running products (CumProd)"),
+}
 
 
 # ---- the numpy reference ----------------------------------------------------
