@@ -225,7 +225,97 @@ CV(cv_one_hot) { /* (wrap(i) == j) ? on : off along the new axis */
   return ox_set_out(out, ox_op3(x, NV_OP_WHERE, hit, on, off));
 }
 
+/* TopK by ranks: element i's rank is the number of elements before it in
+ * the order (larger, or equal at a smaller index; smaller for largest=0);
+ * output r takes the element of rank r.  O(n^2) compares along the axis. */
+CV(cv_topk) {
+  if (ox_need(x, in, nin, x->opset < 10 ? 1 : 2, x->opset < 10 ? 1 : 2)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a) return -1;
+  int64_t k, axis = ox_attr_i(x, "axis", -1);
+  if (x->opset < 10) k = ox_attr_i(x, "k", -1);
+  else if (ox_const_ints(x, in[1], "k", &k, 1) != 1) return -1;
+  if (a->rank == 0 || ox_norm_axis(x, &axis, a->rank)) return a->rank ? -1 : ox_err(x, "input must have rank >= 1");
+  int64_t n = a->shape[axis];
+  if (k < 0 || k > n) return ox_err(x, "k = %lld is outside [0, %lld]", (long long)k, (long long)n);
+  if (n > 4096) return ox_err(x, "TopK over an axis of %lld elements is not supported (at most 4096)", (long long)n);
+  bool largest = ox_attr_i(x, "largest", 1) != 0;
+  int r = a->rank;
+  if (r + 1 > NOVA_MAX_RANK) return ox_err(x, "input rank %d is too large (at most %d)", r, NOVA_MAX_RANK - 1);
+  /* the axis last: t [R..., n] */
+  int64_t perm[NOVA_MAX_RANK], inv[NOVA_MAX_RANK];
+  for (int i = 0, j = 0; i < r; i++)
+    if (i != axis) perm[j++] = i;
+  perm[r - 1] = axis;
+  for (int i = 0; i < r; i++) inv[perm[i]] = i;
+  nv_node *t = axis == r - 1 ? a : ox_transpose(x, a, perm);
+  if (!t) return -1;
+  int64_t sj[NOVA_MAX_RANK], si[NOVA_MAX_RANK];
+  memcpy(sj, t->shape, sizeof sj);
+  memcpy(si, t->shape, sizeof si);
+  sj[r - 1] = n, sj[r] = 1, si[r - 1] = 1, si[r] = n;
+  nv_node *xj = ox_reshape(x, t, r + 1, sj), *xi = ox_reshape(x, t, r + 1, si); /* [.., j, 1], [.., 1, i] */
+  int64_t nn[2] = {n, n}, kn[2] = {k, n}, one_n[2] = {1, n};
+  ox_tensor *lt = ox_tensor_new(NOVA_DTYPE_BOOL, 2, nn), *kr = ox_tensor_new(NOVA_DTYPE_I64, 2, kn);
+  ox_tensor *io = ox_tensor_new(NOVA_DTYPE_I64, 2, one_n);
+  if (!lt || !kr || !io) {
+    ox_tensor_free(lt), ox_tensor_free(kr), ox_tensor_free(io);
+    return -1;
+  }
+  for (int64_t j = 0; j < n; j++) {
+    ox_set(io, j, (double)j, j);
+    for (int64_t i = 0; i < n; i++) ox_set(lt, j * n + i, j < i, j < i);
+  }
+  for (int64_t q = 0; q < k; q++)
+    for (int64_t i = 0; i < n; i++) ox_set(kr, q * n + i, (double)q, q);
+  nv_node *jbefore = ox_N(x, (ox_val){.k = lt, .present = true}), *ranks = ox_N(x, (ox_val){.k = kr, .present = true});
+  nv_node *iota = ox_N(x, (ox_val){.k = io, .present = true});
+  ox_tensor_free(lt), ox_tensor_free(kr), ox_tensor_free(io);
+  nv_node *ahead = ox_op2(x, largest ? NV_OP_GREATER : NV_OP_LESS, xj, xi);
+  nv_node *before = ox_op2(x, NV_OP_OR, ahead, ox_op2(x, NV_OP_AND, ox_op2(x, NV_OP_EQUAL, xj, xi), jbefore));
+  nv_node i64 = {.to = NOVA_DTYPE_I64};
+  nv_node *cnt = before ? ox_add(x, NV_OP_CAST, 1, &before, &i64) : NULL;
+  nv_node *rank = ox_reduce(x, NV_OP_REDUCE_SUM, cnt, 1, (int64_t[]){r - 1}, true); /* [.., 1, i] */
+  nv_node *sel = ox_op2(x, NV_OP_EQUAL, rank, ranks);                              /* [.., k, i] */
+  int64_t last = r;
+  nv_node *vals = ox_reduce(x, NV_OP_REDUCE_SUM, ox_op3(x, NV_OP_WHERE, sel, xi, ox_scalar(x, a->dtype, 0)), 1, &last, false);
+  nv_node *idx = ox_reduce(x, NV_OP_REDUCE_SUM, ox_op3(x, NV_OP_WHERE, sel, iota, ox_scalar(x, NOVA_DTYPE_I64, 0)), 1, &last, false);
+  if (!vals || !idx) return -1;
+  if (axis != r - 1) vals = ox_transpose(x, vals, inv), idx = ox_transpose(x, idx, inv);
+  if (ox_set_out(out, vals)) return -1;
+  if (nout > 1) out[1] = (ox_val){.node = idx, .present = idx != NULL};
+  return idx ? 0 : -1;
+}
+
+/* Compress with a known condition: a gather of the positions it holds. */
+CV(cv_compress) {
+  (void)nout;
+  if (ox_need(x, in, nin, 2, 2)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a) return -1;
+  if (!in[1].k) return ox_err(x, "the condition must be known when compiling (the result's shape depends on it)");
+  bool has_axis = ox_attr(x, "axis") != NULL;
+  int64_t axis = ox_attr_i(x, "axis", 0);
+  if (!has_axis) {
+    int64_t e = fe_numel(a);
+    a = ox_reshape(x, a, 1, &e);
+    axis = 0;
+  } else if (ox_norm_axis(x, &axis, a->rank))
+    return -1;
+  if (!a) return -1;
+  int64_t n = ox_numel(in[1].k), dim = a->shape[axis], m = 0;
+  if (n > dim) return ox_err(x, "the condition has %lld entries for an axis of %lld", (long long)n, (long long)dim);
+  int64_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+  if (!v) return -1;
+  for (int64_t i = 0; i < n; i++)
+    if (ox_geti(in[1].k, i)) v[m++] = i;
+  nv_node *r = m ? pick(x, a, axis, v, m) : ox_slice1(x, a, axis, 0, 0, 1);
+  free(v);
+  return ox_set_out(out, r);
+}
+
 const ox_op_entry ox_index_ops[] = {
+    {"TopK", cv_topk}, {"Compress", cv_compress},
     {"GatherElements", cv_gather_elements}, {"ScatterElements", cv_scatter_elements}, {"GatherND", cv_gather_nd},
     {"ScatterND", cv_scatter_nd}, {"Scatter", cv_scatter_elements}, {"CumSum", cv_cumsum}, {"CumProd", cv_cumprod}, {"Tile", cv_tile}, {"Pad", cv_pad}, {"OneHot", cv_one_hot},
 };

@@ -171,3 +171,10 @@ grad_case("conv_transpose_dilation", "ConvTranspose", {"x": u(1, 2, 5), "w": u(2
           attrs={"dilations": [2], "strides": [2]}, opset=17)
 grad_case("conv_transpose_output_shape", "ConvTranspose", {"x": u(1, 2, 3, 3), "w": u(2, 1, 3, 3)},
           attrs={"strides": [2, 2], "output_shape": [8, 7]}, opset=17)
+# TopK (values; distinct inputs, so the order is stable under +-h) and Compress
+grad_case("topk_axis1", "TopK", {"x": rng.permutation(np.linspace(-2, 2, 24)).reshape(2, 4, 3)},
+          consts={"k": np.array([2])}, attrs={"axis": 1}, outputs=2, opset=17)
+grad_case("topk_smallest_last", "TopK", {"x": rng.permutation(np.linspace(-2, 2, 15)).reshape(3, 5)},
+          consts={"k": np.array([3])}, attrs={"largest": 0}, outputs=2, opset=17)
+grad_case("compress_axis0", "Compress", {"x": u(4, 3)}, consts={"c": np.array([True, False, True, True])},
+          attrs={"axis": 0}, opset=17)

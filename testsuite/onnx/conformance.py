@@ -92,7 +92,7 @@ FOLD = {
     "Dropout": (1, 2), "Pad": (1, 3), "Tile": (1,), "OneHot": (1,), "TopK": (1,),
     "Resize": (1, 2, 3), "Upsample": (1,), "ReduceMin": (1,), "ReduceProd": (1,), "ReduceL1": (1,),
     "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,),
-    "CumSum": (1,), "CumProd": (1,), "Split": (1,), "SplitToSequence": (1,), "CenterCropPad": (1,), "Col2Im": (1, 2),
+    "CumSum": (1,), "CumProd": (1,), "Compress": (1,), "Split": (1,), "SplitToSequence": (1,), "CenterCropPad": (1,), "Col2Im": (1, 2),
 }
 
 # onnx's backend-test tolerances, and tests known to need others:
