@@ -1021,12 +1021,14 @@ static int cv_conv_transpose(ox_ctx *x, ox_val *in, int nin, ox_val *out, int no
   return ox_set_out(out, y);
 }
 
-static int cv_pool(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out, int nout) {
+/* include_pad: -1 = the count_include_pad attribute. */
+static int pool(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out, int nout, int include_pad) {
   if (ox_need(x, in, nin, 1, 1)) return -1;
   if (nout > 1 && op != NV_OP_MAX_POOL) return ox_err(x, "has one output");
   nv_node *a = ox_N(x, in[0]);
   if (!a) return -1;
-  nv_node at = {.ceil_mode = ox_attr_i(x, "ceil_mode", 0) != 0, .count_include_pad = ox_attr_i(x, "count_include_pad", 0) != 0};
+  nv_node at = {.ceil_mode = ox_attr_i(x, "ceil_mode", 0) != 0,
+                .count_include_pad = include_pad >= 0 ? include_pad : ox_attr_i(x, "count_include_pad", 0) != 0};
   int n = ox_attr_ints(x, "kernel_shape", at.kernel, 3);
   if (n != a->rank - 2) return ox_err(x, "kernel_shape must have one entry per spatial dim (%d)", a->rank - 2);
   at.col_major = ox_attr_i(x, "storage_order", 0) != 0;
@@ -1040,8 +1042,29 @@ static int cv_pool(ox_ctx *x, nv_op op, ox_val *in, int nin, ox_val *out, int no
   }
   return 0;
 }
-static int cv_max_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { return cv_pool(x, NV_OP_MAX_POOL, in, nin, out, nout); }
-static int cv_avg_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { return cv_pool(x, NV_OP_AVG_POOL, in, nin, out, nout); }
+/* LpPool: (sum of |x|^p over the window)^(1/p), the padding counting as 0,
+ * written as (K avg_pool(|x|^p))^(1/p) with the padding included in the
+ * average, K the window's element count. */
+static int cv_lp_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a) return -1;
+  double p = x->opset < 11 ? ox_attr_f(x, "p", 2.0) : (double)ox_attr_i(x, "p", 2);
+  if (!(p > 0)) return ox_err(x, "p must be positive");
+  nv_node *t = p == 2 ? ox_op2(x, NV_OP_MUL, a, a) : ox_op2(x, NV_OP_POW, ox_op1(x, NV_OP_ABS, a), ox_scalar(x, a->dtype, p));
+  ox_val v = {.node = t, .present = t != NULL};
+  if (!t || pool(x, NV_OP_AVG_POOL, &v, 1, out, 1, 1)) return -1;
+  double kn = 1;
+  int64_t ks[3];
+  int nk = ox_attr_ints(x, "kernel_shape", ks, 3);
+  for (int i = 0; i < nk; i++) kn *= (double)ks[i];
+  nv_node *s = ox_op2(x, NV_OP_MUL, out[0].node, ox_scalar(x, a->dtype, kn));
+  return ox_set_out(out, p == 2 ? ox_op1(x, NV_OP_SQRT, s) : ox_op2(x, NV_OP_POW, s, ox_scalar(x, a->dtype, 1 / p)));
+}
+
+static int cv_max_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { return pool(x, NV_OP_MAX_POOL, in, nin, out, nout, -1); }
+static int cv_avg_pool(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) { return pool(x, NV_OP_AVG_POOL, in, nin, out, nout, -1); }
 
 /* ---- dispatch ------------------------------------------------------------------ */
 
@@ -1060,7 +1083,7 @@ static const ox_op_entry table[] = {
     {"Shape", cv_shape}, {"Range", cv_range}, {"Trilu", cv_trilu}, {"ReduceSum", cv_reduce_sum},
     {"ReduceMean", cv_reduce_mean}, {"ReduceMax", cv_reduce_max}, {"SoftmaxCrossEntropyLoss", cv_sce_loss},
     {"NegativeLogLikelihoodLoss", cv_nll_loss}, {"GlobalAveragePool", cv_global_avg_pool},
-    {"Conv", cv_conv}, {"ConvTranspose", cv_conv_transpose}, {"MaxPool", cv_max_pool}, {"AveragePool", cv_avg_pool},
+    {"Conv", cv_conv}, {"ConvTranspose", cv_conv_transpose}, {"LpPool", cv_lp_pool}, {"MaxPool", cv_max_pool}, {"AveragePool", cv_avg_pool},
 };
 
 static ox_conv_fn lookup(const char *op) {

@@ -178,3 +178,6 @@ grad_case("topk_smallest_last", "TopK", {"x": rng.permutation(np.linspace(-2, 2,
           consts={"k": np.array([3])}, attrs={"largest": 0}, outputs=2, opset=17)
 grad_case("compress_axis0", "Compress", {"x": u(4, 3)}, consts={"c": np.array([True, False, True, True])},
           attrs={"axis": 0}, opset=17)
+grad_case("lp_pool_p2_pads", "LpPool", {"x": u(1, 2, 4, 5)}, attrs={"kernel_shape": [2, 3], "pads": [1, 0, 0, 1], "p": 2},
+          opset=18)
+grad_case("lp_pool_p3", "LpPool", {"x": away(1, 1, 6)}, attrs={"kernel_shape": [3], "strides": [2], "p": 3}, opset=18)
