@@ -181,3 +181,8 @@ grad_case("compress_axis0", "Compress", {"x": u(4, 3)}, consts={"c": np.array([T
 grad_case("lp_pool_p2_pads", "LpPool", {"x": u(1, 2, 4, 5)}, attrs={"kernel_shape": [2, 3], "pads": [1, 0, 0, 1], "p": 2},
           opset=18)
 grad_case("lp_pool_p3", "LpPool", {"x": away(1, 1, 6)}, attrs={"kernel_shape": [3], "strides": [2], "p": 3}, opset=18)
+# Einsum: the batched-matmul path, the general product path, diagonals, ellipses
+grad_case("einsum_bmm_transposed", "Einsum", {"a": u(2, 3, 4), "b": u(2, 5, 4)}, attrs={"equation": "bik,bjk->bji"})
+grad_case("einsum_three_operands", "Einsum", {"a": u(3, 4), "b": u(4, 2), "c": u(2)}, attrs={"equation": "ij,jk,k->i"})
+grad_case("einsum_diagonal_ellipsis", "Einsum", {"a": u(2, 3, 3), "b": u(2, 3)}, attrs={"equation": "...ii,...i->...i"})
+grad_case("einsum_implicit_sum", "Einsum", {"a": u(3, 4, 2)}, attrs={"equation": "ijk"})
