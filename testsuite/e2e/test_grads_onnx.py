@@ -186,3 +186,35 @@ grad_case("einsum_bmm_transposed", "Einsum", {"a": u(2, 3, 4), "b": u(2, 5, 4)},
 grad_case("einsum_three_operands", "Einsum", {"a": u(3, 4), "b": u(4, 2), "c": u(2)}, attrs={"equation": "ij,jk,k->i"})
 grad_case("einsum_diagonal_ellipsis", "Einsum", {"a": u(2, 3, 3), "b": u(2, 3)}, attrs={"equation": "...ii,...i->...i"})
 grad_case("einsum_implicit_sum", "Einsum", {"a": u(3, 4, 2)}, attrs={"equation": "ijk"})
+# recurrent cells, unrolled: every weight's gradient through time
+grad_case("lstm_bidirectional_peepholes", "LSTM",
+          {"x": u(3, 2, 4, lo=-1, hi=1), "w": u(2, 12, 4, lo=-1, hi=1), "r": u(2, 12, 3, lo=-1, hi=1),
+           "b": u(2, 24, lo=-1, hi=1), "h0": u(2, 2, 3, lo=-1, hi=1), "c0": u(2, 2, 3, lo=-1, hi=1),
+           "p": u(2, 9, lo=-1, hi=1)},
+          consts={"lens": None}, attrs={"hidden_size": 3, "direction": "bidirectional"}, opset=14,
+          inputs_order=["x", "w", "r", "b", "lens", "h0", "c0", "p"])
+grad_case("gru_linear_before_reset_layout1", "GRU",
+          {"x": u(2, 3, 4, lo=-1, hi=1), "w": u(1, 9, 4, lo=-1, hi=1), "r": u(1, 9, 3, lo=-1, hi=1), "b": u(1, 18, lo=-1, hi=1)},
+          attrs={"hidden_size": 3, "linear_before_reset": 1, "layout": 1}, opset=14)
+grad_case("rnn_reverse", "RNN", {"x": u(4, 2, 3, lo=-1, hi=1), "w": u(1, 5, 3, lo=-1, hi=1), "r": u(1, 5, 5, lo=-1, hi=1)},
+          attrs={"hidden_size": 5, "direction": "reverse"}, opset=14)
+
+
+def rnn_lens_ref(x, w, r, lens=np.array([3, 1], dtype=np.int32), alpha=0.3):
+    """(the onnx reference ignores sequence_lens and activations) LeakyRelu cell; past a batch's
+    length the state stays and Y is 0"""
+    h = np.zeros((x.shape[1], w.shape[1]))
+    ys = []
+    for t in range(x.shape[0]):
+        a = x[t] @ w[0].T + h @ r[0].T
+        hn = np.where(a < 0, alpha * a, a)
+        live = (t < lens)[:, None]
+        ys.append(np.where(live, hn, 0))
+        h = np.where(live, hn, h)
+    return np.stack(ys)[:, None]
+
+
+grad_case("rnn_sequence_lens_leaky", "RNN", {"x": u(3, 2, 3, lo=-1, hi=1), "w": u(1, 4, 3, lo=-1, hi=1), "r": u(1, 4, 4, lo=-1, hi=1)},
+          consts={"b": None, "lens": np.array([3, 1], dtype=np.int32)},
+          attrs={"hidden_size": 4, "activations": ["LeakyRelu"], "activation_alpha": [0.3]}, opset=14,
+          inputs_order=["x", "w", "r", "b", "lens"], ref=rnn_lens_ref)
