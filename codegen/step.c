@@ -172,7 +172,7 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
     nv_sb_printf(&b, ", %d, %d, %d, {", (int)t[i].role, (int)x->dtype, x->rank);
     for (int k = 0; k < x->rank; k++) nv_sb_printf(&b, "%s%lld", k ? ", " : "", (long long)x->shape[k]);
     bool arg = t[i].role == NOVA_ROLE_INPUT || t[i].role == NOVA_ROLE_LABEL || t[i].role == NOVA_ROLE_PARAM ||
-               t[i].role == NOVA_ROLE_OPT_STATE;
+               t[i].role == NOVA_ROLE_OPT_STATE || t[i].role == NOVA_ROLE_BUFFER;
     int64_t bound = arg ? x->index_bound : 0;
     bool inplace = plan && plan->inplace && i >= nargs_in && i - nargs_in < plan->noutputs && plan->inplace[i - nargs_in];
     nv_sb_printf(&b, "%s}, %lld, %lld, %d, %lld, %d},\n", x->rank ? "" : "0", (long long)bound,
@@ -234,15 +234,15 @@ int cg_run_tool(nova_ctx *c, const char *dir, char *const argv[], bool verbose, 
 /* ---- manifest -------------------------------------------------------- */
 
 static const char *role_name(nova_role r) {
-  static const char *n[] = {"input", "label", "param", "opt_state", "output", "loss", "grad", "update"};
-  return (unsigned)r < 8 ? n[r] : "?";
+  static const char *n[] = {"input", "label", "param", "opt_state", "output", "loss", "grad", "update", "buffer"};
+  return (unsigned)r < 9 ? n[r] : "?";
 }
 
 /* The number of entry arguments that are inputs (they come first). */
 static int nargs_of(const step_tensor *t, int n) {
   int k = 0;
   while (k < n && (t[k].role == NOVA_ROLE_INPUT || t[k].role == NOVA_ROLE_LABEL || t[k].role == NOVA_ROLE_PARAM ||
-                   t[k].role == NOVA_ROLE_OPT_STATE))
+                   t[k].role == NOVA_ROLE_OPT_STATE || t[k].role == NOVA_ROLE_BUFFER))
     k++;
   return k;
 }
@@ -261,6 +261,21 @@ int64_t cg_io_bytes(const nv_graph *g, const cg_plan *plan) {
     if (!in_place(plan, t, n, i)) io += fe_numel(t[i].node) * (int64_t)fe_dtype_size(t[i].node->dtype);
   free(n >= 0 ? t : NULL);
   return io;
+}
+
+/* "initializers": what --train made of each initializer of an ONNX model. */
+static void add_initializers(cJSON *root, const nv_graph *g) {
+  static const char *const role[] = {"param", "buffer", "constant"};
+  cJSON *a = cJSON_AddArrayToObject(root, "initializers");
+  for (int i = 0; i < g->ninits; i++) {
+    const nv_initializer *in = &g->inits[i];
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "name", in->name);
+    cJSON_AddStringToObject(e, "role", role[in->role]);
+    cJSON_AddStringToObject(e, "storage", in->folded ? "folded" : "tensor");
+    cJSON_AddStringToObject(e, "reason", in->reason);
+    cJSON_AddItemToArray(a, e);
+  }
 }
 
 static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const char *hash, const cg_options *o,
@@ -306,6 +321,7 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
     cJSON_AddItemToArray(ts, e);
     if (t[i].role == NOVA_ROLE_PARAM) param_bytes += bytes;
   }
+  if (g->inits) add_initializers(root, g);
   io_bytes = (double)cg_io_bytes(g, o->plan);
   cJSON *mem = cJSON_AddObjectToObject(root, "memory");
   cJSON_AddNumberToObject(mem, "tensor_bytes", io_bytes);

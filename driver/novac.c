@@ -71,6 +71,7 @@ static void usage(FILE *f) {
         "  --train               compile a training step: forward, backward and optimizer update\n"
         "  --loss=NAME           the loss output (default: the one scalar float output)\n"
         "  --freeze=GLOB[,GLOB]  params kept constant (every other float param is trained)\n"
+        "  --train-only=GLOB[,GLOB]  train only the params these match; the rest are constants\n"
         "  --optimizer=sgd|momentum|adamw, --nesterov\n"
         "  --lr=F                learning rate (default 0.01; adamw 0.001); also a run-time input 'lr'\n"
         "  --momentum=F --beta1=F --beta2=F --eps=F --weight-decay=F\n"
@@ -105,6 +106,20 @@ static int num_value(const char *name, const char *v, double *out) {
     return 2;
   }
   *out = x;
+  return 0;
+}
+
+/* --freeze and --train-only: 1 to 64 non-empty patterns, 1000 characters. */
+static int check_globs(const char *opt, const char *v) {
+  if (!v) return 0;
+  int n = 1;
+  for (const char *p = v; *p; p++) n += *p == ',';
+  bool empty = !*v || *v == ',' || v[strlen(v) - 1] == ',' || strstr(v, ",,");
+  if (n > 64 || strlen(v) > 1000 || empty) {
+    fprintf(stderr, "novac: %s takes 1 to 64 non-empty patterns separated by commas (1000 characters at most), "
+            "got '%s'\nTry 'novac --help'.\n", opt, v);
+    return 2;
+  }
   return 0;
 }
 
@@ -166,6 +181,7 @@ static int parse_args(int argc, char **argv, opts *o) {
     } else if (!strcmp(a, "--train")) o->train = true;
     else if ((v = opt_value(argc, argv, &i, "--loss"))) o->ad.loss = v;
     else if ((v = opt_value(argc, argv, &i, "--freeze"))) o->ad.freeze = v;
+    else if ((v = opt_value(argc, argv, &i, "--train-only"))) o->ad.train_only = v;
     else if ((v = opt_value(argc, argv, &i, "--optimizer"))) {
       if (!strcmp(v, "sgd")) o->ad.optimizer = AD_SGD;
       else if (!strcmp(v, "momentum")) o->ad.optimizer = AD_MOMENTUM;
@@ -226,11 +242,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       o->ad.beta1 >= 1 || o->ad.beta2 < 0 || o->ad.beta2 >= 1)
     return bad_usage("optimizer settings out of range%s: need lr, momentum, weight-decay >= 0, eps > 0 and "
                      "0 <= beta1, beta2 < 1", "");
-  if (o->ad.freeze) {
-    int n = 1;
-    for (const char *p = o->ad.freeze; *p; p++) n += *p == ',';
-    if (n > 64 || strlen(o->ad.freeze) > 1000) return bad_usage("--freeze takes at most 64 patterns and 1000 characters%s", "");
-  }
+  if (check_globs("--freeze", o->ad.freeze) || check_globs("--train-only", o->ad.train_only)) return 2;
   if (!o->wd_set) o->ad.weight_decay = o->ad.optimizer == AD_ADAMW ? 1e-2 : 0;
   if (o->train) nv_sb_printf(&o->flags, " --train");
   return 0;
@@ -286,13 +298,44 @@ static int dump_if(const opts *o, const char *stage, MlirModule m) {
   return 0;
 }
 
+/* The names of the params G's loss depends on through differentiable ops
+ * (into NAMES, borrowed from G), or -1 when that is not known. */
+static int reached_params(nv_graph *g, nv_diag *quiet, const char *loss, const char **names) {
+  int nf = g->nnodes, k = 0;
+  bool *reached = calloc((size_t)nf + 1, sizeof *reached);
+  if (!reached || ad_grad_reach(g, quiet, loss, reached)) k = -1;
+  for (int i = 0; k >= 0 && i < nf; i++)
+    if (reached[i]) names[k++] = g->nodes[i]->name;
+  free(reached);
+  return k;
+}
+
+/* An ONNX model for --train, imported twice: first with every float
+ * initializer a parameter, quietly, to find those the loss depends on
+ * through differentiable ops; then for real, with the roles onnx_roles.c
+ * gives them.  --freeze and --train-only are applied here, not by
+ * autodiff. */
+static nv_graph *load_onnx_train(nv_diag *d, opts *o) {
+  nv_diag *quiet = nv_diag_create(NULL);
+  nv_graph *g1 = quiet ? fe_load_onnx(quiet, o->input, o->dims, o->ndims, NULL) : NULL;
+  const char **names = g1 ? calloc((size_t)g1->nnodes + 1, sizeof *names) : NULL;
+  fe_train_roles r = {o->ad.freeze, o->ad.train_only, names, -1};
+  if (names) r.nreach = reached_params(g1, quiet, o->ad.loss, names);
+  nv_graph *g = fe_load_onnx(d, o->input, o->dims, o->ndims, &r);
+  free(names);
+  fe_graph_destroy(g1);
+  nv_diag_destroy(quiet);
+  o->ad.freeze = o->ad.train_only = NULL;
+  return g;
+}
+
 /* .nova input -> graph */
 static nv_graph *load_input(nv_diag *d, opts *o) {
   size_t len = 0;
   const char *ext = strrchr(o->input, '.');
   nv_graph *g = NULL;
   if (ext && !strcmp(ext, ".onnx")) {
-    g = fe_load_onnx(d, o->input, o->dims, o->ndims);
+    g = o->train ? load_onnx_train(d, o) : fe_load_onnx(d, o->input, o->dims, o->ndims, NULL);
     goto check_dims;
   }
   if (!ext || strcmp(ext, ".nova")) {
@@ -377,8 +420,8 @@ static int compile(nv_diag *d, opts *o) {
       return -1;
     }
     stage_done(&tm, "autodiff + optimizer");
-  } else if (o->ad.loss || o->ad.freeze) {
-    nv_error_plain(d, "--loss and --freeze need --train");
+  } else if (o->ad.loss || o->ad.freeze || o->ad.train_only) {
+    nv_error_plain(d, "--loss, --freeze and --train-only need --train");
     fe_graph_destroy(g);
     return -1;
   }

@@ -43,6 +43,7 @@ static const char usage_text[] =
     "                 floats, uniform indices below each index input's bound\n"
     "  --outputs DIR  write outputs and losses to DIR/output_K.pb (DIR is created)\n"
     "  --dump DIR     after the last run, write DIR/param.NAME.pb for every parameter\n"
+    "                 (buffer.NAME.pb for every buffer)\n"
     "                 and DIR/loss.pb for the loss, if any (DIR is created)\n"
     "  --repeat N     run N times and report the median time per run (default 1)\n"
     "  --steps N      train: run a training step N times (a new batch each step with\n"

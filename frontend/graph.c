@@ -41,6 +41,8 @@ void fe_graph_destroy(nv_graph *g) {
     free(n);
   }
   for (int i = 0; i < g->noutputs; i++) free(g->outputs[i].name);
+  for (int i = 0; i < g->ninits; i++) free(g->inits[i].name), free(g->inits[i].reason);
+  free(g->inits);
   free(g->nodes);
   free(g->outputs);
   free(g);

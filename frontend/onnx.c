@@ -4,7 +4,8 @@
  * (as the ONNX spec demands; a use before its definition is reported as a
  * cycle or misordering).  Produces: a checked nv_graph whose inputs are the
  * graph inputs that are not initializers (in graph order), whose params are
- * the floating-point initializers nodes use (in initializer order), and
+ * the floating-point initializers nodes use (in initializer order; with
+ * --train those onnx_roles.c does not make compile-time constants), and
  * whose outputs are the graph outputs.
  */
 #include <errno.h>
@@ -460,11 +461,13 @@ static int check_declared(ox_ctx *x, const Onnx__ValueInfoProto *vi, const nv_no
 
 #define OX_MAX_IO 64
 
-static int import_graph(ox_ctx *x, const Onnx__GraphProto *gr, const char *basedir) {
+static int import_graph(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_roles *roles, const char *basedir) {
+  const Onnx__GraphProto *gr = m->graph;
   ox_table tab = {calloc(64, sizeof(ox_entry)), 64, 0};
   int rc = -1;
   if (!tab.e) return -1;
   x->loc = (nv_loc){x->file, 0, 0};
+  if (roles && ox_roles_decide(x, m, roles)) goto out;
   /* graph inputs that are not initializers, in order */
   for (size_t i = 0; i < gr->n_input; i++) {
     const char *name = gr->input[i]->name;
@@ -487,12 +490,15 @@ static int import_graph(ox_ctx *x, const Onnx__GraphProto *gr, const char *based
     ox_tensor *t = decode_tensor(x, tp, basedir);
     if (!t) goto out;
     ox_val v = {.k = t, .present = true};
-    if (fe_dtype_is_float(t->dt)) {
+    const nv_initializer *ir = ox_init_role(x, tp->name); /* --train: param, buffer or constant */
+    if (fe_dtype_is_float(t->dt) && !(ir && ir->folded)) {
       nv_node *p = fe_graph_leaf(x->g, x->d, NV_OP_PARAM, tp->name, t->dt, t->rank, t->shape, x->loc);
       if (!p) {
         ox_tensor_free(t);
         goto out;
       }
+      p->frozen = ir && ir->role != NV_IROLE_PARAM;
+      if (ir && ir->role == NV_IROLE_BUFFER) p->role = NOVA_ROLE_BUFFER;
       p->init.kind = NV_INIT_DATA;
       p->init.data = t->data; /* the param takes the data */
       t->data = NULL;
@@ -576,7 +582,7 @@ out:
 }
 
 nv_graph *fe_parse_onnx(nv_diag *d, const char *name, const uint8_t *bytes, size_t len, const char *basedir,
-                        fe_dim_binding *dims, int ndims) {
+                        fe_dim_binding *dims, int ndims, const fe_train_roles *roles) {
   ox_ctx x = {.d = d, .file = nv_diag_intern(d, name), .dims = dims, .ndims = ndims};
   x.loc = (nv_loc){x.file, 0, 0};
   Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, bytes);
@@ -609,7 +615,7 @@ nv_graph *fe_parse_onnx(nv_diag *d, const char *name, const uint8_t *bytes, size
   g = fe_graph_create();
   if (g) g->allow_empty = true; /* ONNX tensors may have 0-sized dimensions */
   x.g = g;
-  if (!g || import_graph(&x, m->graph, basedir) || nv_diag_count(d)) {
+  if (!g || import_graph(&x, m, roles, basedir) || nv_diag_count(d)) {
     fe_graph_destroy(g);
     g = NULL;
   }
@@ -618,7 +624,7 @@ out:
   return g;
 }
 
-nv_graph *fe_load_onnx(nv_diag *d, const char *path, fe_dim_binding *dims, int ndims) {
+nv_graph *fe_load_onnx(nv_diag *d, const char *path, fe_dim_binding *dims, int ndims, const fe_train_roles *roles) {
   size_t len = 0;
   /* protobuf messages are limited to 2 GiB; larger tensors use external data */
   char *buf = nv_read_file(path, &len, (size_t)2 << 30);
@@ -628,7 +634,7 @@ nv_graph *fe_load_onnx(nv_diag *d, const char *path, fe_dim_binding *dims, int n
     return NULL;
   }
   char *copy = strdup(path);
-  nv_graph *g = copy ? fe_parse_onnx(d, path, (const uint8_t *)buf, len, dirname(copy), dims, ndims) : NULL;
+  nv_graph *g = copy ? fe_parse_onnx(d, path, (const uint8_t *)buf, len, dirname(copy), dims, ndims, roles) : NULL;
   free(copy);
   free(buf);
   return g;

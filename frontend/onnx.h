@@ -76,6 +76,18 @@ const char *ox_onnx_type_name(int32_t onnx_type); /* "float16", ... */
 int ox_val_rank(ox_val v);
 const int64_t *ox_val_shape(ox_val v);
 
+/* ---- initializer roles with --train (onnx_roles.c) ---- */
+/* Fills x->g->inits from the model and R (see onnx_roles.c for the rule);
+ * -1 after a diagnostic (a --freeze or --train-only pattern that matches
+ * no initializer). */
+int ox_roles_decide(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_roles *r);
+/* What --train made of initializer NAME; NULL without --train. */
+const nv_initializer *ox_init_role(const ox_ctx *x, const char *name);
+/* If BUFFER is a buffer of the step (a param node of role buffer), makes
+ * VALUE its new value after each step (an output of role update).  0 when
+ * done or not a buffer, -1 after a diagnostic. */
+int ox_state_update(ox_ctx *x, ox_val buffer, nv_node *value);
+
 /* ---- conversion (onnx_ops.c) ---- */
 typedef int (*ox_conv_fn)(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout);
 typedef struct ox_op_entry {

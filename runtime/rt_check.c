@@ -32,10 +32,11 @@ static nova_status rt_check_tensor(const rt_graph *g, int i, size_t *nbytes, cha
     return rt_bad(err, "malformed step: tensor '%s': bad shape %s (rank %d)", name,
                     rt_shape_str(shape, sizeof shape, t->rank, t->shape), (int)t->rank);
   if (t->updates < -1 || t->updates >= g->ntensors || (t->updates >= 0 && (t->role != NOVA_ROLE_UPDATE ||
-      (g->tensors[t->updates].role != NOVA_ROLE_PARAM && g->tensors[t->updates].role != NOVA_ROLE_OPT_STATE) ||
+      (g->tensors[t->updates].role != NOVA_ROLE_PARAM && g->tensors[t->updates].role != NOVA_ROLE_OPT_STATE &&
+       g->tensors[t->updates].role != NOVA_ROLE_BUFFER) ||
       g->tensors[t->updates].dtype != t->dtype || g->tensors[t->updates].rank != t->rank ||
       memcmp(g->tensors[t->updates].shape, t->shape, (size_t)t->rank * sizeof t->shape[0]))))
-    return rt_bad(err, "malformed step: tensor '%s': updates tensor %d, which is not a param or opt_state of its type",
+    return rt_bad(err, "malformed step: tensor '%s': updates tensor %d, which is not a param, opt_state or buffer of its type",
                   name, (int)t->updates);
   if (t->inplace != 0 && (t->inplace != 1 || t->updates < 0))
     return rt_bad(err, "malformed step: tensor '%s': in place (%d) without a tensor to update", name, (int)t->inplace);

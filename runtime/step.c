@@ -170,9 +170,9 @@ static nova_status rt_check_bind(nova_step *s, int i, nova_dtype dtype, int rank
   const rt_tensor_desc *t = &s->graph->tensors[i];
   char given[256], want[256];
   if (t->role != NOVA_ROLE_INPUT && t->role != NOVA_ROLE_LABEL && t->role != NOVA_ROLE_PARAM &&
-      t->role != NOVA_ROLE_OPT_STATE)
+      t->role != NOVA_ROLE_OPT_STATE && t->role != NOVA_ROLE_BUFFER)
     return rt_fail(s, NOVA_ERR_ROLE,
-                   "tensor '%s' has role %s; only inputs, labels, params and opt_state can be bound", t->name,
+                   "tensor '%s' has role %s; only inputs, labels, params, opt_state and buffers can be bound", t->name,
                    rt_role_name(t->role));
   if ((int)dtype != t->dtype)
     return rt_fail(s, NOVA_ERR_DTYPE, "tensor '%s': dtype %s given, step compiled for %s", t->name,

@@ -61,7 +61,9 @@ typedef enum nova_role {
   NOVA_ROLE_OUTPUT = 4,
   NOVA_ROLE_LOSS = 5,
   NOVA_ROLE_GRAD = 6,   /* a parameter's gradient, computed by a training step; named NAME.grad */
-  NOVA_ROLE_UPDATE = 7  /* internal: a new param/opt_state value, copied over it after each run */
+  NOVA_ROLE_UPDATE = 7, /* internal: a new param/opt_state/buffer value, copied over it after each run */
+  NOVA_ROLE_BUFFER = 8  /* state that is not trained (BatchNormalization running statistics in
+                           training mode): updated by the step, bindable, saved in checkpoints */
 } nova_role;
 
 typedef struct nova_tensor_info {
@@ -90,8 +92,8 @@ int nova_step_num_tensors(const nova_step *step);
 nova_status nova_step_tensor(const nova_step *step, int index, nova_tensor_info *info);
 nova_status nova_step_find(const nova_step *step, const char *name, int *index);
 
-/* Copies data into the tensor NAME (role input, label, param or opt_state:
- * restoring a checkpoint binds the optimizer state too).  dtype, rank and
+/* Copies data into the tensor NAME (role input, label, param, opt_state or
+ * buffer: restoring a checkpoint binds the optimizer state and buffers too).  dtype, rank and
  * shape must equal the compiled ones. */
 nova_status nova_step_bind(nova_step *step, const char *name, nova_dtype dtype,
                            int rank, const int64_t *shape, const void *data);
