@@ -40,6 +40,8 @@ typedef struct opts {
   fe_dim_binding dims[32];
   int ndims;
   nv_sbuf flags;     /* the flags that affect the output, for the manifest */
+  nv_diag *eval_diag; /* the quiet diagnostics of the evaluation graph's import: its
+                         locations are interned there (destroyed after the graph) */
 } opts;
 
 static void usage(FILE *f) {
@@ -314,14 +316,19 @@ static int reached_params(nv_graph *g, nv_diag *quiet, const char *loss, const c
  * initializer a parameter, quietly, to find those the loss depends on
  * through differentiable ops; then for real, with the roles onnx_roles.c
  * gives them.  --freeze and --train-only are applied here, not by
- * autodiff. */
-static nv_graph *load_onnx_train(nv_diag *d, opts *o) {
+ * autodiff.  With EVAL, a third time, quietly, for the evaluation entry
+ * (*EVAL NULL if that import failed). */
+static nv_graph *load_onnx_train(nv_diag *d, opts *o, nv_graph **eval) {
   nv_diag *quiet = nv_diag_create(NULL);
   nv_graph *g1 = quiet ? fe_load_onnx(quiet, o->input, o->dims, o->ndims, NULL) : NULL;
   const char **names = g1 ? calloc((size_t)g1->nnodes + 1, sizeof *names) : NULL;
-  fe_train_roles r = {o->ad.freeze, o->ad.train_only, names, -1};
+  fe_train_roles r = {o->ad.freeze, o->ad.train_only, names, -1, false};
   if (names) r.nreach = reached_params(g1, quiet, o->ad.loss, names);
   nv_graph *g = fe_load_onnx(d, o->input, o->dims, o->ndims, &r);
+  if (g && eval && (o->eval_diag = nv_diag_create(NULL))) {
+    r.eval = true;
+    *eval = fe_load_onnx(o->eval_diag, o->input, o->dims, o->ndims, &r);
+  }
   free(names);
   fe_graph_destroy(g1);
   nv_diag_destroy(quiet);
@@ -329,13 +336,14 @@ static nv_graph *load_onnx_train(nv_diag *d, opts *o) {
   return g;
 }
 
-/* .nova input -> graph */
-static nv_graph *load_input(nv_diag *d, opts *o) {
+/* .nova or .onnx input -> graph; with EVAL (--train, cpu) also the graph
+ * of the evaluation entry into *EVAL (NULL if it could not be made). */
+static nv_graph *load_input(nv_diag *d, opts *o, nv_graph **eval) {
   size_t len = 0;
   const char *ext = strrchr(o->input, '.');
   nv_graph *g = NULL;
   if (ext && !strcmp(ext, ".onnx")) {
-    g = o->train ? load_onnx_train(d, o) : fe_load_onnx(d, o->input, o->dims, o->ndims, NULL);
+    g = o->train ? load_onnx_train(d, o, eval) : fe_load_onnx(d, o->input, o->dims, o->ndims, NULL);
     goto check_dims;
   }
   if (!ext || strcmp(ext, ".nova")) {
@@ -350,7 +358,10 @@ static nv_graph *load_input(nv_diag *d, opts *o) {
   }
   const char *name = nv_diag_add_source(d, o->input, text, len);
   char *dircopy = strdup(o->input);
-  g = fe_parse_text(d, name, text, len, dircopy ? dirname(dircopy) : ".", o->dims, o->ndims);
+  const char *base = dircopy ? dirname(dircopy) : ".";
+  g = fe_parse_text(d, name, text, len, base, o->dims, o->ndims);
+  if (g && eval && (o->eval_diag = nv_diag_create(NULL))) /* .nova has no train/eval differences */
+    *eval = fe_parse_text(o->eval_diag, name, text, len, base, o->dims, o->ndims);
   free(dircopy);
   free(text);
 check_dims:
@@ -375,6 +386,33 @@ static char *default_output(const char *input, const char *ext) {
   if (out) snprintf(out, n, "%s%s", base, ext);
   free(copy);
   return out;
+}
+
+/* The evaluation entry of the training step G: GE, its forward graph
+ * (BatchNormalization with running statistics), lowered like the step to
+ * the LLVM dialect (*LIN, with plan PLAN) with its symbols renamed
+ * CG_EVAL_PREFIX*, so that both link into one step.so. */
+static int build_eval(nova_ctx *c, const opts *o, const nv_graph *g, nv_graph *ge, const cfg_device *dev,
+                      MlirModule *nova, MlirModule *lin, cg_plan *plan) {
+  if (!ge) {
+    nv_error_plain(c->diag, "internal: the forward graph of the evaluation entry could not be built");
+    return -1;
+  }
+  for (int i = 0; i < g->noutputs; i++) /* the loss is the training step's */
+    for (int k = 0; g->outputs[i].role == NOVA_ROLE_LOSS && k < ge->noutputs; k++)
+      if (!strcmp(ge->outputs[k].name, g->outputs[i].name)) ge->outputs[k].role = NOVA_ROLE_LOSS;
+  *nova = nova_build_module(c, ge);
+  if (mlirModuleIsNull(*nova) || nova_verify(c, *nova, "the evaluation entry")) return -1;
+  *lin = cg_lower_to_linalg(c, *nova);
+  if (mlirModuleIsNull(*lin) || nova_verify(c, *lin, "lowering the evaluation entry to linalg")) return -1;
+  if (cg_lower_to_llvm(c, ge, *lin, dev, o->opt_level, plan) ||
+      nova_verify(c, *lin, "lowering the evaluation entry to LLVM"))
+    return -1;
+  if (cg_prefix_symbols(*lin, CG_EVAL_PREFIX)) {
+    nv_error_plain(c->diag, "internal: the evaluation entry's functions could not be renamed");
+    return -1;
+  }
+  return 0;
 }
 
 static int compile(nv_diag *d, opts *o) {
@@ -411,12 +449,14 @@ static int compile(nv_diag *d, opts *o) {
     nv_error_plain(d, "unknown --dump-after stage '%s'; stages: frontend, linalg, llvm", o->dump_after);
     return -1;
   }
-  nv_graph *g = load_input(d, o);
+  nv_graph *ge = NULL; /* the evaluation entry's graph (a cpu training step.so) */
+  nv_graph *g = load_input(d, o, o->train && !cuda && o->emit == EMIT_SO ? &ge : NULL);
   stage_done(&tm, "frontend");
   if (!g) return -1;
   if (o->train) {
     if (ad_train(g, d, &o->ad)) {
       fe_graph_destroy(g);
+      fe_graph_destroy(ge);
       return -1;
     }
     stage_done(&tm, "autodiff + optimizer");
@@ -427,13 +467,14 @@ static int compile(nv_diag *d, opts *o) {
   }
   nova_ctx c;
   int rc = -1;
-  MlirModule nova = {NULL}, lin = {NULL};
+  MlirModule nova = {NULL}, lin = {NULL}, enova = {NULL}, elin = {NULL};
   cg_gpu gpu = {0};
-  cg_plan plan = {0};
+  cg_plan plan = {0}, eplan = {0};
   plan.memory_limit = o->memory_limit;
   char *out_default = NULL, *man_default = NULL;
   if (nova_ctx_init(&c, d)) {
     fe_graph_destroy(g);
+    fe_graph_destroy(ge);
     return -1;
   }
   nova = nova_build_module(&c, g);
@@ -483,6 +524,13 @@ static int compile(nv_diag *d, opts *o) {
     if (cg_lower_to_llvm(&c, g, lin, &dev, o->opt_level, &plan) || nova_verify(&c, lin, "lowering to LLVM")) goto out;
     co.plan = &plan;
     stage_done(&tm, "bufferize + to LLVM");
+    if (o->train && o->emit == EMIT_SO) {
+      if (build_eval(&c, o, g, ge, &dev, &enova, &elin, &eplan)) goto out;
+      co.eval_graph = ge;
+      co.eval_module = elin;
+      co.eval_plan = &eplan;
+      stage_done(&tm, "evaluation entry");
+    }
   }
   if (o->explain_config) nd_explain(stdout, &dev, g, cuda ? &gpu : NULL);
   if (o->emit == EMIT_MANIFEST) {
@@ -533,10 +581,14 @@ static int compile(nv_diag *d, opts *o) {
 out:
   cg_gpu_free(&gpu);
   cg_plan_free(&plan);
+  cg_plan_free(&eplan);
   if (!mlirModuleIsNull(lin)) mlirModuleDestroy(lin);
   if (!mlirModuleIsNull(nova)) mlirModuleDestroy(nova);
+  if (!mlirModuleIsNull(elin)) mlirModuleDestroy(elin);
+  if (!mlirModuleIsNull(enova)) mlirModuleDestroy(enova);
   nova_ctx_dispose(&c);
   fe_graph_destroy(g);
+  fe_graph_destroy(ge);
   free(out_default);
   free(man_default);
   return rc;
@@ -555,6 +607,7 @@ int main(int argc, char **argv) {
   int rc = compile(d, &o);
   if (rc == 0 && nv_diag_count(d)) rc = -1;
   nv_diag_destroy(d);
+  nv_diag_destroy(o.eval_diag);
   for (int i = 0; i < o.ndims; i++) free((char *)o.dims[i].name);
   nv_sb_free(&o.flags);
   return rc ? 1 : 0;

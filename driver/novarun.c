@@ -28,7 +28,7 @@
 static const char usage_text[] =
     "usage: novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]\n"
     "                       [--lr F] [--load FILE] [--save FILE] [--outputs DIR] [--dump DIR]\n"
-    "                       [--repeat N] [--print] [--profile] [-q]\n"
+    "                       [--eval] [--repeat N] [--print] [--profile] [-q]\n"
     "       novarun -h | --help | --version\n"
     "\n"
     "Runs a step compiled by novac once (or N times), or trains it for N steps,\n"
@@ -55,6 +55,10 @@ static const char usage_text[] =
     "                 state from a safetensors checkpoint; steps count on from it\n"
     "  --save FILE    after the last step, write every parameter and optimizer state\n"
     "                 to FILE, a safetensors checkpoint (atomically)\n"
+    "  --eval         run the training step's evaluation entry (the forward pass with\n"
+    "                 the current parameters, BatchNormalization's running statistics,\n"
+    "                 nothing updated) instead of a run, or once after --steps N;\n"
+    "                 its loss and outputs are reported\n"
     "  --print        print the first values and min/max/mean of each output\n"
     "  --profile      (--target=cuda steps) time every kernel launch of the last run\n"
     "                 with CUDA events and print them, the slowest first\n"
@@ -133,6 +137,10 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
   }
   if (!strcmp(a, "--profile")) {
     o->profile = 1;
+    return -1;
+  }
+  if (!strcmp(a, "--eval")) {
+    o->eval = 1;
     return -1;
   }
   if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
@@ -260,6 +268,7 @@ static int nr_load(const char *path, nr_api *api) {
            NR_SYM(api, get, "nova_step_get") && NR_SYM(api, error, "nova_step_error");
   /* optional: a step.so from before it has no graph hash to report */
   if (!NR_SYM(api, graph_hash, "nova_step_graph_hash")) api->graph_hash = NULL;
+  if (!NR_SYM(api, eval, "nova_step_eval")) api->eval = NULL;
   if (!NR_SYM(api, last_run_ms, "nova_step_last_run_ms")) api->last_run_ms = NULL;
   if (!NR_SYM(api, target, "nova_step_target")) api->target = NULL;
   if (!NR_SYM(api, set_profiling, "nova_step_set_profiling") || !NR_SYM(api, num_launches, "nova_step_num_launches") ||
@@ -315,9 +324,9 @@ static int nr_run(nr_step *s, const nr_options *o, double *median, double *devic
   if (!t) return nr_error("out of memory for %ld timings", o->repeat);
   for (long r = 0; r < o->repeat; r++) {
     double start = nr_now();
-    if (s->api.run(s->step) != NOVA_OK) {
+    if ((o->eval ? s->api.eval : s->api.run)(s->step) != NOVA_OK) {
       free(t);
-      return nr_error("%s: run failed: %s", s->path, s->api.error(s->step));
+      return nr_error("%s: %s failed: %s", s->path, o->eval ? "evaluation" : "run", s->api.error(s->step));
     }
     t[r] = nr_now() - start;
     dev[r] = s->api.last_run_ms ? s->api.last_run_ms(s->step) : -1;
@@ -441,15 +450,19 @@ static int nr_execute(nr_step *s, const nr_options *o, nr_batches *b, long long 
     if (!s->api.set_profiling) return nr_error("%s: --profile: this step.so has no profiling (rebuild it)", s->path);
     if (s->api.set_profiling(s->step, 1) != NOVA_OK) return nr_error("--profile: %s", s->api.error(s->step));
   }
+  if (o->eval && !s->api.eval)
+    return nr_error("%s: --eval: this step.so has no evaluation entry (built by a novac older than 0.2)", s->path);
   if (o->steps) {
     rc = nr_train(s, o, b, start);
     if (!rc) *done = start + o->steps;
+    if (!rc && o->eval && s->api.eval(s->step) != NOVA_OK) /* on the last step's batch */
+      rc = nr_error("%s: evaluation failed: %s", s->path, s->api.error(s->step));
     return rc;
   }
   /* every run of a plain run sees the same batch: that of the next step */
   if (b && nr_batches_bind(b, s, start + 1)) return 1;
   if ((rc = nr_run(s, o, &median, &device))) return rc;
-  if (nr_is_training_step(s)) *done = start + o->repeat;
+  if (nr_is_training_step(s) && !o->eval) *done = start + o->repeat;
   if (!o->quiet) {
     const char *from = o->inputs_dir ? o->inputs_dir : o->data_path ? o->data_path : o->seed_set ? "--seed" : NULL;
     fprintf(stderr, "novarun: step %s: %d tensors, %d bound from %s\n", o->step_path, s->api.num_tensors(s->step),

@@ -24,6 +24,8 @@ typedef struct fe_train_roles {
   const char *train_only;   /* --train-only globs, or NULL */
   const char *const *reach; /* names of the initializers the loss depends on through */
   int nreach;               /* differentiable ops; nreach < 0: not known (all may) */
+  bool eval;                /* the graph of the evaluation entry: BatchNormalization with its
+                               running statistics, no state updated */
 } fe_train_roles;
 
 /* Loads an ONNX model (protobuf) from PATH; tensors with external data are

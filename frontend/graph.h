@@ -195,6 +195,7 @@ typedef struct nv_graph {
   uint64_t seed;        /* parameter initialisation */
   bool train;           /* a training step (autodiff ran): entry @train_step */
   bool allow_empty;     /* dimensions may be 0 (ONNX models); the .nova format wants them positive */
+  bool eval;            /* built for a training step's evaluation entry (no batch statistics) */
   int ninits;           /* ONNX with --train: every initializer nodes use, in file order */
   nv_initializer *inits;
 } nv_graph;

@@ -614,6 +614,7 @@ nv_graph *fe_parse_onnx(nv_diag *d, const char *name, const uint8_t *bytes, size
   }
   g = fe_graph_create();
   if (g) g->allow_empty = true; /* ONNX tensors may have 0-sized dimensions */
+  if (g) g->eval = roles && roles->eval;
   x.g = g;
   if (!g || import_graph(&x, m, roles, basedir) || nv_diag_count(d)) {
     fe_graph_destroy(g);

@@ -383,7 +383,7 @@ static int cv_batch_norm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) 
   double eps = ox_attr_f(x, "epsilon", 1e-5), mom = ox_attr_f(x, "momentum", 0.9);
   nv_node *sc = per_channel(x, ox_N(x, in[1]), a), *b = per_channel(x, ox_N(x, in[2]), a);
   nv_node *mean = ox_N(x, in[3]), *var = ox_N(x, in[4]);
-  bool training = ox_attr_i(x, "training_mode", 0) != 0;
+  bool training = ox_attr_i(x, "training_mode", 0) != 0 && !x->g->eval; /* evaluation: running statistics */
   nv_node *m = per_channel(x, mean, a), *v = per_channel(x, var, a);
   nv_node *cur_mean = NULL, *cur_var = NULL;
   if (training) { /* batch statistics over every axis but C */
@@ -408,6 +408,9 @@ static int cv_batch_norm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) 
     if (nout > 1) out[1] = (ox_val){.node = rm, .present = rm != NULL};
     if (nout > 2) out[2] = (ox_val){.node = rv, .present = rv != NULL};
     if (!rm || !rv || ox_state_update(x, in[3], rm) || ox_state_update(x, in[4], rv)) return -1; /* --train: buffers */
+  } else if (nout > 1 && x->g->eval) { /* the evaluation entry: the running statistics, unchanged */
+    out[1] = (ox_val){.node = mean, .present = mean != NULL};
+    if (nout > 2) out[2] = (ox_val){.node = var, .present = var != NULL};
   } else if (nout > 1)
     return ox_err(x, "running mean/var outputs need training_mode=1");
   return 0;

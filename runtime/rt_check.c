@@ -83,6 +83,22 @@ nova_status rt_graph_check_header(const rt_graph *g, char *err) {
   return NOVA_OK;
 }
 
+/* The evaluation entry: a cpu step's; each argument a tensor, written only
+ * where it is an output or the loss. */
+static nova_status rt_check_eval(const rt_graph *g, char *err) {
+  if (g->target != RT_TARGET_CPU || g->eval_nargs < 0 || (g->eval_nargs > 0 && !g->eval_arg_tensor))
+    return rt_bad(err, "malformed step: a bad evaluation entry (%d args)", (int)g->eval_nargs);
+  for (int a = 0; a < g->eval_nargs; a++) {
+    int t = g->eval_arg_tensor[a];
+    if (t < 0 || t >= g->ntensors)
+      return rt_bad(err, "malformed step: evaluation argument %d names tensor %d of %d", a, t, (int)g->ntensors);
+    if (g->tensors[t].role == NOVA_ROLE_GRAD || g->tensors[t].role == NOVA_ROLE_UPDATE)
+      return rt_bad(err, "malformed step: evaluation argument %d is tensor '%s' of role %s", a, g->tensors[t].name,
+                    rt_role_name(g->tensors[t].role));
+  }
+  return NOVA_OK;
+}
+
 nova_status rt_graph_check_tensors(const rt_graph *g, size_t *nbytes, char *err) {
   nova_status st = NOVA_OK;
   for (int i = 0; st == NOVA_OK && i < g->ntensors; i++) {
@@ -93,6 +109,7 @@ nova_status rt_graph_check_tensors(const rt_graph *g, size_t *nbytes, char *err)
     if (g->arg_tensor[a] < 0 || g->arg_tensor[a] >= g->ntensors)
       st = rt_bad(err, "malformed step: entry argument %d names tensor %d of %d", a,
                      (int)g->arg_tensor[a], (int)g->ntensors);
+  if (st == NOVA_OK && g->eval_entry) st = rt_check_eval(g, err);
   return st;
 }
 
