@@ -87,6 +87,11 @@ const nv_initializer *ox_init_role(const ox_ctx *x, const char *name);
  * VALUE its new value after each step (an output of role update).  0 when
  * done or not a buffer, -1 after a diagnostic. */
 int ox_state_update(ox_ctx *x, ox_val buffer, nv_node *value);
+/* The factor on the batch variance in a BatchNormalization's new running
+ * variance, for input A (N, C, ...) of n = numel / C values per channel:
+ * with --train PyTorch's unbiased variance, n / (n - 1); otherwise 1, the
+ * population variance the ONNX operator defines. */
+double ox_running_var_scale(const ox_ctx *x, const nv_node *a);
 
 /* ---- conversion (onnx_ops.c) ---- */
 typedef int (*ox_conv_fn)(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout);

@@ -400,11 +400,11 @@ static int cv_batch_norm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) 
   nv_node *den = ox_op1(x, NV_OP_SQRT, ox_op2(x, NV_OP_ADD, v, ox_scalar(x, dt, eps)));
   nv_node *y = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_MUL, ox_op2(x, NV_OP_DIV, ox_op2(x, NV_OP_SUB, a, m), den), sc), b);
   if (ox_set_out(out, y)) return -1;
-  if (training) { /* running = momentum running + (1 - momentum) batch (ONNX: population variance) */
+  if (training) { /* running = momentum running + (1 - momentum) batch; var: see ox_running_var_scale */
     nv_node *rm = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_MUL, mean, ox_scalar(x, dt, mom)),
                          ox_op2(x, NV_OP_MUL, cur_mean, ox_scalar(x, dt, 1 - mom)));
     nv_node *rv = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_MUL, var, ox_scalar(x, dt, mom)),
-                         ox_op2(x, NV_OP_MUL, cur_var, ox_scalar(x, dt, 1 - mom)));
+                         ox_op2(x, NV_OP_MUL, cur_var, ox_scalar(x, dt, (1 - mom) * ox_running_var_scale(x, a))));
     if (nout > 1) out[1] = (ox_val){.node = rm, .present = rm != NULL};
     if (nout > 2) out[2] = (ox_val){.node = rv, .present = rv != NULL};
     if (!rm || !rv || ox_state_update(x, in[3], rm) || ox_state_update(x, in[4], rv)) return -1; /* --train: buffers */

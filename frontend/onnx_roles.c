@@ -4,9 +4,9 @@
  * The rule (novac(1), TRAINING), first match wins, for an initializer that
  * nodes use:
  *   1. not floating-point                         -> constant
- *   2. matched by --freeze                        -> constant
- *   3. input 4 or 5 of a BatchNormalization in training mode
+ *   2. input 4 or 5 of a BatchNormalization in training mode
  *                                                 -> buffer, updated by the step
+ *   3. matched by --freeze                        -> constant
  *   4. --train-only given: matched -> parameter, else constant
  *   5. the model has training_info: named in an update_binding -> parameter
  *   6. the dynamo exporter's InputSpec.kind (value_info metadata_props):
@@ -121,14 +121,15 @@ static const char *buffer_name(const char *name) {
  * differentiable-path check); the reason into WHY. */
 static nv_init_role decide(const Onnx__ModelProto *m, const char *name, const fe_train_roles *r, const facts *f,
                            bool *fm, bool *tm, bool *updated, char *why, size_t n) {
-  bool only = nv_glob_match(r->train_only, name, tm); /* counted even where --freeze wins */
-  if (nv_glob_match(r->freeze, name, fm)) return snprintf(why, n, "--freeze"), NV_IROLE_CONSTANT;
-  if (f->bn_node && f->bn_train) {
+  bool only = nv_glob_match(r->train_only, name, tm); /* counted even where another rule wins */
+  bool frozen = nv_glob_match(r->freeze, name, fm);
+  if (f->bn_node && f->bn_train) { /* never trained; --freeze does not stop the update (PyTorch's eval() would) */
     *updated = true;
     snprintf(why, n, "input %d of BatchNormalization '%s' in training mode: a running statistic, updated by the step",
              f->bn_input, f->bn_node);
     return NV_IROLE_BUFFER;
   }
+  if (frozen) return snprintf(why, n, "--freeze"), NV_IROLE_CONSTANT;
   if (r->train_only) {
     snprintf(why, n, only ? "--train-only" : "not matched by --train-only");
     return only ? NV_IROLE_PARAM : NV_IROLE_CONSTANT;
@@ -234,4 +235,9 @@ int ox_state_update(ox_ctx *x, ox_val v, nv_node *value) {
   x->g->outputs[x->g->noutputs - 1].role = NOVA_ROLE_UPDATE;
   x->g->outputs[x->g->noutputs - 1].updates = buffer;
   return 0;
+}
+
+double ox_running_var_scale(const ox_ctx *x, const nv_node *a) {
+  double n = a->shape[1] > 0 ? (double)fe_numel(a) / (double)a->shape[1] : 0;
+  return x->g->inits && n > 1 ? n / (n - 1) : 1;
 }

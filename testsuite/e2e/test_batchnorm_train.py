@@ -5,11 +5,15 @@
   differences of an independent numpy float64 forward (relative error
   <= 1e-6);
 - the running mean and variance are buffers of the step, updated by every
-  step as ONNX defines it (running = momentum running + (1 - momentum)
-  batch statistic, the population variance), kept across steps (numpy
-  reference over 3 steps), saved and restored by novarun --save/--load,
-  and equal to the node's running_mean/running_var outputs when the model
-  asks for them.
+  step (running = momentum running + (1 - momentum) batch statistic, with
+  PyTorch's unbiased variance n/(n-1) for the running variance, where the
+  ONNX operator's reference takes the population variance), kept across
+  steps (numpy reference over 3 steps), saved and restored by novarun
+  --save/--load, and equal to the node's running_mean/running_var outputs
+  when the model asks for them;
+- against PyTorch itself: the running statistics of testsuite/zoo's
+  dropbn_train.ts after one step (its Dropout made an Identity: the
+  statistics precede it).
 
 Models are built here with the onnx helper."""
 import json
@@ -35,13 +39,14 @@ RV = 1 + 0.3 * RNG.random(3)
 WGT = RNG.standard_normal((4, 3, 2))               # loss = sum(y * WGT)
 
 
-def forward(x, w, s, bb):
-    """(loss, batch mean, batch population variance) in float64."""
+def forward(x, w, s, bb, unbiased=False):
+    """(loss, batch mean, batch variance) in float64: the population variance normalizes, the
+    unbiased one (n/(n-1), as PyTorch) updates the running variance."""
     z = np.transpose(x @ w, (0, 2, 1))            # (N, C, L)
     mu = z.mean(axis=(0, 2))
     var = z.var(axis=(0, 2))
     y = (z - mu[None, :, None]) / np.sqrt(var[None, :, None] + EPS) * s[None, :, None] + bb[None, :, None]
-    return (y * WGT).sum(), mu, var
+    return (y * WGT).sum(), mu, z.var(axis=(0, 2), ddof=1) if unbiased else var
 
 
 def model(path, dtype, stats_out=False):
@@ -131,7 +136,7 @@ def running_statistics_updated():
         inits = {e["name"]: (e["role"], e["storage"]) for e in man["initializers"]}
         if inits["bn.running_mean"] != ("buffer", "tensor") or "grad.bn.running_mean" in roles:
             raise Failure("initializers: %s" % inits)
-        _, mu, var = forward(X, W, S, BB)
+        _, mu, var = forward(X, W, S, BB, unbiased=True)
         rm, rv = RM.copy(), RV.copy()
         for k in (1, 3):
             got = w.train(k, "s%d" % k)
@@ -167,13 +172,37 @@ def running_statistics_as_outputs():
     with Work() as w:
         w.compile(np.float32, 0, stats_out=True)
         got = w.train(1, "o")
-        _, mu, var = forward(X, W, S, BB)
+        _, mu, var = forward(X, W, S, BB, unbiased=True)
         check_close(read_pb(w.p("out-o/output_1.pb")), MOM * RM + (1 - MOM) * mu, 1e-6, "running_mean output")
         check_close(read_pb(w.p("out-o/output_2.pb")), MOM * RV + (1 - MOM) * var, 1e-6, "running_var output")
         check_close(got["buffer.bn.running_var"], MOM * RV + (1 - MOM) * var, 1e-6, "running variance buffer")
+
+
+def running_statistics_match_pytorch():
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "zoo", "dropbn_train.ts")
+    data = os.path.join(src, "test_data_set_0")
+    m = onnx.load(os.path.join(src, "model.onnx"))
+    for i, n in enumerate(m.graph.node):
+        if n.op_type == "Dropout":  # after both BatchNormalizations: the statistics do not depend on it
+            m.graph.node[i].CopyFrom(helper.make_node("Identity", [n.input[0]], [n.output[0]], name=n.name))
+    with Work() as w:
+        onnx.save(m, w.p("m.onnx"))
+        run([NOVAC, w.p("m.onnx"), "--train", "--optimizer=sgd", "--lr=0.1", "-o", w.p("m.so")])
+        dump = w.p("dump")
+        run([NOVARUN, w.p("m.so"), "--inputs", data, "--steps", "1", "--dump", dump, "-q"])
+        n = 0
+        for fn in sorted(os.listdir(os.path.join(data, "running_stats"))):
+            name = fn[len("param."):-len(".pb")]
+            got = read_pb(os.path.join(dump, "buffer.%s.pb" % name))
+            check_close(got, read_pb(os.path.join(data, "running_stats", fn)), 1e-5,
+                        "%s after one step (PyTorch's)" % name)
+            n += 1
+        if n != 4:
+            raise Failure("%d running statistics checked, expected 4" % n)
 
 
 case("batchnorm_train.gradients_through_batch_statistics", gradients_through_batch_statistics)
 case("batchnorm_train.running_statistics_updated", running_statistics_updated)
 case("batchnorm_train.running_statistics_checkpointed", running_statistics_checkpointed)
 case("batchnorm_train.running_statistics_as_outputs", running_statistics_as_outputs)
+case("batchnorm_train.running_statistics_match_pytorch", running_statistics_match_pytorch)

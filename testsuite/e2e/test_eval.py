@@ -100,7 +100,7 @@ def bn_eval_uses_running_statistics():
             run([NOVARUN, so, "--inputs", w.p("in"), "--steps", "2", "--eval", "--outputs", w.p("out"), "--dump",
                  w.p("a"), "-q"])
             z = X.astype(np.float64) * 1.5
-            mu, var = z.mean(axis=(0, 2)), z.var(axis=(0, 2))
+            mu, var = z.mean(axis=(0, 2)), z.var(axis=(0, 2), ddof=1)  # PyTorch's running variance
             rm, rv = MOM ** 2 * RM + (1 - MOM ** 2) * mu, MOM ** 2 * RV + (1 - MOM ** 2) * var
             y = (z - rm[None, :, None]) / np.sqrt(rv[None, :, None] + EPS) * S[None, :, None] + BB[None, :, None]
             check_close(read_pb(w.p("out/output_0.pb")), (y * WGT).sum(), 1e-5, "evaluation loss")
