@@ -40,7 +40,9 @@ static const char usage_text[] =
     "                 step, a tensor of the same name [S,...] of S samples; step k\n"
     "                 takes samples (k-1)*B .. k*B-1, wrapping around modulo S\n"
     "  --seed N       synthetic batches from seed N (0 to 2^64-1): standard normal\n"
-    "                 floats, uniform indices below each index input's bound\n"
+    "                 floats, uniform indices below each index input's bound; also\n"
+    "                 the seed of the step's dropout (rng.seed), and only that with\n"
+    "                 --inputs or --data\n"
     "  --outputs DIR  write outputs and losses to DIR/output_K.pb (DIR is created)\n"
     "  --dump DIR     after the last run, write DIR/param.NAME.pb for every parameter\n"
     "                 (buffer.NAME.pb for every buffer)\n"
@@ -231,9 +233,8 @@ static int nr_parse_args(int argc, char **argv, nr_options *o) {
     }
   }
   if (!o->step_path) return nr_usage_error("no step.so given");
-  if (!!o->inputs_dir + !!o->data_path + o->seed_set > 1)
-    return nr_usage_error("%s and %s both give the batch; give one of --inputs, --data and --seed",
-                          o->inputs_dir ? "--inputs" : "--data", o->seed_set ? "--seed" : "--data");
+  if (o->inputs_dir && o->data_path) /* with one of them, --seed seeds only the step's dropout */
+    return nr_usage_error("--inputs and --data both give the batch; give one of them%s", "");
   return -1;
 }
 
@@ -478,6 +479,19 @@ static int nr_execute(nr_step *s, const nr_options *o, nr_batches *b, long long 
   return 0;
 }
 
+/* --seed: the seed of the step's random generator (dropout), if it has one. */
+static int nr_bind_rng_seed(nr_step *s, uint64_t seed) {
+  nova_tensor_info info;
+  int64_t v = (int64_t)seed;
+  for (int i = 0, n = s->api.num_tensors(s->step); i < n; i++)
+    if (s->api.tensor(s->step, i, &info) == NOVA_OK && !strcmp(info.name, "rng.seed")) {
+      if (s->api.bind(s->step, "rng.seed", NOVA_DTYPE_I64, 0, NULL, &v) != NOVA_OK)
+        return nr_error("--seed: %s", s->api.error(s->step));
+      return 0;
+    }
+  return 0;
+}
+
 /* Order: the checkpoint, then the batch source, then the output folders:
  * nothing is created or run unless every input checked out. */
 static int nr_main(const nr_options *o) {
@@ -486,8 +500,9 @@ static int nr_main(const nr_options *o) {
   long long start = 0, done = 0;
   int rc = nr_open(&s, o->step_path);
   if (!rc && o->load_path) rc = nr_checkpoint_load(&s, o->load_path, &start);
-  if (!rc && (o->data_path || o->seed_set)) rc = nr_batches_create(&s, o, &b);
+  if (!rc && (o->data_path || (o->seed_set && !o->inputs_dir))) rc = nr_batches_create(&s, o, &b);
   else if (!rc) rc = nr_bind_inputs(&s, o, &s.nbound);
+  if (!rc && o->seed_set) rc = nr_bind_rng_seed(&s, o->seed);
   if (!rc && o->outputs_dir) rc = nr_make_dirs(o->outputs_dir);
   if (!rc && o->dump_dir) rc = nr_make_dirs(o->dump_dir);
   if (!rc && o->lr_set) {

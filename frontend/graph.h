@@ -98,7 +98,8 @@
   X(SCATTER_ELEMENTS, "scatter_elements", 3, 3) \
   X(GATHER_ND, "gather_nd", 2, 2)               \
   X(SCATTER_ND, "scatter_nd", 3, 3)             \
-  X(CUMSUM, "cumsum", 1, 1)
+  X(CUMSUM, "cumsum", 1, 1)                     \
+  X(DROPOUT, "dropout", 3, 3)
 
 /* How scatter_elements / scatter_nd combine an update with the value there. */
 enum { NV_SCATTER_NONE, NV_SCATTER_ADD, NV_SCATTER_MUL, NV_SCATTER_MAX, NV_SCATTER_MIN };
@@ -149,7 +150,7 @@ struct nv_node {
   bool keepdims;
   int64_t start, end, step;  /* slice */
   double eps;           /* layer_norm */
-  double value;         /* constant (scalar, broadcast to shape) */
+  double value;         /* constant (scalar, broadcast to shape); dropout: the ratio */
   nova_dtype to;        /* cast */
   bool allow_empty;     /* set from the graph: a 0 dimension is not an error */
   /* conv and pools: nspatial = rank - 2 spatial dims (1 to 3) */

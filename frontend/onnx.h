@@ -92,6 +92,11 @@ int ox_state_update(ox_ctx *x, ox_val buffer, nv_node *value);
  * with --train PyTorch's unbiased variance, n / (n - 1); otherwise 1, the
  * population variance the ONNX operator defines. */
 double ox_running_var_scale(const ox_ctx *x, const nv_node *a);
+/* Dropout in training mode under --train: nova.dropout of A with RATIO,
+ * keyed by the step's input rng.seed (i64, default 0) and its buffer
+ * rng.step (i64, 0 at first, one more after each step), on a stream of its
+ * own (the number of dropouts before it).  NULL after a diagnostic. */
+nv_node *ox_dropout(ox_ctx *x, nv_node *a, double ratio);
 
 /* ---- conversion (onnx_ops.c) ---- */
 typedef int (*ox_conv_fn)(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout);

@@ -241,3 +241,39 @@ double ox_running_var_scale(const ox_ctx *x, const nv_node *a) {
   double n = a->shape[1] > 0 ? (double)fe_numel(a) / (double)a->shape[1] : 0;
   return x->g->inits && n > 1 ? n / (n - 1) : 1;
 }
+
+/* The graph's node named NAME of op OP, or NULL. */
+static nv_node *named_node(nv_graph *g, nv_op op, const char *name) {
+  for (int i = 0; i < g->nnodes; i++)
+    if (g->nodes[i]->op == op && g->nodes[i]->name && !strcmp(g->nodes[i]->name, name)) return g->nodes[i];
+  return NULL;
+}
+
+/* rng.seed and rng.step, made at the first dropout (with rng.step's update). */
+static int rng_state(ox_ctx *x, nv_node **seed, nv_node **step) {
+  nv_graph *g = x->g;
+  nv_loc nowhere = {x->file, 0, 0};
+  *seed = named_node(g, NV_OP_INPUT, "rng.seed");
+  *step = named_node(g, NV_OP_PARAM, "rng.step");
+  if (*seed && *step) return 0;
+  *seed = fe_graph_leaf(g, x->d, NV_OP_INPUT, "rng.seed", NOVA_DTYPE_I64, 0, NULL, nowhere);
+  *step = fe_graph_leaf(g, x->d, NV_OP_PARAM, "rng.step", NOVA_DTYPE_I64, 0, NULL, nowhere);
+  nv_node *one = fe_graph_leaf(g, x->d, NV_OP_CONSTANT, NULL, NOVA_DTYPE_I64, 0, NULL, nowhere);
+  if (!*seed || !*step || !one) return -1;
+  (*seed)->has_default = true;
+  (*seed)->init = (nv_init){.kind = NV_INIT_CONST, .a = 0};
+  (*step)->role = NOVA_ROLE_BUFFER;
+  (*step)->frozen = true;
+  (*step)->init.kind = NV_INIT_ZEROS;
+  one->init = (nv_init){.kind = NV_INIT_CONST, .a = 1};
+  return ox_state_update(x, (ox_val){.node = *step, .present = true}, ox_add(x, NV_OP_ADD, 2, (nv_node *[]){*step, one}, NULL));
+}
+
+nv_node *ox_dropout(ox_ctx *x, nv_node *a, double ratio) {
+  nv_node *seed, *step;
+  if (!a || rng_state(x, &seed, &step)) return NULL;
+  int64_t stream = 0;
+  for (int i = 0; i < x->g->nnodes; i++) stream += x->g->nodes[i]->op == NV_OP_DROPOUT;
+  nv_node at = {.value = ratio, .axis = stream};
+  return ox_add(x, NV_OP_DROPOUT, 3, (nv_node *[]){a, seed, step}, &at);
+}

@@ -153,6 +153,9 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     accumulate(A, x, mul(A, expand_back(A, g, x, y), others));
     return true;
   }
+  case NV_OP_DROPOUT: /* the same mask (same seed, step and stream), recomputed on g, not kept */
+    accumulate(A, x, mk(A, NV_OP_DROPOUT, 3, (nv_node *[]){g, in[1], in[2]}, y));
+    return true;
   case NV_OP_CUMSUM: { /* the sum the other way round */
     nv_node at = *y;
     at.mode = y->mode ^ NV_CUMSUM_REVERSE;

@@ -97,7 +97,11 @@ int nova_step_num_tensors(const nova_step *step);
 nova_status nova_step_tensor(const nova_step *step, int index, nova_tensor_info *info);
 nova_status nova_step_find(const nova_step *step, const char *name, int *index);
 
-/* Copies data into the tensor NAME (role input, label, param, opt_state or
+/* A training step with dropout has the input "rng.seed" (i64 scalar,
+ * default 0), the seed of its masks, and the buffer "rng.step", its step
+ * counter (novac(1), Dropout in training mode).
+ *
+ * Copies data into the tensor NAME (role input, label, param, opt_state or
  * buffer: restoring a checkpoint binds the optimizer state and buffers too).  dtype, rank and
  * shape must equal the compiled ones. */
 nova_status nova_step_bind(nova_step *step, const char *name, nova_dtype dtype,

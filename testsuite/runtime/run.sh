@@ -303,8 +303,7 @@ open('$T/bad/input_1.pb', 'wb').write(t.SerializeToString())"
   bad usage.zero_repeat 2 "--repeat needs an integer from 1 to 10000000, not '0'" --repeat=0 "$T/fixture.so"
   bad usage.missing_value 2 "option '--inputs' needs a value" "$T/fixture.so" --inputs
   bad usage.two_steps 2 "more than one step.so given" "$T/fixture.so" "$T/abi99.so"
-  bad usage.two_batch_sources 2 "--inputs and --seed both give the batch" "$T/fixture.so" --inputs "$T/in" --seed 1
-  bad usage.data_and_seed 2 "--data and --seed both give the batch" "$T/fixture.so" --data x.st --seed=1
+  bad usage.two_batch_sources 2 "--inputs and --data both give the batch" "$T/fixture.so" --inputs "$T/in" --data x.st
   bad usage.bad_seed 2 "--seed needs an integer from 0 to 18446744073709551615, not '-1'" "$T/fixture.so" --seed -1
   novarun usage.help 0 --help && has usage.help "$T/out" "usage: novarun STEP.so" && pass usage.help
   novarun usage.version 0 --version && has usage.version "$T/out" "novarun $(cat "$root/VERSION")" &&
