@@ -10,6 +10,7 @@
 - statistics on 65536 elements: the kept fraction within 5 sigma of
   1 - ratio, kept values scaled by 1 / (1 - ratio) exactly, masks of
   consecutive steps different;
+- the GPU kernels' indexing (--target=cuda --gpu-sim) draws the same masks;
 - the evaluation entry has dropout off; rng.step is saved by --save and
   restored by --load, so a resumed run draws the masks of an
   uninterrupted one."""
@@ -179,7 +180,21 @@ def kept_values_scaled():
         check_close(loss, (d.astype(np.float64) * WGT[:16, :16]).sum(), 1e-5, "loss of the scaled kept values")
 
 
+def gpu_sim_mask():
+    """--target=cuda --gpu-sim: the GPU kernels' indexing run as CPU loops draws the same masks."""
+    X = RNG.standard_normal((4, 8)).astype(np.float32)
+    with Work() as w:
+        model(w.p("m.onnx"), (4, 8), (8, 6))
+        run([NOVAC, w.p("m.onnx"), "--train", "--target=cuda", "--device=h100", "--gpu-sim", "-o", w.p("m.so")])
+        os.mkdir(w.p("in"))
+        write_pb(w.p("in/x.pb"), X, "x")
+        run([NOVARUN, w.p("m.so"), "--inputs", w.p("in"), "--seed", "9", "--steps", "2", "--outputs", w.p("o"), "-q"])
+        if not np.array_equal(read_pb(w.p("o/output_1.pb")), expected_mask((4, 6), 9, 1)):
+            raise Failure("--gpu-sim: the mask of step 2 is not Philox's")
+
+
 case("dropout.philox_known_answers", philox_known_answers)
 case("dropout.mask_loss_gradient_checkpoint_eval", mask_loss_gradient)
 case("dropout.seed_option_and_statistics", seed_option_and_statistics)
 case("dropout.kept_values_scaled", kept_values_scaled)
+case("dropout.gpu_sim_mask", gpu_sim_mask)
