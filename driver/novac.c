@@ -320,9 +320,10 @@ static int reached_params(nv_graph *g, nv_diag *quiet, const char *loss, const c
  * (*EVAL NULL if that import failed). */
 static nv_graph *load_onnx_train(nv_diag *d, opts *o, nv_graph **eval) {
   nv_diag *quiet = nv_diag_create(NULL);
-  nv_graph *g1 = quiet ? fe_load_onnx(quiet, o->input, o->dims, o->ndims, NULL) : NULL;
+  fe_train_roles probe = {.nreach = -1, .probe = true}; /* training-mode Dropout is built, too */
+  nv_graph *g1 = quiet ? fe_load_onnx(quiet, o->input, o->dims, o->ndims, &probe) : NULL;
   const char **names = g1 ? calloc((size_t)g1->nnodes + 1, sizeof *names) : NULL;
-  fe_train_roles r = {o->ad.freeze, o->ad.train_only, names, -1, false};
+  fe_train_roles r = {o->ad.freeze, o->ad.train_only, names, -1, false, false};
   if (names) r.nreach = reached_params(g1, quiet, o->ad.loss, names);
   nv_graph *g = fe_load_onnx(d, o->input, o->dims, o->ndims, &r);
   if (g && eval && (o->eval_diag = nv_diag_create(NULL))) {

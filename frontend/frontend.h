@@ -26,6 +26,8 @@ typedef struct fe_train_roles {
   int nreach;               /* differentiable ops; nreach < 0: not known (all may) */
   bool eval;                /* the graph of the evaluation entry: BatchNormalization with its
                                running statistics, no state updated */
+  bool probe;               /* the first import: every float initializer a parameter (the rest
+                               ignored), as a training step would build it otherwise */
 } fe_train_roles;
 
 /* Loads an ONNX model (protobuf) from PATH; tensors with external data are

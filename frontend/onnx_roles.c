@@ -175,7 +175,10 @@ static int classify(ox_ctx *x, const Onnx__ModelProto *m, const Onnx__TensorProt
   bool updated = false;
   nv_init_role role = NV_IROLE_CONSTANT;
   if (!fe_dtype_is_float(ox_dtype_of_onnx(tp->data_type))) snprintf(why, sizeof why, "not floating-point");
-  else {
+  else if (r->probe) { /* the first import: every float a parameter, to find the differentiable paths */
+    snprintf(why, sizeof why, "probe");
+    role = NV_IROLE_PARAM;
+  } else {
     gather_facts(m, tp->name, r, &f);
     role = decide(m, tp->name, r, &f, fm, tm, &updated, why, sizeof why);
     if (role == NV_IROLE_PARAM && !f.reached) {
@@ -211,7 +214,8 @@ int ox_roles_decide(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_roles *
     if (!tp->name || !*tp->name || !used_by_nodes(gr, tp->name)) continue;
     if (classify(x, m, tp, r, fm, tm, &g->inits[g->ninits++])) return -1;
   }
-  if (check_globs(x, "--freeze", r->freeze, fm) || check_globs(x, "--train-only", r->train_only, tm)) return -1;
+  if (!r->probe && (check_globs(x, "--freeze", r->freeze, fm) || check_globs(x, "--train-only", r->train_only, tm)))
+    return -1;
   return 0;
 }
 

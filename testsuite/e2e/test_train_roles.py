@@ -203,6 +203,23 @@ def no_differentiable_path():
     check_close(st.dump["grad.Wt"], X.T.astype(np.float64) @ (z > 0.1), 1e-5, "gradient of Wt")
 
 
+def no_path_with_dropout():
+    """The same with a training-mode Dropout before the mask: the first import (which finds the
+    differentiable paths) builds the dropout too."""
+    nodes = [helper.make_node("MatMul", ["x", "Wt"], ["z"]),
+             helper.make_node("Constant", [], ["p"], value=numpy_helper.from_array(np.float32(0.25))),
+             helper.make_node("Constant", [], ["t"], value=numpy_helper.from_array(np.bool_(True))),
+             helper.make_node("Dropout", ["z", "p", "t"], ["d"]),
+             helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.float32(0))),
+             helper.make_node("Greater", ["d", "thr"], ["m"]),
+             helper.make_node("Where", ["m", "d", "zero"], ["r"]),
+             helper.make_node("ReduceSum", ["r"], ["loss"], keepdims=0)]
+    st = Step(nodes, [init("Wt", W.T.copy()), init("thr", np.float32(0.1))])
+    st.expect("thr", "constant", "folded", "no differentiable path to the loss")
+    if st.trained() != ["Wt"]:
+        raise Failure("trained %s, expected Wt" % st.trained())
+
+
 def buffer_name_warning():
     """rope.inv_freq: a buffer by its name, on a gradient path: a warning, kept a buffer."""
     nodes = [helper.make_node("MatMul", ["x", "Wt"], ["z"]),
@@ -252,5 +269,6 @@ case("train_roles.training_info", training_info_names_the_params)
 case("train_roles.dynamo_metadata", dynamo_metadata_decides)
 case("train_roles.train_only_and_freeze", train_only)
 case("train_roles.no_differentiable_path", no_differentiable_path)
+case("train_roles.no_differentiable_path_with_dropout", no_path_with_dropout)
 case("train_roles.buffer_name_warning", buffer_name_warning)
 case("train_roles.bad_patterns", bad_patterns)
