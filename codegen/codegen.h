@@ -11,6 +11,11 @@
  * step's entry, the public func.func with a body (null if none). */
 bool cg_op_is(MlirOperation op, const char *name);
 MlirOperation cg_entry_func(MlirModule m);
+/* Renames every function M defines (llvm.func or func.func with a body,
+ * the entry included) to PREFIX + its name, uses included, so that its
+ * object links with another step's (the evaluation entry, next to the
+ * training step); 0, or -1 if a use could not be renamed. */
+int cg_prefix_symbols(MlirModule m, const char *prefix);
 /* A growing list of operations (collected by a walk); push is false, and
  * OOM set, when out of memory. */
 typedef struct cg_op_list {
@@ -129,6 +134,8 @@ typedef struct cg_gpu {
   const cfg_device *dev;
 } cg_gpu;
 
+#define CG_EVAL_PREFIX "nova_eval_"
+
 typedef struct cg_options {
   const char *output;        /* step.so path */
   const char *manifest;      /* step.json path, or NULL */
@@ -139,6 +146,11 @@ typedef struct cg_options {
   const char *rt_dir;        /* folder with libnovart.a and include/ */
   const cg_plan *plan;        /* intermediates' arena (NULL or !planned: heap) */
   cg_gpu *gpu;                /* --target=cuda: the kernels; NULL for the cpu target */
+  /* a training step's evaluation entry (cpu; NULL: none): its graph, its
+   * module in the LLVM dialect with symbols prefixed CG_EVAL_PREFIX, its plan */
+  const nv_graph *eval_graph;
+  MlirModule eval_module;
+  const cg_plan *eval_plan;
   bool time_passes;
   bool keep_temps;
   bool verbose;

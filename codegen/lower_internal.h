@@ -61,6 +61,9 @@ tv lw_lower_conv_grad_weight(lw *L, MlirOperation op, tv x, tv gy, const tv *res
 tv lw_lower_pool_grad(lw *L, MlirOperation op, nv_op kind, tv *in, const tv *res);
 tv lw_lower_pool_indices(lw *L, MlirOperation op, tv x, tv y, const tv *res);
 
+/* nova.dropout (lower_rng.c): Philox4x32-10 masks */
+tv lw_lower_dropout(lw *L, MlirOperation op, tv x, tv seed, tv step, const tv *res);
+
 /* indexing ops (lower_index.c) */
 const char *lw_mod_body(bool fmod, nova_dtype dt, char *buf, size_t n);
 tv lw_lower_gather_elements(lw *L, tv x, tv idx, int axis, const tv *res);

@@ -717,6 +717,7 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_GATHER_ND: r = lw_lower_gather_nd(L, in[0], in[1], (int)lw_iattr(op, "batch_dims"), &res); break;
   case NV_OP_SCATTER_ND: r = lw_lower_scatter_nd(L, in, (int)lw_iattr(op, "mode"), &res); break;
   case NV_OP_CUMSUM: r = lw_lower_cumsum(L, in[0], (int)lw_iattr(op, "axis"), (int)lw_iattr(op, "mode"), &res); break;
+  case NV_OP_DROPOUT: r = lw_lower_dropout(L, op, in[0], in[1], in[2], &res); break;
   default:
     nv_error_plain(L->c->diag, "internal: no lowering for nova.%s", nv_op_name(kind));
     return -1;

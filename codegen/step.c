@@ -136,8 +136,55 @@ static void c_string(nv_sbuf *b, const char *s) {
   nv_sb_printf(b, "\"");
 }
 
+/* Whether tensor X of the training step can stand for E, a tensor of its
+ * evaluation entry: the same name, dtype and shape, and a role of the same
+ * kind (input or label; param or buffer; output or loss). */
+static bool same_tensor(const step_tensor *x, const step_tensor *e) {
+  int kx = x->role <= NOVA_ROLE_LABEL ? 0 : x->role == NOVA_ROLE_PARAM || x->role == NOVA_ROLE_BUFFER ? 1
+         : x->role == NOVA_ROLE_OUTPUT || x->role == NOVA_ROLE_LOSS ? 2 : 3;
+  int ke = e->role <= NOVA_ROLE_LABEL ? 0 : e->role == NOVA_ROLE_PARAM || e->role == NOVA_ROLE_BUFFER ? 1 : 2;
+  return kx == ke && !strcmp(x->name, e->name) && x->node->dtype == e->node->dtype && x->node->rank == e->node->rank &&
+         !memcmp(x->node->shape, e->node->shape, (size_t)x->node->rank * sizeof x->node->shape[0]);
+}
+
+/* The evaluation entry's arguments as tensors of the training step T[0..n)
+ * (*EA, owned; *NA of them), or -1 after a diagnostic. */
+static int eval_args(nova_ctx *c, const nv_graph *e, const step_tensor *t, int n, int32_t **ea, int *na) {
+  step_tensor *et;
+  int64_t isz;
+  int en = collect(e, &et, &isz), rc = 0;
+  *ea = en >= 0 ? calloc((size_t)en + 1, sizeof **ea) : NULL;
+  for (int k = 0; *ea && k < en && !rc; k++) {
+    int j = 0;
+    while (j < n && !same_tensor(&t[j], &et[k])) j++;
+    if (j == n) {
+      nv_error_plain(c->diag, "internal: tensor '%s' of the evaluation entry is not a tensor of the training step",
+                     et[k].name);
+      rc = -1;
+    }
+    (*ea)[k] = j;
+  }
+  if (en >= 0) free(et);
+  *na = en;
+  return *ea && !rc ? 0 : -1;
+}
+
+/* The descriptor's evaluation fields (after arena_bytes). */
+static void desc_eval(nv_sbuf *b, const cg_options *o, const int32_t *ea, int na) {
+  int64_t arena = o->eval_plan && o->eval_plan->planned ? o->eval_plan->arena_bytes : 0;
+  if (!ea) return;
+  nv_sb_printf(b, "extern void " CG_EVAL_PREFIX "forward(");
+  for (int i = 0; i < na + (arena > 0); i++) nv_sb_printf(b, "%svoid *", i ? ", " : "");
+  nv_sb_printf(b, ");\nstatic void eval_entry(void **a) { " CG_EVAL_PREFIX "forward(");
+  for (int i = 0; i < na + (arena > 0); i++) nv_sb_printf(b, "%sa[%d]", i ? ", " : "", i);
+  nv_sb_printf(b, "); }\nstatic const int32_t eval_args[] = {");
+  for (int i = 0; i < na; i++) nv_sb_printf(b, "%s%d", i ? ", " : "", (int)ea[i]);
+  nv_sb_printf(b, "%s};\n\n", na ? "" : "0");
+}
+
 static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t init_size, const char *hash,
-                      const cg_gpu *gpu, const cg_plan *plan, const char *path) {
+                      const cg_gpu *gpu, const cg_plan *plan, const cg_options *o, const int32_t *ea, int nea,
+                      const char *path) {
   int nargs_in = n - g->noutputs;
   nv_sbuf b = {0};
   int64_t arena = plan && plan->planned ? plan->arena_bytes : 0;
@@ -172,14 +219,16 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
     nv_sb_printf(&b, ", %d, %d, %d, {", (int)t[i].role, (int)x->dtype, x->rank);
     for (int k = 0; k < x->rank; k++) nv_sb_printf(&b, "%s%lld", k ? ", " : "", (long long)x->shape[k]);
     bool arg = t[i].role == NOVA_ROLE_INPUT || t[i].role == NOVA_ROLE_LABEL || t[i].role == NOVA_ROLE_PARAM ||
-               t[i].role == NOVA_ROLE_OPT_STATE;
+               t[i].role == NOVA_ROLE_OPT_STATE || t[i].role == NOVA_ROLE_BUFFER;
     int64_t bound = arg ? x->index_bound : 0;
     bool inplace = plan && plan->inplace && i >= nargs_in && i - nargs_in < plan->noutputs && plan->inplace[i - nargs_in];
     nv_sb_printf(&b, "%s}, %lld, %lld, %d, %lld, %d},\n", x->rank ? "" : "0", (long long)bound,
                  (long long)t[i].init_offset, (int)t[i].updates, (long long)(bound && x->index_negative ? -bound : 0),
                  inplace ? 1 : 0);
   }
-  nv_sb_printf(&b, "};\nstatic const int32_t args[] = {");
+  nv_sb_printf(&b, "};\n");
+  desc_eval(&b, o, ea, nea);
+  nv_sb_printf(&b, "static const int32_t args[] = {");
   for (int i = 0; i < n; i++) nv_sb_printf(&b, "%s%d", i ? ", " : "", i);
   nv_sb_printf(&b, "};\n\nconst rt_graph nova_rt_graph = {NOVA_STEP_ABI_VERSION, \"" NOVAC_VERSION "\", \"%s\",\n"
                "  %d, tensors, %d, args, %s, %lld, entry",
@@ -187,6 +236,9 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
   if (gpu) cg_cuda_desc_fields(&b, gpu);
   else nv_sb_printf(&b, ", RT_TARGET_CPU, 0, 0, 0, 0, 0, 0");
   nv_sb_printf(&b, ", %lld", (long long)arena);
+  if (ea)
+    nv_sb_printf(&b, ", eval_entry, %d, eval_args, %lld", nea,
+                 (long long)(o->eval_plan && o->eval_plan->planned ? o->eval_plan->arena_bytes : 0));
   nv_sb_printf(&b, "};\n");
   FILE *f = fopen(path, "w");
   int rc = f && !b.oom && fwrite(b.s, 1, b.len, f) == b.len ? 0 : -1;
@@ -234,15 +286,15 @@ int cg_run_tool(nova_ctx *c, const char *dir, char *const argv[], bool verbose, 
 /* ---- manifest -------------------------------------------------------- */
 
 static const char *role_name(nova_role r) {
-  static const char *n[] = {"input", "label", "param", "opt_state", "output", "loss", "grad", "update"};
-  return (unsigned)r < 8 ? n[r] : "?";
+  static const char *n[] = {"input", "label", "param", "opt_state", "output", "loss", "grad", "update", "buffer"};
+  return (unsigned)r < 9 ? n[r] : "?";
 }
 
 /* The number of entry arguments that are inputs (they come first). */
 static int nargs_of(const step_tensor *t, int n) {
   int k = 0;
   while (k < n && (t[k].role == NOVA_ROLE_INPUT || t[k].role == NOVA_ROLE_LABEL || t[k].role == NOVA_ROLE_PARAM ||
-                   t[k].role == NOVA_ROLE_OPT_STATE))
+                   t[k].role == NOVA_ROLE_OPT_STATE || t[k].role == NOVA_ROLE_BUFFER))
     k++;
   return k;
 }
@@ -261,6 +313,36 @@ int64_t cg_io_bytes(const nv_graph *g, const cg_plan *plan) {
     if (!in_place(plan, t, n, i)) io += fe_numel(t[i].node) * (int64_t)fe_dtype_size(t[i].node->dtype);
   free(n >= 0 ? t : NULL);
   return io;
+}
+
+/* "initializers": what --train made of each initializer of an ONNX model. */
+static void add_initializers(cJSON *root, const nv_graph *g) {
+  static const char *const role[] = {"param", "buffer", "constant"};
+  cJSON *a = cJSON_AddArrayToObject(root, "initializers");
+  for (int i = 0; i < g->ninits; i++) {
+    const nv_initializer *in = &g->inits[i];
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "name", in->name);
+    cJSON_AddStringToObject(e, "role", role[in->role]);
+    cJSON_AddStringToObject(e, "storage", in->folded ? "folded" : "tensor");
+    cJSON_AddStringToObject(e, "reason", in->reason);
+    cJSON_AddItemToArray(a, e);
+  }
+}
+
+/* "evaluation": the evaluation entry of a training step. */
+static void add_evaluation(cJSON *root, const cg_options *o) {
+  step_tensor *et;
+  int64_t isz;
+  int en = collect(o->eval_graph, &et, &isz);
+  if (en < 0) return;
+  cJSON *ev = cJSON_AddObjectToObject(root, "evaluation");
+  cJSON_AddStringToObject(ev, "entry", CG_EVAL_PREFIX "forward");
+  cJSON *a = cJSON_AddArrayToObject(ev, "arguments");
+  for (int i = 0; i < en; i++) cJSON_AddItemToArray(a, cJSON_CreateString(et[i].name));
+  const cg_plan *pl = o->eval_plan;
+  cJSON_AddNumberToObject(ev, "arena_bytes", pl && pl->planned ? (double)pl->arena_bytes : 0);
+  free(et);
 }
 
 static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const char *hash, const cg_options *o,
@@ -306,6 +388,8 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
     cJSON_AddItemToArray(ts, e);
     if (t[i].role == NOVA_ROLE_PARAM) param_bytes += bytes;
   }
+  if (g->inits) add_initializers(root, g);
+  if (o->eval_graph) add_evaluation(root, o);
   io_bytes = (double)cg_io_bytes(g, o->plan);
   cJSON *mem = cJSON_AddObjectToObject(root, "memory");
   cJSON_AddNumberToObject(mem, "tensor_bytes", io_bytes);
@@ -452,7 +536,20 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
   snprintf(path, sizeof path, "%s/desc.c", dir);
   if (o->gpu && cg_cuda_assemble(c, dir, o->gpu, o->verbose)) goto out;
   if (o->gpu) lap(o, &t0, "ptxas");
-  if (write_desc(g, t, n, init_size, hash, o->gpu, o->plan, path)) {
+  int32_t *ea = NULL;
+  int na = 0;
+  if (o->eval_graph) {
+    char eo[4200];
+    snprintf(eo, sizeof eo, "%s/eval.o", dir);
+    if (eval_args(c, o->eval_graph, t, n, &ea, &na) || cg_emit_object(c, o->eval_module, o, eo, cpu, sizeof cpu)) {
+      free(ea);
+      goto out;
+    }
+    lap(o, &t0, "LLVM codegen (evaluation)");
+  }
+  int wd = write_desc(g, t, n, init_size, hash, o->gpu, o->plan, o, ea, na, path);
+  free(ea);
+  if (wd) {
     nv_error_plain(c->diag, "cannot write %s", path);
     goto out;
   }
@@ -483,7 +580,11 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
   }
   char *ldargv[] = {(char *)cc, "-shared", "-o", abs_out, "step.o", "desc.o", "-Wl,--whole-archive", rtlib,
                     "-Wl,--no-whole-archive", "-lm", "-ldl", "-Wl,--no-undefined",
-                    "-Wl,--version-script=exports.map", "-Wl,-z,noexecstack", "-Wl,--build-id=sha1", NULL};
+                    "-Wl,--version-script=exports.map", "-Wl,-z,noexecstack", "-Wl,--build-id=sha1", NULL, NULL};
+  if (o->eval_graph) { /* the evaluation entry's object after the step's */
+    memmove(ldargv + 6, ldargv + 5, 11 * sizeof *ldargv);
+    ldargv[5] = "eval.o";
+  }
   if (cg_run_tool(c, dir, ldargv, o->verbose, NULL)) goto out;
   lap(o, &t0, "descriptor + link");
   /* both files complete under temporary names before either is renamed */
@@ -511,7 +612,7 @@ out:
   }
   free(t);
   if (!o->keep_temps) {
-    static const char *const files[] = {"step.o",      "init.bin",      "desc.c",   "desc.o",
+    static const char *const files[] = {"step.o", "eval.o", "init.bin",      "desc.c",   "desc.o",
                                         "exports.map", "tool.log", "kernels.ptx", "kernels.cubin", NULL};
     rm_tree(dir, files);
   } else

@@ -97,6 +97,7 @@ static void print_caret(nv_diag *d, nv_loc loc) {
 }
 
 static void emit(nv_diag *d, nv_loc loc, const char *kind, const char *fmt, va_list ap) {
+  if (!d->out) return; /* a quiet context: counts errors, prints nothing */
   if (loc.file && loc.line > 0)
     fprintf(d->out, "%s:%d:%d: %s: ", loc.file, loc.line, loc.col, kind);
   else if (loc.file)
@@ -112,7 +113,7 @@ void nv_verror(nv_diag *d, nv_loc loc, const char *fmt, va_list ap) {
   d->nerr++;
   if (d->nerr > NV_MAX_ERRORS) return;
   emit(d, loc, "error", fmt, ap);
-  if (d->nerr == NV_MAX_ERRORS) fprintf(d->out, "novac: too many errors, stopping\n");
+  if (d->nerr == NV_MAX_ERRORS && d->out) fprintf(d->out, "novac: too many errors, stopping\n");
 }
 
 void nv_error(nv_diag *d, nv_loc loc, const char *fmt, ...) {
@@ -127,6 +128,14 @@ void nv_note(nv_diag *d, nv_loc loc, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   emit(d, loc, "note", fmt, ap);
+  va_end(ap);
+}
+
+void nv_warning(nv_diag *d, nv_loc loc, const char *fmt, ...) {
+  if (d->nerr > NV_MAX_ERRORS) return;
+  va_list ap;
+  va_start(ap, fmt);
+  emit(d, loc, "warning", fmt, ap);
   va_end(ap);
 }
 

@@ -19,6 +19,7 @@ typedef struct nv_loc {
 
 typedef struct nv_diag nv_diag;
 
+/* OUT NULL: a quiet context that counts errors and prints nothing. */
 nv_diag *nv_diag_create(FILE *out);
 void nv_diag_destroy(nv_diag *d);
 /* Registers a source buffer so that errors at its locations print the line
@@ -30,6 +31,8 @@ const char *nv_diag_intern(nv_diag *d, const char *name);
 void nv_error(nv_diag *d, nv_loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void nv_verror(nv_diag *d, nv_loc loc, const char *fmt, va_list ap);
 void nv_note(nv_diag *d, nv_loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Does not count as an error (the exit status stays 0). */
+void nv_warning(nv_diag *d, nv_loc loc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* An error without a location: "novac: error: ...". */
 void nv_error_plain(nv_diag *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int nv_diag_count(const nv_diag *d);

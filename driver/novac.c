@@ -40,6 +40,8 @@ typedef struct opts {
   fe_dim_binding dims[32];
   int ndims;
   nv_sbuf flags;     /* the flags that affect the output, for the manifest */
+  nv_diag *eval_diag; /* the quiet diagnostics of the evaluation graph's import: its
+                         locations are interned there (destroyed after the graph) */
 } opts;
 
 static void usage(FILE *f) {
@@ -71,6 +73,7 @@ static void usage(FILE *f) {
         "  --train               compile a training step: forward, backward and optimizer update\n"
         "  --loss=NAME           the loss output (default: the one scalar float output)\n"
         "  --freeze=GLOB[,GLOB]  params kept constant (every other float param is trained)\n"
+        "  --train-only=GLOB[,GLOB]  train only the params these match; the rest are constants\n"
         "  --optimizer=sgd|momentum|adamw, --nesterov\n"
         "  --lr=F                learning rate (default 0.01; adamw 0.001); also a run-time input 'lr'\n"
         "  --momentum=F --beta1=F --beta2=F --eps=F --weight-decay=F\n"
@@ -105,6 +108,20 @@ static int num_value(const char *name, const char *v, double *out) {
     return 2;
   }
   *out = x;
+  return 0;
+}
+
+/* --freeze and --train-only: 1 to 64 non-empty patterns, 1000 characters. */
+static int check_globs(const char *opt, const char *v) {
+  if (!v) return 0;
+  int n = 1;
+  for (const char *p = v; *p; p++) n += *p == ',';
+  bool empty = !*v || *v == ',' || v[strlen(v) - 1] == ',' || strstr(v, ",,");
+  if (n > 64 || strlen(v) > 1000 || empty) {
+    fprintf(stderr, "novac: %s takes 1 to 64 non-empty patterns separated by commas (1000 characters at most), "
+            "got '%s'\nTry 'novac --help'.\n", opt, v);
+    return 2;
+  }
   return 0;
 }
 
@@ -166,6 +183,7 @@ static int parse_args(int argc, char **argv, opts *o) {
     } else if (!strcmp(a, "--train")) o->train = true;
     else if ((v = opt_value(argc, argv, &i, "--loss"))) o->ad.loss = v;
     else if ((v = opt_value(argc, argv, &i, "--freeze"))) o->ad.freeze = v;
+    else if ((v = opt_value(argc, argv, &i, "--train-only"))) o->ad.train_only = v;
     else if ((v = opt_value(argc, argv, &i, "--optimizer"))) {
       if (!strcmp(v, "sgd")) o->ad.optimizer = AD_SGD;
       else if (!strcmp(v, "momentum")) o->ad.optimizer = AD_MOMENTUM;
@@ -226,11 +244,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       o->ad.beta1 >= 1 || o->ad.beta2 < 0 || o->ad.beta2 >= 1)
     return bad_usage("optimizer settings out of range%s: need lr, momentum, weight-decay >= 0, eps > 0 and "
                      "0 <= beta1, beta2 < 1", "");
-  if (o->ad.freeze) {
-    int n = 1;
-    for (const char *p = o->ad.freeze; *p; p++) n += *p == ',';
-    if (n > 64 || strlen(o->ad.freeze) > 1000) return bad_usage("--freeze takes at most 64 patterns and 1000 characters%s", "");
-  }
+  if (check_globs("--freeze", o->ad.freeze) || check_globs("--train-only", o->ad.train_only)) return 2;
   if (!o->wd_set) o->ad.weight_decay = o->ad.optimizer == AD_ADAMW ? 1e-2 : 0;
   if (o->train) nv_sb_printf(&o->flags, " --train");
   return 0;
@@ -286,13 +300,51 @@ static int dump_if(const opts *o, const char *stage, MlirModule m) {
   return 0;
 }
 
-/* .nova input -> graph */
-static nv_graph *load_input(nv_diag *d, opts *o) {
+/* The names of the params G's loss depends on through differentiable ops
+ * (into NAMES, borrowed from G), or -1 when that is not known. */
+static int reached_params(nv_graph *g, nv_diag *quiet, const char *loss, const char **names) {
+  int nf = g->nnodes, k = 0;
+  bool *reached = calloc((size_t)nf + 1, sizeof *reached);
+  if (!reached || ad_grad_reach(g, quiet, loss, reached)) k = -1;
+  for (int i = 0; k >= 0 && i < nf; i++)
+    if (reached[i]) names[k++] = g->nodes[i]->name;
+  free(reached);
+  return k;
+}
+
+/* An ONNX model for --train, imported twice: first with every float
+ * initializer a parameter, quietly, to find those the loss depends on
+ * through differentiable ops; then for real, with the roles onnx_roles.c
+ * gives them.  --freeze and --train-only are applied here, not by
+ * autodiff.  With EVAL, a third time, quietly, for the evaluation entry
+ * (*EVAL NULL if that import failed). */
+static nv_graph *load_onnx_train(nv_diag *d, opts *o, nv_graph **eval) {
+  nv_diag *quiet = nv_diag_create(NULL);
+  fe_train_roles probe = {.nreach = -1, .probe = true}; /* training-mode Dropout is built, too */
+  nv_graph *g1 = quiet ? fe_load_onnx(quiet, o->input, o->dims, o->ndims, &probe) : NULL;
+  const char **names = g1 ? calloc((size_t)g1->nnodes + 1, sizeof *names) : NULL;
+  fe_train_roles r = {o->ad.freeze, o->ad.train_only, names, -1, false, false};
+  if (names) r.nreach = reached_params(g1, quiet, o->ad.loss, names);
+  nv_graph *g = fe_load_onnx(d, o->input, o->dims, o->ndims, &r);
+  if (g && eval && (o->eval_diag = nv_diag_create(NULL))) {
+    r.eval = true;
+    *eval = fe_load_onnx(o->eval_diag, o->input, o->dims, o->ndims, &r);
+  }
+  free(names);
+  fe_graph_destroy(g1);
+  nv_diag_destroy(quiet);
+  o->ad.freeze = o->ad.train_only = NULL;
+  return g;
+}
+
+/* .nova or .onnx input -> graph; with EVAL (--train, cpu) also the graph
+ * of the evaluation entry into *EVAL (NULL if it could not be made). */
+static nv_graph *load_input(nv_diag *d, opts *o, nv_graph **eval) {
   size_t len = 0;
   const char *ext = strrchr(o->input, '.');
   nv_graph *g = NULL;
   if (ext && !strcmp(ext, ".onnx")) {
-    g = fe_load_onnx(d, o->input, o->dims, o->ndims);
+    g = o->train ? load_onnx_train(d, o, eval) : fe_load_onnx(d, o->input, o->dims, o->ndims, NULL);
     goto check_dims;
   }
   if (!ext || strcmp(ext, ".nova")) {
@@ -307,7 +359,10 @@ static nv_graph *load_input(nv_diag *d, opts *o) {
   }
   const char *name = nv_diag_add_source(d, o->input, text, len);
   char *dircopy = strdup(o->input);
-  g = fe_parse_text(d, name, text, len, dircopy ? dirname(dircopy) : ".", o->dims, o->ndims);
+  const char *base = dircopy ? dirname(dircopy) : ".";
+  g = fe_parse_text(d, name, text, len, base, o->dims, o->ndims);
+  if (g && eval && (o->eval_diag = nv_diag_create(NULL))) /* .nova has no train/eval differences */
+    *eval = fe_parse_text(o->eval_diag, name, text, len, base, o->dims, o->ndims);
   free(dircopy);
   free(text);
 check_dims:
@@ -332,6 +387,33 @@ static char *default_output(const char *input, const char *ext) {
   if (out) snprintf(out, n, "%s%s", base, ext);
   free(copy);
   return out;
+}
+
+/* The evaluation entry of the training step G: GE, its forward graph
+ * (BatchNormalization with running statistics), lowered like the step to
+ * the LLVM dialect (*LIN, with plan PLAN) with its symbols renamed
+ * CG_EVAL_PREFIX*, so that both link into one step.so. */
+static int build_eval(nova_ctx *c, const opts *o, const nv_graph *g, nv_graph *ge, const cfg_device *dev,
+                      MlirModule *nova, MlirModule *lin, cg_plan *plan) {
+  if (!ge) {
+    nv_error_plain(c->diag, "internal: the forward graph of the evaluation entry could not be built");
+    return -1;
+  }
+  for (int i = 0; i < g->noutputs; i++) /* the loss is the training step's */
+    for (int k = 0; g->outputs[i].role == NOVA_ROLE_LOSS && k < ge->noutputs; k++)
+      if (!strcmp(ge->outputs[k].name, g->outputs[i].name)) ge->outputs[k].role = NOVA_ROLE_LOSS;
+  *nova = nova_build_module(c, ge);
+  if (mlirModuleIsNull(*nova) || nova_verify(c, *nova, "the evaluation entry")) return -1;
+  *lin = cg_lower_to_linalg(c, *nova);
+  if (mlirModuleIsNull(*lin) || nova_verify(c, *lin, "lowering the evaluation entry to linalg")) return -1;
+  if (cg_lower_to_llvm(c, ge, *lin, dev, o->opt_level, plan) ||
+      nova_verify(c, *lin, "lowering the evaluation entry to LLVM"))
+    return -1;
+  if (cg_prefix_symbols(*lin, CG_EVAL_PREFIX)) {
+    nv_error_plain(c->diag, "internal: the evaluation entry's functions could not be renamed");
+    return -1;
+  }
+  return 0;
 }
 
 static int compile(nv_diag *d, opts *o) {
@@ -368,29 +450,32 @@ static int compile(nv_diag *d, opts *o) {
     nv_error_plain(d, "unknown --dump-after stage '%s'; stages: frontend, linalg, llvm", o->dump_after);
     return -1;
   }
-  nv_graph *g = load_input(d, o);
+  nv_graph *ge = NULL; /* the evaluation entry's graph (a cpu training step.so) */
+  nv_graph *g = load_input(d, o, o->train && !cuda && o->emit == EMIT_SO ? &ge : NULL);
   stage_done(&tm, "frontend");
   if (!g) return -1;
   if (o->train) {
     if (ad_train(g, d, &o->ad)) {
       fe_graph_destroy(g);
+      fe_graph_destroy(ge);
       return -1;
     }
     stage_done(&tm, "autodiff + optimizer");
-  } else if (o->ad.loss || o->ad.freeze) {
-    nv_error_plain(d, "--loss and --freeze need --train");
+  } else if (o->ad.loss || o->ad.freeze || o->ad.train_only) {
+    nv_error_plain(d, "--loss, --freeze and --train-only need --train");
     fe_graph_destroy(g);
     return -1;
   }
   nova_ctx c;
   int rc = -1;
-  MlirModule nova = {NULL}, lin = {NULL};
+  MlirModule nova = {NULL}, lin = {NULL}, enova = {NULL}, elin = {NULL};
   cg_gpu gpu = {0};
-  cg_plan plan = {0};
+  cg_plan plan = {0}, eplan = {0};
   plan.memory_limit = o->memory_limit;
   char *out_default = NULL, *man_default = NULL;
   if (nova_ctx_init(&c, d)) {
     fe_graph_destroy(g);
+    fe_graph_destroy(ge);
     return -1;
   }
   nova = nova_build_module(&c, g);
@@ -440,6 +525,13 @@ static int compile(nv_diag *d, opts *o) {
     if (cg_lower_to_llvm(&c, g, lin, &dev, o->opt_level, &plan) || nova_verify(&c, lin, "lowering to LLVM")) goto out;
     co.plan = &plan;
     stage_done(&tm, "bufferize + to LLVM");
+    if (o->train && o->emit == EMIT_SO) {
+      if (build_eval(&c, o, g, ge, &dev, &enova, &elin, &eplan)) goto out;
+      co.eval_graph = ge;
+      co.eval_module = elin;
+      co.eval_plan = &eplan;
+      stage_done(&tm, "evaluation entry");
+    }
   }
   if (o->explain_config) nd_explain(stdout, &dev, g, cuda ? &gpu : NULL);
   if (o->emit == EMIT_MANIFEST) {
@@ -490,10 +582,14 @@ static int compile(nv_diag *d, opts *o) {
 out:
   cg_gpu_free(&gpu);
   cg_plan_free(&plan);
+  cg_plan_free(&eplan);
   if (!mlirModuleIsNull(lin)) mlirModuleDestroy(lin);
   if (!mlirModuleIsNull(nova)) mlirModuleDestroy(nova);
+  if (!mlirModuleIsNull(elin)) mlirModuleDestroy(elin);
+  if (!mlirModuleIsNull(enova)) mlirModuleDestroy(enova);
   nova_ctx_dispose(&c);
   fe_graph_destroy(g);
+  fe_graph_destroy(ge);
   free(out_default);
   free(man_default);
   return rc;
@@ -512,6 +608,7 @@ int main(int argc, char **argv) {
   int rc = compile(d, &o);
   if (rc == 0 && nv_diag_count(d)) rc = -1;
   nv_diag_destroy(d);
+  nv_diag_destroy(o.eval_diag);
   for (int i = 0; i < o.ndims; i++) free((char *)o.dims[i].name);
   nv_sb_free(&o.flags);
   return rc ? 1 : 0;

@@ -28,7 +28,7 @@
 static const char usage_text[] =
     "usage: novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]\n"
     "                       [--lr F] [--load FILE] [--save FILE] [--outputs DIR] [--dump DIR]\n"
-    "                       [--repeat N] [--print] [--profile] [-q]\n"
+    "                       [--eval] [--repeat N] [--print] [--profile] [-q]\n"
     "       novarun -h | --help | --version\n"
     "\n"
     "Runs a step compiled by novac once (or N times), or trains it for N steps,\n"
@@ -40,9 +40,12 @@ static const char usage_text[] =
     "                 step, a tensor of the same name [S,...] of S samples; step k\n"
     "                 takes samples (k-1)*B .. k*B-1, wrapping around modulo S\n"
     "  --seed N       synthetic batches from seed N (0 to 2^64-1): standard normal\n"
-    "                 floats, uniform indices below each index input's bound\n"
+    "                 floats, uniform indices below each index input's bound; also\n"
+    "                 the seed of the step's dropout (rng.seed), and only that with\n"
+    "                 --inputs or --data\n"
     "  --outputs DIR  write outputs and losses to DIR/output_K.pb (DIR is created)\n"
     "  --dump DIR     after the last run, write DIR/param.NAME.pb for every parameter\n"
+    "                 (buffer.NAME.pb for every buffer)\n"
     "                 and DIR/loss.pb for the loss, if any (DIR is created)\n"
     "  --repeat N     run N times and report the median time per run (default 1)\n"
     "  --steps N      train: run a training step N times (a new batch each step with\n"
@@ -54,6 +57,10 @@ static const char usage_text[] =
     "                 state from a safetensors checkpoint; steps count on from it\n"
     "  --save FILE    after the last step, write every parameter and optimizer state\n"
     "                 to FILE, a safetensors checkpoint (atomically)\n"
+    "  --eval         run the training step's evaluation entry (the forward pass with\n"
+    "                 the current parameters, BatchNormalization's running statistics,\n"
+    "                 nothing updated) instead of a run, or once after --steps N;\n"
+    "                 its loss and outputs are reported\n"
     "  --print        print the first values and min/max/mean of each output\n"
     "  --profile      (--target=cuda steps) time every kernel launch of the last run\n"
     "                 with CUDA events and print them, the slowest first\n"
@@ -132,6 +139,10 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
   }
   if (!strcmp(a, "--profile")) {
     o->profile = 1;
+    return -1;
+  }
+  if (!strcmp(a, "--eval")) {
+    o->eval = 1;
     return -1;
   }
   if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
@@ -222,9 +233,8 @@ static int nr_parse_args(int argc, char **argv, nr_options *o) {
     }
   }
   if (!o->step_path) return nr_usage_error("no step.so given");
-  if (!!o->inputs_dir + !!o->data_path + o->seed_set > 1)
-    return nr_usage_error("%s and %s both give the batch; give one of --inputs, --data and --seed",
-                          o->inputs_dir ? "--inputs" : "--data", o->seed_set ? "--seed" : "--data");
+  if (o->inputs_dir && o->data_path) /* with one of them, --seed seeds only the step's dropout */
+    return nr_usage_error("--inputs and --data both give the batch; give one of them%s", "");
   return -1;
 }
 
@@ -259,6 +269,7 @@ static int nr_load(const char *path, nr_api *api) {
            NR_SYM(api, get, "nova_step_get") && NR_SYM(api, error, "nova_step_error");
   /* optional: a step.so from before it has no graph hash to report */
   if (!NR_SYM(api, graph_hash, "nova_step_graph_hash")) api->graph_hash = NULL;
+  if (!NR_SYM(api, eval, "nova_step_eval")) api->eval = NULL;
   if (!NR_SYM(api, last_run_ms, "nova_step_last_run_ms")) api->last_run_ms = NULL;
   if (!NR_SYM(api, target, "nova_step_target")) api->target = NULL;
   if (!NR_SYM(api, set_profiling, "nova_step_set_profiling") || !NR_SYM(api, num_launches, "nova_step_num_launches") ||
@@ -314,9 +325,9 @@ static int nr_run(nr_step *s, const nr_options *o, double *median, double *devic
   if (!t) return nr_error("out of memory for %ld timings", o->repeat);
   for (long r = 0; r < o->repeat; r++) {
     double start = nr_now();
-    if (s->api.run(s->step) != NOVA_OK) {
+    if ((o->eval ? s->api.eval : s->api.run)(s->step) != NOVA_OK) {
       free(t);
-      return nr_error("%s: run failed: %s", s->path, s->api.error(s->step));
+      return nr_error("%s: %s failed: %s", s->path, o->eval ? "evaluation" : "run", s->api.error(s->step));
     }
     t[r] = nr_now() - start;
     dev[r] = s->api.last_run_ms ? s->api.last_run_ms(s->step) : -1;
@@ -440,15 +451,19 @@ static int nr_execute(nr_step *s, const nr_options *o, nr_batches *b, long long 
     if (!s->api.set_profiling) return nr_error("%s: --profile: this step.so has no profiling (rebuild it)", s->path);
     if (s->api.set_profiling(s->step, 1) != NOVA_OK) return nr_error("--profile: %s", s->api.error(s->step));
   }
+  if (o->eval && !s->api.eval)
+    return nr_error("%s: --eval: this step.so has no evaluation entry (built by a novac older than 0.2)", s->path);
   if (o->steps) {
     rc = nr_train(s, o, b, start);
     if (!rc) *done = start + o->steps;
+    if (!rc && o->eval && s->api.eval(s->step) != NOVA_OK) /* on the last step's batch */
+      rc = nr_error("%s: evaluation failed: %s", s->path, s->api.error(s->step));
     return rc;
   }
   /* every run of a plain run sees the same batch: that of the next step */
   if (b && nr_batches_bind(b, s, start + 1)) return 1;
   if ((rc = nr_run(s, o, &median, &device))) return rc;
-  if (nr_is_training_step(s)) *done = start + o->repeat;
+  if (nr_is_training_step(s) && !o->eval) *done = start + o->repeat;
   if (!o->quiet) {
     const char *from = o->inputs_dir ? o->inputs_dir : o->data_path ? o->data_path : o->seed_set ? "--seed" : NULL;
     fprintf(stderr, "novarun: step %s: %d tensors, %d bound from %s\n", o->step_path, s->api.num_tensors(s->step),
@@ -464,6 +479,19 @@ static int nr_execute(nr_step *s, const nr_options *o, nr_batches *b, long long 
   return 0;
 }
 
+/* --seed: the seed of the step's random generator (dropout), if it has one. */
+static int nr_bind_rng_seed(nr_step *s, uint64_t seed) {
+  nova_tensor_info info;
+  int64_t v = (int64_t)seed;
+  for (int i = 0, n = s->api.num_tensors(s->step); i < n; i++)
+    if (s->api.tensor(s->step, i, &info) == NOVA_OK && !strcmp(info.name, "rng.seed")) {
+      if (s->api.bind(s->step, "rng.seed", NOVA_DTYPE_I64, 0, NULL, &v) != NOVA_OK)
+        return nr_error("--seed: %s", s->api.error(s->step));
+      return 0;
+    }
+  return 0;
+}
+
 /* Order: the checkpoint, then the batch source, then the output folders:
  * nothing is created or run unless every input checked out. */
 static int nr_main(const nr_options *o) {
@@ -472,8 +500,9 @@ static int nr_main(const nr_options *o) {
   long long start = 0, done = 0;
   int rc = nr_open(&s, o->step_path);
   if (!rc && o->load_path) rc = nr_checkpoint_load(&s, o->load_path, &start);
-  if (!rc && (o->data_path || o->seed_set)) rc = nr_batches_create(&s, o, &b);
+  if (!rc && (o->data_path || (o->seed_set && !o->inputs_dir))) rc = nr_batches_create(&s, o, &b);
   else if (!rc) rc = nr_bind_inputs(&s, o, &s.nbound);
+  if (!rc && o->seed_set) rc = nr_bind_rng_seed(&s, o->seed);
   if (!rc && o->outputs_dir) rc = nr_make_dirs(o->outputs_dir);
   if (!rc && o->dump_dir) rc = nr_make_dirs(o->dump_dir);
   if (!rc && o->lr_set) {

@@ -25,6 +25,7 @@ typedef struct nr_api {
   nova_status (*set_profiling)(nova_step *, int);
   int (*num_launches)(const nova_step *);
   nova_status (*launch)(const nova_step *, int, const char **, double *);
+  nova_status (*eval)(nova_step *); /* NULL in a step.so older than it */
 } nr_api;
 
 typedef struct nr_options {
@@ -45,6 +46,7 @@ typedef struct nr_options {
   int seed_set;
   const char *save_path;   /* --save FILE: checkpoint after the last step */
   const char *load_path;   /* --load FILE: checkpoint before the first step */
+  int eval;                /* --eval: run the evaluation entry (after --steps, if any) */
 } nr_options;
 
 /* A loaded, opened step. */

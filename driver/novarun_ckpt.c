@@ -1,7 +1,7 @@
 /* novarun_ckpt.c: --save and --load, checkpoints of a training step.
  *
- * A checkpoint is a safetensors file (novarun_st.c) holding every param and
- * opt_state tensor of the step under its name in the step, with
+ * A checkpoint is a safetensors file (novarun_st.c) holding every param,
+ * opt_state and buffer tensor of the step under its name in the step, with
  * __metadata__ {"format": "novac", "graph_hash": the step's graph hash,
  * "step": the number of steps done, in decimal}.
  */
@@ -14,7 +14,7 @@
 
 #define NR_TYPE_LEN 320
 
-static int nr_is_state(nova_role r) { return r == NOVA_ROLE_PARAM || r == NOVA_ROLE_OPT_STATE; }
+static int nr_is_state(nova_role r) { return r == NOVA_ROLE_PARAM || r == NOVA_ROLE_OPT_STATE || r == NOVA_ROLE_BUFFER; }
 
 static const char *nr_graph_hash(nr_step *s) { return s->api.graph_hash ? s->api.graph_hash(s->step) : ""; }
 

@@ -223,7 +223,9 @@ int nr_dump(nr_step *s, const nr_options *o) {
   int n = s->api.num_tensors(s->step);
   for (int i = 0; i < n; i++) {
     if (s->api.tensor(s->step, i, &info) != NOVA_OK) return nr_error("%s: cannot query tensor %d", o->step_path, i);
-    if (info.role != NOVA_ROLE_PARAM && info.role != NOVA_ROLE_LOSS && info.role != NOVA_ROLE_GRAD) continue;
+    if (info.role != NOVA_ROLE_PARAM && info.role != NOVA_ROLE_LOSS && info.role != NOVA_ROLE_GRAD &&
+        info.role != NOVA_ROLE_BUFFER)
+      continue;
     const void *data = NULL;
     nova_tensor_info got;
     if (s->api.get(s->step, info.name, &data, &got) != NOVA_OK)
@@ -234,7 +236,8 @@ int nr_dump(nr_step *s, const nr_options *o) {
     if (got.role == NOVA_ROLE_GRAD && pl > 5 && !strcmp(part + pl - 5, ".grad")) part[pl - 5] = 0; /* NAME.grad */
     if (got.role == NOVA_ROLE_LOSS ? nr_path(path, o->dump_dir, "loss.pb%s", "")
         : got.role == NOVA_ROLE_GRAD ? nr_path(path, o->dump_dir, "grad.%s.pb", part)
-                                     : nr_path(path, o->dump_dir, "param.%s.pb", part))
+        : got.role == NOVA_ROLE_BUFFER ? nr_path(path, o->dump_dir, "buffer.%s.pb", part)
+                                       : nr_path(path, o->dump_dir, "param.%s.pb", part))
       return 1;
     if (nr_write_tensor(path, &got, data)) return 1;
   }

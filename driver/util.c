@@ -1,7 +1,8 @@
-/* util.c: growable strings and whole-file reading. */
+/* util.c: growable strings, whole-file reading, name patterns. */
 #include "util.h"
 
 #include <errno.h>
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,4 +83,22 @@ char *nv_read_file(const char *path, size_t *len, size_t max_bytes) {
   buf[n] = 0;
   *len = n;
   return buf;
+}
+
+bool nv_glob_match(const char *globs, const char *name, bool *matched) {
+  if (!globs) return false;
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s", globs);
+  bool hit = false;
+  int k = 0;
+  char *save = NULL;
+  for (char *gl = strtok_r(buf, ",", &save); gl && k < NV_MAX_GLOBS; gl = strtok_r(NULL, ",", &save), k++)
+    if (fnmatch(gl, name, 0) == 0) hit = matched[k] = true;
+  return hit;
+}
+
+int nv_glob_count(const char *globs) {
+  int n = globs ? 1 : 0;
+  for (const char *p = globs; p && *p; p++) n += *p == ',';
+  return n < NV_MAX_GLOBS ? n : NV_MAX_GLOBS;
 }

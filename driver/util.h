@@ -1,8 +1,9 @@
-/* util.h: growable strings and whole-file reading. */
+/* util.h: growable strings, whole-file reading, name patterns. */
 #ifndef NOVA_UTIL_H
 #define NOVA_UTIL_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct nv_sbuf {
@@ -18,5 +19,12 @@ void nv_sb_free(nv_sbuf *b);
 /* Reads a whole file; returns malloc'd bytes (NUL-terminated) or NULL with
  * errno set.  Refuses files over max_bytes (errno = EFBIG). */
 char *nv_read_file(const char *path, size_t *len, size_t max_bytes);
+
+/* Whether NAME matches one of the comma-separated fnmatch(3) patterns of
+ * GLOBS (NULL: none; at most NV_MAX_GLOBS are read); sets MATCHED[k] for
+ * each pattern k that matches.  nv_glob_count: how many patterns. */
+#define NV_MAX_GLOBS 64
+bool nv_glob_match(const char *globs, const char *name, bool *matched);
+int nv_glob_count(const char *globs);
 
 #endif

@@ -41,6 +41,8 @@ void fe_graph_destroy(nv_graph *g) {
     free(n);
   }
   for (int i = 0; i < g->noutputs; i++) free(g->outputs[i].name);
+  for (int i = 0; i < g->ninits; i++) free(g->inits[i].name), free(g->inits[i].reason);
+  free(g->inits);
   free(g->nodes);
   free(g->outputs);
   free(g);
@@ -480,6 +482,22 @@ static int infer_gather(nv_diag *d, nv_node *n, const nv_node *x, nv_node *idx) 
   return set_shape(d, n, r, s);
 }
 
+/* dropout(x, seed, step): like x; the seed and the step are i64 scalars,
+ * the ratio in [0, 1), the elements numbered below 2^32 (lower_rng.c). */
+static int infer_dropout(nv_diag *d, nv_node *n, const nv_node *x, const nv_node *seed, const nv_node *step) {
+  if (need_float(d, n, x, "operand")) return -1;
+  if (seed->dtype != NOVA_DTYPE_I64 || seed->rank || step->dtype != NOVA_DTYPE_I64 || step->rank) {
+    nv_error(d, n->loc, "dropout: the seed and the step must be i64 scalars");
+    return -1;
+  }
+  if (!(n->value >= 0 && n->value < 1) || fe_numel(x) > (INT64_C(1) << 32)) {
+    nv_error(d, n->loc, "dropout: ratio %g outside [0, 1), or more than 2^32 elements", n->value);
+    return -1;
+  }
+  n->dtype = x->dtype;
+  return set_shape(d, n, x->rank, x->shape);
+}
+
 static int infer_cross_entropy(nv_diag *d, nv_node *n, const nv_node *logits, nv_node *labels) {
   if (need_float(d, n, logits, "logits")) return -1;
   if (!fe_dtype_is_int(labels->dtype)) {
@@ -843,6 +861,7 @@ static int infer(nv_diag *d, nv_node *n) {
   case NV_OP_SLICE: return infer_slice(d, n, in[0]);
   case NV_OP_GATHER: return infer_gather(d, n, in[0], in[1]);
   case NV_OP_CROSS_ENTROPY: return infer_cross_entropy(d, n, in[0], in[1]);
+  case NV_OP_DROPOUT: return infer_dropout(d, n, in[0], in[1], in[2]);
   case NV_OP_COUNT: break;
   }
   nv_error(d, n->loc, "internal: no shape rule for op %d", (int)n->op);

@@ -98,7 +98,8 @@
   X(SCATTER_ELEMENTS, "scatter_elements", 3, 3) \
   X(GATHER_ND, "gather_nd", 2, 2)               \
   X(SCATTER_ND, "scatter_nd", 3, 3)             \
-  X(CUMSUM, "cumsum", 1, 1)
+  X(CUMSUM, "cumsum", 1, 1)                     \
+  X(DROPOUT, "dropout", 3, 3)
 
 /* How scatter_elements / scatter_nd combine an update with the value there. */
 enum { NV_SCATTER_NONE, NV_SCATTER_ADD, NV_SCATTER_MUL, NV_SCATTER_MAX, NV_SCATTER_MIN };
@@ -150,7 +151,7 @@ struct nv_node {
   bool keepdims;
   int64_t start, end, step;  /* slice */
   double eps;           /* layer_norm */
-  double value;         /* constant (scalar, broadcast to shape) */
+  double value;         /* constant (scalar, broadcast to shape); dropout: the ratio */
   nova_dtype to;        /* cast */
   bool allow_empty;     /* set from the graph: a 0 dimension is not an error */
   /* conv and pools: nspatial = rank - 2 spatial dims (1 to 3) */
@@ -161,7 +162,8 @@ struct nv_node {
   bool col_major;       /* max_pool_indices: ONNX storage_order 1 */
   int64_t mode;         /* scatter_*: an NV_SCATTER_* combiner; cumsum: NV_CUMSUM_* bits */
   /* inputs, params and constants (constants: init gives the value) */
-  nova_role role;       /* params: NOVA_ROLE_PARAM or NOVA_ROLE_OPT_STATE */
+  nova_role role;       /* params: NOVA_ROLE_PARAM, NOVA_ROLE_OPT_STATE or NOVA_ROLE_BUFFER */
+  bool frozen;          /* params: never trained (an ONNX initializer --train classified constant) */
   bool has_default;     /* inputs: init gives a value used until one is bound (lr) */
   int64_t index_bound;  /* integer inputs used as indices: values must lie in [0, bound) */
   bool index_negative;  /* inputs: every index use also allows [-bound, 0) (ONNX Gather);
@@ -177,6 +179,16 @@ typedef struct nv_output {
   const nv_node *updates; /* role update: the param or opt_state it replaces */
 } nv_output;
 
+/* What --train made of one ONNX initializer (frontend/onnx_roles.c), for
+ * the manifest. */
+typedef enum nv_init_role { NV_IROLE_PARAM, NV_IROLE_BUFFER, NV_IROLE_CONSTANT } nv_init_role;
+typedef struct nv_initializer {
+  char *name;           /* owned */
+  nv_init_role role;
+  bool folded;          /* a compile-time constant (else a tensor of the step) */
+  char *reason;         /* owned: the rule that decided */
+} nv_initializer;
+
 typedef struct nv_graph {
   int nnodes, capnodes;
   nv_node **nodes;
@@ -185,6 +197,9 @@ typedef struct nv_graph {
   uint64_t seed;        /* parameter initialisation */
   bool train;           /* a training step (autodiff ran): entry @train_step */
   bool allow_empty;     /* dimensions may be 0 (ONNX models); the .nova format wants them positive */
+  bool eval;            /* built for a training step's evaluation entry (no batch statistics) */
+  int ninits;           /* ONNX with --train: every initializer nodes use, in file order */
+  nv_initializer *inits;
 } nv_graph;
 
 nv_graph *fe_graph_create(void);

@@ -4,7 +4,8 @@
  * (as the ONNX spec demands; a use before its definition is reported as a
  * cycle or misordering).  Produces: a checked nv_graph whose inputs are the
  * graph inputs that are not initializers (in graph order), whose params are
- * the floating-point initializers nodes use (in initializer order), and
+ * the floating-point initializers nodes use (in initializer order; with
+ * --train those onnx_roles.c does not make compile-time constants), and
  * whose outputs are the graph outputs.
  */
 #include <errno.h>
@@ -460,11 +461,99 @@ static int check_declared(ox_ctx *x, const Onnx__ValueInfoProto *vi, const nv_no
 
 #define OX_MAX_IO 64
 
-static int import_graph(ox_ctx *x, const Onnx__GraphProto *gr, const char *basedir) {
+static int import_nodes(ox_ctx *x, ox_table *tab, const Onnx__GraphProto *gr);
+
+/* If with a condition known when compiling: the chosen branch's nodes are
+ * imported in place (they see every outer value), its outputs become the
+ * node's. */
+static int import_if(ox_ctx *x, ox_table *tab, ox_val *in, int nin, ox_val *out, int nout) {
+  if (nin != 1 || !in[0].present) return ox_err(x, "takes one input, the condition");
+  if (!in[0].k) return ox_err(x, "the condition must be known when compiling (a branch chosen at run time is not supported)");
+  if (ox_numel(in[0].k) != 1) return ox_err(x, "the condition must hold one element");
+  const char *which = ox_geti(in[0].k, 0) ? "then_branch" : "else_branch";
+  const Onnx__AttributeProto *a = ox_attr(x, which);
+  if (!a || a->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH || !a->g) return ox_err(x, "%s is missing", which);
+  const Onnx__GraphProto *br = a->g;
+  if (br->n_initializer) return ox_err(x, "initializers inside %s are not supported", which);
+  if ((int)br->n_output != nout) return ox_err(x, "%s has %zu outputs, the node %d", which, br->n_output, nout);
+  if (x->depth >= 16) return ox_err(x, "If branches nested more than 16 deep");
+  const Onnx__NodeProto *node = x->node;
+  nv_loc loc = x->loc;
+  x->depth++;
+  int rc = import_nodes(x, tab, br);
+  x->depth--;
+  x->node = node, x->loc = loc;
+  for (int j = 0; !rc && j < nout; j++) {
+    ox_entry *e = br->output[j]->name ? tab_find(tab, br->output[j]->name) : NULL;
+    if (!e || !e->name) return ox_err(x, "%s output '%s' is not computed", which, br->output[j]->name ? br->output[j]->name : "");
+    out[j] = e->v;
+    if (e->v.k) { /* the table keeps its own: a copy */
+      out[j].k = ox_tensor_new(e->v.k->dt, e->v.k->rank, e->v.k->shape);
+      if (!out[j].k) return -1;
+      memcpy(out[j].k->data, e->v.k->data, (size_t)ox_numel(e->v.k) * fe_dtype_size(e->v.k->dt));
+    }
+  }
+  return rc;
+}
+
+static int import_nodes(ox_ctx *x, ox_table *tab, const Onnx__GraphProto *gr) {
+  for (size_t i = 0; i < gr->n_node && nv_diag_count(x->d) == 0; i++) {
+    const Onnx__NodeProto *nd = gr->node[i];
+    x->node = nd;
+    set_node_loc(x, nd, i);
+    if (!nd->op_type || !*nd->op_type) {
+      ox_err(x, "node without an op_type");
+      return -1;
+    }
+    if (nd->domain && *nd->domain && strcmp(nd->domain, "ai.onnx")) {
+      ox_err(x, "operator %s of domain '%s' is not supported (only the default ONNX domain, opset %lld)", nd->op_type,
+             nd->domain, (long long)x->opset);
+      return -1;
+    }
+    if (nd->n_input > OX_MAX_IO || nd->n_output > OX_MAX_IO) {
+      ox_err(x, "more than %d inputs or outputs", OX_MAX_IO);
+      return -1;
+    }
+    ox_val in[OX_MAX_IO] = {{0}}, out[OX_MAX_IO] = {{0}};
+    for (size_t j = 0; j < nd->n_input; j++) {
+      const char *nm = nd->input[j];
+      if (!nm || !*nm) continue; /* omitted optional input */
+      ox_entry *e = tab_find(tab, nm);
+      if (!e->name) {
+        ox_err(x, "input %zu ('%s') is not defined by an earlier node, a graph input or an initializer "
+               "(the graph is not in topological order, or has a cycle)", j, nm);
+        return -1;
+      }
+      in[j] = e->v;
+      in[j].k = e->v.k; /* borrowed */
+    }
+    int crc = !strcmp(nd->op_type, "If") ? import_if(x, tab, in, (int)nd->n_input, out, (int)nd->n_output)
+                                          : ox_convert(x, in, (int)nd->n_input, out, (int)nd->n_output);
+    /* the table takes the named outputs; everything else a converter made is freed */
+    int err = crc;
+    for (size_t j = 0; j < OX_MAX_IO; j++) {
+      const char *nm = j < nd->n_output ? nd->output[j] : NULL;
+      if (err || !nm || !*nm || !out[j].present) {
+        ox_tensor_free(out[j].k);
+        continue;
+      }
+      int r = tab_put(tab, nm, out[j]); /* frees the value when it fails */
+      if (r > 0) ox_err(x, "output '%s' is already defined (a value may be assigned once)", nm);
+      if (r) err = -1;
+    }
+    if (err) return -1;
+  }
+  return nv_diag_count(x->d) ? -1 : 0;
+}
+
+
+static int import_graph(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_roles *roles, const char *basedir) {
+  const Onnx__GraphProto *gr = m->graph;
   ox_table tab = {calloc(64, sizeof(ox_entry)), 64, 0};
   int rc = -1;
   if (!tab.e) return -1;
   x->loc = (nv_loc){x->file, 0, 0};
+  if (roles && ox_roles_decide(x, m, roles)) goto out;
   /* graph inputs that are not initializers, in order */
   for (size_t i = 0; i < gr->n_input; i++) {
     const char *name = gr->input[i]->name;
@@ -487,12 +576,15 @@ static int import_graph(ox_ctx *x, const Onnx__GraphProto *gr, const char *based
     ox_tensor *t = decode_tensor(x, tp, basedir);
     if (!t) goto out;
     ox_val v = {.k = t, .present = true};
-    if (fe_dtype_is_float(t->dt)) {
+    const nv_initializer *ir = ox_init_role(x, tp->name); /* --train: param, buffer or constant */
+    if (fe_dtype_is_float(t->dt) && !(ir && ir->folded)) {
       nv_node *p = fe_graph_leaf(x->g, x->d, NV_OP_PARAM, tp->name, t->dt, t->rank, t->shape, x->loc);
       if (!p) {
         ox_tensor_free(t);
         goto out;
       }
+      p->frozen = ir && ir->role != NV_IROLE_PARAM;
+      if (ir && ir->role == NV_IROLE_BUFFER) p->role = NOVA_ROLE_BUFFER;
       p->init.kind = NV_INIT_DATA;
       p->init.data = t->data; /* the param takes the data */
       t->data = NULL;
@@ -506,52 +598,7 @@ static int import_graph(ox_ctx *x, const Onnx__GraphProto *gr, const char *based
       goto out;
     }
   }
-  /* nodes */
-  for (size_t i = 0; i < gr->n_node && nv_diag_count(x->d) == 0; i++) {
-    const Onnx__NodeProto *nd = gr->node[i];
-    x->node = nd;
-    set_node_loc(x, nd, i);
-    if (!nd->op_type || !*nd->op_type) {
-      ox_err(x, "node without an op_type");
-      goto out;
-    }
-    if (nd->domain && *nd->domain && strcmp(nd->domain, "ai.onnx")) {
-      ox_err(x, "operator %s of domain '%s' is not supported (only the default ONNX domain, opset %lld)", nd->op_type,
-             nd->domain, (long long)x->opset);
-      goto out;
-    }
-    if (nd->n_input > OX_MAX_IO || nd->n_output > OX_MAX_IO) {
-      ox_err(x, "more than %d inputs or outputs", OX_MAX_IO);
-      goto out;
-    }
-    ox_val in[OX_MAX_IO] = {{0}}, out[OX_MAX_IO] = {{0}};
-    for (size_t j = 0; j < nd->n_input; j++) {
-      const char *nm = nd->input[j];
-      if (!nm || !*nm) continue; /* omitted optional input */
-      ox_entry *e = tab_find(&tab, nm);
-      if (!e->name) {
-        ox_err(x, "input %zu ('%s') is not defined by an earlier node, a graph input or an initializer "
-               "(the graph is not in topological order, or has a cycle)", j, nm);
-        goto out;
-      }
-      in[j] = e->v;
-      in[j].k = e->v.k; /* borrowed */
-    }
-    int crc = ox_convert(x, in, (int)nd->n_input, out, (int)nd->n_output);
-    /* the table takes the named outputs; everything else a converter made is freed */
-    int err = crc;
-    for (size_t j = 0; j < OX_MAX_IO; j++) {
-      const char *nm = j < nd->n_output ? nd->output[j] : NULL;
-      if (err || !nm || !*nm || !out[j].present) {
-        ox_tensor_free(out[j].k);
-        continue;
-      }
-      int r = tab_put(&tab, nm, out[j]); /* frees the value when it fails */
-      if (r > 0) ox_err(x, "output '%s' is already defined (a value may be assigned once)", nm);
-      if (r) err = -1;
-    }
-    if (err) goto out;
-  }
+  if (import_nodes(x, &tab, gr)) goto out;
   if (nv_diag_count(x->d)) goto out;
   /* outputs */
   x->loc = (nv_loc){x->file, 0, 0};
@@ -576,7 +623,7 @@ out:
 }
 
 nv_graph *fe_parse_onnx(nv_diag *d, const char *name, const uint8_t *bytes, size_t len, const char *basedir,
-                        fe_dim_binding *dims, int ndims) {
+                        fe_dim_binding *dims, int ndims, const fe_train_roles *roles) {
   ox_ctx x = {.d = d, .file = nv_diag_intern(d, name), .dims = dims, .ndims = ndims};
   x.loc = (nv_loc){x.file, 0, 0};
   Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, bytes);
@@ -608,8 +655,9 @@ nv_graph *fe_parse_onnx(nv_diag *d, const char *name, const uint8_t *bytes, size
   }
   g = fe_graph_create();
   if (g) g->allow_empty = true; /* ONNX tensors may have 0-sized dimensions */
+  if (g) g->eval = roles && roles->eval;
   x.g = g;
-  if (!g || import_graph(&x, m->graph, basedir) || nv_diag_count(d)) {
+  if (!g || import_graph(&x, m, roles, basedir) || nv_diag_count(d)) {
     fe_graph_destroy(g);
     g = NULL;
   }
@@ -618,7 +666,7 @@ out:
   return g;
 }
 
-nv_graph *fe_load_onnx(nv_diag *d, const char *path, fe_dim_binding *dims, int ndims) {
+nv_graph *fe_load_onnx(nv_diag *d, const char *path, fe_dim_binding *dims, int ndims, const fe_train_roles *roles) {
   size_t len = 0;
   /* protobuf messages are limited to 2 GiB; larger tensors use external data */
   char *buf = nv_read_file(path, &len, (size_t)2 << 30);
@@ -628,7 +676,7 @@ nv_graph *fe_load_onnx(nv_diag *d, const char *path, fe_dim_binding *dims, int n
     return NULL;
   }
   char *copy = strdup(path);
-  nv_graph *g = copy ? fe_parse_onnx(d, path, (const uint8_t *)buf, len, dirname(copy), dims, ndims) : NULL;
+  nv_graph *g = copy ? fe_parse_onnx(d, path, (const uint8_t *)buf, len, dirname(copy), dims, ndims, roles) : NULL;
   free(copy);
   free(buf);
   return g;

@@ -37,6 +37,7 @@ typedef struct ox_ctx {
   nv_loc loc;                 /* "model.onnx: node 'X' (Op)" */
   fe_dim_binding *dims;
   int ndims;
+  int depth;                  /* If branches being imported */
 } ox_ctx;
 
 /* ---- known tensors (onnx.c) ---- */
@@ -75,6 +76,28 @@ nova_dtype ox_dtype_of_onnx(int32_t onnx_type); /* 0 if unsupported */
 const char *ox_onnx_type_name(int32_t onnx_type); /* "float16", ... */
 int ox_val_rank(ox_val v);
 const int64_t *ox_val_shape(ox_val v);
+
+/* ---- initializer roles with --train (onnx_roles.c) ---- */
+/* Fills x->g->inits from the model and R (see onnx_roles.c for the rule);
+ * -1 after a diagnostic (a --freeze or --train-only pattern that matches
+ * no initializer). */
+int ox_roles_decide(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_roles *r);
+/* What --train made of initializer NAME; NULL without --train. */
+const nv_initializer *ox_init_role(const ox_ctx *x, const char *name);
+/* If BUFFER is a buffer of the step (a param node of role buffer), makes
+ * VALUE its new value after each step (an output of role update).  0 when
+ * done or not a buffer, -1 after a diagnostic. */
+int ox_state_update(ox_ctx *x, ox_val buffer, nv_node *value);
+/* The factor on the batch variance in a BatchNormalization's new running
+ * variance, for input A (N, C, ...) of n = numel / C values per channel:
+ * with --train PyTorch's unbiased variance, n / (n - 1); otherwise 1, the
+ * population variance the ONNX operator defines. */
+double ox_running_var_scale(const ox_ctx *x, const nv_node *a);
+/* Dropout in training mode under --train: nova.dropout of A with RATIO,
+ * keyed by the step's input rng.seed (i64, default 0) and its buffer
+ * rng.step (i64, 0 at first, one more after each step), on a stream of its
+ * own (the number of dropouts before it).  NULL after a diagnostic. */
+nv_node *ox_dropout(ox_ctx *x, nv_node *a, double ratio);
 
 /* ---- conversion (onnx_ops.c) ---- */
 typedef int (*ox_conv_fn)(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout);

@@ -208,16 +208,34 @@ static int cv_identity(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   return ox_set_out(out, ox_N(x, in[0]));
 }
 
+/* Training mode under --train: a Philox mask (ox_dropout); the mask output
+ * is the same mask, drawn again over ones. */
+static int cv_dropout_train(ox_ctx *x, ox_val *in, double ratio, ox_val *out, int nout) {
+  if (!(ratio > 0 && ratio < 1)) return ox_err(x, "Dropout ratio %g outside [0, 1)", ratio);
+  nv_node *a = ox_N(x, in[0]);
+  if (ox_set_out(out, ox_dropout(x, a, ratio))) return -1;
+  if (nout > 1 && a) {
+    nv_node *ones = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_MUL, a, ox_scalar(x, a->dtype, 0)), ox_scalar(x, a->dtype, 1));
+    nv_node *kept = ox_dropout(x, ones, ratio);
+    if (!kept) return -1;
+    kept->axis = out[0].node->axis; /* the output's stream: the same mask */
+    nv_node *m = ox_op2(x, NV_OP_GREATER, kept, ox_scalar(x, a->dtype, 0));
+    out[1] = (ox_val){.node = m, .present = m != NULL};
+  }
+  return 0;
+}
+
 static int cv_dropout(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   if (ox_need(x, in, nin, 1, 3)) return -1;
-  if (nin > 2 && in[2].present) {
+  if (nin > 2 && in[2].present && !x->g->eval) { /* the evaluation entry: dropout off */
     if (!in[2].k) return ox_err(x, "training_mode must be known when compiling");
     ox_tensor *iv = nin > 1 && in[1].present ? ox_initial_value(in[1]) : NULL;
     const ox_tensor *rk = nin > 1 && in[1].present ? (in[1].k ? in[1].k : iv) : NULL;
     double ratio = rk ? ox_getf(rk, 0) : nin > 1 && in[1].present ? -1 : 0.5;
     ox_tensor_free(iv);
-    if (ox_geti(in[2].k, 0) && ratio != 0)
-      return ox_err(x, "Dropout in training mode is not supported yet (only ratio 0, which keeps every element)");
+    if (ox_geti(in[2].k, 0) && ratio != 0 && !x->g->inits)
+      return ox_err(x, "Dropout in training mode needs --train (its random mask is drawn by a training step)");
+    if (ox_geti(in[2].k, 0) && ratio != 0) return cv_dropout_train(x, in, ratio, out, nout);
   }
   nv_node *a = ox_N(x, in[0]);
   if (ox_set_out(out, a)) return -1;
@@ -383,7 +401,7 @@ static int cv_batch_norm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) 
   double eps = ox_attr_f(x, "epsilon", 1e-5), mom = ox_attr_f(x, "momentum", 0.9);
   nv_node *sc = per_channel(x, ox_N(x, in[1]), a), *b = per_channel(x, ox_N(x, in[2]), a);
   nv_node *mean = ox_N(x, in[3]), *var = ox_N(x, in[4]);
-  bool training = ox_attr_i(x, "training_mode", 0) != 0;
+  bool training = ox_attr_i(x, "training_mode", 0) != 0 && !x->g->eval; /* evaluation: running statistics */
   nv_node *m = per_channel(x, mean, a), *v = per_channel(x, var, a);
   nv_node *cur_mean = NULL, *cur_var = NULL;
   if (training) { /* batch statistics over every axis but C */
@@ -400,15 +418,17 @@ static int cv_batch_norm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) 
   nv_node *den = ox_op1(x, NV_OP_SQRT, ox_op2(x, NV_OP_ADD, v, ox_scalar(x, dt, eps)));
   nv_node *y = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_MUL, ox_op2(x, NV_OP_DIV, ox_op2(x, NV_OP_SUB, a, m), den), sc), b);
   if (ox_set_out(out, y)) return -1;
-  if (training && nout > 1) {
+  if (training) { /* running = momentum running + (1 - momentum) batch; var: see ox_running_var_scale */
     nv_node *rm = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_MUL, mean, ox_scalar(x, dt, mom)),
-                      ox_op2(x, NV_OP_MUL, cur_mean, ox_scalar(x, dt, 1 - mom)));
-    out[1] = (ox_val){.node = rm, .present = rm != NULL};
-    if (nout > 2) {
-      nv_node *rv = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_MUL, var, ox_scalar(x, dt, mom)),
-                        ox_op2(x, NV_OP_MUL, cur_var, ox_scalar(x, dt, 1 - mom)));
-      out[2] = (ox_val){.node = rv, .present = rv != NULL};
-    }
+                         ox_op2(x, NV_OP_MUL, cur_mean, ox_scalar(x, dt, 1 - mom)));
+    nv_node *rv = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_MUL, var, ox_scalar(x, dt, mom)),
+                         ox_op2(x, NV_OP_MUL, cur_var, ox_scalar(x, dt, (1 - mom) * ox_running_var_scale(x, a))));
+    if (nout > 1) out[1] = (ox_val){.node = rm, .present = rm != NULL};
+    if (nout > 2) out[2] = (ox_val){.node = rv, .present = rv != NULL};
+    if (!rm || !rv || ox_state_update(x, in[3], rm) || ox_state_update(x, in[4], rv)) return -1; /* --train: buffers */
+  } else if (nout > 1 && x->g->eval) { /* the evaluation entry: the running statistics, unchanged */
+    out[1] = (ox_val){.node = mean, .present = mean != NULL};
+    if (nout > 2) out[2] = (ox_val){.node = var, .present = var != NULL};
   } else if (nout > 1)
     return ox_err(x, "running mean/var outputs need training_mode=1");
   return 0;

@@ -108,6 +108,10 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
   case NV_OP_LAYER_NORM:
     out[k++] = named(ctx, "eps", mlirFloatAttrDoubleGet(ctx, mlirF64TypeGet(ctx), n->eps));
     break;
+  case NV_OP_DROPOUT: /* axis: the random stream of this dropout */
+    out[k++] = named(ctx, "ratio", mlirFloatAttrDoubleGet(ctx, mlirF64TypeGet(ctx), n->value));
+    out[k++] = named(ctx, "stream", i64_attr(ctx, n->axis));
+    break;
   case NV_OP_REDUCE_SUM:
   case NV_OP_REDUCE_MEAN:
   case NV_OP_REDUCE_MAX:
@@ -154,8 +158,8 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
 }
 
 static const char *role_str(nova_role r) {
-  static const char *names[] = {"input", "label", "param", "opt_state", "output", "loss"};
-  return (unsigned)r < 6 ? names[r] : "input";
+  static const char *names[] = {"input", "label", "param", "opt_state", "output", "loss", "grad", "update", "buffer"};
+  return (unsigned)r < 9 ? names[r] : "input";
 }
 
 static bool is_arg(const nv_node *n) { return n->op == NV_OP_INPUT || n->op == NV_OP_PARAM; }

@@ -10,6 +10,8 @@
  */
 #include "autodiff.h"
 
+#include "../driver/util.h"
+
 #include <assert.h>
 #include <fnmatch.h>
 #include <math.h>
@@ -151,6 +153,9 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     accumulate(A, x, mul(A, expand_back(A, g, x, y), others));
     return true;
   }
+  case NV_OP_DROPOUT: /* the same mask (same seed, step and stream), recomputed on g, not kept */
+    accumulate(A, x, mk(A, NV_OP_DROPOUT, 3, (nv_node *[]){g, in[1], in[2]}, y));
+    return true;
   case NV_OP_CUMSUM: { /* the sum the other way round */
     if (y->mode & NV_CUMSUM_PRODUCT) return false; /* running products: no rule yet */
     nv_node at = *y;
@@ -536,26 +541,14 @@ static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *
 
 /* ---- the pass --------------------------------------------------------------- */
 
-static bool frozen(const char *name, const char *globs, bool *matched, int nglobs) {
-  if (!globs) return false;
-  char buf[1024];
-  snprintf(buf, sizeof buf, "%s", globs);
-  bool hit = false;
-  int k = 0;
-  char *save = NULL;
-  for (char *gl = strtok_r(buf, ",", &save); gl && k < nglobs; gl = strtok_r(NULL, ",", &save), k++)
-    if (fnmatch(gl, name, 0) == 0) hit = matched[k] = true;
-  return hit;
-}
-
-int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
-  nv_loc nowhere = {0};
-  /* the loss */
+/* The index of the loss among g's outputs, or -1 after a diagnostic. */
+static int find_loss(nv_graph *g, nv_diag *d, const char *name) {
   int li = -1;
   for (int i = 0; i < g->noutputs; i++) {
     const nv_node *n = g->outputs[i].node;
-    if (o->loss ? !strcmp(g->outputs[i].name, o->loss) : (n->rank == 0 && fe_dtype_is_float(n->dtype))) {
-      if (!o->loss && li >= 0) {
+    if (g->outputs[i].role == NOVA_ROLE_UPDATE) continue; /* state updates the frontend made */
+    if (name ? !strcmp(g->outputs[i].name, name) : (n->rank == 0 && fe_dtype_is_float(n->dtype))) {
+      if (!name && li >= 0) {
         nv_error(d, g->outputs[i].loc, "--train: outputs '%s' and '%s' are both scalars; choose the loss with --loss=NAME",
                  g->outputs[li].name, g->outputs[i].name);
         return -1;
@@ -564,64 +557,116 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     }
   }
   if (li < 0) {
-    if (o->loss) nv_error_plain(d, "--loss=%s: the model has no output named '%s'", o->loss, o->loss);
+    if (name) nv_error_plain(d, "--loss=%s: the model has no output named '%s'", name, name);
     else nv_error_plain(d, "--train needs a loss: a scalar floating-point output (or --loss=NAME)");
     return -1;
   }
-  nv_node *loss = g->outputs[li].node;
+  const nv_node *loss = g->outputs[li].node;
   if (loss->rank != 0 || !fe_dtype_is_float(loss->dtype)) {
     nv_error(d, g->outputs[li].loc, "the loss '%s' must be a scalar f32 or f64, got %s with %d dims",
              g->outputs[li].name, fe_dtype_name(loss->dtype), loss->rank);
     return -1;
   }
-  int nf = g->nnodes;
+  return li;
+}
+
+/* A.needs of every forward node, given which params are trained (A.needs
+ * preset for params); returns the number of trained params. */
+static int propagate_needs(ad *A) {
+  int ntrain = 0;
+  for (int i = 0; i < A->nforward; i++) {
+    nv_node *n = A->g->nodes[i];
+    ntrain += n->op == NV_OP_PARAM && A->needs[i];
+    for (int k = 0; k < n->nin && !A->needs[i]; k++)
+      A->needs[i] = A->needs[n->in[k]->id] && fe_dtype_is_float(n->dtype);
+  }
+  return ntrain;
+}
+
+/* The backward pass from LOSS, in reverse topological order. */
+static int backward(ad *A, nv_node *loss) {
+  A->loc = loss->loc;
+  A->grad[loss->id] = konst(A, loss->dtype, 1.0);
+  for (int i = A->nforward - 1; i >= 0 && !A->failed; i--) {
+    nv_node *n = A->g->nodes[i];
+    if (!A->grad[i] || !A->needs[i]) continue;
+    A->loc = n->loc;
+    if (!rule(A, n, A->grad[i]) && !A->failed) {
+      nv_error(A->d, n->loc, "--train: %s has no backward rule%s", nv_op_name(n->op),
+               n->op == NV_OP_CUMSUM ? " for running products (CumProd)" : "");
+      A->failed = true;
+    }
+  }
+  return A->failed || nv_diag_count(A->d) ? -1 : 0;
+}
+
+static bool trainable(const nv_node *n) {
+  return n->op == NV_OP_PARAM && n->role == NOVA_ROLE_PARAM && !n->frozen && fe_dtype_is_float(n->dtype);
+}
+
+int ad_grad_reach(nv_graph *g, nv_diag *d, const char *loss, bool *reached) {
+  int li = find_loss(g, d, loss), nf = g->nnodes, rc = -1;
+  if (li < 0) return -1;
   ad A = {.g = g, .d = d, .nforward = nf};
   A.grad = calloc((size_t)nf + 1, sizeof *A.grad);
   A.needs = calloc((size_t)nf + 1, sizeof *A.needs);
-  bool matched[64] = {0};
-  int nglobs = 0, rc = -1;
-  if (o->freeze)
-    for (const char *p = o->freeze; *p; p++) nglobs += *p == ',';
-  if (o->freeze) nglobs++;
   if (!A.grad || !A.needs) goto out;
-  /* forward: which values depend on a trainable parameter */
-  int ntrain = 0;
-  for (int i = 0; i < nf; i++) {
-    nv_node *n = g->nodes[i];
-    if (n->op == NV_OP_PARAM) {
-      A.needs[i] = n->role == NOVA_ROLE_PARAM && !frozen(n->name, o->freeze, matched, nglobs < 64 ? nglobs : 64) &&
-                   fe_dtype_is_float(n->dtype);
-      ntrain += A.needs[i];
-    }
-    for (int k = 0; k < n->nin && !A.needs[i]; k++) A.needs[i] = A.needs[n->in[k]->id] && fe_dtype_is_float(n->dtype);
-  }
-  for (int k = 0; k < nglobs && k < 64; k++)
+  for (int i = 0; i < nf; i++) A.needs[i] = trainable(g->nodes[i]);
+  propagate_needs(&A);
+  nv_node *l = g->outputs[li].node;
+  if (A.needs[l->id] && backward(&A, l)) goto out;
+  for (int i = 0; i < nf; i++) reached[i] = g->nodes[i]->op == NV_OP_PARAM && A.grad[i];
+  rc = 0;
+out:
+  free(A.grad);
+  free(A.needs);
+  return rc;
+}
+
+/* Checks that every pattern of GLOBS (option OPT) matched a parameter. */
+static int check_globs(nv_diag *d, const char *opt, const char *globs, const bool *matched) {
+  for (int k = 0; k < nv_glob_count(globs); k++)
     if (!matched[k]) {
-      nv_error_plain(d, "--freeze: pattern %d of '%s' matches no parameter", k + 1, o->freeze);
-      goto out;
+      nv_error_plain(d, "%s: pattern %d of '%s' matches no parameter", opt, k + 1, globs);
+      return -1;
     }
-  if (!ntrain) {
-    nv_error_plain(d, "--train: the model has no trainable parameters%s", o->freeze ? " (all are frozen)" : "");
-    goto out;
+  return 0;
+}
+
+/* Marks the trained params in A->needs (role param, float, not frozen,
+ * matched by --train-only if given, not by --freeze); returns how many, or
+ * -1 after a diagnostic. */
+static int choose_params(ad *A, const ad_options *o) {
+  bool fm[64] = {0}, tm[64] = {0};
+  for (int i = 0; i < A->nforward; i++) {
+    const nv_node *n = A->g->nodes[i];
+    if (n->op != NV_OP_PARAM) continue;
+    bool only = !o->train_only || nv_glob_match(o->train_only, n->name, tm);
+    A->needs[i] = trainable(n) && !nv_glob_match(o->freeze, n->name, fm) && only;
   }
+  if (check_globs(A->d, "--freeze", o->freeze, fm) || check_globs(A->d, "--train-only", o->train_only, tm)) return -1;
+  int ntrain = propagate_needs(A);
+  if (!ntrain)
+    nv_error_plain(A->d, "--train: the model has no trainable parameters%s",
+                   o->freeze || o->train_only ? " (all are frozen, or not matched by --train-only)" : "");
+  return ntrain ? ntrain : -1;
+}
+
+int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
+  nv_loc nowhere = {0};
+  int li = find_loss(g, d, o->loss);
+  if (li < 0) return -1;
+  nv_node *loss = g->outputs[li].node;
+  int nf = g->nnodes, rc = -1;
+  ad A = {.g = g, .d = d, .nforward = nf};
+  A.grad = calloc((size_t)nf + 1, sizeof *A.grad);
+  A.needs = calloc((size_t)nf + 1, sizeof *A.needs);
+  if (!A.grad || !A.needs || choose_params(&A, o) < 0) goto out;
   if (!A.needs[loss->id]) {
     nv_error(d, g->outputs[li].loc, "the loss '%s' does not depend on any trainable parameter", g->outputs[li].name);
     goto out;
   }
-  /* backward, in reverse topological order */
-  A.loc = loss->loc;
-  A.grad[loss->id] = konst(&A, loss->dtype, 1.0);
-  for (int i = nf - 1; i >= 0 && !A.failed; i--) {
-    nv_node *n = g->nodes[i];
-    if (!A.grad[i] || !A.needs[i]) continue;
-    A.loc = n->loc;
-    if (!rule(&A, n, A.grad[i]) && !A.failed) {
-      nv_error(d, n->loc, "--train: %s has no backward rule%s", nv_op_name(n->op),
-               n->op == NV_OP_CUMSUM ? " for running products (CumProd)" : "");
-      A.failed = true;
-    }
-  }
-  if (A.failed || nv_diag_count(d)) goto out;
+  if (backward(&A, loss)) goto out;
   /* the optimizer */
   nv_node *lr = fe_graph_leaf(g, d, NV_OP_INPUT, "lr", NOVA_DTYPE_F32, 0, NULL, nowhere);
   if (!lr) goto out;

@@ -21,6 +21,7 @@ typedef enum ad_optimizer { AD_SGD, AD_MOMENTUM, AD_ADAMW } ad_optimizer;
 typedef struct ad_options {
   const char *loss;         /* output name; NULL: the one scalar float output */
   const char *freeze;       /* comma-separated globs of params kept constant, or NULL */
+  const char *train_only;   /* comma-separated globs: only matching params are trained, or NULL */
   ad_optimizer optimizer;
   double lr, momentum, beta1, beta2, eps, weight_decay;
   bool nesterov;
@@ -30,5 +31,13 @@ typedef struct ad_options {
  * an op without a backward rule on the way, a freeze pattern that matches
  * nothing). */
 int ad_train(nv_graph *g, nv_diag *d, const ad_options *o);
+
+/* Which params the loss depends on through differentiable ops: builds the
+ * backward pass of every float param of role param on G (which is left
+ * extended: a throwaway copy) and sets REACHED[id] for each param that got
+ * a gradient (REACHED has g->nnodes entries, as G is on entry).  Returns
+ * 0, or -1 with diagnostics (no loss, an op without a backward rule). */
+int ad_grad_reach(nv_graph *g, nv_diag *d, const char *loss, bool *reached);
+
 
 #endif

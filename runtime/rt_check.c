@@ -32,10 +32,11 @@ static nova_status rt_check_tensor(const rt_graph *g, int i, size_t *nbytes, cha
     return rt_bad(err, "malformed step: tensor '%s': bad shape %s (rank %d)", name,
                     rt_shape_str(shape, sizeof shape, t->rank, t->shape), (int)t->rank);
   if (t->updates < -1 || t->updates >= g->ntensors || (t->updates >= 0 && (t->role != NOVA_ROLE_UPDATE ||
-      (g->tensors[t->updates].role != NOVA_ROLE_PARAM && g->tensors[t->updates].role != NOVA_ROLE_OPT_STATE) ||
+      (g->tensors[t->updates].role != NOVA_ROLE_PARAM && g->tensors[t->updates].role != NOVA_ROLE_OPT_STATE &&
+       g->tensors[t->updates].role != NOVA_ROLE_BUFFER) ||
       g->tensors[t->updates].dtype != t->dtype || g->tensors[t->updates].rank != t->rank ||
       memcmp(g->tensors[t->updates].shape, t->shape, (size_t)t->rank * sizeof t->shape[0]))))
-    return rt_bad(err, "malformed step: tensor '%s': updates tensor %d, which is not a param or opt_state of its type",
+    return rt_bad(err, "malformed step: tensor '%s': updates tensor %d, which is not a param, opt_state or buffer of its type",
                   name, (int)t->updates);
   if (t->inplace != 0 && (t->inplace != 1 || t->updates < 0))
     return rt_bad(err, "malformed step: tensor '%s': in place (%d) without a tensor to update", name, (int)t->inplace);
@@ -82,6 +83,22 @@ nova_status rt_graph_check_header(const rt_graph *g, char *err) {
   return NOVA_OK;
 }
 
+/* The evaluation entry: a cpu step's; each argument a tensor, written only
+ * where it is an output or the loss. */
+static nova_status rt_check_eval(const rt_graph *g, char *err) {
+  if (g->target != RT_TARGET_CPU || g->eval_nargs < 0 || (g->eval_nargs > 0 && !g->eval_arg_tensor))
+    return rt_bad(err, "malformed step: a bad evaluation entry (%d args)", (int)g->eval_nargs);
+  for (int a = 0; a < g->eval_nargs; a++) {
+    int t = g->eval_arg_tensor[a];
+    if (t < 0 || t >= g->ntensors)
+      return rt_bad(err, "malformed step: evaluation argument %d names tensor %d of %d", a, t, (int)g->ntensors);
+    if (g->tensors[t].role == NOVA_ROLE_GRAD || g->tensors[t].role == NOVA_ROLE_UPDATE)
+      return rt_bad(err, "malformed step: evaluation argument %d is tensor '%s' of role %s", a, g->tensors[t].name,
+                    rt_role_name(g->tensors[t].role));
+  }
+  return NOVA_OK;
+}
+
 nova_status rt_graph_check_tensors(const rt_graph *g, size_t *nbytes, char *err) {
   nova_status st = NOVA_OK;
   for (int i = 0; st == NOVA_OK && i < g->ntensors; i++) {
@@ -92,6 +109,7 @@ nova_status rt_graph_check_tensors(const rt_graph *g, size_t *nbytes, char *err)
     if (g->arg_tensor[a] < 0 || g->arg_tensor[a] >= g->ntensors)
       st = rt_bad(err, "malformed step: entry argument %d names tensor %d of %d", a,
                      (int)g->arg_tensor[a], (int)g->ntensors);
+  if (st == NOVA_OK && g->eval_entry) st = rt_check_eval(g, err);
   return st;
 }
 

@@ -197,7 +197,8 @@ static void cu_fail(struct rt_cuda *cu, CUresult r, const char *fmt, ...) {
 static size_t align_up(size_t n) { return (n + RT_CUDA_ALIGN - 1) / RT_CUDA_ALIGN * RT_CUDA_ALIGN; }
 
 static bool is_input_role(int role) {
-  return role == NOVA_ROLE_INPUT || role == NOVA_ROLE_LABEL || role == NOVA_ROLE_PARAM || role == NOVA_ROLE_OPT_STATE;
+  return role == NOVA_ROLE_INPUT || role == NOVA_ROLE_LABEL || role == NOVA_ROLE_PARAM || role == NOVA_ROLE_OPT_STATE ||
+         role == NOVA_ROLE_BUFFER;
 }
 
 nova_status rt_cuda_open(nova_step *s) {

@@ -47,6 +47,12 @@ typedef struct rt_graph {
   uint64_t scratch_bytes;        /* cuda: device scratch space for intermediates */
   uint64_t arena_bytes;          /* > 0: the entry takes one more argument, the planned arena of
                                     intermediates (this many bytes; cuda: the start of the scratch) */
+  /* the evaluation entry of a cpu training step (NULL: none): the forward pass with the
+   * current params and buffers, writing the loss and outputs, updating nothing */
+  void (*eval_entry)(void **args);
+  int32_t eval_nargs;
+  const int32_t *eval_arg_tensor; /* eval argument i is the buffer of tensors[eval_arg_tensor[i]] */
+  uint64_t eval_arena_bytes;     /* > 0: one more argument, the evaluation's own arena */
 } rt_graph;
 
 #define RT_TARGET_CPU 0

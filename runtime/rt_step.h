@@ -24,6 +24,8 @@ struct nova_step {
   unsigned char *bound;   /* [ntensors] 1 once bind() succeeded */
   void **args;            /* [nargs + 1] buffers[arg_tensor[i]], then the arena (when planned) */
   void *arena;            /* cpu: the planned intermediates (graph->arena_bytes), owned */
+  void **eval_args;       /* [eval_nargs + 1] the evaluation entry's arguments, then its arena */
+  void *eval_arena;       /* the evaluation's intermediates (graph->eval_arena_bytes), owned */
   struct rt_cuda *cuda;   /* --target=cuda: device state (rt_cuda.c); NULL on the cpu */
   double last_ms;         /* cpu: wall-clock time of the last run */
   char error[RT_ERROR_LEN];

@@ -45,6 +45,23 @@ static void *rt_buffer_create(const rt_graph *g, const rt_tensor_desc *t, size_t
   return buf;
 }
 
+/* The evaluation entry's arguments (the buffers of the tensors it names)
+ * and its arena. */
+static nova_status rt_eval_alloc(nova_step *s) {
+  const rt_graph *g = s->graph;
+  s->eval_args = calloc((size_t)g->eval_nargs + 1, sizeof *s->eval_args);
+  if (!s->eval_args) return NOVA_ERR_NO_MEMORY;
+  for (int a = 0; a < g->eval_nargs; a++) s->eval_args[a] = s->buffers[g->eval_arg_tensor[a]];
+  if (g->eval_arena_bytes) {
+    size_t size = (g->eval_arena_bytes + RT_BUFFER_ALIGN - 1) / RT_BUFFER_ALIGN * RT_BUFFER_ALIGN;
+    if (size < g->eval_arena_bytes || !(s->eval_arena = aligned_alloc(RT_BUFFER_ALIGN, size)))
+      return rt_fail(s, NOVA_ERR_NO_MEMORY, "out of memory for the evaluation's intermediates (%llu bytes)",
+                     (unsigned long long)g->eval_arena_bytes);
+    s->eval_args[g->eval_nargs] = s->eval_arena;
+  }
+  return NOVA_OK;
+}
+
 /* Allocates the per-tensor arrays and buffers of S for S->graph, whose
  * header rt_graph_check_header accepted.  Fills nbytes via the descriptor
  * checks; returns NOVA_ERR_ABI (message in S) for a malformed descriptor. */
@@ -73,6 +90,7 @@ static nova_status rt_step_alloc(nova_step *s) {
                      (unsigned long long)g->arena_bytes);
     s->args[g->nargs] = s->arena;
   }
+  if (g->eval_entry && rt_eval_alloc(s) != NOVA_OK) return NOVA_ERR_NO_MEMORY;
   return g->target == RT_TARGET_CUDA ? rt_cuda_open(s) : NOVA_OK;
 }
 
@@ -88,7 +106,11 @@ static void rt_step_release(nova_step *s) {
   free(s->bound);
   free(s->args);
   free(s->arena);
+  free(s->eval_args);
+  free(s->eval_arena);
   s->arena = NULL;
+  s->eval_args = NULL;
+  s->eval_arena = NULL;
   s->buffers = NULL;
   s->nbytes = NULL;
   s->bound = NULL;
@@ -170,9 +192,9 @@ static nova_status rt_check_bind(nova_step *s, int i, nova_dtype dtype, int rank
   const rt_tensor_desc *t = &s->graph->tensors[i];
   char given[256], want[256];
   if (t->role != NOVA_ROLE_INPUT && t->role != NOVA_ROLE_LABEL && t->role != NOVA_ROLE_PARAM &&
-      t->role != NOVA_ROLE_OPT_STATE)
+      t->role != NOVA_ROLE_OPT_STATE && t->role != NOVA_ROLE_BUFFER)
     return rt_fail(s, NOVA_ERR_ROLE,
-                   "tensor '%s' has role %s; only inputs, labels, params and opt_state can be bound", t->name,
+                   "tensor '%s' has role %s; only inputs, labels, params, opt_state and buffers can be bound", t->name,
                    rt_role_name(t->role));
   if ((int)dtype != t->dtype)
     return rt_fail(s, NOVA_ERR_DTYPE, "tensor '%s': dtype %s given, step compiled for %s", t->name,
@@ -206,20 +228,49 @@ NOVA_API nova_status nova_step_bind(nova_step *step, const char *name, nova_dtyp
   return rt_ok(step);
 }
 
-NOVA_API nova_status nova_step_run(nova_step *step) {
-  if (!step) return NOVA_ERR_INVALID_ARGUMENT;
-  if (!step->graph) return NOVA_ERR_ABI;
+/* Every input and label tensor I (all, or those ARG[0..n) names) bound or
+ * with a default, and its index values in range. */
+static nova_status rt_check_inputs(nova_step *step, const int32_t *arg, int n) {
   const rt_graph *g = step->graph;
-  for (int i = 0; i < g->ntensors; i++) {
+  for (int k = 0; k < n; k++) {
+    int i = arg ? arg[k] : k;
     const rt_tensor_desc *t = &g->tensors[i];
     /* an input with an initial value (a training step's lr) has a default */
     if ((t->role == NOVA_ROLE_INPUT || t->role == NOVA_ROLE_LABEL) && !step->bound[i] && t->init_offset < 0)
       return rt_fail(step, NOVA_ERR_UNBOUND, "%s '%s' was never bound", rt_role_name(t->role), t->name);
   }
-  for (int i = 0; i < g->ntensors; i++)
+  for (int k = 0; k < n; k++) {
+    int i = arg ? arg[k] : k;
     if (g->tensors[i].index_bound > 0 && rt_check_index(step, i) != NOVA_OK) return NOVA_ERR_OUT_OF_RANGE;
+  }
+  return NOVA_OK;
+}
+
+NOVA_API nova_status nova_step_eval(nova_step *step) {
+  if (!step) return NOVA_ERR_INVALID_ARGUMENT;
+  if (!step->graph) return NOVA_ERR_ABI;
+  const rt_graph *g = step->graph;
+  if (!g->eval_entry)
+    return rt_fail(step, NOVA_ERR_NO_ENTRY, "this step has no evaluation entry (only training steps compiled by "
+                   "novac --train for the cpu have one)");
+  nova_status st = rt_check_inputs(step, g->eval_arg_tensor, g->eval_nargs);
+  if (st != NOVA_OK) return st;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  g->eval_entry(step->eval_args);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  step->last_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+  return rt_ok(step);
+}
+
+NOVA_API nova_status nova_step_run(nova_step *step) {
+  if (!step) return NOVA_ERR_INVALID_ARGUMENT;
+  if (!step->graph) return NOVA_ERR_ABI;
+  const rt_graph *g = step->graph;
+  nova_status st = rt_check_inputs(step, NULL, g->ntensors);
+  if (st != NOVA_OK) return st;
   if (step->cuda) {
-    nova_status st = rt_cuda_run(step);
+    st = rt_cuda_run(step);
     return st == NOVA_OK ? rt_ok(step) : st;
   }
   struct timespec t0, t1;

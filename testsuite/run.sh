@@ -80,6 +80,10 @@ suite grad python3 testsuite/e2e/test_grads.py
 suite grad-onnx python3 testsuite/e2e/test_grads_onnx.py
 suite e2e-train python3 testsuite/e2e/test_train_onnx.py
 suite e2e-checkpoint python3 testsuite/e2e/test_checkpoint.py
+suite e2e-train-roles python3 testsuite/e2e/test_train_roles.py
+suite e2e-batchnorm-train python3 testsuite/e2e/test_batchnorm_train.py
+suite e2e-eval python3 testsuite/e2e/test_eval.py
+suite e2e-dropout python3 testsuite/e2e/test_dropout.py
 # the whole-model numeric tests again with every optimization off (-O0: no
 # fusion, plan, in-place updates, tiling, threads): the same results
 for t in examples onnx_models train_onnx; do

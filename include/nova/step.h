@@ -25,6 +25,10 @@
 extern "C" {
 #endif
 
+/* Version 1.  Later additions keep it, being backward compatible (a caller
+ * of the old ABI works with a new step.so): NOVA_ROLE_BUFFER,
+ * NOVA_ERR_NO_ENTRY and nova_step_eval (absent from a step.so built by a
+ * novac before 0.2: resolve it with dlsym and fall back). */
 #define NOVA_STEP_ABI_VERSION 1
 #define NOVA_MAX_RANK 8
 
@@ -39,7 +43,8 @@ typedef enum nova_status {
   NOVA_ERR_NO_MEMORY = 7,
   NOVA_ERR_ROLE = 8,             /* e.g. bind() on an output */
   NOVA_ERR_ABI = 9,              /* step.so built for another ABI version */
-  NOVA_ERR_DEVICE = 10           /* the GPU failed or is missing (--target=cuda steps) */
+  NOVA_ERR_DEVICE = 10,          /* the GPU failed or is missing (--target=cuda steps) */
+  NOVA_ERR_NO_ENTRY = 11         /* the step has no such entry (nova_step_eval on a forward step) */
 } nova_status;
 
 /* Element types; the values are ONNX TensorProto.DataType codes. */
@@ -61,7 +66,9 @@ typedef enum nova_role {
   NOVA_ROLE_OUTPUT = 4,
   NOVA_ROLE_LOSS = 5,
   NOVA_ROLE_GRAD = 6,   /* a parameter's gradient, computed by a training step; named NAME.grad */
-  NOVA_ROLE_UPDATE = 7  /* internal: a new param/opt_state value, copied over it after each run */
+  NOVA_ROLE_UPDATE = 7, /* internal: a new param/opt_state/buffer value, copied over it after each run */
+  NOVA_ROLE_BUFFER = 8  /* state that is not trained (BatchNormalization running statistics in
+                           training mode): updated by the step, bindable, saved in checkpoints */
 } nova_role;
 
 typedef struct nova_tensor_info {
@@ -90,8 +97,12 @@ int nova_step_num_tensors(const nova_step *step);
 nova_status nova_step_tensor(const nova_step *step, int index, nova_tensor_info *info);
 nova_status nova_step_find(const nova_step *step, const char *name, int *index);
 
-/* Copies data into the tensor NAME (role input, label, param or opt_state:
- * restoring a checkpoint binds the optimizer state too).  dtype, rank and
+/* A training step with dropout has the input "rng.seed" (i64 scalar,
+ * default 0), the seed of its masks, and the buffer "rng.step", its step
+ * counter (novac(1), Dropout in training mode).
+ *
+ * Copies data into the tensor NAME (role input, label, param, opt_state or
+ * buffer: restoring a checkpoint binds the optimizer state and buffers too).  dtype, rank and
  * shape must equal the compiled ones. */
 nova_status nova_step_bind(nova_step *step, const char *name, nova_dtype dtype,
                            int rank, const int64_t *shape, const void *data);
@@ -99,6 +110,16 @@ nova_status nova_step_bind(nova_step *step, const char *name, nova_dtype dtype,
 /* Runs the step once.  Fails with NOVA_ERR_UNBOUND naming the first input
  * that was never bound, or NOVA_ERR_OUT_OF_RANGE for a bad index value. */
 nova_status nova_step_run(nova_step *step);
+
+/* Runs the evaluation entry of a training step once: the forward pass with
+ * the current params and buffers, BatchNormalization with its running
+ * statistics instead of the batch's, dropout off.  It writes the loss and
+ * the outputs (read them with nova_step_get) and changes no param, buffer
+ * or optimizer state; no gradient is computed.  Only the inputs and labels
+ * the forward pass reads must be bound.  NOVA_ERR_NO_ENTRY for a step
+ * without one (a forward step, a --target=cuda step, a step.so from a novac
+ * before 0.2, where the symbol is absent: look it up with dlsym). */
+nova_status nova_step_eval(nova_step *step);
 
 /* Borrowed view of any tensor's current value (outputs after a run). */
 nova_status nova_step_get(nova_step *step, const char *name, const void **data,

@@ -106,3 +106,13 @@ fold_case("integer_chain", {"i": I, "k": np.int64(3)},
           "out", lambda x: x + -(np.mod(I, 3) * np.trunc(I / 3).astype(np.int64)).max(0), (3,), x_dtype=np.int64,
           banned=("mod", "div", "mul", "reduce_max"))
 
+
+# If with a condition known when compiling (here from a shape): the chosen branch is imported
+# in place and sees the outer values; the other branch is never converted
+_then = h.make_graph([h.make_node("Mul", ["a", "two"], ["t_out"])], "then", [], [h.make_tensor_value_info("t_out", T.FLOAT, None)])
+_else = h.make_graph([h.make_node("Det", ["a"], ["e_out"])], "else", [], [h.make_tensor_value_info("e_out", T.FLOAT, None)])
+fold_case("if_known_condition", {"a": A, "two": np.float32(2), "k": np.int64(1), "idx": np.int64(0)},
+          [h.make_node("Shape", ["a"], ["s"]), h.make_node("Gather", ["s", "idx"], ["d0"]),
+           h.make_node("Greater", ["d0", "k"], ["c"]),
+           h.make_node("If", ["c"], ["out"], then_branch=_then, else_branch=_else)],
+          "out", lambda x: x + A * 2, (2, 3), banned=("mul",))

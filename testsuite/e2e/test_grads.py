@@ -42,6 +42,7 @@ rng = np.random.default_rng(20260)
 # Ops of NV_OPS without a gradient case, and why.
 NOT_DIFFERENTIABLE = {
     "input": "a leaf: inputs take no gradient",
+    "dropout": "a random mask: its gradient (the mask recomputed) against numpy's Philox in test_dropout.py",
     "param": "a leaf: the gradient's destination (every case has params)",
     "constant": "a leaf: constants take no gradient",
     "equal": "bool result, not differentiable (used as a where condition)",

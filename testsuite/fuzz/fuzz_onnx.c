@@ -35,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   nv_diag *d = nv_diag_create(devnull);
   if (!d) abort();
   nv_graph *g = fe_parse_onnx(d, "fuzz.onnx", data, size, "/nonexistent-fuzz-dir", dims,
-                              (int)(sizeof dims / sizeof dims[0]));
+                              (int)(sizeof dims / sizeof dims[0]), NULL);
   fe_graph_destroy(g);
   nv_diag_destroy(d);
   return 0;

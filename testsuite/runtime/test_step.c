@@ -228,7 +228,7 @@ static void test_bind_role_and_name(void) {
   nova_step *s = open_ok();
   const float v[6] = {0};
   EXPECT_STATUS(s, nova_step_bind(s, "y", NOVA_DTYPE_F32, 2, x_shape, v), NOVA_ERR_ROLE,
-                "tensor 'y' has role output; only inputs, labels, params and opt_state can be bound");
+                "tensor 'y' has role output; only inputs, labels, params, opt_state and buffers can be bound");
   EXPECT_STATUS(s, nova_step_bind(s, "loss", NOVA_DTYPE_F32, 0, NULL, v), NOVA_ERR_ROLE, "role loss");
   EXPECT_STATUS(s, nova_step_bind(s, "xx", NOVA_DTYPE_F32, 2, x_shape, v), NOVA_ERR_NOT_FOUND,
                 "no tensor named 'xx'");
@@ -316,6 +316,7 @@ static void test_names(void) {
   EXPECT(strcmp(nova_dtype_name((nova_dtype)8), "?") == 0 && nova_dtype_size((nova_dtype)8) == 0);
   EXPECT(strcmp(nova_role_name(NOVA_ROLE_OPT_STATE), "opt_state") == 0);
   EXPECT(strcmp(nova_role_name(NOVA_ROLE_LABEL), "label") == 0);
+  EXPECT(strcmp(nova_role_name(NOVA_ROLE_BUFFER), "buffer") == 0);
   EXPECT(strcmp(nova_role_name((nova_role)17), "?") == 0);
 }
 

@@ -52,11 +52,7 @@ LR = 0.1
 
 # case -> why it fails today (novac's first error, shortened).  A case listed
 # here that passes is an XPASS, which fails the suite: remove it then.
-KNOWN_FAILURES = {
-    "dropbn_train.ts": "novac: node '/drop/Dropout' (Dropout): error: Dropout in training mode is not supported "
-                       "yet (only ratio 0); and with ratio 0, BatchNormalization training_mode=1 leaves "
-                       "running_mean/running_var unchanged (PyTorch updates them with momentum 0.1)",
-}
+KNOWN_FAILURES = {}
 
 
 def file_part(name):
@@ -157,13 +153,13 @@ def check_untrained(ref, dumped, inits, after=None):
         part = file_part(name)
         if "grad." + part in dumped:
             raise Failure("initializer '%s' is not a trained PyTorch parameter but got a gradient" % name)
-        if name in after:
-            if "param." + part not in dumped:
+        if name in after:  # a running statistic: a buffer of the step (novarun --dump: buffer.NAME.pb)
+            if "buffer." + part not in dumped:
                 raise Failure("running statistic '%s' not in the dump" % name)
-            e = l2_err(dumped["param." + part], after[name])
+            e = l2_err(dumped["buffer." + part], after[name])
             if not e <= 1e-5:
                 raise Failure("running statistic '%s' after the step: relative L2 error %.3g > 1e-5\n got %s\n ref %s"
-                              % (name, e, np.ravel(dumped["param." + part])[:6], np.ravel(after[name])[:6]))
+                              % (name, e, np.ravel(dumped["buffer." + part])[:6], np.ravel(after[name])[:6]))
         elif "param." + part in dumped:
             v = dumped["param." + part]
             if v.shape != inits[name].shape or not np.array_equal(v, inits[name]):
