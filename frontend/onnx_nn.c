@@ -406,7 +406,167 @@ CV(cv_attention) {
   return 0;
 }
 
+/* LRN: x / (bias + alpha/size * sum of x^2 over the channel window)^beta,
+ * the window [c - floor((size-1)/2), c + ceil((size-1)/2)] cut at the edges. */
+CV(cv_lrn) {
+  (void)nout;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a) return -1;
+  int64_t size = ox_attr_i(x, "size", 0);
+  if (a->rank < 3 || size <= 0) return ox_err(x, "needs [N, C, spatial...] and a positive size");
+  int64_t C = a->shape[1], lo = (size - 1) / 2, hi = size - 1 - lo;
+  nv_node *sq = mul(x, a, a), *sum = NULL;
+  for (int64_t k = -lo; k <= hi; k++) { /* the channels shifted by k, zero past the edges */
+    int64_t from = k > 0 ? k : 0, to = k < 0 ? C + k : C;
+    if (from >= to) continue;
+    nv_node *part = ox_slice1(x, sq, 1, from, to, 1);
+    int64_t s[NOVA_MAX_RANK];
+    memcpy(s, a->shape, sizeof s);
+    nv_node at = {.axis = 1};
+    if (k < 0) { /* channel c reads c + k: zeros first */
+      s[1] = -k;
+      nv_node *z = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, a->dtype, a->rank, s, x->loc);
+      part = z ? ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){z, part}, &at) : NULL;
+    } else if (k > 0) {
+      s[1] = k;
+      nv_node *z = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, a->dtype, a->rank, s, x->loc);
+      part = z ? ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){part, z}, &at) : NULL;
+    }
+    sum = sum ? add(x, sum, part) : part;
+  }
+  double alpha = ox_attr_f(x, "alpha", 1e-4), beta = ox_attr_f(x, "beta", 0.75), bias = ox_attr_f(x, "bias", 1.0);
+  nv_node *den = add(x, K(x, a, bias), mul(x, K(x, a, alpha / (double)size), sum));
+  return ox_set_out(out, dvd(x, a, ox_op2(x, NV_OP_POW, den, K(x, a, beta))));
+}
+
+/* Hann, Hamming and Blackman windows of a known size: constants. */
+static int window_fn(ox_ctx *x, ox_val *in, int nin, ox_val *out, int kind) {
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  int64_t n;
+  if (ox_const_ints(x, in[0], "size", &n, 1) != 1) return -1;
+  if (n < 0 || n > (INT64_C(1) << 24)) return ox_err(x, "size %lld is out of range", (long long)n);
+  nova_dtype dt = ox_dtype_of_onnx((int32_t)ox_attr_i(x, "output_datatype", 1));
+  if (!dt) return ox_err(x, "output_datatype %s is not supported", ox_onnx_type_name((int32_t)ox_attr_i(x, "output_datatype", 1)));
+  double N = ox_attr_i(x, "periodic", 1) ? (double)n : (double)n - 1;
+  ox_tensor *t = ox_tensor_new(dt, 1, &n);
+  if (!t) return -1;
+  for (int64_t i = 0; i < n; i++) {
+    double c = cos(2 * M_PI * (double)i / N), w;
+    if (kind == 0) w = 0.5 - 0.5 * c;
+    else if (kind == 1) w = 25.0 / 46.0 - (21.0 / 46.0) * c;
+    else w = 0.42 - 0.5 * c + 0.08 * cos(4 * M_PI * (double)i / N);
+    ox_set(t, i, w, (int64_t)w);
+  }
+  return ox_known(out, t);
+}
+CV(cv_hann) { (void)nout; return window_fn(x, in, nin, out, 0); }
+CV(cv_hamming) { (void)nout; return window_fn(x, in, nin, out, 1); }
+CV(cv_blackman) { (void)nout; return window_fn(x, in, nin, out, 2); }
+
+CV(cv_center_crop_pad) { /* per axis: the centred part, or zeros around (the odd one after) */
+  (void)nout;
+  if (ox_need(x, in, nin, 2, 2)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a) return -1;
+  int64_t sh[NOVA_MAX_RANK], axes[NOVA_MAX_RANK];
+  int n = ox_const_ints(x, in[1], "shape", sh, NOVA_MAX_RANK), na = ox_attr_ints(x, "axes", axes, NOVA_MAX_RANK);
+  if (n < 0) return -1;
+  if (na < 0) {
+    na = a->rank;
+    for (int i = 0; i < na; i++) axes[i] = i;
+  }
+  if (n != na) return ox_err(x, "shape has %d entries for %d axes", n, na);
+  for (int i = 0; i < na && a; i++) {
+    if (ox_norm_axis(x, &axes[i], a->rank)) return -1;
+    int64_t ax = axes[i], dim = a->shape[ax], want = sh[i];
+    if (want < 0) return ox_err(x, "shape entries must be >= 0");
+    if (want < dim) a = ox_slice1(x, a, ax, (dim - want) / 2, (dim - want) / 2 + want, 1);
+    else if (want > dim) {
+      int64_t s[NOVA_MAX_RANK], b = (want - dim) / 2, e = want - dim - b;
+      memcpy(s, a->shape, sizeof s);
+      nv_node at = {.axis = ax};
+      if (b) {
+        s[ax] = b;
+        nv_node *z = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, a->dtype, a->rank, s, x->loc);
+        a = z ? ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){z, a}, &at) : NULL;
+      }
+      if (e && a) {
+        s[ax] = e;
+        nv_node *z = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, a->dtype, a->rank, s, x->loc);
+        a = z ? ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){a, z}, &at) : NULL;
+      }
+    }
+  }
+  return ox_set_out(out, a);
+}
+
+CV(cv_reverse_sequence) { /* known lengths: one gather_elements along the time axis */
+  (void)nout;
+  if (ox_need(x, in, nin, 2, 2)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a) return -1;
+  if (!in[1].k) return ox_err(x, "sequence_lens must be known when compiling");
+  int64_t ba = ox_attr_i(x, "batch_axis", 1), ta = ox_attr_i(x, "time_axis", 0);
+  if (a->rank < 2 || (ba != 0 && ba != 1) || (ta != 0 && ta != 1) || ba == ta) return ox_err(x, "batch_axis and time_axis must be 0 and 1");
+  if (ox_numel(in[1].k) != a->shape[ba]) return ox_err(x, "sequence_lens must have one entry per batch");
+  if (fe_numel(a) > (INT64_C(1) << 22)) return ox_err(x, "the input is too large for a known reversal (2^22 elements)");
+  ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, a->rank, a->shape);
+  if (!t) return -1;
+  int64_t idx[NOVA_MAX_RANK] = {0}, e = fe_numel(a);
+  for (int64_t i = 0; i < e; i++) {
+    int64_t b = idx[ba], tt = idx[ta], l = ox_geti(in[1].k, b), v = tt < l ? l - 1 - tt : tt;
+    if (l < 0 || l > a->shape[ta]) {
+      ox_tensor_free(t);
+      return ox_err(x, "sequence_lens[%lld] = %lld is outside [0, %lld]", (long long)b, (long long)l, (long long)a->shape[ta]);
+    }
+    ox_set(t, i, (double)v, v);
+    for (int k = a->rank - 1; k >= 0 && ++idx[k] == a->shape[k]; k--) idx[k] = 0;
+  }
+  nv_node *ix = ox_N(x, (ox_val){.k = t, .present = true}), at = {.axis = ta};
+  ox_tensor_free(t);
+  return ox_set_out(out, ix ? ox_add(x, NV_OP_GATHER_ELEMENTS, 2, (nv_node *[]){a, ix}, &at) : NULL);
+}
+
+CV(cv_affine_grid) { /* theta [N, r, r+1] times the homogeneous base grid of the size */
+  (void)nout;
+  if (ox_need(x, in, nin, 2, 2)) return -1;
+  nv_node *th = ox_N(x, in[0]);
+  int64_t sz[5];
+  int ns = ox_const_ints(x, in[1], "size", sz, 5);
+  if (!th || ns < 0) return -1;
+  int r = ns - 2;
+  if ((r != 2 && r != 3) || th->rank != 3 || th->shape[1] != r || th->shape[2] != r + 1)
+    return ox_err(x, "theta must be [N, %d, %d] for a size of %d entries", r, r + 1, ns);
+  bool ac = ox_attr_i(x, "align_corners", 0) != 0;
+  int64_t pts = 1;
+  for (int i = 2; i < ns; i++) pts *= sz[i];
+  if (pts > (INT64_C(1) << 22)) return ox_err(x, "the grid is too large");
+  int64_t bs[2] = {r + 1, pts};
+  ox_tensor *b = ox_tensor_new(th->dtype, 2, bs);
+  if (!b) return -1;
+  for (int64_t p = 0; p < pts; p++) { /* coordinates x (last dim) first */
+    int64_t q = p;
+    for (int d = ns - 1; d >= 2; d--) {
+      int64_t n = sz[d], i = q % n;
+      q /= n;
+      double c = ac ? (n > 1 ? -1 + 2.0 * (double)i / (double)(n - 1) : 0) : -1 + (2.0 * (double)i + 1) / (double)n;
+      ox_set(b, (int64_t)(ns - 1 - d) * pts + p, c, 0);
+    }
+    ox_set(b, (int64_t)r * pts + p, 1, 0);
+  }
+  nv_node *base = ox_N(x, (ox_val){.k = b, .present = true});
+  ox_tensor_free(b);
+  nv_node *g = ox_op2(x, NV_OP_MATMUL, th, base); /* [N, r, pts] */
+  int64_t os[5] = {th->shape[0]};
+  for (int i = 2; i < ns; i++) os[i - 1] = sz[i];
+  os[ns - 1] = r;
+  return ox_set_out(out, g ? ox_reshape(x, ox_transpose(x, g, (int64_t[]){0, 2, 1}), ns, os) : NULL);
+}
+
 const ox_op_entry ox_nn_ops[] = {
+    {"LRN", cv_lrn}, {"HannWindow", cv_hann}, {"HammingWindow", cv_hamming}, {"BlackmanWindow", cv_blackman},
+    {"CenterCropPad", cv_center_crop_pad}, {"ReverseSequence", cv_reverse_sequence}, {"AffineGrid", cv_affine_grid},
     {"Attention", cv_attention}, {"RotaryEmbedding", cv_rotary}, {"RMSNormalization", cv_rms_norm},
     {"InstanceNormalization", cv_instance_norm}, {"GroupNormalization", cv_group_norm},
     {"LpNormalization", cv_lp_norm}, {"MeanVarianceNormalization", cv_mvn}, {"GlobalMaxPool", cv_global_max_pool},

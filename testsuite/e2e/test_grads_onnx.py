@@ -218,3 +218,9 @@ grad_case("rnn_sequence_lens_leaky", "RNN", {"x": u(3, 2, 3, lo=-1, hi=1), "w": 
           consts={"b": None, "lens": np.array([3, 1], dtype=np.int32)},
           attrs={"hidden_size": 4, "activations": ["LeakyRelu"], "activation_alpha": [0.3]}, opset=14,
           inputs_order=["x", "w", "r", "b", "lens"], ref=rnn_lens_ref)
+grad_case("lrn", "LRN", {"x": u(2, 5, 2, 2)}, attrs={"size": 3, "alpha": 0.3, "beta": 0.75, "bias": 1.5}, opset=13)
+grad_case("center_crop_pad", "CenterCropPad", {"x": u(4, 3)}, consts={"s": np.array([3, 6])}, opset=18)
+grad_case("reverse_sequence", "ReverseSequence", {"x": u(4, 3, 2)}, consts={"l": np.array([4, 1, 2])},
+          attrs={"batch_axis": 1, "time_axis": 0}, opset=13)
+grad_case("affine_grid", "AffineGrid", {"theta": u(2, 2, 3)}, consts={"size": np.array([2, 1, 3, 4])},
+          attrs={"align_corners": 0}, opset=20)

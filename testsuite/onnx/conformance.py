@@ -92,7 +92,8 @@ FOLD = {
     "Dropout": (1, 2), "If": (0,), "Pad": (1, 3), "Tile": (1,), "OneHot": (1,), "TopK": (1,),
     "Resize": (1, 2, 3), "Upsample": (1,), "ReduceMin": (1,), "ReduceProd": (1,), "ReduceL1": (1,),
     "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,), "ReduceSumSquare": (1,),
-    "CumSum": (1,), "CumProd": (1,), "Compress": (1,), "Split": (1,), "SplitToSequence": (1,), "CenterCropPad": (1,), "Col2Im": (1, 2),
+    "CumSum": (1,), "CumProd": (1,), "Compress": (1,), "ReverseSequence": (1,), "AffineGrid": (1,),
+    "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,), "CenterCropPad": (1,), "Split": (1,), "SplitToSequence": (1,), "CenterCropPad": (1,), "Col2Im": (1, 2),
 }
 
 # onnx's backend-test tolerances, and tests known to need others:
@@ -333,13 +334,20 @@ def out_of_scope_all(t):
 
 
 def fold_inputs(t):
-    """Graph inputs of T that FOLD gives to novac as initializers."""
+    """Graph inputs of T that FOLD gives to novac as initializers: those at
+    the folded positions of the nodes that take them, and for an '*_expanded'
+    test (the op's function body) the graph inputs at the folded positions of
+    the op it expands (its graph inputs are that op's inputs, in order)."""
     names = {v.name for v in t.model.graph.input}
     fold = set()
     for n in t.model.graph.node:
         for k in FOLD.get(n.op_type, ()):
             if k < len(n.input) and n.input[k] in names:
                 fold.add(n.input[k])
+    if EXPANDED.search(t.name):
+        for k in FOLD.get(t.op, ()):
+            if k < len(t.model.graph.input):
+                fold.add(t.model.graph.input[k].name)
     return [v.name for v in t.model.graph.input if v.name in fold]
 
 
