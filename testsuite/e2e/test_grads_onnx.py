@@ -218,7 +218,17 @@ grad_case("rnn_sequence_lens_leaky", "RNN", {"x": u(3, 2, 3, lo=-1, hi=1), "w": 
           consts={"b": None, "lens": np.array([3, 1], dtype=np.int32)},
           attrs={"hidden_size": 4, "activations": ["LeakyRelu"], "activation_alpha": [0.3]}, opset=14,
           inputs_order=["x", "w", "r", "b", "lens"], ref=rnn_lens_ref)
-grad_case("lrn", "LRN", {"x": u(2, 5, 2, 2)}, attrs={"size": 3, "alpha": 0.3, "beta": 0.75, "bias": 1.5}, opset=13)
+def lrn_ref(x, size=3, alpha=0.3, beta=0.75, bias=1.5):
+    """(the onnx reference loops over the batch axis instead of the channels)"""
+    C, lo = x.shape[1], (size - 1) // 2
+    sq = np.zeros_like(x)
+    for c in range(C):
+        sq[:, c] = (x[:, max(0, c - lo):min(C, c + size - lo)] ** 2).sum(1)
+    return x / (bias + alpha / size * sq) ** beta
+
+
+grad_case("lrn", "LRN", {"x": u(2, 5, 2, 2)}, attrs={"size": 3, "alpha": 0.3, "beta": 0.75, "bias": 1.5}, opset=13,
+          ref=lrn_ref)
 grad_case("center_crop_pad", "CenterCropPad", {"x": u(4, 3)}, consts={"s": np.array([3, 6])}, opset=18)
 grad_case("reverse_sequence", "ReverseSequence", {"x": u(4, 3, 2)}, consts={"l": np.array([4, 1, 2])},
           attrs={"batch_axis": 1, "time_axis": 0}, opset=13)
