@@ -232,5 +232,12 @@ grad_case("lrn", "LRN", {"x": u(2, 5, 2, 2)}, attrs={"size": 3, "alpha": 0.3, "b
 grad_case("center_crop_pad", "CenterCropPad", {"x": u(4, 3)}, consts={"s": np.array([3, 6])}, opset=18)
 grad_case("reverse_sequence", "ReverseSequence", {"x": u(4, 3, 2)}, consts={"l": np.array([4, 1, 2])},
           attrs={"batch_axis": 1, "time_axis": 0}, opset=13)
+def affine_grid_ref(theta, H=3, W=4):
+    """(the onnx reference rounds to float32) the base grid's x, y, 1 at pixel centres"""
+    ys, xs = (np.arange(H) * 2 + 1) / H - 1, (np.arange(W) * 2 + 1) / W - 1
+    base = np.stack([np.tile(xs, H), np.repeat(ys, W), np.ones(H * W)])
+    return (theta @ base).transpose(0, 2, 1).reshape(theta.shape[0], H, W, 2)
+
+
 grad_case("affine_grid", "AffineGrid", {"theta": u(2, 2, 3)}, consts={"size": np.array([2, 1, 3, 4])},
-          attrs={"align_corners": 0}, opset=20)
+          attrs={"align_corners": 0}, opset=20, ref=affine_grid_ref)
