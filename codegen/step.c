@@ -222,9 +222,10 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
                t[i].role == NOVA_ROLE_OPT_STATE || t[i].role == NOVA_ROLE_BUFFER;
     int64_t bound = arg ? x->index_bound : 0;
     bool inplace = plan && plan->inplace && i >= nargs_in && i - nargs_in < plan->noutputs && plan->inplace[i - nargs_in];
-    nv_sb_printf(&b, "%s}, %lld, %lld, %d, %lld, %d},\n", x->rank ? "" : "0", (long long)bound,
+    bool skip = bound && x->has_index_skip;
+    nv_sb_printf(&b, "%s}, %lld, %lld, %d, %lld, %d, %d, %lld},\n", x->rank ? "" : "0", (long long)bound,
                  (long long)t[i].init_offset, (int)t[i].updates, (long long)(bound && x->index_negative ? -bound : 0),
-                 inplace ? 1 : 0);
+                 inplace ? 1 : 0, skip ? 1 : 0, (long long)(skip ? x->index_skip : 0));
   }
   nv_sb_printf(&b, "};\n");
   desc_eval(&b, o, ea, nea);
@@ -379,6 +380,7 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
     if (i < nargs_of(t, n) && x->index_bound > 0) {
       cJSON_AddNumberToObject(e, "index_bound", (double)x->index_bound);
       if (x->index_negative) cJSON_AddNumberToObject(e, "index_lower", (double)-x->index_bound);
+      if (x->has_index_skip) cJSON_AddNumberToObject(e, "index_ignore", (double)x->index_skip);
     }
     if (t[i].node->loc.file) {
       char where[600];
@@ -651,8 +653,9 @@ void cg_graph_hash(const nv_graph *g, char out[17]) {
     MIX(&x->init.a, sizeof x->init.a);
     MIX(&x->init.b, sizeof x->init.b);
     if (x->name) MIX(x->name, strlen(x->name) + 1);
-    int32_t role = (int32_t)x->role + 16 * x->index_negative;
+    int32_t role = (int32_t)x->role + 16 * x->index_negative + 32 * x->has_index_skip;
     MIX(&role, sizeof role);
+    if (x->has_index_skip) MIX(&x->index_skip, sizeof x->index_skip);
     if (x->init.path) MIX(x->init.path, strlen(x->init.path) + 1);
     if (x->op == NV_OP_CONSTANT && x->init.kind == NV_INIT_DATA && x->init.data) /* folded ONNX values */
       MIX(x->init.data, (size_t)fe_numel(x) * fe_dtype_size(x->dtype));

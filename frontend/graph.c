@@ -409,6 +409,7 @@ bad:
 static const nv_node *mark_index_bound(nv_node *n, int64_t bound, bool neg) {
   switch (n->op) {
   case NV_OP_INPUT:
+    n->has_index_skip = false; /* an index use: no value outside the range */
     n->index_negative = (n->index_bound == 0 || n->index_negative) && neg;
     if (n->index_bound == 0 || bound < n->index_bound) n->index_bound = bound;
     return NULL;
@@ -442,6 +443,44 @@ static const nv_node *mark_index_bound(nv_node *n, int64_t bound, bool neg) {
   default:
     return n; /* computed at run time: cannot be checked before the step runs */
   }
+}
+
+static int label_walk(nv_diag *d, nv_node *n, int64_t C, bool has_ii, int64_t ii, nv_loc loc) {
+  switch (n->op) {
+  case NV_OP_INPUT:
+    if (n->index_bound == 0) { /* its only index use so far */
+      n->index_bound = C, n->has_index_skip = has_ii, n->index_skip = ii;
+    } else if (n->has_index_skip && (!has_ii || ii != n->index_skip || C != n->index_bound)) {
+      n->has_index_skip = false; /* uses that disagree: the tightest, no exception */
+      if (C < n->index_bound) n->index_bound = C;
+    } else if (C < n->index_bound)
+      n->index_bound = C;
+    if (n->op == NV_OP_INPUT && n->role == NOVA_ROLE_INPUT) n->role = NOVA_ROLE_LABEL;
+    return 0;
+  case NV_OP_RESHAPE: case NV_OP_TRANSPOSE: case NV_OP_SLICE: case NV_OP_BROADCAST: case NV_OP_GATHER: case NV_OP_CAST:
+    return label_walk(d, n->in[0], C, has_ii, ii, loc);
+  case NV_OP_CONCAT:
+    for (int i = 0; i < n->nin; i++)
+      if (label_walk(d, n->in[i], C, has_ii, ii, loc)) return -1;
+    return 0;
+  case NV_OP_CONSTANT:
+    if (n->init.kind == NV_INIT_DATA && fe_dtype_is_int(n->dtype))
+      for (int64_t i = 0, e = fe_numel(n); i < e; i++) {
+        int64_t v = n->dtype == NOVA_DTYPE_I64 ? ((const int64_t *)n->init.data)[i] : ((const int32_t *)n->init.data)[i];
+        if ((v < 0 || v >= C) && !(has_ii && v == ii)) {
+          nv_error(d, loc, "constant class label %lld is outside [0, %lld)%s", (long long)v, (long long)C,
+                   has_ii ? " and is not the ignore_index" : "");
+          return -1;
+        }
+      }
+    return 0;
+  default:
+    return 0;
+  }
+}
+
+int fe_mark_labels(nv_diag *d, nv_node *labels, int64_t classes, bool has_ii, int64_t ii, nv_loc loc) {
+  return labels ? label_walk(d, labels, classes, has_ii, ii, loc) : 0;
 }
 
 /* Marks the bound, or reports that the indices are computed. */

@@ -166,6 +166,8 @@ struct nv_node {
   bool frozen;          /* params: never trained (an ONNX initializer --train classified constant) */
   bool has_default;     /* inputs: init gives a value used until one is bound (lr) */
   int64_t index_bound;  /* integer inputs used as indices: values must lie in [0, bound) */
+  bool has_index_skip;  /* inputs: index_skip is allowed besides [0, bound) (a loss's ignore_index) */
+  int64_t index_skip;
   bool index_negative;  /* inputs: every index use also allows [-bound, 0) (ONNX Gather);
                            gather: its indices may count from the end */
   nv_init init;
@@ -214,6 +216,12 @@ nv_node *fe_graph_add(nv_graph *g, nv_diag *d, nv_op op, int nin, nv_node **in,
 nv_node *fe_graph_leaf(nv_graph *g, nv_diag *d, nv_op op, const char *name, nova_dtype dt,
                        int rank, const int64_t *shape, nv_loc loc);
 int fe_graph_add_output(nv_graph *g, nv_diag *d, const char *name, nv_node *n, nv_loc loc);
+/* Class labels of an ONNX loss: the inputs they come from (through
+ * data-movement ops) are checked by the step to lie in [0, classes) or to
+ * equal ignore_index (when has_ii); constant labels are checked now.
+ * Returns 0, or -1 after a diagnostic at loc.  Labels computed otherwise
+ * are not checked (the one-hot selection reads no memory out of range). */
+int fe_mark_labels(nv_diag *d, nv_node *labels, int64_t classes, bool has_ii, int64_t ii, nv_loc loc);
 /* Drops the nodes made from `mark` on (nothing before them may use them). */
 void fe_graph_truncate(nv_graph *g, int mark);
 

@@ -851,6 +851,7 @@ static nv_node *nll(ox_ctx *x, nv_node *lp, nv_node *lab, nv_node *w, bool has_i
     }
   nova_dtype dt = lp->dtype;
   int64_t C = lp->shape[1], r = lp->rank;
+  if (fe_mark_labels(x->d, lab, C, has_ii, ii, x->loc)) return NULL;
   /* classes [C, 1, ...] against labels [N, 1, d...] */
   ox_tensor *cls = ox_tensor_new(lab->dtype, 1, &C);
   if (!cls) return NULL;

@@ -43,6 +43,8 @@ static nova_status rt_check_tensor(const rt_graph *g, int i, size_t *nbytes, cha
   if (t->index_lower != 0 && t->index_lower != -t->index_bound)
     return rt_bad(err, "malformed step: tensor '%s': index_lower %lld with index_bound %lld", name,
                   (long long)t->index_lower, (long long)t->index_bound);
+  if (t->has_index_skip && (t->has_index_skip != 1 || t->index_bound <= 0))
+    return rt_bad(err, "malformed step: tensor '%s': an index_skip without an index_bound", name);
   if (t->index_bound < 0 || (t->index_bound > 0 && t->dtype != NOVA_DTYPE_I32 && t->dtype != NOVA_DTYPE_I64))
     return rt_bad(err, "malformed step: tensor '%s': index_bound %lld on a %s tensor", name,
                     (long long)t->index_bound, rt_dtype_name(t->dtype));
@@ -119,9 +121,10 @@ nova_status rt_check_index(nova_step *s, int i) {
   for (size_t k = 0; k < n; k++) {
     int64_t v = t->dtype == NOVA_DTYPE_I64 ? ((const int64_t *)s->buffers[i])[k]
                                            : ((const int32_t *)s->buffers[i])[k];
-    if (v < t->index_lower || v >= t->index_bound)
-      return rt_fail(s, NOVA_ERR_OUT_OF_RANGE, "tensor '%s': value %lld at flat index %zu is outside [%lld, %lld)",
-                     t->name, (long long)v, k, (long long)t->index_lower, (long long)t->index_bound);
+    if ((v < t->index_lower || v >= t->index_bound) && !(t->has_index_skip && v == t->index_skip))
+      return rt_fail(s, NOVA_ERR_OUT_OF_RANGE, "tensor '%s': value %lld at flat index %zu is outside [%lld, %lld)%s",
+                     t->name, (long long)v, k, (long long)t->index_lower, (long long)t->index_bound,
+                     t->has_index_skip ? " and is not the ignore_index" : "");
   }
   return NOVA_OK;
 }

@@ -25,6 +25,9 @@ typedef struct rt_tensor_desc {
                             Gather counts negative indices from the end) */
   int32_t inplace;       /* with updates >= 0: 1 = the step computes this tensor in the buffer of
                             tensors[updates] (they share it; nothing is copied after a run) */
+  int32_t has_index_skip; /* with index_bound: 1 = index_skip is allowed too (a label equal to an
+                            ONNX loss's ignore_index) */
+  int64_t index_skip;
 } rt_tensor_desc;
 
 typedef struct rt_graph {

@@ -76,16 +76,19 @@ suite e2e-memplan python3 testsuite/e2e/test_memplan.py
 suite e2e-examples python3 testsuite/e2e/test_examples.py
 suite e2e-onnx-models python3 testsuite/e2e/test_onnx_models.py
 suite e2e-fold python3 testsuite/e2e/test_fold.py
+suite e2e-labels python3 testsuite/e2e/test_labels.py
 suite grad python3 testsuite/e2e/test_grads.py
 suite grad-onnx python3 testsuite/e2e/test_grads_onnx.py
 suite e2e-train python3 testsuite/e2e/test_train_onnx.py
 suite e2e-checkpoint python3 testsuite/e2e/test_checkpoint.py
+suite zoo python3 testsuite/zoo/test_zoo.py
 suite e2e-train-roles python3 testsuite/e2e/test_train_roles.py
 suite e2e-batchnorm-train python3 testsuite/e2e/test_batchnorm_train.py
 suite e2e-eval python3 testsuite/e2e/test_eval.py
 suite e2e-dropout python3 testsuite/e2e/test_dropout.py
 # the whole-model numeric tests again with every optimization off (-O0: no
 # fusion, plan, in-place updates, tiling, threads): the same results
+suite O0-zoo env NOVA_TEST_FLAGS=-O0 NOVA_TEST_TAG=O0/ python3 testsuite/zoo/test_zoo.py
 for t in examples onnx_models train_onnx; do
   suite "O0-$t" env NOVA_TEST_FLAGS=-O0 NOVA_TEST_TAG=O0/ python3 "testsuite/e2e/test_$t.py"
 done
