@@ -1,6 +1,6 @@
 /* onnx_ops.c: ONNX operators -> nova graph nodes, one converter per op.
  *
- * Each converter follows the operator's definition for opsets 13 to 21
+ * Each converter follows the operator's definition for opsets 7 to 28
  * (attributes and their defaults as the spec gives them), checks what the
  * spec requires of its inputs, and says what is not supported instead of
  * approximating it.  Values known at compile time are folded first

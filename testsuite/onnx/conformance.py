@@ -71,14 +71,18 @@ except ImportError:
 SUITE = "onnx"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# The ops novac's ONNX importer covers (ai.onnx domain, opsets 13..21).
-OPS = ("Gemm MatMul Add Sub Mul Div Pow Sqrt Reciprocal Neg Abs Exp Log Tanh Sigmoid "
-       "Relu LeakyRelu Gelu Erf Softmax LogSoftmax LayerNormalization BatchNormalization "
-       "Conv MaxPool AveragePool GlobalAveragePool Flatten Reshape Transpose Concat Split "
-       "Slice Gather Unsqueeze Squeeze Expand Where Equal Less Greater Cast Constant "
-       "ConstantOfShape Shape Range Trilu ReduceMean ReduceSum ReduceMax Dropout Identity "
-       "Clip Min Max SoftmaxCrossEntropyLoss NegativeLogLikelihoodLoss").split()
-OPSET_MIN, OPSET_MAX = 13, 21
+# The ops novac's ONNX importer covers: the names in its converter tables
+# (frontend/onnx*.c, entries {"Op", cv_...}), and If, which the loader handles.
+def _importer_ops():
+    ops = {"If"}
+    for path in glob.glob(os.path.join(REPO, "frontend", "onnx*.c")):
+        with open(path) as f:
+            ops.update(re.findall(r'\{"([A-Z][A-Za-z0-9]*)", cv_', f.read()))
+    return tuple(sorted(ops))
+
+
+OPS = _importer_ops()
+OPSET_MIN, OPSET_MAX = 7, 28
 
 DTYPES = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL}
 
@@ -794,7 +798,7 @@ def main(argv):
         missing = [n for n in missing if rx.search(n)]
     chosen.sort(key=lambda t: t.name)
     for t in chosen:
-        t.scope = out_of_scope_all(t) if args.all else out_of_scope(t, ops)
+        t.scope = out_of_scope_all(t) if args.all or subset is not None else out_of_scope(t, ops)
         if t.scope is None:
             t.fold = fold_inputs(t)
 
