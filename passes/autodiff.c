@@ -28,6 +28,10 @@ typedef struct ad {
 
 /* ---- node constructors ------------------------------------------------ */
 
+/* Gradients flow through f32 and f64 values only (f16 and bf16 params are
+ * refused for training: no loss scaling or f32 master weights yet). */
+static bool differentiable(nova_dtype dt) { return dt == NOVA_DTYPE_F32 || dt == NOVA_DTYPE_F64; }
+
 static nv_node *mk(ad *A, nv_op op, int nin, nv_node **in, const nv_node *attrs) {
   for (int i = 0; i < nin; i++)
     if (!in[i]) return NULL;
@@ -242,7 +246,7 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     return true;
   }
   case NV_OP_CAST:
-    if (fe_dtype_is_float(x->dtype)) {
+    if (differentiable(x->dtype)) {
       nv_node at = {.to = x->dtype};
       accumulate(A, x, x->dtype == dt ? g : mk(A, NV_OP_CAST, 1, &g, &at));
     }
@@ -518,7 +522,7 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
   int li = -1;
   for (int i = 0; i < g->noutputs; i++) {
     const nv_node *n = g->outputs[i].node;
-    if (o->loss ? !strcmp(g->outputs[i].name, o->loss) : (n->rank == 0 && fe_dtype_is_float(n->dtype))) {
+    if (o->loss ? !strcmp(g->outputs[i].name, o->loss) : (n->rank == 0 && differentiable(n->dtype))) {
       if (!o->loss && li >= 0) {
         nv_error(d, g->outputs[i].loc, "--train: outputs '%s' and '%s' are both scalars; choose the loss with --loss=NAME",
                  g->outputs[li].name, g->outputs[i].name);
@@ -533,7 +537,7 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     return -1;
   }
   nv_node *loss = g->outputs[li].node;
-  if (loss->rank != 0 || !fe_dtype_is_float(loss->dtype)) {
+  if (loss->rank != 0 || !differentiable(loss->dtype)) {
     nv_error(d, g->outputs[li].loc, "the loss '%s' must be a scalar f32 or f64, got %s with %d dims",
              g->outputs[li].name, fe_dtype_name(loss->dtype), loss->rank);
     return -1;
@@ -555,9 +559,14 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     if (n->op == NV_OP_PARAM) {
       A.needs[i] = n->role == NOVA_ROLE_PARAM && !frozen(n->name, o->freeze, matched, nglobs < 64 ? nglobs : 64) &&
                    fe_dtype_is_float(n->dtype);
+      if (A.needs[i] && !differentiable(n->dtype)) {
+        nv_error(d, n->loc, "--train: param '%s' is %s; training f16/bf16 parameters is not supported (freeze it with "
+                 "--freeze=%s)", n->name, fe_dtype_name(n->dtype), n->name);
+        goto out;
+      }
       ntrain += A.needs[i];
     }
-    for (int k = 0; k < n->nin && !A.needs[i]; k++) A.needs[i] = A.needs[n->in[k]->id] && fe_dtype_is_float(n->dtype);
+    for (int k = 0; k < n->nin && !A.needs[i]; k++) A.needs[i] = A.needs[n->in[k]->id] && differentiable(n->dtype);
   }
   for (int k = 0; k < nglobs && k < 64; k++)
     if (!matched[k]) {
