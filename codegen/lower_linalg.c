@@ -673,10 +673,11 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
    * are, every other op computes in f32 (its operands extended, its result
    * rounded once, as numpy computes float16 per operation) */
   nova_dtype narrow = (nova_dtype)0;
+  bool bytes = kind == NV_OP_MAX_POOL && fe_dtype_is_int(res.dt); /* i8, u8: exact in f32 too */
   if (computes(kind)) {
     for (int i = 0; i < nin && i < 64; i++)
-      if (fe_dtype_is_half(in[i].dt)) in[i] = convert(L, in[i], NOVA_DTYPE_F32);
-    if (fe_dtype_is_half(res.dt)) narrow = res.dt, res.dt = NOVA_DTYPE_F32;
+      if (fe_dtype_is_half(in[i].dt) || bytes) in[i] = convert(L, in[i], NOVA_DTYPE_F32);
+    if (fe_dtype_is_half(res.dt) || bytes) narrow = res.dt, res.dt = NOVA_DTYPE_F32;
   }
   const char *T = lw_ety(res.dt);
   char body[1024];

@@ -83,7 +83,9 @@ size_t fe_dtype_size(nova_dtype dt) {
 }
 
 nova_dtype fe_dtype_parse(const char *s) {
-  static const nova_dtype all[] = {NOVA_DTYPE_F32, NOVA_DTYPE_F64, NOVA_DTYPE_I32, NOVA_DTYPE_I64};
+  static const nova_dtype all[] = {NOVA_DTYPE_F32, NOVA_DTYPE_F64, NOVA_DTYPE_I32, NOVA_DTYPE_I64, NOVA_DTYPE_F16,
+                                   NOVA_DTYPE_BF16, NOVA_DTYPE_I8,  NOVA_DTYPE_I16, NOVA_DTYPE_U8,  NOVA_DTYPE_U16,
+                                   NOVA_DTYPE_U32, NOVA_DTYPE_U64};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (strcmp(s, fe_dtype_name(all[i])) == 0) return all[i];
   return (nova_dtype)0;
@@ -586,7 +588,8 @@ static int64_t window_out(int64_t in, int64_t k, int64_t s, int64_t dl, int64_t 
 
 /* conv (x [N, C, S...], w [F, C/groups, K...]) and pools (x [N, C, S...]). */
 static int infer_window(nv_diag *d, nv_node *n, const nv_node *x, const nv_node *w) {
-  if (need_float(d, n, x, "input")) return -1;
+  bool byte = fe_dtype_is_int(x->dtype) && fe_dtype_size(x->dtype) == 1; /* max_pool also takes i8 and u8 (ONNX) */
+  if (!(n->op == NV_OP_MAX_POOL && byte) && need_float(d, n, x, "input")) return -1;
   int ns = x->rank - 2;
   if (ns < 1 || ns > 3) {
     nv_error(d, n->loc, "%s: input must be [N, C, spatial...] with 1 to 3 spatial dims, got %s", nv_op_name(n->op), SHP(x));
