@@ -378,7 +378,7 @@ static const char *unary_body(nv_op op, nova_dtype dt, char *buf, size_t n) {
   return buf;
 }
 
-/* %ro (f32): the f64 %NAME rounded to odd (toward zero, the last bit set
+/* %ro (f32): the f64 SRC rounded to odd (toward zero, the last bit set
  * when inexact).  Rounding that to a format of at most 22 bits of precision
  * gives the correctly rounded f64 value (no double rounding). */
 static int round_to_odd(char *buf, size_t n, const char *src) {
@@ -398,8 +398,9 @@ static int round_to_odd(char *buf, size_t n, const char *src) {
  * Integers widen by the source's signedness; floats to integers truncate
  * (fptosi/fptoui: out-of-range values are undefined, as in ONNX).  f16 and
  * bf16 are read through f32 (exact), and written from f32: from f64 after
- * rounding to odd, from integers after their (exact, for f16's range) f32
- * value. */
+ * rounding to odd, from integers after their f32 value (exact over f16's
+ * range; integers beyond 2^24 round twice on their way to bf16, as
+ * ml_dtypes' conversion through float does). */
 static const char *cast_body(nova_dtype from, nova_dtype to, char *buf, size_t n) {
   const char *src = "%in0";
   int k = 0;
