@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
 
 #include "../driver/util.h"
 #include "codegen.h"
@@ -170,7 +171,31 @@ int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_dev
   return cg_lower_loops_to_llvm(c, m, opt_level > 0 ? &plan->parallel_loops : NULL);
 }
 
+static MlirWalkResult find_bf16(MlirOperation op, void *ud) {
+  for (intptr_t i = 0, n = mlirOperationGetNumResults(op); i < n; i++) {
+    MlirType t = mlirValueGetType(mlirOperationGetResult(op, i));
+    if (mlirTypeIsAShaped(t)) t = mlirShapedTypeGetElementType(t);
+    if (mlirTypeIsABF16(t)) {
+      *(bool *)ud = true;
+      return MlirWalkResultInterrupt;
+    }
+  }
+  return MlirWalkResultAdvance;
+}
+
 int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
+  /* bf16 <-> f32 conversions become integer arithmetic (arith-expand): LLVM
+   * would call __truncsfbf2, which this toolchain's libgcc lacks */
+  bool bf16 = false;
+  mlirOperationWalk(mlirModuleGetOperation(m), find_bf16, &bf16, MlirWalkPreOrder);
+  char pipe[800];
+  snprintf(pipe, sizeof pipe,
+           "builtin.module(func.func(convert-scf-to-cf,expand-strided-metadata,lower-affine,"
+           "convert-math-to-llvm),convert-math-to-libm,finalize-memref-to-llvm,"
+           "func.func(%sconvert-vector-to-llvm,convert-arith-to-llvm),"
+           "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,"
+           "convert-ub-to-llvm,reconcile-unrealized-casts)",
+           bf16 ? "arith-expand{include-bf16=1}," : "");
   /* outlined first: the lowering to loops then runs once per distinct nest */
   int npar = 0;
   if (cg_outline_nests(c, m)) return -1;
@@ -180,12 +205,7 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
   int rc = cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-loops,convert-vector-to-scf{full-unroll=1}))",
                            "lowering to loops") ||
            (parallel && cg_parallel_calls(c, m, &npar)) ||
-           cg_run_pipeline(c, m,
-                           "builtin.module(func.func(convert-scf-to-cf,expand-strided-metadata,lower-affine,"
-                           "convert-math-to-llvm),convert-math-to-libm,finalize-memref-to-llvm,"
-                           "func.func(convert-vector-to-llvm,convert-arith-to-llvm),"
-                           "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,"
-                           "convert-ub-to-llvm,reconcile-unrealized-casts)",
+           cg_run_pipeline(c, m, pipe,
                            "lowering to LLVM");
   mlirContextEnableMultithreading(c->ctx, false);
   if (rc) return -1;

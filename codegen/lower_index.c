@@ -27,12 +27,12 @@ static void wrapped(nv_sbuf *b, const char *name, const char *src, const char *T
 
 /* %comb = ACC combined with VAL by a NV_SCATTER_* mode. */
 static void combine(nv_sbuf *b, int mode, const char *acc, const char *val, nova_dtype dt) {
-  bool fl = fe_dtype_is_float(dt);
+  bool fl = fe_dtype_is_float(dt), u = fe_dtype_is_unsigned(dt);
   const char *T = lw_ety(dt);
   const char *op = mode == NV_SCATTER_ADD ? (fl ? "arith.addf" : "arith.addi")
                  : mode == NV_SCATTER_MUL ? (fl ? "arith.mulf" : "arith.muli")
-                 : mode == NV_SCATTER_MAX ? (fl ? "arith.maximumf" : "arith.maxsi")
-                 : mode == NV_SCATTER_MIN ? (fl ? "arith.minimumf" : "arith.minsi") : NULL;
+                 : mode == NV_SCATTER_MAX ? (fl ? "arith.maximumf" : u ? "arith.maxui" : "arith.maxsi")
+                 : mode == NV_SCATTER_MIN ? (fl ? "arith.minimumf" : u ? "arith.minui" : "arith.minsi") : NULL;
   if (!op) nv_sb_printf(b, "%%comb = arith.select %%true, %s, %s : %s\n", val, acc, T);
   else nv_sb_printf(b, "%%comb = %s %s, %s : %s\n", op, acc, val, T);
 }
@@ -203,6 +203,12 @@ const char *lw_mod_body(bool fmod, nova_dtype dt, char *buf, size_t n) {
                "%%ds = arith.cmpf olt, %%in1, %%z : %s\n%%df = arith.xori %%ms, %%ds : i1\n"
                "%%fix = arith.andi %%mnz, %%df : i1\n%%ma = arith.addf %%m, %%in1 : %s\n"
                "%%r = arith.select %%fix, %%ma, %%m : %s", lw_flit((char[64]){0}, 64, 0.0, dt), T, T, T, T, T, T, T);
+    return buf;
+  }
+  if (fe_dtype_is_unsigned(dt)) { /* floor and truncated remainders agree; x mod 0 = 0 */
+    snprintf(buf, n, "%%z = arith.constant 0 : %s\n%%one = arith.constant 1 : %s\n%%isz = arith.cmpi eq, %%in1, %%z : %s\n"
+             "%%d = arith.select %%isz, %%one, %%in1 : %s\n%%m = arith.remui %%in0, %%d : %s\n"
+             "%%r = arith.select %%isz, %%z, %%m : %s", T, T, T, T, T, T);
     return buf;
   }
   int k = snprintf(buf, n, "%%z = arith.constant 0 : %s\n%%one = arith.constant 1 : %s\n%%m1 = arith.constant -1 : %s\n"

@@ -44,11 +44,16 @@ static tv map_get(lw *L, MlirValue v) {
 
 /* ---- text helpers --------------------------------------------------- */
 
+/* MLIR's integers are signless: u8 and i8 are both i8, and every op whose
+ * result depends on the sign picks its unsigned form for the unsigned
+ * dtypes (fe_dtype_is_unsigned). */
 const char *lw_ety(nova_dtype dt) {
   switch (dt) {
   case NOVA_DTYPE_F64: return "f64";
-  case NOVA_DTYPE_I32: return "i32";
-  case NOVA_DTYPE_I64: return "i64";
+  case NOVA_DTYPE_I32: case NOVA_DTYPE_U32: return "i32";
+  case NOVA_DTYPE_I64: case NOVA_DTYPE_U64: return "i64";
+  case NOVA_DTYPE_I16: case NOVA_DTYPE_U16: return "i16";
+  case NOVA_DTYPE_I8: case NOVA_DTYPE_U8: return "i8";
   case NOVA_DTYPE_F16: return "f16";
   case NOVA_DTYPE_BF16: return "bf16";
   case NOVA_DTYPE_BOOL: return "i1";
@@ -66,6 +71,10 @@ const char *lw_ttype(char *buf, size_t n, int rank, const int64_t *shape, nova_d
 
 /* A float literal that MLIR parses back to exactly v in dtype dt. */
 const char *lw_flit(char *buf, size_t n, double v, nova_dtype dt) {
+  if (fe_dtype_is_half(dt)) { /* the bits: exact, inf and NaN included */
+    snprintf(buf, n, "0x%04X", (unsigned)fe_half_from_double(dt, v));
+    return buf;
+  }
   if (isinf(v)) {
     snprintf(buf, n, dt == NOVA_DTYPE_F64 ? "0x%cFF0000000000000" : "0x%cF800000", v < 0 ? 'F' : '7');
     return buf;
@@ -211,17 +220,20 @@ static int drop_map(int *m, int rank, const bool *red) {
 static const char *reduce_init(char *buf, size_t n, char kind, nova_dtype dt) {
   if (fe_dtype_is_float(dt))
     return lw_flit(buf, n, kind == '+' ? 0.0 : kind == '*' ? 1.0 : kind == 'M' ? -INFINITY : INFINITY, dt);
-  bool w = fe_dtype_size(dt) == 8;
-  snprintf(buf, n, "%lld", kind == '+' ? 0LL : kind == '*' ? 1LL : kind == 'M' ? (w ? (long long)INT64_MIN : (long long)INT32_MIN)
-                                                                        : (w ? (long long)INT64_MAX : (long long)INT32_MAX));
+  /* max starts at the dtype's least value, min at its greatest (u: 0 and all
+   * ones, written as -1) */
+  int bits = 8 * (int)fe_dtype_size(dt);
+  long long lo = fe_dtype_is_unsigned(dt) ? 0 : bits == 64 ? (long long)INT64_MIN : -(1LL << (bits - 1));
+  long long hi = fe_dtype_is_unsigned(dt) ? -1 : bits == 64 ? (long long)INT64_MAX : (1LL << (bits - 1)) - 1;
+  snprintf(buf, n, "%lld", kind == '+' ? 0LL : kind == '*' ? 1LL : kind == 'M' ? lo : hi);
   return buf;
 }
 static const char *reduce_op(char kind, nova_dtype dt) {
-  bool fl = fe_dtype_is_float(dt);
+  bool fl = fe_dtype_is_float(dt), u = fe_dtype_is_unsigned(dt);
   switch (kind) {
   case '*': return fl ? "arith.mulf" : "arith.muli";
-  case 'M': return fl ? "arith.maximumf" : "arith.maxsi";
-  case 'm': return fl ? "arith.minimumf" : "arith.minsi";
+  case 'M': return fl ? "arith.maximumf" : u ? "arith.maxui" : "arith.maxsi";
+  case 'm': return fl ? "arith.minimumf" : u ? "arith.minui" : "arith.minsi";
   default: return fl ? "arith.addf" : "arith.addi";
   }
 }
@@ -339,6 +351,9 @@ static const char *unary_body(nv_op op, nova_dtype dt, char *buf, size_t n) {
                "%%p = arith.cmpf ogt, %%in0, %%z : %s\n%%q = arith.cmpf olt, %%in0, %%z : %s\n"
                "%%s = arith.select %%q, %%m, %%in0 : %s\n%%r = arith.select %%p, %%o, %%s : %s",
                FL(0.0, dt), T, FL(1.0, dt), T, FL(-1.0, dt), T, T, T, T, T);
+    else if (fe_dtype_is_unsigned(dt))
+      snprintf(buf, n, "%%z = arith.constant 0 : %s\n%%o = arith.constant 1 : %s\n%%p = arith.cmpi ne, %%in0, %%z : %s\n"
+               "%%r = arith.select %%p, %%o, %%z : %s", T, T, T, T);
     else
       snprintf(buf, n, "%%z = arith.constant 0 : %s\n%%o = arith.constant 1 : %s\n%%m = arith.constant -1 : %s\n"
                "%%p = arith.cmpi sgt, %%in0, %%z : %s\n%%q = arith.cmpi slt, %%in0, %%z : %s\n"
@@ -363,26 +378,82 @@ static const char *unary_body(nv_op op, nova_dtype dt, char *buf, size_t n) {
   return buf;
 }
 
-/* Converts %in0 from dtype `from` to `to` into %r ("" when equal). */
+/* %ro (f32): the f64 SRC rounded to odd (toward zero, the last bit set
+ * when inexact).  Rounding that to a format of at most 22 bits of precision
+ * gives the correctly rounded f64 value (no double rounding). */
+static int round_to_odd(char *buf, size_t n, const char *src) {
+  return snprintf(buf, n,
+                  "%%ro_t = arith.truncf %s : f64 to f32\n%%ro_b = arith.extf %%ro_t : f32 to f64\n"
+                  "%%ro_ne = arith.cmpf one, %%ro_b, %s : f64\n%%ro_ax = math.absf %s : f64\n"
+                  "%%ro_ab = math.absf %%ro_b : f64\n%%ro_up = arith.cmpf ogt, %%ro_ab, %%ro_ax : f64\n"
+                  "%%ro_i = arith.bitcast %%ro_t : f32 to i32\n%%ro_1 = arith.constant 1 : i32\n"
+                  "%%ro_d = arith.subi %%ro_i, %%ro_1 : i32\n%%ro_z = arith.select %%ro_up, %%ro_d, %%ro_i : i32\n"
+                  "%%ro_o = arith.ori %%ro_z, %%ro_1 : i32\n%%ro_k = arith.select %%ro_ne, %%ro_o, %%ro_i : i32\n"
+                  "%%ro = arith.bitcast %%ro_k : i32 to f32\n",
+                  src, src, src);
+}
+
+/* Converts %in0 from dtype `from` to `to` into %r ("" when the MLIR types
+ * are equal: a change of signedness keeps the bits, as ONNX's Cast does).
+ * Integers widen by the source's signedness; floats to integers truncate
+ * (fptosi/fptoui: out-of-range values are undefined, as in ONNX).  f16 and
+ * bf16 are read through f32 (exact), and written from f32: from f64 after
+ * rounding to odd, from integers after their f32 value (exact over f16's
+ * range; integers beyond 2^24 round twice on their way to bf16, as
+ * ml_dtypes' conversion through float does). */
 static const char *cast_body(nova_dtype from, nova_dtype to, char *buf, size_t n) {
+  const char *src = "%in0";
+  int k = 0;
+  buf[0] = 0;
+  if (!strcmp(lw_ety(from), lw_ety(to))) return buf;
+  if (fe_dtype_is_half(from)) {
+    k = snprintf(buf, n, "%s = arith.extf %%in0 : %s to f32%s", to == NOVA_DTYPE_F32 ? "%r" : "%h", lw_ety(from),
+                 to == NOVA_DTYPE_F32 ? "" : "\n");
+    if (to == NOVA_DTYPE_F32) return buf;
+    src = "%h";
+    from = NOVA_DTYPE_F32;
+  }
+  nova_dtype final = to;
+  const char *dst = "%r";
+  if (fe_dtype_is_half(to)) { /* computed in f32, then rounded once */
+    if (from == NOVA_DTYPE_F64) {
+      k += round_to_odd(buf + k, n - (size_t)k, src);
+      src = "%ro";
+    }
+    if (from == NOVA_DTYPE_F64 || from == NOVA_DTYPE_F32) {
+      snprintf(buf + k, n - (size_t)k, "%%r = arith.truncf %s : f32 to %s", src, lw_ety(to));
+      return buf;
+    }
+    to = NOVA_DTYPE_F32;
+    dst = "%t";
+  }
   const char *F = lw_ety(from), *T = lw_ety(to);
   bool ff = fe_dtype_is_float(from), ft = fe_dtype_is_float(to);
   size_t wf = fe_dtype_size(from), wt = fe_dtype_size(to);
-  if (from == to) buf[0] = 0;
-  else if (to == NOVA_DTYPE_BOOL)
-    snprintf(buf, n, "%%z = arith.constant %s : %s\n%%r = %s %%in0, %%z : %s", ff ? FL(0.0, from) : "0", F,
-             ff ? "arith.cmpf une," : "arith.cmpi ne,", F);
+  if (to == NOVA_DTYPE_BOOL)
+    k += snprintf(buf + k, n - (size_t)k, "%%z = arith.constant %s : %s\n%s = %s %s, %%z : %s", ff ? FL(0.0, from) : "0",
+                  F, dst, ff ? "arith.cmpf une," : "arith.cmpi ne,", src, F);
   else if (from == NOVA_DTYPE_BOOL)
-    snprintf(buf, n, "%%r = %s %%in0 : i1 to %s", ft ? "arith.uitofp" : "arith.extui", T);
+    k += snprintf(buf + k, n - (size_t)k, "%s = %s %s : i1 to %s", dst, ft ? "arith.uitofp" : "arith.extui", src, T);
   else if (ff && ft)
-    snprintf(buf, n, "%%r = %s %%in0 : %s to %s", wt > wf ? "arith.extf" : "arith.truncf", F, T);
+    k += snprintf(buf + k, n - (size_t)k, "%s = %s %s : %s to %s", dst, wt > wf ? "arith.extf" : "arith.truncf", src, F, T);
   else if (ff)
-    snprintf(buf, n, "%%r = arith.fptosi %%in0 : %s to %s", F, T);
+    k += snprintf(buf + k, n - (size_t)k, "%s = %s %s : %s to %s", dst,
+                  fe_dtype_is_unsigned(to) ? "arith.fptoui" : "arith.fptosi", src, F, T);
   else if (ft)
-    snprintf(buf, n, "%%r = arith.sitofp %%in0 : %s to %s", F, T);
+    k += snprintf(buf + k, n - (size_t)k, "%s = %s %s : %s to %s", dst,
+                  fe_dtype_is_unsigned(from) ? "arith.uitofp" : "arith.sitofp", src, F, T);
   else
-    snprintf(buf, n, "%%r = %s %%in0 : %s to %s", wt > wf ? "arith.extsi" : "arith.trunci", F, T);
+    k += snprintf(buf + k, n - (size_t)k, "%s = %s %s : %s to %s", dst,
+                  wt < wf ? "arith.trunci" : fe_dtype_is_unsigned(from) ? "arith.extui" : "arith.extsi", src, F, T);
+  if (final != to) snprintf(buf + k, n - (size_t)k, "\n%%r = arith.truncf %%t : f32 to %s", lw_ety(final));
   return buf;
+}
+
+/* x converted to dtype `to`, elementwise. */
+static tv convert(lw *L, tv x, nova_dtype to) {
+  char body[1024];
+  return lw_elementwise(L, 1, &x, x.rank, x.shape, to, cast_body(x.dt, to, body, sizeof body));
 }
 
 static tv lower_matmul(lw *L, tv a, tv b, const tv *res) {
@@ -581,6 +652,17 @@ static tv lower_slice(lw *L, tv x, MlirOperation op, const tv *res) {
   return r;
 }
 
+/* Whether OP computes values (not only moves or converts them). */
+static bool computes(nv_op kind) {
+  switch (kind) {
+  case NV_OP_CONSTANT: case NV_OP_CAST: case NV_OP_RESHAPE: case NV_OP_TRANSPOSE: case NV_OP_BROADCAST:
+  case NV_OP_CONCAT: case NV_OP_SLICE: case NV_OP_GATHER: case NV_OP_GATHER_ELEMENTS: case NV_OP_GATHER_ND:
+  case NV_OP_WHERE:
+    return false;
+  default: return true;
+  }
+}
+
 static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   int nin = (int)mlirOperationGetNumOperands(op);
   tv in[64];
@@ -588,6 +670,16 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   MlirType rt = mlirValueGetType(mlirOperationGetResult(op, 0));
   tv res = {.rank = (int)mlirShapedTypeGetRank(rt), .dt = nova_dtype_of(rt)};
   for (int i = 0; i < res.rank; i++) res.shape[i] = mlirShapedTypeGetDimSize(rt, i);
+  /* f16 and bf16 are storage types here: data movement takes them as they
+   * are, every other op computes in f32 (its operands extended, its result
+   * rounded once, as numpy computes float16 per operation) */
+  nova_dtype narrow = (nova_dtype)0;
+  bool bytes = kind == NV_OP_MAX_POOL && fe_dtype_is_int(res.dt); /* i8, u8: exact in f32 too */
+  if (computes(kind)) {
+    for (int i = 0; i < nin && i < 64; i++)
+      if (fe_dtype_is_half(in[i].dt) || bytes) in[i] = convert(L, in[i], NOVA_DTYPE_F32);
+    if (fe_dtype_is_half(res.dt) || bytes) narrow = res.dt, res.dt = NOVA_DTYPE_F32;
+  }
   const char *T = lw_ety(res.dt);
   char body[1024];
   tv r;
@@ -595,7 +687,14 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_CONSTANT: {
     r = lw_fresh(L, res.rank, res.shape, res.dt);
     nv_sbuf b = {0};
-    mlirAttributePrint(mlirOperationGetAttributeByName(op, nova_str("value")), attr_cb, &b);
+    MlirAttribute v = mlirOperationGetAttributeByName(op, nova_str("value"));
+    if (fe_dtype_is_unsigned(res.dt)) /* the same bits in the signless type */
+      v = mlirDenseElementsAttrRawBufferGet(
+          mlirRankedTensorTypeGet(res.rank, res.shape, mlirIntegerTypeGet(L->c->ctx, 8 * (unsigned)fe_dtype_size(res.dt)),
+                                  mlirAttributeGetNull()),
+          mlirDenseElementsAttrIsSplat(v) ? fe_dtype_size(res.dt) : (size_t)lw_tv_numel(&res) * fe_dtype_size(res.dt),
+          mlirDenseElementsAttrGetRawData(v));
+    mlirAttributePrint(v, attr_cb, &b);
     lw_emit(L, "%%v%d = arith.constant %s", r.id, b.s ? b.s : "");
     nv_sb_free(&b);
     break;
@@ -607,14 +706,19 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_MINIMUM:
   case NV_OP_MAXIMUM:
   case NV_OP_POW: {
-    bool fl = fe_dtype_is_float(res.dt);
+    bool fl = fe_dtype_is_float(res.dt), u = fe_dtype_is_unsigned(res.dt);
     const char *o = kind == NV_OP_ADD ? (fl ? "arith.addf" : "arith.addi")
                   : kind == NV_OP_SUB ? (fl ? "arith.subf" : "arith.subi")
                   : kind == NV_OP_MUL ? (fl ? "arith.mulf" : "arith.muli")
-                  : kind == NV_OP_DIV ? (fl ? "arith.divf" : "arith.divsi")
-                  : kind == NV_OP_MINIMUM ? (fl ? "arith.minimumf" : "arith.minsi")
-                  : kind == NV_OP_MAXIMUM ? (fl ? "arith.maximumf" : "arith.maxsi") : "math.powf";
-    if (kind == NV_OP_DIV && !fl) /* no trap: x / 0 = 0, x / -1 = -x (wrapping) */
+                  : kind == NV_OP_DIV ? (fl ? "arith.divf" : u ? "arith.divui" : "arith.divsi")
+                  : kind == NV_OP_MINIMUM ? (fl ? "arith.minimumf" : u ? "arith.minui" : "arith.minsi")
+                  : kind == NV_OP_MAXIMUM ? (fl ? "arith.maximumf" : u ? "arith.maxui" : "arith.maxsi") : "math.powf";
+    if (kind == NV_OP_DIV && u) /* no trap: x / 0 = 0 */
+      snprintf(body, sizeof body,
+               "%%z = arith.constant 0 : %s\n%%one = arith.constant 1 : %s\n%%isz = arith.cmpi eq, %%in1, %%z : %s\n"
+               "%%d = arith.select %%isz, %%one, %%in1 : %s\n%%q = arith.divui %%in0, %%d : %s\n"
+               "%%r = arith.select %%isz, %%z, %%q : %s", T, T, T, T, T, T);
+    else if (kind == NV_OP_DIV && !fl) /* no trap: x / 0 = 0, x / -1 = -x (wrapping) */
       snprintf(body, sizeof body,
                "%%z = arith.constant 0 : %s\n%%one = arith.constant 1 : %s\n%%m1 = arith.constant -1 : %s\n"
                "%%isz = arith.cmpi eq, %%in1, %%z : %s\n%%ism = arith.cmpi eq, %%in1, %%m1 : %s\n"
@@ -642,10 +746,11 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_GREATER:
   case NV_OP_LESS_EQUAL:
   case NV_OP_GREATER_EQUAL: {
-    bool fl = fe_dtype_is_float(in[0].dt);
-    const char *pred = kind == NV_OP_EQUAL ? (fl ? "oeq" : "eq") : kind == NV_OP_LESS ? (fl ? "olt" : "slt")
-                     : kind == NV_OP_LESS_EQUAL ? (fl ? "ole" : "sle") : kind == NV_OP_GREATER_EQUAL ? (fl ? "oge" : "sge")
-                                                                                   : (fl ? "ogt" : "sgt");
+    bool fl = fe_dtype_is_float(in[0].dt), u = fe_dtype_is_unsigned(in[0].dt);
+    const char *pred = kind == NV_OP_EQUAL ? (fl ? "oeq" : "eq")
+                     : kind == NV_OP_LESS ? (fl ? "olt" : u ? "ult" : "slt")
+                     : kind == NV_OP_LESS_EQUAL ? (fl ? "ole" : u ? "ule" : "sle")
+                     : kind == NV_OP_GREATER_EQUAL ? (fl ? "oge" : u ? "uge" : "sge") : (fl ? "ogt" : u ? "ugt" : "sgt");
     snprintf(body, sizeof body, "%%r = %s %s, %%in0, %%in1 : %s", fl ? "arith.cmpf" : "arith.cmpi", pred,
              lw_ety(in[0].dt));
     r = lw_elementwise(L, 2, in, res.rank, res.shape, res.dt, body);
@@ -655,13 +760,12 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
     snprintf(body, sizeof body, "%%r = arith.select %%in0, %%in1, %%in2 : %s", T);
     r = lw_elementwise(L, 3, in, res.rank, res.shape, res.dt, body);
     break;
-  case NV_OP_ABS:
-    snprintf(body, sizeof body, "%%r = %s %%in0 : %s", fe_dtype_is_float(res.dt) ? "math.absf" : "math.absi", T);
+  case NV_OP_ABS: /* unsigned: x itself */
+    if (fe_dtype_is_unsigned(res.dt)) body[0] = 0;
+    else snprintf(body, sizeof body, "%%r = %s %%in0 : %s", fe_dtype_is_float(res.dt) ? "math.absf" : "math.absi", T);
     r = lw_elementwise(L, 1, in, res.rank, res.shape, res.dt, body);
     break;
-  case NV_OP_CAST:
-    r = lw_elementwise(L, 1, in, res.rank, res.shape, res.dt, cast_body(in[0].dt, res.dt, body, sizeof body));
-    break;
+  case NV_OP_CAST: r = convert(L, in[0], res.dt); break;
   case NV_OP_CONV: r = lw_lower_conv(L, op, in[0], in[1], &res); break;
   case NV_OP_MAX_POOL:
   case NV_OP_AVG_POOL: r = lw_lower_pool(L, op, kind, in[0], &res); break;
@@ -722,6 +826,7 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
     nv_error_plain(L->c->diag, "internal: no lowering for nova.%s", nv_op_name(kind));
     return -1;
   }
+  if (narrow) r = convert(L, r, narrow);
   map_put(L, mlirOperationGetResult(op, 0), r);
   return 0;
 }

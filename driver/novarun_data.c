@@ -178,7 +178,8 @@ static uint16_t nr_to_bf16(float v) {
 
 /* The values --seed can make for INFO; 1 after a diagnostic if none. */
 static int nr_seed_check(const nova_tensor_info *info) {
-  if (info->dtype == NOVA_DTYPE_I32 || info->dtype == NOVA_DTYPE_I64) {
+  if (info->dtype != NOVA_DTYPE_BOOL && info->dtype != NOVA_DTYPE_F32 && info->dtype != NOVA_DTYPE_F64 &&
+      info->dtype != NOVA_DTYPE_F16 && info->dtype != NOVA_DTYPE_BF16) { /* integers: only indices have a range */
     if (info->index_bound > 0) return 0;
     return nr_error("--seed: the step's %s '%s' is %s without an index bound, so no synthetic value is known to "
                     "fit it; give the batch with --inputs or --data",
@@ -215,6 +216,7 @@ static void nr_seed_fill(const nr_batches *b, nr_feed *f, long long step) {
     case NOVA_DTYPE_I32: ((int32_t *)f->buf)[i] = (int32_t)u; break;
     case NOVA_DTYPE_I64: ((int64_t *)f->buf)[i] = (int64_t)u; break;
     case NOVA_DTYPE_BOOL: ((uint8_t *)f->buf)[i] = (uint8_t)u; break;
+    default: break; /* other integers: refused by nr_seed_check */
     }
   }
 }

@@ -154,6 +154,12 @@ static double nr_value(const void *data, nova_dtype dtype, size_t i) {
   case NOVA_DTYPE_F64: return ((const double *)data)[i];
   case NOVA_DTYPE_I32: return ((const int32_t *)data)[i];
   case NOVA_DTYPE_I64: return (double)((const int64_t *)data)[i];
+  case NOVA_DTYPE_I8: return ((const int8_t *)data)[i];
+  case NOVA_DTYPE_U8: return ((const uint8_t *)data)[i];
+  case NOVA_DTYPE_I16: return ((const int16_t *)data)[i];
+  case NOVA_DTYPE_U16: return ((const uint16_t *)data)[i];
+  case NOVA_DTYPE_U32: return ((const uint32_t *)data)[i];
+  case NOVA_DTYPE_U64: return (double)((const uint64_t *)data)[i];
   case NOVA_DTYPE_BOOL: return ((const uint8_t *)data)[i] != 0;
   case NOVA_DTYPE_F16: return nr_f16_to_float(((const uint16_t *)data)[i]);
   case NOVA_DTYPE_BF16: return nr_bf16_to_float(((const uint16_t *)data)[i]);
@@ -164,6 +170,8 @@ static double nr_value(const void *data, nova_dtype dtype, size_t i) {
 static void nr_print_value(const void *data, nova_dtype dtype, size_t i) {
   if (dtype == NOVA_DTYPE_I64)
     printf("%lld", (long long)((const int64_t *)data)[i]);
+  else if (dtype == NOVA_DTYPE_U64)
+    printf("%llu", (unsigned long long)((const uint64_t *)data)[i]);
   else
     printf("%.7g", nr_value(data, dtype, i));
 }

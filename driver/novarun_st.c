@@ -36,7 +36,9 @@ static const struct {
   nova_dtype dtype;
 } nr_st_dtypes[] = {
     {"F32", NOVA_DTYPE_F32}, {"F64", NOVA_DTYPE_F64}, {"F16", NOVA_DTYPE_F16},  {"BF16", NOVA_DTYPE_BF16},
-    {"I64", NOVA_DTYPE_I64}, {"I32", NOVA_DTYPE_I32}, {"BOOL", NOVA_DTYPE_BOOL},
+    {"I64", NOVA_DTYPE_I64}, {"I32", NOVA_DTYPE_I32}, {"I16", NOVA_DTYPE_I16},  {"I8", NOVA_DTYPE_I8},
+    {"U64", NOVA_DTYPE_U64}, {"U32", NOVA_DTYPE_U32}, {"U16", NOVA_DTYPE_U16},  {"U8", NOVA_DTYPE_U8},
+    {"BOOL", NOVA_DTYPE_BOOL},
 };
 #define NR_ST_NDTYPES (sizeof nr_st_dtypes / sizeof *nr_st_dtypes)
 
@@ -120,7 +122,7 @@ static int nr_st_parse_tensor(const nr_st_file *f, const char *name, const cJSON
   size_t k = 0;
   while (k < NR_ST_NDTYPES && strcmp(nr_st_dtypes[k].name, dtype->valuestring) != 0) k++;
   if (k == NR_ST_NDTYPES)
-    return nr_error("%s: tensor '%s': dtype \"%s\" is not supported (F32, F64, F16, BF16, I64, I32, BOOL)", f->path,
+    return nr_error("%s: tensor '%s': dtype \"%s\" is not supported (F32, F64, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, BOOL)", f->path,
                     name, dtype->valuestring);
   t->dtype = nr_st_dtypes[k].dtype;
   int rank = cJSON_GetArraySize(shape);

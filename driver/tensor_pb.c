@@ -41,8 +41,8 @@ tpb_status tpb_tensor_nbytes(int dtype, int rank, const int64_t *shape, size_t *
   char buf[256];
   if (rt_dtype_size(dtype) == 0)
     return tpb_fail(err, TPB_ERR_DTYPE, NULL,
-                    "data_type %d (%s) is not supported; supported: FLOAT, DOUBLE, FLOAT16, BFLOAT16, INT32, "
-                    "INT64, BOOL",
+                    "data_type %d (%s) is not supported; supported: FLOAT, DOUBLE, FLOAT16, BFLOAT16, INT8, "
+                    "INT16, INT32, INT64, UINT8, UINT16, UINT32, UINT64, BOOL",
                     dtype, tpb_onnx_type_name(dtype));
   if (rank < 0 || rank > NOVA_MAX_RANK)
     return tpb_fail(err, TPB_ERR_SHAPE, NULL, "%d dimensions; at most %d are supported", rank, NOVA_MAX_RANK);
@@ -91,7 +91,9 @@ static size_t tpb_typed_count(const Onnx__TensorProto *p, int dtype, const char 
   case NOVA_DTYPE_F32: *field = "float_data"; return p->n_float_data;
   case NOVA_DTYPE_F64: *field = "double_data"; return p->n_double_data;
   case NOVA_DTYPE_I64: *field = "int64_data"; return p->n_int64_data;
-  default: *field = "int32_data"; return p->n_int32_data; /* i32, bool, f16, bf16 */
+  case NOVA_DTYPE_U32:
+  case NOVA_DTYPE_U64: *field = "uint64_data"; return p->n_uint64_data;
+  default: *field = "int32_data"; return p->n_int32_data; /* i32, i16, i8, u16, u8, bool, f16, bf16 */
   }
 }
 
@@ -105,7 +107,15 @@ static void tpb_copy_typed(const Onnx__TensorProto *p, int dtype, size_t count, 
   case NOVA_DTYPE_BOOL:
     for (size_t i = 0; i < count; i++) ((uint8_t *)data)[i] = p->int32_data[i] != 0;
     break;
-  default: /* f16, bf16: the 16 bits of each value, as ONNX stores them */
+  case NOVA_DTYPE_I8:
+  case NOVA_DTYPE_U8: /* the low bits of each value */
+    for (size_t i = 0; i < count; i++) ((uint8_t *)data)[i] = (uint8_t)(p->int32_data[i] & 0xff);
+    break;
+  case NOVA_DTYPE_U32:
+    for (size_t i = 0; i < count; i++) ((uint32_t *)data)[i] = (uint32_t)p->uint64_data[i];
+    break;
+  case NOVA_DTYPE_U64: memcpy(data, p->uint64_data, count * sizeof(uint64_t)); break;
+  default: /* i16, u16, f16, bf16: the 16 bits of each value, as ONNX stores them */
     for (size_t i = 0; i < count; i++) ((uint16_t *)data)[i] = (uint16_t)(p->int32_data[i] & 0xffff);
     break;
   }

@@ -4,6 +4,7 @@
 #include "graph.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,29 +64,80 @@ const char *fe_dtype_name(nova_dtype dt) {
   case NOVA_DTYPE_BOOL: return "bool";
   case NOVA_DTYPE_F16: return "f16";
   case NOVA_DTYPE_BF16: return "bf16";
+  case NOVA_DTYPE_I8: return "i8";
+  case NOVA_DTYPE_U8: return "u8";
+  case NOVA_DTYPE_I16: return "i16";
+  case NOVA_DTYPE_U16: return "u16";
+  case NOVA_DTYPE_U32: return "u32";
+  case NOVA_DTYPE_U64: return "u64";
   }
   return "?";
 }
 
 size_t fe_dtype_size(nova_dtype dt) {
   switch (dt) {
-  case NOVA_DTYPE_F32: case NOVA_DTYPE_I32: return 4;
-  case NOVA_DTYPE_F64: case NOVA_DTYPE_I64: return 8;
-  case NOVA_DTYPE_BOOL: return 1;
-  case NOVA_DTYPE_F16: case NOVA_DTYPE_BF16: return 2;
+  case NOVA_DTYPE_F32: case NOVA_DTYPE_I32: case NOVA_DTYPE_U32: return 4;
+  case NOVA_DTYPE_F64: case NOVA_DTYPE_I64: case NOVA_DTYPE_U64: return 8;
+  case NOVA_DTYPE_BOOL: case NOVA_DTYPE_I8: case NOVA_DTYPE_U8: return 1;
+  case NOVA_DTYPE_F16: case NOVA_DTYPE_BF16: case NOVA_DTYPE_I16: case NOVA_DTYPE_U16: return 2;
   }
   return 0;
 }
 
 nova_dtype fe_dtype_parse(const char *s) {
-  static const nova_dtype all[] = {NOVA_DTYPE_F32, NOVA_DTYPE_F64, NOVA_DTYPE_I32, NOVA_DTYPE_I64};
+  static const nova_dtype all[] = {NOVA_DTYPE_F32, NOVA_DTYPE_F64, NOVA_DTYPE_I32, NOVA_DTYPE_I64, NOVA_DTYPE_F16,
+                                   NOVA_DTYPE_BF16, NOVA_DTYPE_I8,  NOVA_DTYPE_I16, NOVA_DTYPE_U8,  NOVA_DTYPE_U16,
+                                   NOVA_DTYPE_U32, NOVA_DTYPE_U64};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (strcmp(s, fe_dtype_name(all[i])) == 0) return all[i];
   return (nova_dtype)0;
 }
 
-bool fe_dtype_is_float(nova_dtype dt) { return dt == NOVA_DTYPE_F32 || dt == NOVA_DTYPE_F64; }
-bool fe_dtype_is_int(nova_dtype dt) { return dt == NOVA_DTYPE_I32 || dt == NOVA_DTYPE_I64; }
+bool fe_dtype_is_float(nova_dtype dt) {
+  return dt == NOVA_DTYPE_F32 || dt == NOVA_DTYPE_F64 || dt == NOVA_DTYPE_F16 || dt == NOVA_DTYPE_BF16;
+}
+bool fe_dtype_is_half(nova_dtype dt) { return dt == NOVA_DTYPE_F16 || dt == NOVA_DTYPE_BF16; }
+bool fe_dtype_is_unsigned(nova_dtype dt) {
+  return dt == NOVA_DTYPE_U8 || dt == NOVA_DTYPE_U16 || dt == NOVA_DTYPE_U32 || dt == NOVA_DTYPE_U64;
+}
+bool fe_dtype_is_int(nova_dtype dt) {
+  return dt == NOVA_DTYPE_I32 || dt == NOVA_DTYPE_I64 || dt == NOVA_DTYPE_I8 || dt == NOVA_DTYPE_I16 ||
+         fe_dtype_is_unsigned(dt);
+}
+bool fe_dtype_is_index(nova_dtype dt) { return dt == NOVA_DTYPE_I32 || dt == NOVA_DTYPE_I64; }
+
+/* IEEE binary16 (5 exponent, 10 fraction bits) and bfloat16 (8, 7), by
+ * rounding the double v to nearest, ties to even: the scaled magnitude is
+ * rounded with nearbyint (the default rounding mode) at the spacing of v's
+ * binade, which is exact in double for every binade of these formats. */
+uint16_t fe_half_from_double(nova_dtype dt, double v) {
+  int mant = dt == NOVA_DTYPE_BF16 ? 7 : 10, ebits = dt == NOVA_DTYPE_BF16 ? 8 : 5;
+  int bias = (1 << (ebits - 1)) - 1, emin = 1 - bias;
+  uint16_t sign = signbit(v) ? (uint16_t)0x8000 : 0, inf = (uint16_t)(((1u << ebits) - 1) << mant);
+  if (isnan(v)) return (uint16_t)(sign | inf | (1u << (mant - 1)));
+  double a = fabs(v);
+  if (a == 0) return sign;
+  int e;
+  frexp(a, &e); /* a in [2^(e-1), 2^e) */
+  int q = (e - 1 < emin ? emin : e - 1) - mant; /* the spacing 2^q */
+  double r = nearbyint(ldexp(a, -q));            /* a / 2^q, rounded: an integer */
+  double m = ldexp(r, q);                         /* the largest finite value, or a binade beyond it */
+  if (isinf(a) || m > ldexp(2.0 - ldexp(1.0, -mant), bias)) return (uint16_t)(sign | inf);
+  if (m < ldexp(1.0, emin)) return (uint16_t)(sign | (uint16_t)ldexp(m, mant - emin)); /* subnormal */
+  frexp(m, &e);
+  uint32_t frac = (uint32_t)(ldexp(m, mant - (e - 1)) - ldexp(1.0, mant));
+  return (uint16_t)(sign | (uint16_t)((uint32_t)(e - 1 + bias) << mant) | (uint16_t)frac);
+}
+
+double fe_half_to_double(nova_dtype dt, uint16_t h) {
+  int mant = dt == NOVA_DTYPE_BF16 ? 7 : 10, ebits = dt == NOVA_DTYPE_BF16 ? 8 : 5;
+  int bias = (1 << (ebits - 1)) - 1;
+  int ex = (h >> mant) & ((1 << ebits) - 1);
+  double f = (double)(h & ((1u << mant) - 1)), s = h & 0x8000 ? -1.0 : 1.0;
+  if (ex == (1 << ebits) - 1) return f ? NAN : s * INFINITY;
+  if (ex == 0) return s * ldexp(f, 1 - bias - mant);
+  return s * ldexp(f + ldexp(1.0, mant), ex - bias - mant);
+}
 
 const char *fe_shape_str(char *buf, size_t size, int rank, const int64_t *shape) {
   size_t n = 0;
@@ -163,7 +215,7 @@ nv_node *fe_graph_leaf(nv_graph *g, nv_diag *d, nv_op op, const char *name, nova
 
 static int need_float(nv_diag *d, nv_node *n, const nv_node *x, const char *what) {
   if (fe_dtype_is_float(x->dtype)) return 0;
-  nv_error(d, n->loc, "%s: %s must be a floating-point tensor (f32 or f64), got %s",
+  nv_error(d, n->loc, "%s: %s must be a floating-point tensor (f32, f64, f16 or bf16), got %s",
            nv_op_name(n->op), what, fe_dtype_name(x->dtype));
   return -1;
 }
@@ -432,7 +484,7 @@ static const nv_node *mark_index_bound(nv_node *n, int64_t bound, bool neg) {
     return bad ? bad : mark_index_bound(n->in[2], bound, neg);
   }
   case NV_OP_CONSTANT: /* known now: check every value */
-    if (n->init.kind == NV_INIT_DATA && fe_dtype_is_int(n->dtype)) {
+    if (n->init.kind == NV_INIT_DATA && fe_dtype_is_index(n->dtype)) {
       for (int64_t i = 0, e = fe_numel(n); i < e; i++) {
         int64_t v = n->dtype == NOVA_DTYPE_I64 ? ((const int64_t *)n->init.data)[i] : ((const int32_t *)n->init.data)[i];
         if (v < (neg ? -bound : 0) || v >= bound) return n;
@@ -464,7 +516,7 @@ static int label_walk(nv_diag *d, nv_node *n, int64_t C, bool has_ii, int64_t ii
       if (label_walk(d, n->in[i], C, has_ii, ii, loc)) return -1;
     return 0;
   case NV_OP_CONSTANT:
-    if (n->init.kind == NV_INIT_DATA && fe_dtype_is_int(n->dtype))
+    if (n->init.kind == NV_INIT_DATA && fe_dtype_is_index(n->dtype))
       for (int64_t i = 0, e = fe_numel(n); i < e; i++) {
         int64_t v = n->dtype == NOVA_DTYPE_I64 ? ((const int64_t *)n->init.data)[i] : ((const int32_t *)n->init.data)[i];
         if ((v < 0 || v >= C) && !(has_ii && v == ii)) {
@@ -498,7 +550,7 @@ static int index_operand(nv_diag *d, nv_node *user, nv_node *idx, int64_t bound,
 }
 
 static int infer_gather(nv_diag *d, nv_node *n, const nv_node *x, nv_node *idx) {
-  if (!fe_dtype_is_int(idx->dtype)) {
+  if (!fe_dtype_is_index(idx->dtype)) {
     nv_error(d, n->loc, "gather: indices must be i32 or i64, got %s", fe_dtype_name(idx->dtype));
     return -1;
   }
@@ -539,7 +591,7 @@ static int infer_dropout(nv_diag *d, nv_node *n, const nv_node *x, const nv_node
 
 static int infer_cross_entropy(nv_diag *d, nv_node *n, const nv_node *logits, nv_node *labels) {
   if (need_float(d, n, logits, "logits")) return -1;
-  if (!fe_dtype_is_int(labels->dtype)) {
+  if (!fe_dtype_is_index(labels->dtype)) {
     nv_error(d, n->loc, "cross_entropy: labels must be i32 or i64 class indices, got %s",
              fe_dtype_name(labels->dtype));
     return -1;
@@ -593,7 +645,8 @@ static int64_t window_out(int64_t in, int64_t k, int64_t s, int64_t dl, int64_t 
 
 /* conv (x [N, C, S...], w [F, C/groups, K...]) and pools (x [N, C, S...]). */
 static int infer_window(nv_diag *d, nv_node *n, const nv_node *x, const nv_node *w) {
-  if (need_float(d, n, x, "input")) return -1;
+  bool byte = fe_dtype_is_int(x->dtype) && fe_dtype_size(x->dtype) == 1; /* max_pool also takes i8 and u8 (ONNX) */
+  if (!(n->op == NV_OP_MAX_POOL && byte) && need_float(d, n, x, "input")) return -1;
   int ns = x->rank - 2;
   if (ns < 1 || ns > 3) {
     nv_error(d, n->loc, "%s: input must be [N, C, spatial...] with 1 to 3 spatial dims, got %s", nv_op_name(n->op), SHP(x));
@@ -641,7 +694,7 @@ static int infer_window(nv_diag *d, nv_node *n, const nv_node *x, const nv_node 
 /* The dims of x other than axis must hold those of idx (gather_elements,
  * scatter_elements: same rank, idx no larger). */
 static int elements_shapes(nv_diag *d, nv_node *n, const nv_node *x, const nv_node *idx) {
-  if (!fe_dtype_is_int(idx->dtype)) {
+  if (!fe_dtype_is_index(idx->dtype)) {
     nv_error(d, n->loc, "%s: indices must be i32 or i64, got %s", nv_op_name(n->op), fe_dtype_name(idx->dtype));
     return -1;
   }
@@ -662,7 +715,7 @@ static int elements_shapes(nv_diag *d, nv_node *n, const nv_node *x, const nv_no
  * x from `first` on.  Constant tuples are checked entry by entry; run-time
  * ones need one bound, so those k dims must agree. */
 static int nd_indices(nv_diag *d, nv_node *n, const nv_node *x, nv_node *idx, int first) {
-  if (!fe_dtype_is_int(idx->dtype) || idx->rank < 1) {
+  if (!fe_dtype_is_index(idx->dtype) || idx->rank < 1) {
     nv_error(d, n->loc, "%s: indices must be an i32 or i64 tensor of rank >= 1, got %s %s", nv_op_name(n->op),
              fe_dtype_name(idx->dtype), SHP(idx));
     return -1;

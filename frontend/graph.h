@@ -238,8 +238,15 @@ const char *fe_dtype_name(nova_dtype dt);  /* "f32", ... */
 size_t fe_dtype_size(nova_dtype dt);
 /* Parses "f32" etc.; returns 0 if unknown. */
 nova_dtype fe_dtype_parse(const char *s);
-bool fe_dtype_is_float(nova_dtype dt);
-bool fe_dtype_is_int(nova_dtype dt);
+bool fe_dtype_is_float(nova_dtype dt);    /* f32, f64, f16, bf16 */
+bool fe_dtype_is_half(nova_dtype dt);     /* f16, bf16 (computed in f32 by the CPU lowering) */
+bool fe_dtype_is_int(nova_dtype dt);      /* every integer dtype, signed and unsigned (not bool) */
+bool fe_dtype_is_unsigned(nova_dtype dt); /* u8, u16, u32, u64 */
+bool fe_dtype_is_index(nova_dtype dt);    /* i32, i64: what indices may be */
+/* The bits of the f16 or bf16 (dt) nearest to v (ties to even; NaN stays
+ * NaN, beyond the largest finite value: inf), and back. */
+uint16_t fe_half_from_double(nova_dtype dt, double v);
+double fe_half_to_double(nova_dtype dt, uint16_t h);
 /* "[8,784]" into buf. */
 const char *fe_shape_str(char *buf, size_t size, int rank, const int64_t *shape);
 /* Largest element count a tensor may have (keeps sizes far from overflow). */

@@ -93,6 +93,7 @@ int fe_init_fill(const nv_graph *g, nv_diag *d, const nv_node *n, void *out) {
     case NV_INIT_DATA: break;
     }
     if (n->dtype == NOVA_DTYPE_F64) ((double *)out)[i] = v;
+    else if (fe_dtype_is_half(n->dtype)) ((uint16_t *)out)[i] = fe_half_from_double(n->dtype, v);
     else ((float *)out)[i] = (float)v;
   }
   return 0;

@@ -18,6 +18,8 @@
 
 /* ---- known tensors -------------------------------------------------- */
 
+#define OX_SUPPORTED_TYPES "float, double, float16, bfloat16, int64, int32, int16, int8, uint64, uint32, uint16, uint8, bool"
+
 ox_tensor *ox_tensor_new(nova_dtype dt, int rank, const int64_t *shape) {
   /* known values are shapes, indices and constants: 2^28 elements at most
    * (larger data belongs in initializers, which become parameters) */
@@ -65,9 +67,17 @@ int64_t ox_geti(const ox_tensor *t, int64_t i) {
   switch (t->dt) {
   case NOVA_DTYPE_I64: return ((const int64_t *)t->data)[i];
   case NOVA_DTYPE_I32: return ((const int32_t *)t->data)[i];
+  case NOVA_DTYPE_I16: return ((const int16_t *)t->data)[i];
+  case NOVA_DTYPE_I8: return ((const int8_t *)t->data)[i];
+  case NOVA_DTYPE_U8: return ((const uint8_t *)t->data)[i];
+  case NOVA_DTYPE_U16: return ((const uint16_t *)t->data)[i];
+  case NOVA_DTYPE_U32: return ((const uint32_t *)t->data)[i];
+  case NOVA_DTYPE_U64: return (int64_t)((const uint64_t *)t->data)[i]; /* the bits: wraps above INT64_MAX */
   case NOVA_DTYPE_BOOL: return ((const uint8_t *)t->data)[i] != 0;
   case NOVA_DTYPE_F32: return f2i(((const float *)t->data)[i]);
   case NOVA_DTYPE_F64: return f2i(((const double *)t->data)[i]);
+  case NOVA_DTYPE_F16:
+  case NOVA_DTYPE_BF16: return f2i(fe_half_to_double(t->dt, ((const uint16_t *)t->data)[i]));
   default: return 0;
   }
 }
@@ -76,36 +86,48 @@ double ox_getf(const ox_tensor *t, int64_t i) {
   switch (t->dt) {
   case NOVA_DTYPE_F32: return ((const float *)t->data)[i];
   case NOVA_DTYPE_F64: return ((const double *)t->data)[i];
+  case NOVA_DTYPE_F16:
+  case NOVA_DTYPE_BF16: return fe_half_to_double(t->dt, ((const uint16_t *)t->data)[i]);
+  case NOVA_DTYPE_U64: return (double)((const uint64_t *)t->data)[i];
   default: return (double)ox_geti(t, i);
   }
 }
 
+/* Integers are stored modulo 2^width (two's complement), as the step's casts do. */
 void ox_set(ox_tensor *t, int64_t i, double f, int64_t v) {
   switch (t->dt) {
   case NOVA_DTYPE_I64: ((int64_t *)t->data)[i] = v; break;
-  case NOVA_DTYPE_I32: ((int32_t *)t->data)[i] = (int32_t)v; break;
+  case NOVA_DTYPE_I32: ((int32_t *)t->data)[i] = (int32_t)(uint32_t)v; break;
+  case NOVA_DTYPE_I16: ((int16_t *)t->data)[i] = (int16_t)(uint16_t)v; break;
+  case NOVA_DTYPE_I8: ((int8_t *)t->data)[i] = (int8_t)(uint8_t)v; break;
+  case NOVA_DTYPE_U8: ((uint8_t *)t->data)[i] = (uint8_t)v; break;
+  case NOVA_DTYPE_U16: ((uint16_t *)t->data)[i] = (uint16_t)v; break;
+  case NOVA_DTYPE_U32: ((uint32_t *)t->data)[i] = (uint32_t)v; break;
+  case NOVA_DTYPE_U64: ((uint64_t *)t->data)[i] = (uint64_t)v; break;
   case NOVA_DTYPE_BOOL: ((uint8_t *)t->data)[i] = v != 0; break;
   case NOVA_DTYPE_F32: ((float *)t->data)[i] = (float)f; break;
   case NOVA_DTYPE_F64: ((double *)t->data)[i] = f; break;
+  case NOVA_DTYPE_F16:
+  case NOVA_DTYPE_BF16: ((uint16_t *)t->data)[i] = fe_half_from_double(t->dt, f); break;
   default: break;
   }
 }
 
+/* ONNX TensorProto.DataType codes are nova_dtype's values. */
 nova_dtype ox_dtype_of_onnx(int32_t t) {
   switch (t) {
-  case 1: return NOVA_DTYPE_F32;
-  case 6: return NOVA_DTYPE_I32;
-  case 7: return NOVA_DTYPE_I64;
-  case 9: return NOVA_DTYPE_BOOL;
-  case 11: return NOVA_DTYPE_F64;
+  case 1: case 2: case 3: case 4: case 5: case 6: case 7: case 9: case 10: case 11: case 12: case 13: case 16:
+    return (nova_dtype)t;
   default: return (nova_dtype)0;
   }
 }
 
 const char *ox_onnx_type_name(int32_t t) {
   static const char *n[] = {"undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string",
-                            "bool", "float16", "double", "uint32", "uint64", "complex64", "complex128", "bfloat16"};
-  return t >= 0 && t < 17 ? n[t] : "an unknown type";
+                            "bool", "float16", "double", "uint32", "uint64", "complex64", "complex128", "bfloat16",
+                            "float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz", "uint4", "int4",
+                            "float4e2m1", "float8e8m0", "uint2", "int2", "float6e2m3", "float6e3m2"};
+  return t >= 0 && t < (int32_t)(sizeof n / sizeof n[0]) ? n[t] : "an unknown type";
 }
 
 /* ---- errors, attributes ----------------------------------------------- */
@@ -179,7 +201,7 @@ nv_node *ox_node(ox_ctx *x, ox_val v) {
 int ox_const_ints(ox_ctx *x, ox_val v, const char *what, int64_t *out, int max) {
   if (!v.k) return ox_err(x, "%s must be known when compiling (a constant, or computed from shapes), not computed by "
                           "the step", what);
-  if (!fe_dtype_is_int(v.k->dt)) return ox_err(x, "%s must be int64 or int32, got %s", what, fe_dtype_name(v.k->dt));
+  if (!fe_dtype_is_index(v.k->dt)) return ox_err(x, "%s must be int64 or int32, got %s", what, fe_dtype_name(v.k->dt));
   int64_t n = ox_numel(v.k);
   if (n > max) return ox_err(x, "%s has %lld entries, more than %d", what, (long long)n, max);
   for (int64_t i = 0; i < n; i++) out[i] = ox_geti(v.k, i);
@@ -278,12 +300,26 @@ static int read_external(ox_ctx *x, const Onnx__TensorProto *tp, const char *bas
   return 0;
 }
 
+/* How many values the typed field that holds dtype DT carries: ONNX keeps
+ * the integers up to 32 bits, bool, and the bits of f16/bf16 in int32_data,
+ * uint32 and uint64 in uint64_data. */
+static size_t typed_count(const Onnx__TensorProto *tp, nova_dtype dt) {
+  switch (dt) {
+  case NOVA_DTYPE_F32: return tp->n_float_data;
+  case NOVA_DTYPE_F64: return tp->n_double_data;
+  case NOVA_DTYPE_I64: return tp->n_int64_data;
+  case NOVA_DTYPE_U32:
+  case NOVA_DTYPE_U64: return tp->n_uint64_data;
+  default: return tp->n_int32_data;
+  }
+}
+
 /* A TensorProto as a known tensor (NULL after a diagnostic). */
 static ox_tensor *decode_tensor(ox_ctx *x, const Onnx__TensorProto *tp, const char *basedir) {
   const char *tn = tp->name ? tp->name : "";
   nova_dtype dt = ox_dtype_of_onnx(tp->data_type);
   if (!dt) {
-    ox_err(x, "tensor '%s' has element type %s; supported: float, double, int64, int32, bool", tn,
+    ox_err(x, "tensor '%s' has element type %s; supported: " OX_SUPPORTED_TYPES, tn,
            ox_onnx_type_name(tp->data_type));
     return NULL;
   }
@@ -302,9 +338,7 @@ static ox_tensor *decode_tensor(ox_ctx *x, const Onnx__TensorProto *tp, const ch
   size_t es = fe_dtype_size(dt), bytes = (size_t)n * es;
   bool external = tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
   if (!external) { /* the data must be there before anything is allocated for it */
-    size_t have = tp->has_raw_data ? tp->raw_data.len
-                : dt == NOVA_DTYPE_F32 ? tp->n_float_data * es : dt == NOVA_DTYPE_F64 ? tp->n_double_data * es
-                : dt == NOVA_DTYPE_I64 ? tp->n_int64_data * es : tp->n_int32_data * es;
+    size_t have = tp->has_raw_data ? tp->raw_data.len : typed_count(tp, dt) * es;
     if (have != bytes) {
       ox_err(x, "tensor '%s': holds %zu bytes of data, its shape %s needs %zu", tn, have,
              fe_shape_str((char[160]){0}, 160, (int)tp->n_dims, tp->dims), bytes);
@@ -328,8 +362,7 @@ static ox_tensor *decode_tensor(ox_ctx *x, const Onnx__TensorProto *tp, const ch
     }
     if (bytes) memcpy(t->data, tp->raw_data.data, bytes);
   } else {
-    size_t have = dt == NOVA_DTYPE_F32 ? tp->n_float_data : dt == NOVA_DTYPE_F64 ? tp->n_double_data
-                : dt == NOVA_DTYPE_I64 ? tp->n_int64_data : tp->n_int32_data;
+    size_t have = typed_count(tp, dt);
     if (have != (size_t)n) {
       ox_err(x, "tensor '%s': holds %zu values, its shape needs %lld", tn, have, (long long)n);
       goto fail;
@@ -339,6 +372,10 @@ static ox_tensor *decode_tensor(ox_ctx *x, const Onnx__TensorProto *tp, const ch
       case NOVA_DTYPE_F32: ((float *)t->data)[i] = tp->float_data[i]; break;
       case NOVA_DTYPE_F64: ((double *)t->data)[i] = tp->double_data[i]; break;
       case NOVA_DTYPE_I64: ((int64_t *)t->data)[i] = tp->int64_data[i]; break;
+      case NOVA_DTYPE_U32:
+      case NOVA_DTYPE_U64: ox_set(t, i, 0, (int64_t)tp->uint64_data[i]); break;
+      case NOVA_DTYPE_F16:
+      case NOVA_DTYPE_BF16: ((uint16_t *)t->data)[i] = (uint16_t)tp->int32_data[i]; break; /* the bits */
       default: ox_set(t, i, 0, tp->int32_data[i]); break;
       }
   }
@@ -386,7 +423,7 @@ static nv_node *make_input(ox_ctx *x, const Onnx__ValueInfoProto *vi) {
   const Onnx__TypeProto__Tensor *tt = vi->type->tensor_type;
   nova_dtype dt = ox_dtype_of_onnx(tt->elem_type);
   if (!dt) {
-    ox_err(x, "graph input '%s' has element type %s; supported: float, double, int64, int32, bool", name,
+    ox_err(x, "graph input '%s' has element type %s; supported: " OX_SUPPORTED_TYPES, name,
            ox_onnx_type_name(tt->elem_type));
     return NULL;
   }

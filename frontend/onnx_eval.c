@@ -287,8 +287,19 @@ static ox_tensor *reduction(const nv_node *n, const ox_tensor *a) {
   return o;
 }
 
+/* uint64 values above 2^63 do not fit the int64 arithmetic here, and a
+ * float cast to a narrow or unsigned integer is left to the step's own
+ * conversion: such nodes are computed by the step. */
+static bool evaluable(const nv_node *n) {
+  if (n->dtype == NOVA_DTYPE_U64) return false;
+  for (int i = 0; i < n->nin; i++)
+    if (n->in[i]->dtype == NOVA_DTYPE_U64) return false;
+  return n->op != NV_OP_CAST || !fe_dtype_is_int(n->dtype) || fe_dtype_is_index(n->dtype) ||
+         !fe_dtype_is_float(n->in[0]->dtype);
+}
+
 static ox_tensor *compute(ev *E, const nv_node *n) {
-  if (fe_numel(n) > EVAL_MAX) return NULL;
+  if (fe_numel(n) > EVAL_MAX || !evaluable(n)) return NULL;
   ox_tensor *a[3] = {0};
   for (int i = 0; i < n->nin && i < 3; i++)
     if (!(a[i] = eval(E, n->in[i]))) return NULL;

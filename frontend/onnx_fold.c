@@ -99,6 +99,7 @@ static int fold_elementwise(ox_ctx *x, const char *op, ox_val *in, int nin, ox_v
   const ox_tensor *ty = !strcmp(op, "Where") ? t[1] : t[0];
   if (nin == 2 && t[0]->dt != t[1]->dt && strcmp(op, "Pow")) return 0;
   if (!strcmp(op, "Where") && t[1]->dt != t[2]->dt) return 0;
+  if (ty->dt == NOVA_DTYPE_U64 || t[0]->dt == NOVA_DTYPE_U64) return 0; /* int64 arithmetic below: the step computes it */
   ox_tensor *o = ox_tensor_new(cmp ? NOVA_DTYPE_BOOL : ty->dt, r, shape);
   if (!o) return -1;
   bool fl = fe_dtype_is_float(ty->dt) || fe_dtype_is_float(t[0]->dt), bad = false;
@@ -138,7 +139,8 @@ static int fold_cast(ox_ctx *x, ox_val *in, ox_val *out) {
   if (!to) return 0;
   ox_tensor *o = ox_tensor_new(to, in[0].k->rank, in[0].k->shape);
   if (!o) return -1;
-  for (int64_t i = 0, n = ox_numel(o); i < n; i++) ox_set(o, i, ox_getf(in[0].k, i), ox_geti(in[0].k, i));
+  for (int64_t i = 0, n = ox_numel(o); i < n; i++) /* to bool: any nonzero value (0.5 too) is true */
+    ox_set(o, i, ox_getf(in[0].k, i), to == NOVA_DTYPE_BOOL ? ox_getf(in[0].k, i) != 0 : ox_geti(in[0].k, i));
   out[0] = (ox_val){.k = o, .present = true};
   return 1;
 }

@@ -196,7 +196,8 @@ static int cv_cast(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   if (ox_need(x, in, nin, 1, 1)) return -1;
   int64_t to = ox_attr_i(x, "to", 0);
   nv_node at = {.to = ox_dtype_of_onnx((int32_t)to)};
-  if (!at.to) return ox_err(x, "cast to %s is not supported (float, double, int64, int32, bool)", ox_onnx_type_name((int32_t)to));
+  if (!at.to) return ox_err(x, "cast to %s is not supported (float, double, float16, bfloat16, int8 to int64, uint8 to uint64, bool)",
+                          ox_onnx_type_name((int32_t)to));
   nv_node *a = ox_N(x, in[0]);
   if (a && a->dtype == at.to) return ox_set_out(out, a);
   return ox_set_out(out, a ? ox_add(x, NV_OP_CAST, 1, &a, &at) : NULL);
@@ -840,7 +841,7 @@ static int cv_reduce_max(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) 
  * bounds whatever the label values. */
 static nv_node *nll(ox_ctx *x, nv_node *lp, nv_node *lab, nv_node *w, bool has_ii, int64_t ii, const char *red) {
   if (!lp || !lab) return NULL;
-  if (lp->rank < 2 || lab->rank != lp->rank - 1 || !fe_dtype_is_int(lab->dtype)) {
+  if (lp->rank < 2 || lab->rank != lp->rank - 1 || !fe_dtype_is_index(lab->dtype)) {
     ox_err(x, "expected scores [N, C, ...] and integer labels [N, ...]");
     return NULL;
   }

@@ -457,7 +457,7 @@ static bool parse_attr(parser *P, nv_op op, const char *key, nv_loc kloc, nv_nod
     a->to = fe_dtype_parse(name);
     if (!a->to && strcmp(name, "bool") == 0) a->to = NOVA_DTYPE_BOOL;
     if (!a->to) {
-      nv_error(P->d, vloc, "unknown dtype '%s'; expected f32, f64, i32, i64 or bool", name);
+      nv_error(P->d, vloc, "unknown dtype '%s'; expected f32, f64, f16, bf16, i8 to i64, u8 to u64 or bool", name);
       P->failed = true;
       return false;
     }
@@ -697,10 +697,10 @@ static ev parse_expr(parser *P) {
 static bool parse_type(parser *P, nova_dtype *dt, int *rank, int64_t *shape) {
   nv_loc loc = P->t.loc;
   char name[256];
-  if (!expect_name(P, name, "for the element type (f32, f64, i32, i64)")) return false;
+  if (!expect_name(P, name, "for the element type (f32, f64, i32, i64, ...)")) return false;
   *dt = fe_dtype_parse(name);
   if (!*dt) {
-    nv_error(P->d, loc, "unknown element type '%s'; expected f32, f64, i32 or i64", name);
+    nv_error(P->d, loc, "unknown element type '%s'; expected f32, f64, f16, bf16, i8 to i64 or u8 to u64", name);
     P->failed = true;
     return false;
   }

@@ -28,28 +28,27 @@ static MlirAttribute i64_attr(MlirContext ctx, int64_t v) {
   return mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), v);
 }
 
-/* A constant's value: a splat, or every element from its initializer. */
+/* A constant's value: a splat, or every element from its initializer.
+ * Integers and f16/bf16 are given as their little-endian bits (raw buffer). */
 static MlirAttribute constant_value(MlirContext ctx, const nv_graph *g, nv_diag *d, const nv_node *n) {
-  MlirType t = nova_tensor_type(ctx, n->dtype, n->rank, n->shape);
-  bool f64 = n->dtype == NOVA_DTYPE_F64;
+  MlirType t = nova_tensor_type(ctx, n->dtype, n->rank, n->shape), et = nova_elem_type(ctx, n->dtype);
+  bool f64 = n->dtype == NOVA_DTYPE_F64, half = fe_dtype_is_half(n->dtype);
+  size_t es = fe_dtype_size(n->dtype);
   nv_init_kind k = n->init.kind;
   if (!fe_dtype_is_float(n->dtype)) { /* integer and bool constants: folded ONNX values */
     intptr_t count = (intptr_t)fe_numel(n);
     const void *p = n->init.data;
     if (k == NV_INIT_ZEROS || k == NV_INIT_ONES || k == NV_INIT_CONST) { /* literals */
       int64_t v = k == NV_INIT_ONES ? 1 : k == NV_INIT_CONST ? (int64_t)n->init.a : 0;
-      return n->dtype == NOVA_DTYPE_I64 ? mlirDenseElementsAttrInt64SplatGet(t, v)
-           : n->dtype == NOVA_DTYPE_I32 ? mlirDenseElementsAttrInt32SplatGet(t, (int32_t)v)
-                                        : mlirDenseElementsAttrBoolSplatGet(t, v != 0);
+      if (n->dtype == NOVA_DTYPE_BOOL) return mlirDenseElementsAttrBoolSplatGet(t, v != 0);
+      uint64_t bits = es == 8 ? (uint64_t)v : (uint64_t)v & ((UINT64_C(1) << (8 * es)) - 1); /* fits the width */
+      return mlirDenseElementsAttrSplatGet(t, mlirIntegerAttrGet(et, (int64_t)bits));
     }
     if (n->init.kind != NV_INIT_DATA || !p) {
       nv_error(d, n->loc, "internal: a %s constant without data", fe_dtype_name(n->dtype));
       return mlirAttributeGetNull();
     }
-    switch (n->dtype) {
-    case NOVA_DTYPE_I64: return mlirDenseElementsAttrInt64Get(t, count, p);
-    case NOVA_DTYPE_I32: return mlirDenseElementsAttrInt32Get(t, count, p);
-    case NOVA_DTYPE_BOOL: {
+    if (n->dtype == NOVA_DTYPE_BOOL) {
       int *b = malloc((size_t)count * sizeof *b + 1);
       if (!b) return mlirAttributeGetNull();
       for (intptr_t i = 0; i < count; i++) b[i] = ((const unsigned char *)p)[i] != 0;
@@ -57,33 +56,34 @@ static MlirAttribute constant_value(MlirContext ctx, const nv_graph *g, nv_diag 
       free(b);
       return a;
     }
-    default: return mlirAttributeGetNull();
-    }
+    return mlirDenseElementsAttrRawBufferGet(t, (size_t)count * es, p);
   }
   if (k == NV_INIT_ZEROS || k == NV_INIT_ONES || k == NV_INIT_CONST || fe_numel(n) == 1) {
     double v = k == NV_INIT_ONES ? 1.0 : k == NV_INIT_CONST ? n->init.a : 0.0;
     if (fe_numel(n) == 1 && k != NV_INIT_ZEROS && k != NV_INIT_ONES && k != NV_INIT_CONST) {
-      union { double d; float f; } one = {0};
+      union { double d; float f; uint16_t h; } one = {0};
       if (fe_init_fill(g, d, n, &one)) return mlirAttributeGetNull();
-      v = f64 ? one.d : (double)one.f;
+      v = f64 ? one.d : half ? fe_half_to_double(n->dtype, one.h) : (double)one.f;
     }
+    if (half) return mlirDenseElementsAttrSplatGet(t, mlirFloatAttrDoubleGet(ctx, et, v)); /* v rounded to et */
     return f64 ? mlirDenseElementsAttrDoubleSplatGet(t, v) : mlirDenseElementsAttrFloatSplatGet(t, (float)v);
   }
-  size_t count = (size_t)fe_numel(n), bytes = count * (f64 ? 8 : 4);
+  size_t count = (size_t)fe_numel(n), bytes = count * es;
   if (bytes > NV_MAX_CONST_BYTES) {
     nv_error(d, n->loc, "const '%s': %zu bytes is too large to embed in the IR (limit %d MiB); make it a param",
              n->name ? n->name : "", bytes, NV_MAX_CONST_BYTES >> 20);
     return mlirAttributeGetNull();
   }
-  void *buf = calloc(count, f64 ? 8 : 4);
+  void *buf = calloc(count, es);
   if (!buf) {
     nv_error(d, n->loc, "const '%s': out of memory for %zu bytes", n->name ? n->name : "", bytes);
     return mlirAttributeGetNull();
   }
   MlirAttribute a = mlirAttributeGetNull();
   if (fe_init_fill(g, d, n, buf) == 0)
-    a = f64 ? mlirDenseElementsAttrDoubleGet(t, (intptr_t)count, buf)
-            : mlirDenseElementsAttrFloatGet(t, (intptr_t)count, buf);
+    a = half ? mlirDenseElementsAttrRawBufferGet(t, bytes, buf)
+        : f64 ? mlirDenseElementsAttrDoubleGet(t, (intptr_t)count, buf)
+              : mlirDenseElementsAttrFloatGet(t, (intptr_t)count, buf);
   free(buf);
   return a;
 }

@@ -30,6 +30,10 @@ typedef struct ad {
 
 /* ---- node constructors ------------------------------------------------ */
 
+/* Gradients flow through f32 and f64 values only (f16 and bf16 params are
+ * refused for training: no loss scaling or f32 master weights yet). */
+static bool differentiable(nova_dtype dt) { return dt == NOVA_DTYPE_F32 || dt == NOVA_DTYPE_F64; }
+
 static nv_node *mk(ad *A, nv_op op, int nin, nv_node **in, const nv_node *attrs) {
   for (int i = 0; i < nin; i++)
     if (!in[i]) return NULL;
@@ -248,7 +252,7 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     return true;
   }
   case NV_OP_CAST:
-    if (fe_dtype_is_float(x->dtype)) {
+    if (differentiable(x->dtype)) {
       nv_node at = {.to = x->dtype};
       accumulate(A, x, x->dtype == dt ? g : mk(A, NV_OP_CAST, 1, &g, &at));
     }
@@ -547,7 +551,7 @@ static int find_loss(nv_graph *g, nv_diag *d, const char *name) {
   for (int i = 0; i < g->noutputs; i++) {
     const nv_node *n = g->outputs[i].node;
     if (g->outputs[i].role == NOVA_ROLE_UPDATE) continue; /* state updates the frontend made */
-    if (name ? !strcmp(g->outputs[i].name, name) : (n->rank == 0 && fe_dtype_is_float(n->dtype))) {
+    if (name ? !strcmp(g->outputs[i].name, name) : (n->rank == 0 && differentiable(n->dtype))) {
       if (!name && li >= 0) {
         nv_error(d, g->outputs[i].loc, "--train: outputs '%s' and '%s' are both scalars; choose the loss with --loss=NAME",
                  g->outputs[li].name, g->outputs[i].name);
@@ -562,7 +566,7 @@ static int find_loss(nv_graph *g, nv_diag *d, const char *name) {
     return -1;
   }
   const nv_node *loss = g->outputs[li].node;
-  if (loss->rank != 0 || !fe_dtype_is_float(loss->dtype)) {
+  if (loss->rank != 0 || !differentiable(loss->dtype)) {
     nv_error(d, g->outputs[li].loc, "the loss '%s' must be a scalar f32 or f64, got %s with %d dims",
              g->outputs[li].name, fe_dtype_name(loss->dtype), loss->rank);
     return -1;
@@ -578,7 +582,7 @@ static int propagate_needs(ad *A) {
     nv_node *n = A->g->nodes[i];
     ntrain += n->op == NV_OP_PARAM && A->needs[i];
     for (int k = 0; k < n->nin && !A->needs[i]; k++)
-      A->needs[i] = A->needs[n->in[k]->id] && fe_dtype_is_float(n->dtype);
+      A->needs[i] = A->needs[n->in[k]->id] && differentiable(n->dtype);
   }
   return ntrain;
 }
@@ -643,6 +647,11 @@ static int choose_params(ad *A, const ad_options *o) {
     if (n->op != NV_OP_PARAM) continue;
     bool only = !o->train_only || nv_glob_match(o->train_only, n->name, tm);
     A->needs[i] = trainable(n) && !nv_glob_match(o->freeze, n->name, fm) && only;
+    if (A->needs[i] && !differentiable(n->dtype)) {
+      nv_error(A->d, n->loc, "--train: param '%s' is %s; training f16/bf16 parameters is not supported (freeze it with "
+               "--freeze=%s)", n->name, fe_dtype_name(n->dtype), n->name);
+      return -1;
+    }
   }
   if (check_globs(A->d, "--freeze", o->freeze, fm) || check_globs(A->d, "--train-only", o->train_only, tm)) return -1;
   int ntrain = propagate_needs(A);

@@ -197,6 +197,12 @@ MlirType nova_elem_type(MlirContext ctx, nova_dtype dt) {
   case NOVA_DTYPE_I32: return mlirIntegerTypeGet(ctx, 32);
   case NOVA_DTYPE_I64: return mlirIntegerTypeGet(ctx, 64);
   case NOVA_DTYPE_BOOL: return mlirIntegerTypeGet(ctx, 1);
+  case NOVA_DTYPE_I8: return mlirIntegerTypeGet(ctx, 8);
+  case NOVA_DTYPE_I16: return mlirIntegerTypeGet(ctx, 16);
+  case NOVA_DTYPE_U8: return mlirIntegerTypeUnsignedGet(ctx, 8);
+  case NOVA_DTYPE_U16: return mlirIntegerTypeUnsignedGet(ctx, 16);
+  case NOVA_DTYPE_U32: return mlirIntegerTypeUnsignedGet(ctx, 32);
+  case NOVA_DTYPE_U64: return mlirIntegerTypeUnsignedGet(ctx, 64);
   }
   return mlirNoneTypeGet(ctx);
 }
@@ -213,7 +219,11 @@ nova_dtype nova_dtype_of(MlirType t) {
   if (mlirTypeIsABF16(t)) return NOVA_DTYPE_BF16;
   if (mlirTypeIsAInteger(t)) {
     unsigned w = mlirIntegerTypeGetWidth(t);
-    return w == 64 ? NOVA_DTYPE_I64 : w == 32 ? NOVA_DTYPE_I32 : w == 1 ? NOVA_DTYPE_BOOL : (nova_dtype)0;
+    if (mlirIntegerTypeIsUnsigned(t))
+      return w == 64 ? NOVA_DTYPE_U64 : w == 32 ? NOVA_DTYPE_U32 : w == 16 ? NOVA_DTYPE_U16 : w == 8 ? NOVA_DTYPE_U8
+                                                                                                : (nova_dtype)0;
+    return w == 64 ? NOVA_DTYPE_I64 : w == 32 ? NOVA_DTYPE_I32 : w == 16 ? NOVA_DTYPE_I16 : w == 8 ? NOVA_DTYPE_I8
+         : w == 1 ? NOVA_DTYPE_BOOL : (nova_dtype)0;
   }
   return (nova_dtype)0;
 }

@@ -17,11 +17,17 @@
 static inline size_t rt_dtype_size(int dtype) {
   switch (dtype) {
   case NOVA_DTYPE_F32: return 4;
+  case NOVA_DTYPE_U8: return 1;
+  case NOVA_DTYPE_I8: return 1;
+  case NOVA_DTYPE_U16: return 2;
+  case NOVA_DTYPE_I16: return 2;
   case NOVA_DTYPE_I32: return 4;
   case NOVA_DTYPE_I64: return 8;
   case NOVA_DTYPE_BOOL: return 1;
   case NOVA_DTYPE_F16: return 2;
   case NOVA_DTYPE_F64: return 8;
+  case NOVA_DTYPE_U32: return 4;
+  case NOVA_DTYPE_U64: return 8;
   case NOVA_DTYPE_BF16: return 2;
   default: return 0;
   }
@@ -31,11 +37,17 @@ static inline size_t rt_dtype_size(int dtype) {
 static inline const char *rt_dtype_name(int dtype) {
   switch (dtype) {
   case NOVA_DTYPE_F32: return "f32";
+  case NOVA_DTYPE_U8: return "u8";
+  case NOVA_DTYPE_I8: return "i8";
+  case NOVA_DTYPE_U16: return "u16";
+  case NOVA_DTYPE_I16: return "i16";
   case NOVA_DTYPE_I32: return "i32";
   case NOVA_DTYPE_I64: return "i64";
   case NOVA_DTYPE_BOOL: return "bool";
   case NOVA_DTYPE_F16: return "f16";
   case NOVA_DTYPE_F64: return "f64";
+  case NOVA_DTYPE_U32: return "u32";
+  case NOVA_DTYPE_U64: return "u64";
   case NOVA_DTYPE_BF16: return "bf16";
   default: return "?";
   }

@@ -50,12 +50,18 @@ typedef enum nova_status {
 /* Element types; the values are ONNX TensorProto.DataType codes. */
 typedef enum nova_dtype {
   NOVA_DTYPE_F32 = 1,
+  NOVA_DTYPE_U8 = 2,
+  NOVA_DTYPE_I8 = 3,
+  NOVA_DTYPE_U16 = 4,
+  NOVA_DTYPE_I16 = 5,
   NOVA_DTYPE_I32 = 6,
   NOVA_DTYPE_I64 = 7,
   NOVA_DTYPE_BOOL = 9,
-  NOVA_DTYPE_F16 = 10,
+  NOVA_DTYPE_F16 = 10,   /* IEEE half, 2 bytes */
   NOVA_DTYPE_F64 = 11,
-  NOVA_DTYPE_BF16 = 16
+  NOVA_DTYPE_U32 = 12,
+  NOVA_DTYPE_U64 = 13,
+  NOVA_DTYPE_BF16 = 16   /* bfloat16 (the upper half of an f32), 2 bytes */
 } nova_dtype;
 
 typedef enum nova_role {

@@ -377,9 +377,9 @@ def _():
                  [vi("x", F, [1, 3, 8, 8])], [vi("y", F, [1, 4, 6, 6])], [w])
 
 
-@case("cast_to_float16", "cast to float16")
+@case("cast_to_float8", "node 'c' (Cast): error: cast to float8e4m3fn is not supported")
 def _():
-    return unary("Cast", [2, 3], [2, 3], name="c", out_elem=TensorProto.FLOAT16, to=TensorProto.FLOAT16)
+    return unary("Cast", [2, 3], [2, 3], name="c", out_elem=TensorProto.FLOAT8E4M3FN, to=TensorProto.FLOAT8E4M3FN)
 
 
 # ---- inputs: symbolic dims, dtypes ------------------------------------------------
@@ -399,19 +399,24 @@ def _():
     return unary("Relu", [None, 3], [None, 3])
 
 
-@case("input_float16", "graph input 'x' has element type float16")
+@case("input_float8", "graph input 'x' has element type float8e5m2")
 def _():
-    return unary("Relu", [2, 3], [2, 3], elem=TensorProto.FLOAT16)
+    return unary("Relu", [2, 3], [2, 3], elem=TensorProto.FLOAT8E5M2)
 
 
-@case("input_uint8", "graph input 'x' has element type uint8")
+@case("input_int4", "graph input 'x' has element type int4")
+def _():
+    return unary("Identity", [2, 4], [2, 4], elem=TensorProto.INT4)
+
+
+@case("input_complex64", "graph input 'x' has element type complex64")
+def _():
+    return unary("Identity", [2, 3], [2, 3], elem=TensorProto.COMPLEX64)
+
+
+@case("relu_uint8", "node 'n0' (Relu): error: relu: operand must be a floating-point tensor (f32, f64, f16 or bf16), got u8")
 def _():
     return unary("Relu", [2, 3], [2, 3], elem=TensorProto.UINT8)
-
-
-@case("input_bfloat16", "graph input 'x' has element type bfloat16")
-def _():
-    return unary("Relu", [2, 3], [2, 3], elem=TensorProto.BFLOAT16)
 
 
 @case("input_sequence", "graph input 'x' is not a tensor")
@@ -433,9 +438,9 @@ def _():
                  [vi("y", TensorProto.STRING, [2])], [t])
 
 
-@case("initializer_uint8", "tensor 'W' has element type uint8")
+@case("initializer_float8", "tensor 'W' has element type float8e4m3fn")
 def _():
-    w = const("W", np.ones((3, 4), np.uint8))
+    w = helper.make_tensor("W", TensorProto.FLOAT8E4M3FN, [3, 4], [1.0] * 12)
     return model([helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
                  [vi("x", F, [2, 3])], [vi("y", F, [2, 4])], [w])
 

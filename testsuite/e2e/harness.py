@@ -81,8 +81,9 @@ def _compile_and_run(model_text, inputs, files, flags, dump, steps):
     try:
         for name, arr in (files or {}).items():
             arr.tofile(os.path.join(d, name))
-        model = os.path.join(d, "model.nova")
-        with open(model, "w") as f:
+        onnx_bytes = isinstance(model_text, bytes)  # a serialized ONNX model, else .nova text
+        model = os.path.join(d, "model.onnx" if onnx_bytes else "model.nova")
+        with open(model, "wb" if onnx_bytes else "w") as f:
             f.write(model_text)
         so = os.path.join(d, "model.so")
         run([NOVAC, model, "-o", so] + list(flags))
@@ -112,7 +113,8 @@ def _compile_and_run(model_text, inputs, files, flags, dump, steps):
 
 
 def compile_and_run(model_text, inputs, files=None, flags=(), dump=False, steps=None):
-    """Compiles model_text, binds inputs (dict name -> array), returns
+    """Compiles model_text (.nova text, or bytes: a serialized ONNX model),
+    binds inputs (dict name -> array), returns
     (outputs in order, dict of dumped params or None).  steps=N runs
     N training steps (novarun --steps N) instead of one plain run."""
     outs, dumped = _compile_and_run(model_text, inputs, files, flags, dump, steps)

@@ -1,5 +1,6 @@
 """Forward numerics of every nova op against numpy (float64 reference).
 f32 models must match within 1e-5 relative error (max-norm), f64 within 1e-12."""
+import os
 import sys
 
 import numpy as np
@@ -177,6 +178,295 @@ def exp_erf_accuracy():
 
 
 case("exp_erf_accuracy_f32", exp_erf_accuracy)
+
+
+# ---- element types beyond f32/f64/i32/i64/bool, through ONNX models ---------
+# numpy (ml_dtypes for bfloat16) is the reference.  f16 and bf16 ops compute
+# in f32 and round once per op, as numpy's float16 does: single ops must agree
+# exactly, reductions and matmuls within an ulp of the result.
+from onnx import TensorProto, helper  # noqa: E402
+
+try:
+    import ml_dtypes
+    BF16 = ml_dtypes.bfloat16
+except ImportError:  # onnx brings ml_dtypes; without it the bf16 cases are skipped
+    BF16 = None
+
+XT = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": BF16, "i8": np.int8, "u8": np.uint8,
+      "i16": np.int16, "u16": np.uint16, "i32": np.int32, "u32": np.uint32, "i64": np.int64, "u64": np.uint64,
+      "bool": np.bool_}
+XT = {k: v for k, v in XT.items() if v is not None}
+ONNX_T = {k: helper.np_dtype_to_tensor_dtype(np.dtype(v)) for k, v in XT.items()}
+FLOATS = ("f32", "f64", "f16", "bf16")
+
+
+def onnx_model(nodes, inputs, outputs, inits=(), opset=21):
+    """inputs: name -> array; outputs: (name, dtype key); serialized ModelProto."""
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                                       for k, v in inputs.items()],
+                          [helper.make_tensor_value_info(n, ONNX_T[t], None) for n, t in outputs], initializer=list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString()
+
+
+def check_equal(got, ref, what):
+    got, ref = np.asarray(got), np.asarray(ref)
+    if got.dtype != ref.dtype or got.shape != ref.shape:
+        raise Failure("%s: %s %s, expected %s %s" % (what, got.dtype, got.shape, ref.dtype, ref.shape))
+    g64, r64 = got.astype(np.float64), ref.astype(np.float64)
+    if not np.array_equal(g64, r64, equal_nan=True):
+        bad = np.argwhere(~((g64 == r64) | (np.isnan(g64) & np.isnan(r64))))[0]
+        raise Failure("%s: at %s got %r, expected %r" % (what, list(bad), got[tuple(bad)], ref[tuple(bad)]))
+
+
+def source_values(src):
+    """Values of dtype SRC for the cast tests: in range for every target
+    they may go to (float -> int: integral parts that fit; unsigned: >= 0)."""
+    if src == "bool":
+        return np.array([True, False, True, True])
+    v = np.array([0, 1, 2, 3, 7, 100, 127, -1, -5, -100, -128, 0.5, -0.25, 1.75, 126.5, 99.9], np.float64)
+    if src[0] == "u":
+        v = np.abs(v)
+    if src not in FLOATS:
+        v = np.trunc(v)
+    return v.astype(XT[src])
+
+
+def cast_ref(v, src, dst):
+    if src in FLOATS and dst not in FLOATS and dst != "bool":
+        return np.trunc(v.astype(np.float64)).astype(np.int64).astype(XT[dst])  # truncation toward zero
+    return v.astype(XT[dst])
+
+
+def cast_all_from(src):
+    def run():
+        v = source_values(src)
+        dsts = list(XT)
+        nodes = [helper.make_node("Cast", ["x"], ["y_" + d], to=ONNX_T[d]) for d in dsts]
+        outs, _ = compile_and_run(onnx_model(nodes, {"x": v}, [("y_" + d, d) for d in dsts]), {"x": v})
+        for d, got in zip(dsts, outs):
+            keep = np.ones(v.shape, bool)
+            if src in FLOATS and d[0] == "u":
+                keep = v.astype(np.float64) >= 0
+            check_equal(got[keep], cast_ref(v, src, d)[keep], "%s -> %s" % (src, d))
+    case("onnx_cast_from_%s" % src, run)
+
+
+for _src in XT:
+    cast_all_from(_src)
+
+
+def cast_rounding():
+    """f64 and f32 to f16/bf16 round to nearest even once (no double rounding
+    through f32), across the normal and subnormal ranges and to inf."""
+    r64 = np.concatenate([rng.uniform(-70000, 70000, 3000), rng.uniform(-1, 1, 3000) * 2.0 ** rng.integers(-30, 10, 3000),
+                          [65504.0, 65519.99, 65520.0, -65520.0, 2 ** -24, 2 ** -25, 1.5 * 2 ** -25, 1 + 2 ** -11,
+                           1 + 2 ** -11 + 2 ** -40, 1 + 2 ** -8 + 2 ** -45, 3.4e38, 3.4e39, np.inf, -np.inf, np.nan, -0.0]])
+    # midpoints of f16 and bf16 nudged by less than an f32 ulp: rounding to f32 first would land on the tie
+    h = rng.uniform(-100, 100, 500).astype(np.float16).astype(np.float64)
+    r64 = np.concatenate([r64, h + np.spacing(h.astype(np.float16)).astype(np.float64) / 2 * (1 + 2.0 ** -30)])
+    dsts = ["f16"] + (["bf16"] if BF16 else [])
+    nodes = [helper.make_node("Cast", [x], ["%s_%s" % (x, d)], to=ONNX_T[d]) for x in ("a", "b") for d in dsts]
+    with np.errstate(over="ignore"):
+        ins = {"a": r64, "b": r64.astype(np.float32)}
+    outs, _ = compile_and_run(onnx_model(nodes, ins, [("%s_%s" % (x, d), d) for x in ("a", "b") for d in dsts]), ins)
+    k = 0
+    for x in ("a", "b"):
+        for d in dsts:
+            with np.errstate(over="ignore"):
+                ref = ins[x].astype(XT[d]) if d == "f16" else exact_bf16(ins[x])
+            check_equal(outs[k], ref, "%s %s -> %s" % (x, ins[x].dtype, d))
+            k += 1
+
+
+def exact_bf16(v):
+    """bfloat16 nearest to each value (ties to even), computed exactly from
+    the value's bits (ml_dtypes may round doubles through float32)."""
+    out = []
+    for x in np.asarray(v, np.float64):
+        if np.isnan(x):
+            out.append(np.nan)
+            continue
+        a = abs(float(x))
+        if a == 0 or np.isinf(x):
+            out.append(x)
+            continue
+        e = max(int(np.floor(np.log2(a))), -126)
+        q = 2.0 ** (e - 7)
+        m = np.round(a / q) * q  # np.round: ties to even; a / q exact
+        out.append(np.copysign(np.inf if m > (2 - 2 ** -7) * 2.0 ** 127 else m, x))
+    return np.array(out).astype(BF16)
+
+
+case("onnx_cast_rounding_f16_bf16", cast_rounding)
+
+
+def unsigned_arith(dt):
+    """Arithmetic, comparisons and reductions on values a signed lowering
+    gets wrong: unsigned ones above the signed range, signed narrow ones."""
+    def run():
+        t = XT[dt]
+        hi = int(np.iinfo(t).max)
+        if dt[0] == "u":
+            a = np.array([[hi - 50, 3, hi // 2 + 5], [7, hi, 200]], dtype=object).astype(t)
+            b = np.array([[2, hi - 1, 9], [hi // 2 + 7, 5, 3]], dtype=object).astype(t)
+        else:
+            lo = int(np.iinfo(t).min)
+            a = np.array([[lo + 3, -3, 100], [7, hi, -9]], t)
+            b = np.array([[2, -7, 9], [-100, 5, 4]], t)
+        bin_ops = ["Add", "Sub", "Mul", "Div", "Mod", "Max", "Min"]
+        cmp_ops = ["Less", "Greater", "LessOrEqual", "GreaterOrEqual", "Equal"]
+        nodes = [helper.make_node(o, ["a", "b"], [o]) for o in bin_ops + cmp_ops]
+        red = [("ReduceMax", "rmax", {}), ("ReduceMin", "rmin", {}), ("ReduceMax", "rmax0", {"axes": [0]}),
+               ("ReduceMin", "rmin1", {"axes": [1]}), ("ReduceSum", "rsum", {})]
+        nodes += [helper.make_node(o, ["a"], [n], keepdims=0, **kw) for o, n, kw in red]
+        nodes += [helper.make_node("Abs", ["a"], ["abs"]), helper.make_node("Sign", ["a"], ["sign"]),
+                  helper.make_node("CumSum", ["a", "ax"], ["cumsum"])]
+        names = bin_ops + cmp_ops + [n for _, n, _ in red] + ["abs", "sign", "cumsum"]
+        ax = helper.make_tensor("ax", TensorProto.INT64, [], [1])
+        model = onnx_model(nodes, {"a": a, "b": b}, [(n, "bool" if n in cmp_ops else dt) for n in names], inits=[ax],
+                           opset=17)
+        outs, _ = compile_and_run(model, {"a": a, "b": b})
+        ao, bo = a.astype(object), b.astype(object)
+        trunc_div = np.array([[int(x / y) if (x < 0) != (y < 0) else x // y for x, y in zip(r, s)] for r, s in zip(ao, bo)])
+        with np.errstate(over="ignore"):
+            ref = [a + b, a - b, a * b, trunc_div.astype(t), np.mod(a, b), np.maximum(a, b), np.minimum(a, b),
+                   a < b, a > b, a <= b, a >= b, a == b, a.max(), a.min(), a.max(0), a.min(1), a.sum(dtype=t),
+                   np.abs(a), np.sign(a), np.cumsum(a, 1, dtype=t)]
+        for n, got, r in zip(names, outs, ref):
+            check_equal(got, np.asarray(r), "%s %s" % (dt, n))
+    case("onnx_int_arith_%s" % dt, run)
+
+
+for _dt in ("u8", "u16", "u32", "u64", "i8", "i16"):
+    unsigned_arith(_dt)
+
+
+def u64_above_2_63():
+    """uint64 2^63 + 5 and friends: every signed reading of them is negative."""
+    a = np.array([2 ** 63 + 5, 2 ** 64 - 1, 3, 2 ** 63], np.uint64)
+    b = np.array([3, 2 ** 63 + 1, 2 ** 63 + 7, 1], np.uint64)
+    ops = ["Div", "Mod", "Max", "Min", "Less", "Greater"]
+    nodes = [helper.make_node(o, ["a", "b"], [o]) for o in ops]
+    nodes += [helper.make_node("ReduceMax", ["a"], ["rmax"], keepdims=0), helper.make_node("ReduceMin", ["b"], ["rmin"], keepdims=0),
+              helper.make_node("Cast", ["a"], ["f64"], to=TensorProto.DOUBLE), helper.make_node("Cast", ["fa"], ["u"], to=TensorProto.UINT64)]
+    fa = np.array([2.0 ** 63 + 4096, 1.5, 2.0 ** 64 - 4096, 0.0], np.float64)
+    names = ops + ["rmax", "rmin", "f64", "u"]
+    kinds = ["u64"] * 4 + ["bool"] * 2 + ["u64", "u64", "f64", "u64"]
+    outs, _ = compile_and_run(onnx_model(nodes, {"a": a, "b": b, "fa": fa}, list(zip(names, kinds))), {"a": a, "b": b, "fa": fa})
+    ref = [a // b, a % b, np.maximum(a, b), np.minimum(a, b), a < b, a > b, a.max(), b.min(), a.astype(np.float64),
+           np.array([2 ** 63 + 4096, 1, 2 ** 64 - 4096, 0], np.uint64)]
+    for n, got, r in zip(names, outs, ref):
+        check_equal(got, np.asarray(r), "u64 " + n)
+
+
+case("onnx_u64_above_2_63", u64_above_2_63)
+
+
+def half_arith(dt):
+    def run():
+        t = XT[dt]
+        a = r(3, 4, lo=-3, hi=3).astype(t)
+        b = r(3, 4, lo=0.5, hi=2).astype(t)
+        w = r(4, 5).astype(t)
+        un = ["Exp", "Tanh", "Sigmoid", "Relu", "Abs", "Neg", "Erf", "Floor", "Sin"]
+        bi = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"]
+        nodes = [helper.make_node(o, ["b", "a"] if o == "Pow" else ["a", "b"], [o]) for o in bi]
+        nodes += [helper.make_node(o, ["a"], [o]) for o in un]
+        nodes += [helper.make_node("Sqrt", ["b"], ["Sqrt"]), helper.make_node("Less", ["a", "b"], ["Less"]),
+                  helper.make_node("Where", ["Less", "a", "b"], ["Where"]),
+                  helper.make_node("ReduceSum", ["a"], ["rsum"], keepdims=0), helper.make_node("ReduceMax", ["a"], ["rmax"], keepdims=0),
+                  helper.make_node("MatMul", ["a", "w"], ["mm"]), helper.make_node("Softmax", ["a"], ["sm"], axis=1),
+                  helper.make_node("Transpose", ["a"], ["tr"]), helper.make_node("Concat", ["a", "b"], ["cat"], axis=0)]
+        names = bi + un + ["Sqrt", "Less", "Where", "rsum", "rmax", "mm", "sm", "tr", "cat"]
+        ins = {"a": a, "b": b, "w": w}
+        outs, _ = compile_and_run(onnx_model(nodes, ins, [(n, "bool" if n == "Less" else dt) for n in names]), ins)
+        A, B, W = (x.astype(np.float32) for x in (a, b, w))
+        e = np.exp(A)
+        ref = [A + B, A - B, A * B, A / B, np.maximum(A, B), np.minimum(A, B), np.power(B, A),
+               np.exp(A), np.tanh(A), 1 / (1 + np.exp(-A)), np.maximum(A, 0), np.abs(A), -A, erf(A).astype(np.float32),
+               np.floor(A), np.sin(A), np.sqrt(B), A < B, np.where(A < B, A, B), A.sum(), A.max(), A @ W,
+               e / e.sum(1, keepdims=True), A.T, np.concatenate([A, B])]
+        exact = set(bi + un + ["Sqrt", "Less", "Where", "rmax", "tr", "cat"]) - {"Pow"}
+        ulp = 2.0 ** (-10 if dt == "f16" else -7)
+        for n, got, rf in zip(names, outs, ref):
+            rf = np.asarray(rf)
+            want = rf if n == "Less" else rf.astype(t)
+            if n in exact:  # one f32 op, rounded once: numpy's answer to the bit
+                check_equal(got, want, "%s %s" % (dt, n))
+            else:
+                if got.dtype != want.dtype:
+                    raise Failure("%s %s: dtype %s, expected %s" % (dt, n, got.dtype, want.dtype))
+                check_close(got.astype(np.float64), rf.astype(np.float64), 2 * ulp, "%s %s" % (dt, n))
+    case("onnx_half_arith_%s" % dt, run)
+
+
+for _dt in ("f16", "bf16"):
+    if _dt in XT:
+        half_arith(_dt)
+
+
+def typed_constants():
+    """Initializers and Constant values of the new dtypes, in int32_data /
+    uint64_data (the typed fields ONNX keeps them in) and in raw_data."""
+    x8 = np.array([250, 1, 128], np.uint8)
+    xh = np.array([1.5, -2.25, 1000.0], np.float16)
+    inits = [helper.make_tensor("k8", TensorProto.UINT8, [3], [10, 255, 128]),            # int32_data
+             helper.make_tensor("ki8", TensorProto.INT8, [3], [-128, 127, -1]),
+             helper.make_tensor("k64", TensorProto.UINT64, [2], [2 ** 63 + 5, 7]),        # uint64_data
+             helper.make_tensor("kh", TensorProto.FLOAT16, [3], [0.5, 3.0, -1.0]),             # int32_data: the bits
+             helper.make_tensor("kr", TensorProto.INT16, [3], np.array([-300, 2, 30000], np.int16).tobytes(), raw=True)]
+    nodes = [helper.make_node("Constant", [], ["c16"], value=helper.make_tensor("v", TensorProto.UINT16, [3], [65535, 1, 40000])),
+             helper.make_node("Add", ["x8", "k8"], ["s8"]), helper.make_node("Cast", ["ki8"], ["ci8"], to=TensorProto.INT16),
+             helper.make_node("Add", ["ci8", "kr"], ["s16"]), helper.make_node("Mul", ["xh", "kh"], ["mh"]),
+             helper.make_node("Cast", ["x8"], ["x16"], to=TensorProto.UINT16), helper.make_node("Max", ["x16", "c16"], ["m16"]),
+             helper.make_node("Identity", ["k64"], ["k64o"])]
+    ins = {"x8": x8, "xh": xh}
+    outs, _ = compile_and_run(onnx_model(nodes, ins, [("s8", "u8"), ("s16", "i16"), ("mh", "f16"), ("m16", "u16"), ("k64o", "u64")],
+                                         inits), ins)
+    ref = [x8 + np.array([10, 255, 128], np.uint8), np.array([-128, 127, -1], np.int16) + np.array([-300, 2, 30000], np.int16),
+           xh * np.array([0.5, 3.0, -1.0], np.float16), np.maximum(x8.astype(np.uint16), np.array([65535, 1, 40000], np.uint16)),
+           np.array([2 ** 63 + 5, 7], np.uint64)]
+    for k, (got, rf) in enumerate(zip(outs, ref)):
+        check_equal(got, rf, "output %d" % k)
+
+
+case("onnx_typed_constants", typed_constants)
+
+
+def rejected_types():
+    """float8, int4, float4 and string are refused, naming the type."""
+    import subprocess
+    import tempfile
+    from harness import NOVAC
+    kinds = [("FLOAT8E4M3FN", "float8e4m3fn"), ("FLOAT8E5M2", "float8e5m2"), ("INT4", "int4"), ("UINT4", "uint4"),
+             ("FLOAT4E2M1", "float4e2m1"), ("STRING", "string")]
+    with tempfile.TemporaryDirectory() as d:
+        for enum, name in kinds:
+            if not hasattr(TensorProto, enum):
+                continue
+            t = getattr(TensorProto, enum)
+            g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "m", [helper.make_tensor_value_info("x", t, [2])],
+                                  [helper.make_tensor_value_info("y", t, [2])])
+            path = os.path.join(d, name + ".onnx")
+            with open(path, "wb") as f:
+                f.write(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]).SerializeToString())
+            p = subprocess.run([NOVAC, path, "-o", os.path.join(d, "m.so")], capture_output=True, text=True)
+            want = "graph input 'x' has element type %s" % name
+            if p.returncode != 1 or want not in p.stderr:
+                raise Failure("%s: exit %d, stderr %r (expected exit 1 and %r)" % (enum, p.returncode, p.stderr, want))
+        # a Cast to float8 is refused at the node
+        g = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], name="c8", to=TensorProto.FLOAT8E4M3FN)], "m",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT8E4M3FN, [2])])
+        path = os.path.join(d, "cast8.onnx")
+        with open(path, "wb") as f:
+            f.write(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]).SerializeToString())
+        p = subprocess.run([NOVAC, path, "-o", os.path.join(d, "m.so")], capture_output=True, text=True)
+        if p.returncode != 1 or "node 'c8' (Cast)" not in p.stderr or "float8e4m3fn" not in p.stderr:
+            raise Failure("cast to float8: exit %d, stderr %r" % (p.returncode, p.stderr))
+
+
+case("onnx_rejected_types", rejected_types)
 
 if __name__ == "__main__":
     sys.exit(0)

@@ -161,6 +161,31 @@ static void test_typed_fields(void) {
   EXPECT(decode(&p, &t, err) == TPB_OK && t && t->nbytes == 6);
   EXPECT(t && ((uint16_t *)t->data)[0] == 0x3c00 && ((uint16_t *)t->data)[1] == 0xc000);
   tpb_tensor_destroy(t);
+  /* the narrow integers in int32_data (their low bits), uint32/uint64 in uint64_data */
+  int32_t i8v[3] = {-128, 127, -1}, u16v[3] = {65535, 0, 40000};
+  uint64_t u64v[3] = {UINT64_MAX, (UINT64_C(1) << 63) + 5, 7};
+  p = proto(NOVA_DTYPE_I8, 1, dims);
+  p.n_int32_data = 3, p.int32_data = i8v;
+  EXPECT(decode(&p, &t, err) == TPB_OK && t && t->nbytes == 3);
+  EXPECT(t && memcmp(t->data, (int8_t[]){-128, 127, -1}, 3) == 0);
+  tpb_tensor_destroy(t);
+  p = proto(NOVA_DTYPE_U16, 1, dims);
+  p.n_int32_data = 3, p.int32_data = u16v;
+  EXPECT(decode(&p, &t, err) == TPB_OK && t && t->nbytes == 6);
+  EXPECT(t && memcmp(t->data, (uint16_t[]){65535, 0, 40000}, 6) == 0);
+  tpb_tensor_destroy(t);
+  p = proto(NOVA_DTYPE_U64, 1, dims);
+  p.n_uint64_data = 3, p.uint64_data = u64v;
+  EXPECT(decode(&p, &t, err) == TPB_OK && t && memcmp(t->data, u64v, sizeof u64v) == 0);
+  tpb_tensor_destroy(t);
+  p = proto(NOVA_DTYPE_U32, 1, dims);
+  p.n_uint64_data = 3, p.uint64_data = (uint64_t[]){UINT32_MAX, 1, 2};
+  EXPECT(decode(&p, &t, err) == TPB_OK && t && t->nbytes == 12);
+  EXPECT(t && memcmp(t->data, (uint32_t[]){UINT32_MAX, 1, 2}, 12) == 0);
+  tpb_tensor_destroy(t);
+  p = proto(NOVA_DTYPE_U8, 1, dims); /* a uint8 tensor's values belong in int32_data */
+  p.n_uint64_data = 3, p.uint64_data = u64v;
+  EXPECT_REFUSED(&p, TPB_ERR_FORMAT, "values of a UINT8 tensor must be in raw_data or int32_data");
 }
 
 static void test_refused_data(void) {
@@ -190,8 +215,8 @@ static void test_refused_type_and_shape(void) {
   uint8_t raw[8] = {0};
   Onnx__TensorProto p = proto(ONNX__TENSOR_PROTO__DATA_TYPE__STRING, 1, dims);
   EXPECT_REFUSED(&p, TPB_ERR_DTYPE, "t.pb: data_type 8 (STRING) is not supported");
-  p = proto(ONNX__TENSOR_PROTO__DATA_TYPE__UINT8, 1, dims);
-  EXPECT_REFUSED(&p, TPB_ERR_DTYPE, "data_type 2 (UINT8) is not supported");
+  p = proto(ONNX__TENSOR_PROTO__DATA_TYPE__COMPLEX64, 1, dims);
+  EXPECT_REFUSED(&p, TPB_ERR_DTYPE, "data_type 14 (COMPLEX64) is not supported");
   p = proto(NOVA_DTYPE_F32, 1, dims);
   p.has_data_type = 0;
   EXPECT_REFUSED(&p, TPB_ERR_FORMAT, "t.pb: no data_type");
