@@ -344,7 +344,9 @@ static const char *unary_body(nv_op op, nova_dtype dt, char *buf, size_t n) {
     snprintf(buf, n, "%%a = math.absf %%in0 : %s\n%%inf = arith.constant %s : %s\n%%r = arith.cmpf oeq, %%a, %%inf : %s",
              T, FL(INFINITY, dt), T, T);
     break;
-  case NV_OP_NOT: snprintf(buf, n, "%%t = arith.constant true\n%%r = arith.xori %%in0, %%t : i1"); break;
+  case NV_OP_NOT: /* logical on i1, bitwise on integers: x xor all-ones */
+    snprintf(buf, n, "%%t = arith.constant %s : %s\n%%r = arith.xori %%in0, %%t : %s", dt == NOVA_DTYPE_BOOL ? "true" : "-1", T, T);
+    break;
   case NV_OP_SIGN: /* -1, 0 or 1; NaN stays NaN */
     if (fe_dtype_is_float(dt))
       snprintf(buf, n, "%%z = arith.constant %s : %s\n%%o = arith.constant %s : %s\n%%m = arith.constant %s : %s\n"
@@ -734,9 +736,22 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_AND:
   case NV_OP_OR:
   case NV_OP_XOR:
-    snprintf(body, sizeof body, "%%r = arith.%s %%in0, %%in1 : i1", kind == NV_OP_AND ? "andi" : kind == NV_OP_OR ? "ori" : "xori");
+    snprintf(body, sizeof body, "%%r = arith.%s %%in0, %%in1 : %s", kind == NV_OP_AND ? "andi" : kind == NV_OP_OR ? "ori" : "xori", T);
     r = lw_elementwise(L, 2, in, res.rank, res.shape, res.dt, body);
     break;
+  case NV_OP_SHL:
+  case NV_OP_SHR: { /* a shift by the width or more (or a negative one) shifts everything out: 0, or the sign for a
+                       signed right shift (LLVM leaves such shifts undefined) */
+    bool sar = kind == NV_OP_SHR && !fe_dtype_is_unsigned(res.dt);
+    int w = (int)(8 * fe_dtype_size(res.dt));
+    snprintf(body, sizeof body,
+             "%%w = arith.constant %d : %s\n%%z = arith.constant %d : %s\n%%big = arith.cmpi uge, %%in1, %%w : %s\n"
+             "%%s = %s %%in0, %%in1 : %s\n%%out = %s : %s\n%%r = arith.select %%big, %%out, %%s : %s",
+             w, T, sar ? w - 1 : 0, T, T, kind == NV_OP_SHL ? "arith.shli" : sar ? "arith.shrsi" : "arith.shrui", T,
+             sar ? "arith.shrsi %in0, %z" : "arith.addi %z, %z", T, T);
+    r = lw_elementwise(L, 2, in, res.rank, res.shape, res.dt, body);
+    break;
+  }
   case NV_OP_MOD:
   case NV_OP_FMOD:
     r = lw_elementwise(L, 2, in, res.rank, res.shape, res.dt, lw_mod_body(kind == NV_OP_FMOD, res.dt, body, sizeof body));

@@ -830,17 +830,20 @@ static int infer(nv_diag *d, nv_node *n) {
   case NV_OP_FMOD:
     if (need_number(d, n, in[0], "left operand") || need_number(d, n, in[1], "right operand")) return -1;
     return infer_broadcast(d, n, in[0], in[1]);
+  case NV_OP_SHL:
+  case NV_OP_SHR:
   case NV_OP_AND:
   case NV_OP_OR:
   case NV_OP_XOR:
-  case NV_OP_NOT:
+  case NV_OP_NOT: /* logic on bool, bitwise on integers; shifts on integers only */
     for (int i = 0; i < n->nin; i++)
-      if (in[i]->dtype != NOVA_DTYPE_BOOL) {
-        nv_error(d, n->loc, "%s: operands must be bool, got %s", nv_op_name(n->op), fe_dtype_name(in[i]->dtype));
+      if (!fe_dtype_is_int(in[i]->dtype) && (in[i]->dtype != NOVA_DTYPE_BOOL || n->op == NV_OP_SHL || n->op == NV_OP_SHR)) {
+        nv_error(d, n->loc, "%s: operands must be %sintegers, got %s", nv_op_name(n->op),
+                 n->op == NV_OP_SHL || n->op == NV_OP_SHR ? "" : "bool or ", fe_dtype_name(in[i]->dtype));
         return -1;
       }
     if (n->op == NV_OP_NOT) {
-      n->dtype = NOVA_DTYPE_BOOL;
+      n->dtype = in[0]->dtype;
       return set_shape(d, n, in[0]->rank, in[0]->shape);
     }
     return infer_broadcast(d, n, in[0], in[1]);

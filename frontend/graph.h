@@ -99,7 +99,9 @@
   X(GATHER_ND, "gather_nd", 2, 2)               \
   X(SCATTER_ND, "scatter_nd", 3, 3)             \
   X(CUMSUM, "cumsum", 1, 1)                     \
-  X(DROPOUT, "dropout", 3, 3)
+  X(DROPOUT, "dropout", 3, 3)                   \
+  X(SHL, "shl", 2, 2)                           \
+  X(SHR, "shr", 2, 2)
 
 /* How scatter_elements / scatter_nd combine an update with the value there. */
 enum { NV_SCATTER_NONE, NV_SCATTER_ADD, NV_SCATTER_MUL, NV_SCATTER_MAX, NV_SCATTER_MIN };

@@ -106,7 +106,7 @@ static double fop(nv_op op, double a, double b, double c) {
 }
 
 /* One element of an integer op, wrapping (two's complement). */
-static int64_t iop(nv_op op, int64_t a, int64_t b, int64_t c) {
+static int64_t iop(nv_op op, int64_t a, int64_t b, int64_t c, bool boolean) {
   uint64_t ua = (uint64_t)a, ub = (uint64_t)b;
   switch (op) {
   case NV_OP_ADD: return (int64_t)(ua + ub);
@@ -124,10 +124,10 @@ static int64_t iop(nv_op op, int64_t a, int64_t b, int64_t c) {
   case NV_OP_ABS: return a < 0 ? (int64_t)(0 - ua) : a;
   case NV_OP_SIGN: return a > 0 ? 1 : a < 0 ? -1 : 0;
   case NV_OP_WHERE: return a ? b : c;
-  case NV_OP_NOT: return !a;
-  case NV_OP_AND: return a && b;
-  case NV_OP_OR: return a || b;
-  case NV_OP_XOR: return !a != !b;
+  case NV_OP_NOT: return boolean ? !a : ~a; /* logical on bool, bitwise on integers */
+  case NV_OP_AND: return a & b;
+  case NV_OP_OR: return a | b;
+  case NV_OP_XOR: return a ^ b;
   default: return 0;
   }
 }
@@ -171,7 +171,7 @@ static ox_tensor *elementwise(const nv_node *n, ox_tensor **a) {
       double r = fop(n->op, f[0], f[1], f[2]);
       ox_set(o, i, r, 0);
     } else {
-      int64_t r = iop(n->op, v[0], v[1], v[2]);
+      int64_t r = iop(n->op, v[0], v[1], v[2], n->dtype == NOVA_DTYPE_BOOL);
       ox_set(o, i, (double)r, r);
     }
   }

@@ -45,6 +45,19 @@ BINARY(xor, NV_OP_XOR)
 BINARY(less_equal, NV_OP_LESS_EQUAL)
 BINARY(greater_equal, NV_OP_GREATER_EQUAL)
 
+BINARY(bitwise_and, NV_OP_AND)
+BINARY(bitwise_or, NV_OP_OR)
+BINARY(bitwise_xor, NV_OP_XOR)
+UNARY(bitwise_not, NV_OP_NOT)
+
+CV(cv_bit_shift) {
+  (void)nout;
+  char buf[8];
+  const char *dir = ox_attr_s(x, "direction", "", buf, sizeof buf);
+  if (strcmp(dir, "LEFT") && strcmp(dir, "RIGHT")) return ox_err(x, "direction '%s'; expected LEFT or RIGHT", dir);
+  return binary(x, strcmp(dir, "LEFT") ? NV_OP_SHR : NV_OP_SHL, in, nin, out);
+}
+
 CV(cv_isinf) {
   (void)nout;
   if (ox_need(x, in, nin, 1, 1)) return -1;
@@ -338,11 +351,116 @@ CV(cv_hardmax) { /* 1 at the first maximum along axis */
   return ox_set_out(out, ox_reshape(x, y, a->rank, a->shape));
 }
 
+/* ---- quantization ------------------------------------------------------ */
+
+/* A scale or zero point shaped to broadcast against x [.. d(axis) ..]: a
+ * scalar as is, a vector along axis, a blocked tensor repeated block_size
+ * times along axis (cut to x's length). */
+static nv_node *quant_param(ox_ctx *x, nv_node *v, const nv_node *a, int64_t axis, int64_t block) {
+  if (!v || v->rank == 0 || fe_numel(v) == 1) return v ? ox_reshape(x, v, 0, NULL) : NULL;
+  if (!block) {
+    if (v->rank != 1 || v->shape[0] != a->shape[axis]) {
+      ox_err(x, "a per-axis scale or zero point must be [%lld] (axis %lld)", (long long)a->shape[axis], (long long)axis);
+      return NULL;
+    }
+    int64_t s[NOVA_MAX_RANK];
+    for (int i = 0; i < a->rank; i++) s[i] = i == axis ? v->shape[0] : 1;
+    return ox_reshape(x, v, a->rank, s);
+  }
+  if (v->rank != a->rank || block <= 0 || (a->shape[axis] + block - 1) / block != v->shape[axis]) {
+    ox_err(x, "a blocked scale or zero point must have the input's rank and ceil(d / %lld) entries along axis %lld",
+           (long long)block, (long long)axis);
+    return NULL;
+  }
+  int64_t n = a->shape[axis];
+  ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 1, &n);
+  for (int64_t i = 0; t && i < n; i++) ox_set(t, i, (double)(i / block), i / block);
+  nv_node *ix = t ? ox_N(x, (ox_val){.k = t, .present = true}) : NULL, at = {.axis = axis};
+  ox_tensor_free(t);
+  return ix ? ox_add(x, NV_OP_GATHER, 2, (nv_node *[]){v, ix}, &at) : NULL;
+}
+
+static nv_node *to(ox_ctx *x, nv_node *a, nova_dtype dt) {
+  if (!a || a->dtype == dt) return a;
+  nv_node at = {.to = dt};
+  return ox_add(x, NV_OP_CAST, 1, &a, &at);
+}
+
+/* The quantization axis matters only for a per-axis or blocked scale. */
+static int quant_axis(ox_ctx *x, const nv_node *a, const nv_node *scale, int64_t *axis, int64_t *block) {
+  *axis = ox_attr_i(x, "axis", 1), *block = ox_attr_i(x, "block_size", 0);
+  if (fe_numel(scale) == 1 && scale->rank <= 1) return *axis = 0, 0;
+  return ox_norm_axis(x, axis, a->rank);
+}
+
+/* (x - zero_point) * scale, in float32 (the reference's), then the scale's type */
+CV(cv_dequantize) {
+  (void)nout;
+  if (ox_need(x, in, nin, 2, 3)) return -1;
+  nv_node *a = ox_N(x, in[0]), *sc = ox_N(x, in[1]), *zp = nin > 2 && in[2].present ? ox_N(x, in[2]) : NULL;
+  if (!a || !sc) return -1;
+  if (!fe_dtype_is_int(a->dtype)) return ox_err(x, "x of type %s is not supported (integer types only)", fe_dtype_name(a->dtype));
+  if (zp && zp->dtype != a->dtype) return ox_err(x, "the zero point must have x's type");
+  int64_t axis, block;
+  if (quant_axis(x, a, sc, &axis, &block)) return -1;
+  nv_node *d = to(x, a, NOVA_DTYPE_F32);
+  if (zp) d = ox_op2(x, NV_OP_SUB, d, to(x, quant_param(x, zp, a, axis, block), NOVA_DTYPE_F32));
+  nova_dtype odt = ox_attr(x, "output_dtype") ? ox_dtype_of_onnx((int32_t)ox_attr_i(x, "output_dtype", 1)) : sc->dtype;
+  nv_node *y = ox_op2(x, NV_OP_MUL, d, to(x, quant_param(x, sc, a, axis, block), NOVA_DTYPE_F32));
+  return ox_set_out(out, to(x, y, odt));
+}
+
+/* saturate(round_half_even(x / scale) + zero_point) in the zero point's type (uint8 by default) */
+CV(cv_quantize) {
+  (void)nout;
+  if (ox_need(x, in, nin, 2, 3)) return -1;
+  nv_node *a = ox_N(x, in[0]), *sc = ox_N(x, in[1]), *zp = nin > 2 && in[2].present ? ox_N(x, in[2]) : NULL;
+  if (!a || !sc) return -1;
+  nova_dtype odt = zp ? zp->dtype : ox_attr(x, "output_dtype") ? ox_dtype_of_onnx((int32_t)ox_attr_i(x, "output_dtype", 2))
+                                                                : NOVA_DTYPE_U8;
+  if (!fe_dtype_is_int(odt) || fe_dtype_size(odt) > 2)
+    return ox_err(x, "quantizing to %s is not supported (uint8, int8, uint16, int16)", odt ? fe_dtype_name(odt) : "that type");
+  int64_t axis, block;
+  if (quant_axis(x, a, sc, &axis, &block)) return -1;
+  bool un = fe_dtype_is_unsigned(odt);
+  double lo = un ? 0 : -(double)(1 << (8 * fe_dtype_size(odt) - 1)), hi = un ? (double)((1 << (8 * fe_dtype_size(odt))) - 1) : -lo - 1;
+  nova_dtype ct = a->dtype == NOVA_DTYPE_F64 ? NOVA_DTYPE_F64 : NOVA_DTYPE_F32;
+  nv_node *q = ox_op1(x, NV_OP_ROUND, ox_op2(x, NV_OP_DIV, to(x, a, ct), to(x, quant_param(x, sc, a, axis, block), ct)));
+  if (zp) q = ox_op2(x, NV_OP_ADD, q, to(x, quant_param(x, zp, a, axis, block), ct));
+  if (!q) return -1;
+  q = ox_op2(x, NV_OP_MINIMUM, ox_op2(x, NV_OP_MAXIMUM, q, ox_scalar(x, ct, lo)), ox_scalar(x, ct, hi));
+  return ox_set_out(out, to(x, q, odt));
+}
+
+/* DynamicQuantizeLinear, its function body: the uint8 scale and zero point of
+ * [min(x, 0), max(x, 0)], then x quantized with them. */
+CV(cv_dynamic_quantize) {
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  nv_node *a = ox_N(x, in[0]);
+  if (!a || a->dtype != NOVA_DTYPE_F32) return a ? ox_err(x, "x must be float") : -1;
+  nv_node *mx = ox_op2(x, NV_OP_MAXIMUM, ox_reduce(x, NV_OP_REDUCE_MAX, a, 0, NULL, false), K(x, a, 0));
+  nv_node *mn = ox_op2(x, NV_OP_MINIMUM, ox_reduce(x, NV_OP_REDUCE_MIN, a, 0, NULL, false), K(x, a, 0));
+  nv_node *sc = ox_op2(x, NV_OP_DIV, ox_op2(x, NV_OP_SUB, mx, mn), K(x, a, 255));
+  nv_node *zpf = ox_op2(x, NV_OP_MINIMUM, ox_op2(x, NV_OP_MAXIMUM, ox_op1(x, NV_OP_ROUND, ox_op2(x, NV_OP_SUB, K(x, a, 0),
+                                                                                                 ox_op2(x, NV_OP_DIV, mn, sc))),
+                                               K(x, a, 0)), K(x, a, 255));
+  nv_node *q = ox_op2(x, NV_OP_ADD, ox_op1(x, NV_OP_ROUND, ox_op2(x, NV_OP_DIV, a, sc)), zpf);
+  q = ox_op2(x, NV_OP_MINIMUM, ox_op2(x, NV_OP_MAXIMUM, q, K(x, a, 0)), K(x, a, 255));
+  nv_node *outs[3] = {to(x, q, NOVA_DTYPE_U8), sc, to(x, zpf, NOVA_DTYPE_U8)};
+  for (int i = 0; i < nout && i < 3; i++) {
+    if (!outs[i]) return -1;
+    out[i] = (ox_val){.node = outs[i], .present = true};
+  }
+  return 0;
+}
+
 const ox_op_entry ox_math_ops[] = {
+    {"DequantizeLinear", cv_dequantize}, {"QuantizeLinear", cv_quantize}, {"DynamicQuantizeLinear", cv_dynamic_quantize},
     {"Sin", cv_sin}, {"Cos", cv_cos}, {"Tan", cv_tan}, {"Asin", cv_asin}, {"Acos", cv_acos}, {"Atan", cv_atan},
     {"Sinh", cv_sinh}, {"Cosh", cv_cosh}, {"Asinh", cv_asinh}, {"Acosh", cv_acosh}, {"Atanh", cv_atanh},
     {"Floor", cv_floor}, {"Ceil", cv_ceil}, {"Round", cv_round}, {"Sign", cv_sign}, {"IsNaN", cv_isnan},
-    {"IsInf", cv_isinf}, {"Not", cv_not}, {"And", cv_and}, {"Or", cv_or}, {"Xor", cv_xor},
+    {"IsInf", cv_isinf}, {"BitwiseAnd", cv_bitwise_and}, {"BitwiseOr", cv_bitwise_or}, {"BitwiseXor", cv_bitwise_xor},
+    {"BitwiseNot", cv_bitwise_not}, {"BitShift", cv_bit_shift}, {"Not", cv_not}, {"And", cv_and}, {"Or", cv_or}, {"Xor", cv_xor},
     {"LessOrEqual", cv_less_equal}, {"GreaterOrEqual", cv_greater_equal}, {"Mod", cv_mod},
     {"Softplus", cv_softplus}, {"Softsign", cv_softsign}, {"Mish", cv_mish}, {"HardSigmoid", cv_hard_sigmoid},
     {"HardSwish", cv_hard_swish}, {"Elu", cv_elu}, {"Selu", cv_selu}, {"Celu", cv_celu}, {"PRelu", cv_prelu},

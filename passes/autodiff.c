@@ -118,6 +118,7 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
   case NV_OP_INPUT: case NV_OP_PARAM: case NV_OP_CONSTANT:
   case NV_OP_EQUAL: case NV_OP_LESS: case NV_OP_GREATER: case NV_OP_LESS_EQUAL: case NV_OP_GREATER_EQUAL:
   case NV_OP_ISNAN: case NV_OP_ISINF: case NV_OP_NOT: case NV_OP_AND: case NV_OP_OR: case NV_OP_XOR:
+  case NV_OP_SHL: case NV_OP_SHR:
     return true; /* leaves; comparisons are not differentiable (bool) */
   case NV_OP_FLOOR: case NV_OP_CEIL: case NV_OP_ROUND: case NV_OP_SIGN:
     return true; /* piecewise constant: zero gradient, as PyTorch defines it */

@@ -56,6 +56,8 @@ NOT_DIFFERENTIABLE = {
     "and": "bool operands and result",
     "or": "bool operands and result",
     "xor": "bool operands and result",
+    "shl": "integer operands and result",
+    "shr": "integer operands and result",
 }
 NOT_DIFFERENTIABLE.update({
     "conv_grad_input": "ONNX ConvTranspose; its rule is checked by test_grads_onnx.py (conv_transpose_*)",

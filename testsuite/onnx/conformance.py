@@ -103,7 +103,11 @@ FOLD = {
 # onnx's backend-test tolerances, and tests known to need others:
 # name -> (rtol, atol).
 RTOL, ATOL = 1e-3, 1e-7
-TOLERANCES = {}
+TOLERANCES = {
+    # float16 softmax of the function body: exp computed in float32 and rounded to float16 per op,
+    # the reference's numpy exp rounds differently by one float16 ulp (2^-11 relative) in 2 of 192 values
+    "test_attention_4d_causal_fp16_expanded": (2e-3, 1e-7),
+}
 
 # Tests whose expected values come from numpy's random generator (training-mode
 # Dropout with a nonzero ratio): no other implementation can reproduce them.
