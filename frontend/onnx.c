@@ -218,6 +218,7 @@ typedef struct ox_entry {
 typedef struct ox_table {
   ox_entry *e;
   size_t cap, n;
+  struct ox_table *parent; /* a Scan body's iteration: outer values are looked up there */
 } ox_table;
 
 static size_t str_hash(const char *s) {
@@ -234,7 +235,7 @@ static ox_entry *tab_find(ox_table *t, const char *name) {
 
 static int tab_put(ox_table *t, const char *name, ox_val v) {
   if (2 * (t->n + 1) > t->cap) {
-    ox_table bigger = {calloc(t->cap * 2, sizeof(ox_entry)), t->cap * 2, 0};
+    ox_table bigger = {calloc(t->cap * 2, sizeof(ox_entry)), t->cap * 2, 0, NULL};
     if (!bigger.e) {
       ox_tensor_free(v.k);
       return -1;
@@ -245,6 +246,7 @@ static int tab_put(ox_table *t, const char *name, ox_val v) {
         bigger.n++;
       }
     free(t->e);
+    bigger.parent = t->parent;
     *t = bigger;
   }
   ox_entry *e = tab_find(t, name);
@@ -260,6 +262,16 @@ static int tab_put(ox_table *t, const char *name, ox_val v) {
   e->v = v;
   t->n++;
   return 0;
+}
+
+/* NAME's entry in t or an enclosing table; t's empty slot if none has it. */
+static ox_entry *tab_lookup(ox_table *t, const char *name) {
+  ox_entry *e = tab_find(t, name);
+  for (ox_table *p = t->parent; !e->name && p; p = p->parent) {
+    ox_entry *f = tab_find(p, name);
+    if (f->name) return f;
+  }
+  return e;
 }
 
 static void tab_free(ox_table *t) {
@@ -466,10 +478,15 @@ static bool is_initializer(const Onnx__GraphProto *gr, const char *name) {
   return false;
 }
 
-static bool used_by_nodes(const Onnx__GraphProto *gr, const char *name) {
-  for (size_t i = 0; i < gr->n_node; i++)
+bool ox_used_by_nodes(const Onnx__GraphProto *gr, const char *name) {
+  for (size_t i = 0; i < gr->n_node; i++) {
     for (size_t j = 0; j < gr->node[i]->n_input; j++)
       if (gr->node[i]->input[j] && !strcmp(gr->node[i]->input[j], name)) return true;
+    for (size_t a = 0; a < gr->node[i]->n_attribute; a++) { /* the subgraphs of If and Scan see it too */
+      const Onnx__AttributeProto *at = gr->node[i]->attribute[a];
+      if (at->g && ox_used_by_nodes(at->g, name)) return true;
+    }
+  }
   for (size_t i = 0; i < gr->n_output; i++)
     if (gr->output[i]->name && !strcmp(gr->output[i]->name, name)) return true;
   return false;
@@ -521,7 +538,7 @@ static int import_if(ox_ctx *x, ox_table *tab, ox_val *in, int nin, ox_val *out,
   x->depth--;
   x->node = node, x->loc = loc;
   for (int j = 0; !rc && j < nout; j++) {
-    ox_entry *e = br->output[j]->name ? tab_find(tab, br->output[j]->name) : NULL;
+    ox_entry *e = br->output[j]->name ? tab_lookup(tab, br->output[j]->name) : NULL;
     if (!e || !e->name) return ox_err(x, "%s output '%s' is not computed", which, br->output[j]->name ? br->output[j]->name : "");
     out[j] = e->v;
     if (e->v.k) { /* the table keeps its own: a copy */
@@ -530,6 +547,118 @@ static int import_if(ox_ctx *x, ox_table *tab, ox_val *in, int nin, ox_val *out,
       memcpy(out[j].k->data, e->v.k->data, (size_t)ox_numel(e->v.k) * fe_dtype_size(e->v.k->dt));
     }
   }
+  return rc;
+}
+
+/* A value the caller owns (a known tensor copied). */
+static int own_copy(ox_val v, ox_val *out) {
+  *out = v;
+  if (!v.k) return 0;
+  out->k = ox_tensor_new(v.k->dt, v.k->rank, v.k->shape);
+  if (!out->k) return -1;
+  memcpy(out->k->data, v.k->data, (size_t)ox_numel(v.k) * fe_dtype_size(v.k->dt));
+  return 0;
+}
+
+/* Scan (opset 9 on), unrolled: each iteration imports the body in a table of
+ * its own over the outer one, with the states and this step's slices of the
+ * scan inputs; the scan outputs are stacked along their axes. */
+static int import_scan(ox_ctx *x, ox_table *tab, ox_val *in, int nin, ox_val *out, int nout) {
+  if (x->opset < 9) return ox_err(x, "Scan before opset 9 (a batch axis and sequence_lens) is not supported");
+  const Onnx__AttributeProto *ba = ox_attr(x, "body");
+  if (!ba || ba->type != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH || !ba->g) return ox_err(x, "the body is missing");
+  const Onnx__GraphProto *body = ba->g;
+  int M = (int)ox_attr_i(x, "num_scan_inputs", 0), N = nin - M, K = nout - N;
+  if (M <= 0 || N < 0 || K < 0 || (int)body->n_input != nin || (int)body->n_output != nout || nin > 32 || nout > 32)
+    return ox_err(x, "num_scan_inputs, the inputs and outputs do not agree with the body");
+  if (body->n_initializer) return ox_err(x, "initializers inside the body are not supported");
+  if (x->depth >= 16) return ox_err(x, "subgraphs nested more than 16 deep");
+  int64_t iax[32] = {0}, idir[32] = {0}, oax[32] = {0}, odir[32] = {0};
+  ox_attr_ints(x, "scan_input_axes", iax, 32), ox_attr_ints(x, "scan_input_directions", idir, 32);
+  ox_attr_ints(x, "scan_output_axes", oax, 32), ox_attr_ints(x, "scan_output_directions", odir, 32);
+  nv_node *sin[32];
+  int64_t T = -1;
+  for (int j = 0; j < M; j++) {
+    sin[j] = ox_N(x, in[N + j]);
+    if (!sin[j] || ox_norm_axis(x, &iax[j], sin[j]->rank)) return -1;
+    if (T >= 0 && sin[j]->shape[iax[j]] != T) return ox_err(x, "the scan inputs differ in length");
+    T = sin[j]->shape[iax[j]];
+  }
+  if (T > 4096) return ox_err(x, "more than 4096 iterations are not supported (unrolled)");
+  ox_val st[32];
+  for (int i = 0; i < N; i++) st[i] = in[i]; /* borrowed from the caller's table */
+  nv_node **ys = calloc((size_t)(K ? K : 1) * (size_t)(T > 0 ? T : 1), sizeof *ys);
+  if (!ys) return -1;
+  const Onnx__NodeProto *node = x->node;
+  nv_loc loc = x->loc;
+  int rc = 0;
+  bool own[32] = {0};
+  for (int64_t t = 0; t < T && !rc; t++) {
+    ox_table it = {calloc(64, sizeof(ox_entry)), 64, 0, tab};
+    if (!it.e) rc = -1;
+    for (int i = 0; i < nin && !rc; i++) {
+      ox_val v;
+      if (i < N) rc = own_copy(st[i], &v);
+      else {
+        nv_node *a = sin[i - N];
+        int64_t p = idir[i - N] ? T - 1 - t : t, s[NOVA_MAX_RANK];
+        int r = 0;
+        for (int k = 0; k < a->rank; k++)
+          if (k != iax[i - N]) s[r++] = a->shape[k];
+        nv_node *sl = ox_reshape(x, ox_slice1(x, a, iax[i - N], p, p + 1, 1), r, s);
+        v = (ox_val){.node = sl, .present = sl != NULL};
+        rc = sl ? 0 : -1;
+      }
+      if (!rc && (!body->input[i]->name || tab_put(&it, body->input[i]->name, v))) rc = -1;
+    }
+    x->depth++;
+    if (!rc) rc = import_nodes(x, &it, body);
+    x->depth--;
+    x->node = node, x->loc = loc;
+    for (int i = 0; i < nout && !rc; i++) {
+      ox_entry *e = body->output[i]->name ? tab_lookup(&it, body->output[i]->name) : NULL;
+      if (!e || !e->name) {
+        rc = ox_err(x, "the body's output '%s' is not computed", body->output[i]->name ? body->output[i]->name : "");
+        break;
+      }
+      if (i < N) { /* the next state */
+        if (own[i]) ox_tensor_free(st[i].k);
+        rc = own_copy(e->v, &st[i]);
+        own[i] = st[i].k != NULL;
+      } else
+        rc = (ys[(i - N) * T + t] = ox_node(x, e->v)) ? 0 : -1;
+    }
+    tab_free(&it);
+  }
+  for (int i = 0; i < N && !rc; i++) {
+    rc = own_copy(st[i], &out[i]);
+    out[i].present = true;
+  }
+  for (int i = 0; i < N; i++)
+    if (own[i]) ox_tensor_free(st[i].k);
+  for (int j = 0; j < K && !rc; j++) { /* stack: a new axis of length T */
+    nv_node *acc = NULL, *first = ys[j * T];
+    if (!first) {
+      rc = ox_err(x, "a Scan without iterations is not supported");
+      break;
+    }
+    int64_t ax = oax[j];
+    if (ax < 0) ax += first->rank + 1;
+    if (ax < 0 || ax > first->rank || first->rank + 1 > NOVA_MAX_RANK) {
+      rc = ox_err(x, "scan_output_axes entry %lld is out of range", (long long)oax[j]);
+      break;
+    }
+    int64_t s[NOVA_MAX_RANK];
+    for (int k = 0, m = 0; k <= first->rank; k++) s[k] = k == ax ? 1 : first->shape[m++];
+    nv_node at = {.axis = ax};
+    for (int64_t t = 0; t < T && !rc; t++) {
+      nv_node *p = ox_reshape(x, ys[j * T + (odir[j] ? T - 1 - t : t)], first->rank + 1, s);
+      acc = acc ? ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){acc, p}, &at) : p;
+      if (!acc) rc = -1;
+    }
+    out[N + j] = (ox_val){.node = acc, .present = acc != NULL};
+  }
+  free(ys);
   return rc;
 }
 
@@ -555,7 +684,7 @@ static int import_nodes(ox_ctx *x, ox_table *tab, const Onnx__GraphProto *gr) {
     for (size_t j = 0; j < nd->n_input; j++) {
       const char *nm = nd->input[j];
       if (!nm || !*nm) continue; /* omitted optional input */
-      ox_entry *e = tab_find(tab, nm);
+      ox_entry *e = tab_lookup(tab, nm);
       if (!e->name) {
         ox_err(x, "input %zu ('%s') is not defined by an earlier node, a graph input or an initializer "
                "(the graph is not in topological order, or has a cycle)", j, nm);
@@ -564,8 +693,9 @@ static int import_nodes(ox_ctx *x, ox_table *tab, const Onnx__GraphProto *gr) {
       in[j] = e->v;
       in[j].k = e->v.k; /* borrowed */
     }
-    int crc = !strcmp(nd->op_type, "If") ? import_if(x, tab, in, (int)nd->n_input, out, (int)nd->n_output)
-                                          : ox_convert(x, in, (int)nd->n_input, out, (int)nd->n_output);
+    int crc = !strcmp(nd->op_type, "If")     ? import_if(x, tab, in, (int)nd->n_input, out, (int)nd->n_output)
+              : !strcmp(nd->op_type, "Scan") ? import_scan(x, tab, in, (int)nd->n_input, out, (int)nd->n_output)
+                                             : ox_convert(x, in, (int)nd->n_input, out, (int)nd->n_output);
     /* the table takes the named outputs; everything else a converter made is freed */
     int err = crc;
     for (size_t j = 0; j < OX_MAX_IO; j++) {
@@ -586,7 +716,7 @@ static int import_nodes(ox_ctx *x, ox_table *tab, const Onnx__GraphProto *gr) {
 
 static int import_graph(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_roles *roles, const char *basedir) {
   const Onnx__GraphProto *gr = m->graph;
-  ox_table tab = {calloc(64, sizeof(ox_entry)), 64, 0};
+  ox_table tab = {calloc(64, sizeof(ox_entry)), 64, 0, NULL};
   int rc = -1;
   if (!tab.e) return -1;
   x->loc = (nv_loc){x->file, 0, 0};
@@ -609,7 +739,7 @@ static int import_graph(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_rol
       ox_err(x, "initializer %zu has no name", i);
       goto out;
     }
-    if (!used_by_nodes(gr, tp->name)) continue;
+    if (!ox_used_by_nodes(gr, tp->name)) continue;
     ox_tensor *t = decode_tensor(x, tp, basedir);
     if (!t) goto out;
     ox_val v = {.k = t, .present = true};

@@ -52,6 +52,9 @@ void ox_set(ox_tensor *t, int64_t i, double f, int64_t v); /* v for integer dtyp
 /* A TensorProto attribute as a known tensor (NULL after a diagnostic). */
 ox_tensor *ox_decode_tensor(ox_ctx *x, const Onnx__TensorProto *tp);
 
+/* Whether a node of gr (or of its If/Scan subgraphs) or a graph output reads NAME. */
+bool ox_used_by_nodes(const Onnx__GraphProto *gr, const char *name);
+
 /* ---- errors ---- */
 /* Records "model.onnx: node 'X' (Op): error: ..." and returns -1. */
 int ox_err(ox_ctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -564,7 +564,121 @@ CV(cv_affine_grid) { /* theta [N, r, r+1] times the homogeneous base grid of the
   return ox_set_out(out, g ? ox_reshape(x, ox_transpose(x, g, (int64_t[]){0, 2, 1}), ns, os) : NULL);
 }
 
+/* CausalConvWithState: the depthwise convolution of [past_state, input]
+ * (zeros without a state), optionally with SiLU; the new state is the last
+ * k - 1 steps of that padded input. */
+CV(cv_causal_conv) {
+  if (ox_need(x, in, nin, 2, 4)) return -1;
+  nv_node *a = ox_N(x, in[0]), *w = ox_N(x, in[1]), *b = opt(x, in, nin, 2), *st = opt(x, in, nin, 3);
+  if (!a || !w) return -1;
+  if (a->rank != 3 || w->rank != 3 || w->shape[0] != a->shape[1] || w->shape[1] != 1)
+    return ox_err(x, "input must be [N, C, L] and weight [C, 1, k]");
+  int64_t N = a->shape[0], C = a->shape[1], k = w->shape[2];
+  char buf[8];
+  const char *act = ox_attr_s(x, "activation", "none", buf, sizeof buf);
+  if (strcmp(act, "none") && strcmp(act, "silu") && strcmp(act, "swish"))
+    return ox_err(x, "activation '%s'; expected none, silu or swish", act);
+  nv_node *padded = a;
+  if (k > 1) {
+    if (!st) {
+      st = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, a->dtype, 3, (int64_t[]){N, C, k - 1}, x->loc);
+      if (!st) return -1;
+    }
+    nv_node at = {.axis = 2};
+    padded = ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){st, a}, &at);
+    if (!padded) return -1;
+  }
+  nv_node cv = {.groups = C, .nspatial = 1, .kernel = {k}, .strides = {1}, .dilations = {1}};
+  nv_node *y = ox_add(x, NV_OP_CONV, 2, (nv_node *[]){padded, w}, &cv);
+  if (y && b) y = add(x, y, channel(x, b, 3));
+  if (y && strcmp(act, "none")) y = mul(x, y, ox_op1(x, NV_OP_SIGMOID, y));
+  if (ox_set_out(out, y)) return -1;
+  if (nout > 1) {
+    nv_node *ns = k > 1 ? ox_slice1(x, padded, 2, padded->shape[2] - (k - 1), padded->shape[2], 1)
+                        : ox_slice1(x, padded, 2, 0, 0, 1);
+    out[1] = (ox_val){.node = ns, .present = ns != NULL};
+    if (!ns) return -1;
+  }
+  return 0;
+}
+
+/* LinearAttention, unrolled over the sequence: the state S [B, Hkv, dk, dv]
+ * decays by exp(decay) (gated), takes beta (v - k S) (delta) or v, adds the
+ * outer product k v; each step reads scale q S (KV heads shared by groups). */
+CV(cv_linear_attention) {
+  if (ox_need(x, in, nin, 3, 6)) return -1;
+  nv_node *q = ox_N(x, in[0]), *k = ox_N(x, in[1]), *v = ox_N(x, in[2]);
+  nv_node *st = opt(x, in, nin, 3), *decay = opt(x, in, nin, 4), *beta = opt(x, in, nin, 5);
+  if (!q || !k || !v) return -1;
+  char buf[16];
+  const char *rule = ox_attr_s(x, "update_rule", "gated_delta", buf, sizeof buf);
+  bool gating = !strcmp(rule, "gated") || !strcmp(rule, "gated_delta"), delta = !strcmp(rule, "delta") || !strcmp(rule, "gated_delta");
+  if (!gating && !delta && strcmp(rule, "linear")) return ox_err(x, "update_rule '%s'; expected linear, gated, delta or gated_delta", rule);
+  if (gating != (decay != NULL) || delta != (beta != NULL))
+    return ox_err(x, "update_rule '%s' takes %s decay and %s beta", rule, gating ? "a" : "no", delta ? "a" : "no");
+  int64_t hq = ox_attr_i(x, "q_num_heads", 0), hk = ox_attr_i(x, "kv_num_heads", 0);
+  if (q->rank != 3 || k->rank != 3 || v->rank != 3) return ox_err(x, "query, key and value must be [B, T, H*D]");
+  if (hq <= 0 || hk <= 0 || hq % hk) return ox_err(x, "q_num_heads must be a positive multiple of kv_num_heads");
+  int64_t B = q->shape[0], T = q->shape[1], dk = q->shape[2] / hq, dv = v->shape[2] / hk;
+  if (T > 1024) return ox_err(x, "sequences longer than 1024 steps are not supported (unrolled)");
+  nova_dtype odt = q->dtype, sdt = st ? st->dtype : q->dtype; /* computed in float32 (at least), as the reference does */
+  nova_dtype cdt = odt == NOVA_DTYPE_F64 ? NOVA_DTYPE_F64 : NOVA_DTYPE_F32;
+  nv_node **all[6] = {&q, &k, &v, &st, &decay, &beta};
+  for (int i = 0; i < 6; i++)
+    if (*all[i] && (*all[i])->dtype != cdt) *all[i] = ox_add(x, NV_OP_CAST, 1, all[i], &(nv_node){.to = cdt});
+  if (!q || !k || !v) return -1;
+  q = heads(x, q, hq), k = heads(x, k, hk), v = heads(x, v, hk); /* [B, H, T, D] */
+  if (!q || !k || !v || k->shape[3] != dk) return q && k && v ? ox_err(x, "key's head size differs from query's") : -1;
+  double sc = ox_attr_f(x, "scale", 0);
+  if (sc == 0) sc = 1 / sqrt((double)dk);
+  nova_dtype dt = cdt;
+  nv_node *g4 = NULL, *b4 = NULL;
+  if (decay) { /* [B, T, Hkv] or [B, T, Hkv*dk] -> [B, Hkv, T, 1 or dk] */
+    int64_t last = decay->shape[2];
+    if (decay->rank != 3 || (last != hk && last != hk * dk)) return ox_err(x, "decay must be [B, T, kv_num_heads (* d_k)]");
+    g4 = ox_transpose(x, ox_reshape(x, decay, 4, (int64_t[]){B, T, hk, last / hk}), (int64_t[]){0, 2, 1, 3});
+  }
+  if (beta) {
+    int64_t last = beta->shape[2];
+    if (beta->rank != 3 || (last != hk && last != 1)) return ox_err(x, "beta must be [B, T, kv_num_heads or 1]");
+    b4 = ox_transpose(x, ox_reshape(x, beta, 4, (int64_t[]){B, T, last, 1}), (int64_t[]){0, 2, 1, 3});
+  }
+  int64_t ss[4] = {B, hk, dk, dv};
+  nv_node *S = st ? st : fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, dt, 4, ss, x->loc);
+  if (!S || S->rank != 4 || memcmp(S->shape, ss, sizeof ss)) return S ? ox_err(x, "past_state must be [B, kv_num_heads, d_k, d_v]") : -1;
+  nv_node *rep = NULL; /* query head h reads KV head h / (hq / hk) */
+  if (hq != hk) {
+    ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 1, &hq);
+    for (int64_t i = 0; t && i < hq; i++) ox_set(t, i, (double)(i / (hq / hk)), i / (hq / hk));
+    rep = t ? ox_N(x, (ox_val){.k = t, .present = true}) : NULL;
+    ox_tensor_free(t);
+    if (!rep) return -1;
+  }
+  nv_node *y = NULL, c2 = {.axis = 2}, g1 = {.axis = 1};
+  for (int64_t t = 0; t < T && S; t++) {
+    nv_node *qt = ox_slice1(x, q, 2, t, t + 1, 1), *kt = ox_slice1(x, k, 2, t, t + 1, 1), *vt = ox_slice1(x, v, 2, t, t + 1, 1);
+    if (g4) { /* [B, H, 1, 1 or dk] -> [B, H, 1 or dk, 1] */
+      nv_node *g = ox_slice1(x, g4, 2, t, t + 1, 1);
+      g = ox_reshape(x, g, 4, (int64_t[]){B, hk, g4->shape[3], 1});
+      S = mul(x, S, ox_op1(x, NV_OP_EXP, g));
+    }
+    if (b4) vt = mul(x, ox_slice1(x, b4, 2, t, t + 1, 1), sub(x, vt, ox_op2(x, NV_OP_MATMUL, kt, S)));
+    S = add(x, S, ox_op2(x, NV_OP_MATMUL, ox_transpose(x, kt, (int64_t[]){0, 1, 3, 2}), vt));
+    nv_node *Sr = rep && S ? ox_add(x, NV_OP_GATHER, 2, (nv_node *[]){S, rep}, &g1) : S;
+    nv_node *ot = mul(x, ox_op2(x, NV_OP_MATMUL, qt, Sr), K(x, q, sc)); /* [B, Hq, 1, dv] */
+    y = y ? ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){y, ot}, &c2) : ot;
+  }
+  if (!y || !S) return -1;
+  nv_node *o = ox_reshape(x, ox_transpose(x, y, (int64_t[]){0, 2, 1, 3}), 3, (int64_t[]){B, T, hq * dv});
+  if (o && odt != cdt) o = ox_add(x, NV_OP_CAST, 1, &o, &(nv_node){.to = odt});
+  if (sdt != cdt) S = ox_add(x, NV_OP_CAST, 1, &S, &(nv_node){.to = sdt});
+  if (ox_set_out(out, o) || !S) return -1;
+  if (nout > 1) out[1] = (ox_val){.node = S, .present = true};
+  return 0;
+}
+
 const ox_op_entry ox_nn_ops[] = {
+    {"CausalConvWithState", cv_causal_conv}, {"LinearAttention", cv_linear_attention},
     {"LRN", cv_lrn}, {"HannWindow", cv_hann}, {"HammingWindow", cv_hamming}, {"BlackmanWindow", cv_blackman},
     {"CenterCropPad", cv_center_crop_pad}, {"ReverseSequence", cv_reverse_sequence}, {"AffineGrid", cv_affine_grid},
     {"Attention", cv_attention}, {"RotaryEmbedding", cv_rotary}, {"RMSNormalization", cv_rms_norm},

@@ -152,15 +152,6 @@ static nv_init_role decide(const Onnx__ModelProto *m, const char *name, const fe
   return snprintf(why, n, "floating-point, with a differentiable path to the loss"), NV_IROLE_PARAM;
 }
 
-static bool used_by_nodes(const Onnx__GraphProto *gr, const char *name) {
-  for (size_t i = 0; i < gr->n_node; i++)
-    for (size_t j = 0; j < gr->node[i]->n_input; j++)
-      if (str_eq(gr->node[i]->input[j], name)) return true;
-  for (size_t i = 0; i < gr->n_output; i++)
-    if (str_eq(gr->output[i]->name, name)) return true;
-  return false;
-}
-
 static int64_t numel_of(const Onnx__TensorProto *tp) {
   int64_t n = 1;
   for (size_t i = 0; i < tp->n_dims; i++) n = tp->dims[i] > 0 && n <= NV_MAX_NUMEL ? n * tp->dims[i] : 0;
@@ -211,7 +202,7 @@ int ox_roles_decide(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_roles *
   if (!g->inits) return -1;
   for (size_t i = 0; i < gr->n_initializer; i++) {
     const Onnx__TensorProto *tp = gr->initializer[i];
-    if (!tp->name || !*tp->name || !used_by_nodes(gr, tp->name)) continue;
+    if (!tp->name || !*tp->name || !ox_used_by_nodes(gr, tp->name)) continue;
     if (classify(x, m, tp, r, fm, tm, &g->inits[g->ninits++])) return -1;
   }
   if (!r->probe && (check_globs(x, "--freeze", r->freeze, fm) || check_globs(x, "--train-only", r->train_only, tm)))

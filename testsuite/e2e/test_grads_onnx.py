@@ -241,3 +241,36 @@ def affine_grid_ref(theta, H=3, W=4):
 
 grad_case("affine_grid", "AffineGrid", {"theta": u(2, 2, 3)}, consts={"size": np.array([2, 1, 3, 4])},
           attrs={"align_corners": 0}, opset=20, ref=affine_grid_ref)
+# Scan, unrolled (the body reads the outer W), LinearAttention and CausalConvWithState
+_body = h.make_graph([h.make_node("Mul", ["xt", "Wb"], ["xw"]), h.make_node("Add", ["s", "xw"], ["sx"]),
+                      h.make_node("Tanh", ["sx"], ["s2"]), h.make_node("Identity", ["s2"], ["yt"])], "body",
+                     [h.make_tensor_value_info("s", T.DOUBLE, [2]), h.make_tensor_value_info("xt", T.DOUBLE, [2])],
+                     [h.make_tensor_value_info("s2", T.DOUBLE, [2]), h.make_tensor_value_info("yt", T.DOUBLE, [2])])
+grad_case("scan_tanh_recurrence", "Scan", {"s0": u(2), "x": u(4, 2), "Wb": u(2)}, attrs={"body": _body, "num_scan_inputs": 1},
+          outputs=2, opset=16, inputs_order=["s0", "x"])
+def linear_attention_ref(q, k, v, st, g, b):
+    """(the onnx reference computes in float32) one head, gated delta rule, default scale"""
+    S, ys = st[0, 0].copy(), []
+    for t in range(q.shape[1]):
+        S = S * np.exp(g[0, t, 0])
+        vt = b[0, t, 0] * (v[0, t] - k[0, t] @ S)
+        S = S + np.outer(k[0, t], vt)
+        ys.append(q[0, t] @ S / np.sqrt(q.shape[2]))
+    return np.array(ys)[None]
+
+
+grad_case("linear_attention_gated_delta", "LinearAttention",
+          {"q": u(1, 3, 4, lo=-1, hi=1), "k": u(1, 3, 4, lo=-1, hi=1), "v": u(1, 3, 2, lo=-1, hi=1),
+           "st": u(1, 1, 4, 2, lo=-1, hi=1), "g": u(1, 3, 1, lo=-1, hi=0), "b": u(1, 3, 1, lo=0, hi=1)},
+          attrs={"q_num_heads": 1, "kv_num_heads": 1}, outputs=2, opset=27, ref=linear_attention_ref)
+def causal_conv_ref(x, w, b, st):
+    """(the onnx reference takes SiLU in float32) depthwise conv of [st, x], then SiLU"""
+    p = np.concatenate([st, x], 2)
+    k = w.shape[2]
+    y = np.stack([sum(p[:, :, j + i] * w[:, 0, i] for i in range(k)) for j in range(x.shape[2])], 2) + b[None, :, None]
+    return y / (1 + np.exp(-y))
+
+
+grad_case("causal_conv_silu", "CausalConvWithState",
+          {"x": u(2, 3, 5), "w": u(3, 1, 3), "b": u(3), "st": u(2, 3, 2)}, attrs={"activation": "silu"}, outputs=2, opset=27,
+          ref=causal_conv_ref)
