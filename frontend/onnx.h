@@ -112,9 +112,10 @@ typedef struct ox_op_entry {
  * reductions), onnx_index.c (indexing, padding, tiling), onnx_nn.c
  * (attention, rotary embeddings, normalizations, space/depth moves),
  * onnx_resize.c (Resize, Upsample), onnx_einsum.c (Einsum), onnx_rnn.c (RNN,
- * GRU, LSTM). */
-extern const ox_op_entry ox_math_ops[], ox_index_ops[], ox_nn_ops[], ox_resize_ops[], ox_einsum_ops[], ox_rnn_ops[];
-extern const size_t ox_math_nops, ox_index_nops, ox_nn_nops, ox_resize_nops, ox_einsum_nops, ox_rnn_nops;
+ * GRU, LSTM), onnx_dft.c (DFT). */
+extern const ox_op_entry ox_math_ops[], ox_index_ops[], ox_nn_ops[], ox_resize_ops[], ox_einsum_ops[], ox_rnn_ops[],
+    ox_dft_ops[];
+extern const size_t ox_math_nops, ox_index_nops, ox_nn_nops, ox_resize_nops, ox_einsum_nops, ox_rnn_nops, ox_dft_nops;
 
 /* Helpers the converters share (each returns NULL/-1 after a diagnostic). */
 int ox_need(ox_ctx *x, ox_val *in, int nin, int min, int max); /* input count; the first min present */

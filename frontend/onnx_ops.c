@@ -1110,7 +1110,7 @@ static const ox_op_entry table[] = {
 
 static ox_conv_fn lookup(const char *op) {
   const struct { const ox_op_entry *t; size_t n; } tabs[] = {
-      {table, sizeof table / sizeof *table}, {ox_math_ops, ox_math_nops}, {ox_index_ops, ox_index_nops}, {ox_nn_ops, ox_nn_nops}, {ox_resize_ops, ox_resize_nops}, {ox_einsum_ops, ox_einsum_nops}, {ox_rnn_ops, ox_rnn_nops}};
+      {table, sizeof table / sizeof *table}, {ox_math_ops, ox_math_nops}, {ox_index_ops, ox_index_nops}, {ox_nn_ops, ox_nn_nops}, {ox_resize_ops, ox_resize_nops}, {ox_einsum_ops, ox_einsum_nops}, {ox_rnn_ops, ox_rnn_nops}, {ox_dft_ops, ox_dft_nops}};
   for (size_t k = 0; k < sizeof tabs / sizeof *tabs; k++)
     for (size_t i = 0; i < tabs[k].n; i++)
       if (!strcmp(tabs[k].t[i].name, op)) return tabs[k].t[i].fn;

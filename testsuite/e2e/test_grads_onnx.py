@@ -274,3 +274,6 @@ def causal_conv_ref(x, w, b, st):
 grad_case("causal_conv_silu", "CausalConvWithState",
           {"x": u(2, 3, 5), "w": u(3, 1, 3), "b": u(3), "st": u(2, 3, 2)}, attrs={"activation": "silu"}, outputs=2, opset=27,
           ref=causal_conv_ref)
+grad_case("dft_complex_padded", "DFT", {"x": u(2, 5, 2)}, consts={"n": np.array(6), "axis": np.array(1)}, opset=20)
+grad_case("dft_irfft", "DFT", {"x": u(1, 4, 2)}, consts={"n": None, "axis": np.array(1)}, attrs={"inverse": 1, "onesided": 1},
+          opset=20, inputs_order=["x", "n", "axis"])
