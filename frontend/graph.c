@@ -458,7 +458,28 @@ bad:
  * arithmetic is not allowed), so the inputs an index tensor is made of are
  * found by walking back; each gets the tightest bound any use needs, and
  * the step checks them at run time. */
+/* A rank-0 (or one-element) integer constant's value. */
+static bool const_int(const nv_node *n, int64_t *v) {
+  if (n->op != NV_OP_CONSTANT || !fe_dtype_is_index(n->dtype) || fe_numel(n) != 1) return false;
+  if (n->init.kind == NV_INIT_CONST) *v = (int64_t)n->init.a;
+  else if (n->init.kind == NV_INIT_ZEROS) *v = 0;
+  else if (n->init.kind == NV_INIT_DATA && n->init.data)
+    *v = n->dtype == NOVA_DTYPE_I64 ? *(const int64_t *)n->init.data : *(const int32_t *)n->init.data;
+  else return false;
+  return true;
+}
+
+/* min(max(e, lo), hi) with constant lo, hi inside [lower, bound): in range
+ * whatever e is (indices the frontend computes and clamps, as GridSample's). */
+static bool clamped_into(const nv_node *n, int64_t lower, int64_t bound) {
+  int64_t hi, lo;
+  if (n->op != NV_OP_MINIMUM || !const_int(n->in[1], &hi) || hi >= bound) return false;
+  const nv_node *m = n->in[0];
+  return m->op == NV_OP_MAXIMUM && const_int(m->in[1], &lo) && lo >= lower && lo <= hi;
+}
+
 static const nv_node *mark_index_bound(nv_node *n, int64_t bound, bool neg) {
+  if (clamped_into(n, neg ? -bound : 0, bound)) return NULL;
   switch (n->op) {
   case NV_OP_INPUT:
     n->has_index_skip = false; /* an index use: no value outside the range */

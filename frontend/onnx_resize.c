@@ -292,5 +292,136 @@ static int cv_upsample(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   return resize(x, a, &R, sc, nsc, NULL, 0, NULL, 0, NULL, 0, "stretch", out);
 }
 
-const ox_op_entry ox_resize_ops[] = {{"Resize", cv_resize}, {"Upsample", cv_upsample}};
+/* ---- GridSample ---------------------------------------------------------- */
+
+static nv_node *F(ox_ctx *x, const nv_node *like, double v) { return ox_scalar(x, like->dtype, v); }
+static nv_node *sel(ox_ctx *x, nv_node *c, nv_node *a, nv_node *b) { return ox_op3(x, NV_OP_WHERE, c, a, b); }
+
+/* The reference's reflection of v into [lo, hi] (by the near border, until inside). */
+static nv_node *reflect(ox_ctx *x, nv_node *v, double lo, double hi) {
+  double rng = hi - lo;
+  nv_node *below = ox_op2(x, NV_OP_LESS, v, F(x, v, lo)), *above = ox_op2(x, NV_OP_GREATER, v, F(x, v, hi));
+  nv_node *dx = sel(x, below, ox_op2(x, NV_OP_SUB, F(x, v, lo), v), ox_op2(x, NV_OP_SUB, v, F(x, v, hi)));
+  nv_node *k = ox_op1(x, NV_OP_FLOOR, ox_op2(x, NV_OP_DIV, dx, F(x, v, rng)));
+  nv_node *r = ox_op2(x, NV_OP_SUB, dx, ox_op2(x, NV_OP_MUL, k, F(x, v, rng)));
+  nv_node *even = ox_op2(x, NV_OP_EQUAL, ox_op2(x, NV_OP_MOD, k, F(x, v, 2)), F(x, v, 0));
+  nv_node *lo_r = ox_op2(x, NV_OP_ADD, F(x, v, lo), r), *hi_r = ox_op2(x, NV_OP_SUB, F(x, v, hi), r);
+  nv_node *b = sel(x, even, lo_r, hi_r), *a = sel(x, even, hi_r, lo_r);
+  return sel(x, below, b, sel(x, above, a, v));
+}
+
+typedef struct tap {
+  nv_node *idx;    /* int64 position along the dim (clamped into it) */
+  nv_node *w;      /* weight (zero for a zeros-padding tap outside) */
+} tap;
+
+/* The taps of one spatial dim of size S at the (denormalised) coordinate v. */
+static int dim_taps(ox_ctx *x, nv_node *v, int64_t S, const char *mode, const char *pad, bool ac, tap *t) {
+  double lo = ac ? 0 : -0.5, hi = ac ? (double)S - 1 : (double)S - 0.5;
+  bool zeros = !strcmp(pad, "zeros"), border = !strcmp(pad, "border");
+  if (!strcmp(mode, "nearest")) v = ox_op1(x, NV_OP_ROUND, v);
+  if (!zeros) { /* coordinates outside the borders are moved in first */
+    nv_node *out = ox_op2(x, NV_OP_OR, ox_op2(x, NV_OP_LESS, v, F(x, v, lo)), ox_op2(x, NV_OP_GREATER, v, F(x, v, hi)));
+    nv_node *in = border ? ox_op2(x, NV_OP_MINIMUM, ox_op2(x, NV_OP_MAXIMUM, v, F(x, v, 0)), F(x, v, (double)S - 1))
+                         : reflect(x, v, lo, hi);
+    v = sel(x, out, in, v);
+  }
+  int n = !strcmp(mode, "nearest") ? 1 : !strcmp(mode, "linear") ? 2 : 4;
+  nv_node *x0 = n == 1 ? v : ox_op1(x, NV_OP_FLOOR, v), *f = ox_op2(x, NV_OP_SUB, v, x0), *c[4];
+  if (!x0 || !f) return -1;
+  if (n == 1) c[0] = ox_op2(x, NV_OP_ADD, f, F(x, v, 1)); /* ones shaped like v */
+  else if (n == 2) c[0] = ox_op2(x, NV_OP_SUB, F(x, v, 1), f), c[1] = f;
+  else { /* Keys' cubic, A = -0.75, at distances 1 + f, f, 1 - f, 2 - f */
+    double A = -0.75;
+    for (int k = 0; k < 4; k++) {
+      nv_node *d = ox_op1(x, NV_OP_ABS, ox_op2(x, NV_OP_SUB, f, F(x, v, k - 1)));
+      nv_node *d2 = ox_op2(x, NV_OP_MUL, d, d), *d3 = ox_op2(x, NV_OP_MUL, d2, d);
+      nv_node *near = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_SUB, ox_op2(x, NV_OP_MUL, d3, F(x, v, A + 2)),
+                                                  ox_op2(x, NV_OP_MUL, d2, F(x, v, A + 3))), F(x, v, 1));
+      nv_node *far = ox_op2(x, NV_OP_SUB, ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_SUB, ox_op2(x, NV_OP_MUL, d3, F(x, v, A)),
+                                                                   ox_op2(x, NV_OP_MUL, d2, F(x, v, 5 * A))),
+                                                 ox_op2(x, NV_OP_MUL, d, F(x, v, 8 * A))), F(x, v, 4 * A));
+      c[k] = sel(x, ox_op2(x, NV_OP_LESS_EQUAL, d, F(x, v, 1)), near, far);
+    }
+  }
+  nv_node i64 = {.to = NOVA_DTYPE_I64};
+  for (int k = 0; k < n; k++) {
+    nv_node *pos = n == 4 ? ox_op2(x, NV_OP_ADD, x0, F(x, v, k - 1)) : n == 2 ? ox_op2(x, NV_OP_ADD, x0, F(x, v, k)) : x0;
+    nv_node *w = c[k];
+    if (zeros) { /* outside: weight 0 */
+      nv_node *ok = ox_op2(x, NV_OP_AND, ox_op2(x, NV_OP_GREATER_EQUAL, pos, F(x, v, 0)), ox_op2(x, NV_OP_LESS, pos, F(x, v, (double)S)));
+      w = sel(x, ok, w, F(x, v, 0));
+    } else if (border)
+      pos = ox_op2(x, NV_OP_MINIMUM, ox_op2(x, NV_OP_MAXIMUM, pos, F(x, v, 0)), F(x, v, (double)S - 1));
+    else
+      pos = reflect(x, pos, lo, hi);
+    nv_node *ip = pos ? ox_add(x, NV_OP_CAST, 1, &pos, &i64) : NULL; /* truncation, as the reference's int() */
+    t[k] = (tap){ip ? ox_op2(x, NV_OP_MINIMUM, ox_op2(x, NV_OP_MAXIMUM, ip, ox_scalar(x, NOVA_DTYPE_I64, 0)),
+                             ox_scalar(x, NOVA_DTYPE_I64, (double)S - 1)) : NULL, w};
+    if (!t[k].idx || !t[k].w) return -1;
+  }
+  return n;
+}
+
+/* GridSample: every output point a weighted sum of input pixels, each read by
+ * gather_elements at a flat position the grid gives (clamped into the image,
+ * so always in range; zeros padding weighs the outside taps 0). */
+static int cv_grid_sample(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (ox_need(x, in, nin, 2, 2)) return -1;
+  nv_node *X = ox_N(x, in[0]), *G = ox_N(x, in[1]);
+  if (!X || !G) return -1;
+  int k = X->rank - 2;
+  if (k < 1 || k > 3 || G->rank != k + 2 || G->shape[0] != X->shape[0] || G->shape[k + 1] != k || !fe_dtype_is_float(X->dtype))
+    return ox_err(x, "X must be float [N, C, D1..Dk] and grid [N, O1..Ok, k], k 1 to 3");
+  char b1[16], b2[16];
+  char mode[16], pad[16];
+  snprintf(mode, sizeof mode, "%s", ox_attr_s(x, "mode", x->opset < 20 ? "bilinear" : "linear", b1, sizeof b1));
+  snprintf(pad, sizeof pad, "%s", ox_attr_s(x, "padding_mode", "zeros", b2, sizeof b2));
+  if (!strcmp(mode, "bilinear")) strcpy(mode, "linear");
+  if (!strcmp(mode, "bicubic")) strcpy(mode, "cubic");
+  if (strcmp(mode, "nearest") && strcmp(mode, "linear") && strcmp(mode, "cubic")) return ox_err(x, "mode '%s'", mode);
+  if (strcmp(pad, "zeros") && strcmp(pad, "border") && strcmp(pad, "reflection")) return ox_err(x, "padding_mode '%s'", pad);
+  bool ac = ox_attr_i(x, "align_corners", 0) != 0;
+  if (G->dtype != X->dtype) G = ox_add(x, NV_OP_CAST, 1, &G, &(nv_node){.to = X->dtype});
+  int64_t N = X->shape[0], C = X->shape[1], P = 1, O = 1, osh[NOVA_MAX_RANK] = {N};
+  for (int i = 0; i < k; i++) P *= X->shape[2 + i], O *= G->shape[1 + i], osh[1 + i] = G->shape[1 + i];
+  tap taps[3][4];
+  int nt[3];
+  for (int d = 0; d < k; d++) { /* grid's last axis holds (x, y, z): the last spatial dim first */
+    int64_t S = X->shape[2 + d];
+    nv_node *g = ox_reshape(x, ox_slice1(x, G, k + 1, k - 1 - d, k - d, 1), k + 1, osh);
+    nv_node *v = ac ? ox_op2(x, NV_OP_MUL, ox_op2(x, NV_OP_DIV, ox_op2(x, NV_OP_ADD, g, F(x, X, 1)), F(x, X, 2)), F(x, X, (double)S - 1))
+                    : ox_op2(x, NV_OP_DIV, ox_op2(x, NV_OP_SUB, ox_op2(x, NV_OP_MUL, ox_op2(x, NV_OP_ADD, g, F(x, X, 1)),
+                                                                       F(x, X, (double)S)), F(x, X, 1)), F(x, X, 2));
+    if (!v || (nt[d] = dim_taps(x, v, S, mode, pad, ac, taps[d])) < 0) return -1;
+  }
+  nv_node *flat = ox_reshape(x, X, 3, (int64_t[]){N, C, P}), *acc = NULL;
+  int total = 1;
+  for (int d = 0; d < k; d++) total *= nt[d];
+  for (int c = 0; c < total; c++) { /* one combination of taps */
+    nv_node *idx = NULL, *w = NULL;
+    int64_t stride = 1;
+    for (int d = k - 1, r = c; d >= 0; d--) {
+      const tap *t = &taps[d][r % nt[d]];
+      r /= nt[d];
+      nv_node *term = stride == 1 ? t->idx : ox_op2(x, NV_OP_MUL, t->idx, ox_scalar(x, NOVA_DTYPE_I64, (double)stride));
+      idx = idx ? ox_op2(x, NV_OP_ADD, idx, term) : term;
+      w = w ? ox_op2(x, NV_OP_MUL, w, t->w) : t->w;
+      stride *= X->shape[2 + d];
+    }
+    idx = ox_op2(x, NV_OP_MINIMUM, ox_op2(x, NV_OP_MAXIMUM, idx, ox_scalar(x, NOVA_DTYPE_I64, 0)), ox_scalar(x, NOVA_DTYPE_I64, (double)P - 1));
+    nv_node *ib = ox_broadcast_to(x, ox_reshape(x, idx, 3, (int64_t[]){N, 1, O}), 3, (int64_t[]){N, C, O});
+    nv_node ge = {.axis = 2};
+    nv_node *val = ib ? ox_add(x, NV_OP_GATHER_ELEMENTS, 2, (nv_node *[]){flat, ib}, &ge) : NULL;
+    nv_node *term = val && w ? ox_op2(x, NV_OP_MUL, val, ox_reshape(x, w, 3, (int64_t[]){N, 1, O})) : NULL;
+    acc = acc ? ox_op2(x, NV_OP_ADD, acc, term) : term;
+    if (!acc) return -1;
+  }
+  int64_t ys[NOVA_MAX_RANK] = {N, C};
+  for (int i = 0; i < k; i++) ys[2 + i] = G->shape[1 + i];
+  return ox_set_out(out, ox_reshape(x, acc, k + 2, ys));
+}
+
+const ox_op_entry ox_resize_ops[] = {{"Resize", cv_resize}, {"Upsample", cv_upsample}, {"GridSample", cv_grid_sample}};
 const size_t ox_resize_nops = sizeof ox_resize_ops / sizeof *ox_resize_ops;

@@ -277,3 +277,8 @@ grad_case("causal_conv_silu", "CausalConvWithState",
 grad_case("dft_complex_padded", "DFT", {"x": u(2, 5, 2)}, consts={"n": np.array(6), "axis": np.array(1)}, opset=20)
 grad_case("dft_irfft", "DFT", {"x": u(1, 4, 2)}, consts={"n": None, "axis": np.array(1)}, attrs={"inverse": 1, "onesided": 1},
           opset=20, inputs_order=["x", "n", "axis"])
+# GridSample: the gradient of X (the sampling weights are fixed by the constant grid)
+for _m, _p in (("linear", "zeros"), ("cubic", "border"), ("nearest", "reflection")):
+    grad_case("grid_sample_%s_%s" % (_m, _p), "GridSample", {"x": u(1, 2, 3, 4)},
+              consts={"grid": rng.uniform(-1.2, 1.2, size=(1, 2, 3, 2))},
+              attrs={"mode": _m, "padding_mode": _p}, opset=20)
