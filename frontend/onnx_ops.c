@@ -993,6 +993,83 @@ static int cv_conv(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   return ox_set_out(out, y);
 }
 
+/* The flat-index stride of dim d of t. */
+static int64_t stride_of(const ox_tensor *t, int d) {
+  int64_t s = 1;
+  for (int i = d + 1; i < t->rank; i++) s *= t->shape[i];
+  return s;
+}
+
+/* v - zero point, in float64 (exact for every product sum of 8- and 16-bit
+ * integers); a zero point of several entries runs along axis zaxis of v. */
+static nv_node *int_operand(ox_ctx *x, ox_val *in, int nin, int i, int zi, int zaxis) {
+  nv_node *v = ox_N(x, in[i]);
+  if (!v || !fe_dtype_is_int(v->dtype)) {
+    if (v) ox_err(x, "input %d must be an integer tensor, got %s", i, fe_dtype_name(v->dtype));
+    return NULL;
+  }
+  nv_node f64 = {.to = NOVA_DTYPE_F64};
+  nv_node *f = ox_add(x, NV_OP_CAST, 1, &v, &f64);
+  if (nin > zi && in[zi].present) {
+    nv_node *z = ox_N(x, in[zi]);
+    if (z && fe_numel(z) > 1 && f) { /* per row (A), column (B) or filter (w) */
+      int ax = zaxis < 0 ? f->rank + zaxis : zaxis;
+      int64_t s[NOVA_MAX_RANK];
+      for (int k = 0; k < f->rank; k++) s[k] = k == ax ? fe_numel(z) : 1;
+      z = ox_reshape(x, z, f->rank, s);
+    }
+    f = z ? ox_op2(x, NV_OP_SUB, f, ox_add(x, NV_OP_CAST, 1, &z, &f64)) : NULL;
+  }
+  return f;
+}
+
+static int to_int32(ox_ctx *x, nv_node *y, ox_val *out) {
+  nv_node i32 = {.to = NOVA_DTYPE_I32};
+  return ox_set_out(out, y ? ox_add(x, NV_OP_CAST, 1, &y, &i32) : NULL);
+}
+
+/* MatMulInteger: (A - a_zero_point) @ (B - b_zero_point) in int32. */
+static int cv_matmul_integer(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (ox_need(x, in, nin, 2, 4)) return -1;
+  nv_node *a = int_operand(x, in, nin, 0, 2, -2), *b = int_operand(x, in, nin, 1, 3, -1);
+  return to_int32(x, a && b ? matmul(x, a, b) : NULL, out);
+}
+
+/* ConvInteger: the convolution of (x - x_zero_point), padded with 0 (the
+ * zero point itself), and (w - w_zero_point, per filter), in int32. */
+static int cv_conv_integer(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  if (ox_need(x, in, nin, 2, 4)) return -1;
+  nv_node *a = int_operand(x, in, nin, 0, 2, -1), *w = int_operand(x, in, nin, 1, 3, 0);
+  if (!a || !w) return -1;
+  ox_val fin[2] = {{.node = a, .present = true}, {.node = w, .present = true}}, fo[1] = {{0}};
+  if (cv_conv(x, fin, 2, fo, nout)) return -1;
+  return to_int32(x, fo[0].node, out);
+}
+
+/* NonZero of a value known when compiling: the [rank, count] int64 positions. */
+static int cv_nonzero(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+  (void)nout;
+  if (ox_need(x, in, nin, 1, 1)) return -1;
+  const ox_tensor *t = in[0].k;
+  if (!t) return ox_err(x, "the input must be known when compiling (the result's shape depends on its values)");
+  int r = t->rank ? t->rank : 1;
+  int64_t e = ox_numel(t), cnt = 0;
+  for (int64_t i = 0; i < e; i++) cnt += ox_getf(t, i) != 0 || ox_geti(t, i) != 0;
+  ox_tensor *o = ox_tensor_new(NOVA_DTYPE_I64, 2, (int64_t[]){r, cnt});
+  if (!o) return -1;
+  for (int64_t i = 0, j = 0; i < e; i++) {
+    if (!(ox_getf(t, i) != 0 || ox_geti(t, i) != 0)) continue;
+    for (int d = t->rank - 1, q = 0; d >= 0 || (t->rank == 0 && q == 0); d--, q++) {
+      int64_t v = t->rank ? (i / stride_of(t, d)) % t->shape[d] : 0;
+      ox_set(o, (t->rank ? d : 0) * cnt + j, (double)v, v);
+      if (t->rank == 0) break;
+    }
+    j++;
+  }
+  return ox_known(out, o);
+}
+
 /* ConvTranspose: the input gradient of the convolution it transposes
  * (x [N, C, in...], w [C, M/group, k...] -> [N, M, out...]). */
 static int cv_conv_transpose(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
@@ -1105,7 +1182,8 @@ static const ox_op_entry table[] = {
     {"Shape", cv_shape}, {"Range", cv_range}, {"Trilu", cv_trilu}, {"ReduceSum", cv_reduce_sum},
     {"ReduceMean", cv_reduce_mean}, {"ReduceMax", cv_reduce_max}, {"SoftmaxCrossEntropyLoss", cv_sce_loss},
     {"NegativeLogLikelihoodLoss", cv_nll_loss}, {"GlobalAveragePool", cv_global_avg_pool},
-    {"Conv", cv_conv}, {"ConvTranspose", cv_conv_transpose}, {"LpPool", cv_lp_pool}, {"MaxPool", cv_max_pool}, {"AveragePool", cv_avg_pool},
+    {"Conv", cv_conv}, {"ConvInteger", cv_conv_integer}, {"MatMulInteger", cv_matmul_integer}, {"NonZero", cv_nonzero},
+    {"ConvTranspose", cv_conv_transpose}, {"LpPool", cv_lp_pool}, {"MaxPool", cv_max_pool}, {"AveragePool", cv_avg_pool},
 };
 
 static ox_conv_fn lookup(const char *op) {

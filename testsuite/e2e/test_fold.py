@@ -116,3 +116,9 @@ fold_case("if_known_condition", {"a": A, "two": np.float32(2), "k": np.int64(1),
            h.make_node("Greater", ["d0", "k"], ["c"]),
            h.make_node("If", ["c"], ["out"], then_branch=_then, else_branch=_else)],
           "out", lambda x: x + A * 2, (2, 3), banned=("mul",))
+
+# NonZero of a constant: its positions are known when compiling
+_nz = np.array([[0, 3, 0], [5, 0, 7]], dtype=np.float32)
+fold_case("nonzero_constant", {"a": _nz},
+          [h.make_node("NonZero", ["a"], ["nz"]), h.make_node("Cast", ["nz"], ["nzf"], to=T.FLOAT)],
+          "nzf", lambda x: x + np.stack(np.nonzero(_nz)).astype(np.float32), (2, 3))
