@@ -134,6 +134,10 @@ nv_node *ox_slice1(ox_ctx *x, nv_node *a, int64_t axis, int64_t start, int64_t e
 int ox_norm_axis(ox_ctx *x, int64_t *axis, int rank);
 /* a [d0..dr) as [d0 * .. * d(axis-1), d(axis) * ..], axis then 1 (opset < 13 Softmax, Hardmax). */
 nv_node *ox_coerce_2d(ox_ctx *x, nv_node *a, int64_t *axis);
+/* a gathered along axis at the known positions v[0..n) (onnx_index.c). */
+nv_node *ox_pick(ox_ctx *x, nv_node *a, int64_t axis, const int64_t *v, int64_t n);
+/* a with `before` and `after` zeros added along axis (onnx_index.c). */
+nv_node *ox_zero_pad(ox_ctx *x, nv_node *a, int64_t axis, int64_t before, int64_t after);
 /* A float initializer's initial value where an operand must be known (owned copy or NULL). */
 ox_tensor *ox_initial_value(ox_val v);
 /* Reductions' axes: the input from opset `from` on, else the attribute.

@@ -37,13 +37,7 @@ static double coef_t(int64_t k, int64_t n, int64_t L, int mode) { return coef(n,
 /* v [..., m at axis, ...] cut or zero-padded to len along axis */
 static nv_node *fit(ox_ctx *x, nv_node *v, int axis, int64_t len) {
   int64_t m = v->shape[axis];
-  if (m == len) return v;
-  if (m > len) return ox_slice1(x, v, axis, 0, len, 1);
-  int64_t s[NOVA_MAX_RANK];
-  memcpy(s, v->shape, sizeof s);
-  s[axis] = len - m;
-  nv_node *z = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, v->dtype, v->rank, s, x->loc), at = {.axis = axis};
-  return z ? ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){v, z}, &at) : NULL;
+  return m > len ? ox_slice1(x, v, axis, 0, len, 1) : ox_zero_pad(x, v, axis, 0, len - m);
 }
 
 /* v with axis moved last, [rows, n] @ m [n, k], moved back */

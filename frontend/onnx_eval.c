@@ -250,7 +250,7 @@ static ox_tensor *concat(const nv_node *n, ox_tensor *a, ox_tensor *b) {
 static ox_tensor *reduction(const nv_node *n, const ox_tensor *a) {
   ox_tensor *o = ox_tensor_new(n->dtype, n->rank, n->shape);
   if (!o) return NULL;
-  bool red[NOVA_MAX_RANK] = {0}, fl = fe_dtype_is_float(a->dt);
+  bool red[NOVA_MAX_RANK] = {0};
   for (int i = 0; i < n->nlist; i++) red[n->list[i]] = true;
   int64_t e = ox_numel(o), cnt = ox_numel(a) / (e ? e : 1);
   double *fa = malloc((size_t)(e ? e : 1) * sizeof *fa);
@@ -283,7 +283,6 @@ static ox_tensor *reduction(const nv_node *n, const ox_tensor *a) {
     ox_set(o, p, fa[p], ia[p]);
   }
   free(fa), free(ia), free(seen);
-  (void)fl;
   return o;
 }
 

@@ -22,12 +22,25 @@ static nv_node *index_list(ox_ctx *x, const int64_t *v, int64_t n) {
   return c;
 }
 
-/* a gathered along axis at the known positions v[0..n). */
-static nv_node *pick(ox_ctx *x, nv_node *a, int64_t axis, const int64_t *v, int64_t n) {
+nv_node *ox_pick(ox_ctx *x, nv_node *a, int64_t axis, const int64_t *v, int64_t n) {
   nv_node *ix = index_list(x, v, n);
   if (!a || !ix) return NULL;
   nv_node at = {.axis = axis};
   return ox_add(x, NV_OP_GATHER, 2, (nv_node *[]){a, ix}, &at);
+}
+
+nv_node *ox_zero_pad(ox_ctx *x, nv_node *a, int64_t axis, int64_t before, int64_t after) {
+  int64_t s[NOVA_MAX_RANK];
+  nv_node at = {.axis = axis};
+  for (int side = 0; side < 2 && a; side++) {
+    int64_t n = side ? after : before;
+    if (!n) continue;
+    memcpy(s, a->shape, sizeof s);
+    s[axis] = n;
+    nv_node *z = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, a->dtype, a->rank, s, x->loc); /* zeros */
+    a = z ? ox_add(x, NV_OP_CONCAT, 2, side ? (nv_node *[]){a, z} : (nv_node *[]){z, a}, &at) : NULL;
+  }
+  return a;
 }
 
 static const char *const scatter_modes[] = {"none", "add", "mul", "max", "min"};
@@ -102,7 +115,7 @@ CV(cv_tile) { /* per axis: a gather of j mod d for j < r d */
     int64_t *v = malloc((size_t)(m ? m : 1) * sizeof *v);
     if (!v) return -1;
     for (int64_t j = 0; j < m; j++) v[j] = j % d;
-    a = m ? pick(x, a, i, v, m) : ox_slice1(x, a, i, 0, 0, 1);
+    a = m ? ox_pick(x, a, i, v, m) : ox_slice1(x, a, i, 0, 0, 1);
     free(v);
   }
   return ox_set_out(out, a);
@@ -180,7 +193,7 @@ CV(cv_pad) {
     int64_t *v = malloc((size_t)m * sizeof *v);
     if (!v) return -1;
     for (int64_t j = 0; j < m; j++) v[j] = pad_source(mode, j - b, n);
-    a = pick(x, a, ax, v, m);
+    a = ox_pick(x, a, ax, v, m);
     free(v);
   }
   return ox_set_out(out, a);
@@ -309,7 +322,7 @@ CV(cv_compress) {
   if (!v) return -1;
   for (int64_t i = 0; i < n; i++)
     if (ox_geti(in[1].k, i)) v[m++] = i;
-  nv_node *r = m ? pick(x, a, axis, v, m) : ox_slice1(x, a, axis, 0, 0, 1);
+  nv_node *r = m ? ox_pick(x, a, axis, v, m) : ox_slice1(x, a, axis, 0, 0, 1);
   free(v);
   return ox_set_out(out, r);
 }

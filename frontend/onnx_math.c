@@ -6,6 +6,7 @@
  * used) in nova ops, so their gradients come from the rules of those ops.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "onnx.h"
@@ -372,12 +373,12 @@ static nv_node *quant_param(ox_ctx *x, nv_node *v, const nv_node *a, int64_t axi
            (long long)block, (long long)axis);
     return NULL;
   }
-  int64_t n = a->shape[axis];
-  ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 1, &n);
-  for (int64_t i = 0; t && i < n; i++) ox_set(t, i, (double)(i / block), i / block);
-  nv_node *ix = t ? ox_N(x, (ox_val){.k = t, .present = true}) : NULL, at = {.axis = axis};
-  ox_tensor_free(t);
-  return ix ? ox_add(x, NV_OP_GATHER, 2, (nv_node *[]){v, ix}, &at) : NULL;
+  int64_t n = a->shape[axis], *ix = malloc((size_t)n * sizeof *ix);
+  if (!ix) return NULL;
+  for (int64_t i = 0; i < n; i++) ix[i] = i / block;
+  nv_node *r = ox_pick(x, v, axis, ix, n);
+  free(ix);
+  return r;
 }
 
 static nv_node *to(ox_ctx *x, nv_node *a, nova_dtype dt) {

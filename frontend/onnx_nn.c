@@ -361,13 +361,8 @@ CV(cv_attention) {
     int64_t *ix = malloc((size_t)hq * sizeof *ix);
     if (!ix) return -1;
     for (int64_t i = 0; i < hq; i++) ix[i] = i / (hq / hk);
-    ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 1, &hq);
-    for (int64_t i = 0; t && i < hq; i++) ox_set(t, i, (double)ix[i], ix[i]);
+    k = ox_pick(x, k, 1, ix, hq), v = ox_pick(x, v, 1, ix, hq);
     free(ix);
-    nv_node *idx = t ? ox_N(x, (ox_val){.k = t, .present = true}) : NULL;
-    ox_tensor_free(t);
-    nv_node at = {.axis = 1};
-    k = ox_add(x, NV_OP_GATHER, 2, (nv_node *[]){k, idx}, &at), v = ox_add(x, NV_OP_GATHER, 2, (nv_node *[]){v, idx}, &at);
     if (!k || !v) return -1;
   }
   nv_node *kt = ox_transpose(x, mul(x, k, sq), (int64_t[]){0, 1, 3, 2});
@@ -420,19 +415,8 @@ CV(cv_lrn) {
   for (int64_t k = -lo; k <= hi; k++) { /* the channels shifted by k, zero past the edges */
     int64_t from = k > 0 ? k : 0, to = k < 0 ? C + k : C;
     if (from >= to) continue;
-    nv_node *part = ox_slice1(x, sq, 1, from, to, 1);
-    int64_t s[NOVA_MAX_RANK];
-    memcpy(s, a->shape, sizeof s);
-    nv_node at = {.axis = 1};
-    if (k < 0) { /* channel c reads c + k: zeros first */
-      s[1] = -k;
-      nv_node *z = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, a->dtype, a->rank, s, x->loc);
-      part = z ? ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){z, part}, &at) : NULL;
-    } else if (k > 0) {
-      s[1] = k;
-      nv_node *z = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, a->dtype, a->rank, s, x->loc);
-      part = z ? ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){part, z}, &at) : NULL;
-    }
+    /* channel c reads c + k: zeros first for k < 0, last for k > 0 */
+    nv_node *part = ox_zero_pad(x, ox_slice1(x, sq, 1, from, to, 1), 1, k < 0 ? -k : 0, k > 0 ? k : 0);
     sum = sum ? add(x, sum, part) : part;
   }
   double alpha = ox_attr_f(x, "alpha", 1e-4), beta = ox_attr_f(x, "beta", 0.75), bias = ox_attr_f(x, "bias", 1.0);
@@ -482,21 +466,8 @@ CV(cv_center_crop_pad) { /* per axis: the centred part, or zeros around (the odd
     int64_t ax = axes[i], dim = a->shape[ax], want = sh[i];
     if (want < 0) return ox_err(x, "shape entries must be >= 0");
     if (want < dim) a = ox_slice1(x, a, ax, (dim - want) / 2, (dim - want) / 2 + want, 1);
-    else if (want > dim) {
-      int64_t s[NOVA_MAX_RANK], b = (want - dim) / 2, e = want - dim - b;
-      memcpy(s, a->shape, sizeof s);
-      nv_node at = {.axis = ax};
-      if (b) {
-        s[ax] = b;
-        nv_node *z = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, a->dtype, a->rank, s, x->loc);
-        a = z ? ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){z, a}, &at) : NULL;
-      }
-      if (e && a) {
-        s[ax] = e;
-        nv_node *z = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, a->dtype, a->rank, s, x->loc);
-        a = z ? ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){a, z}, &at) : NULL;
-      }
-    }
+    else if (want > dim)
+      a = ox_zero_pad(x, a, ax, (want - dim) / 2, want - dim - (want - dim) / 2);
   }
   return ox_set_out(out, a);
 }
@@ -646,15 +617,12 @@ CV(cv_linear_attention) {
   int64_t ss[4] = {B, hk, dk, dv};
   nv_node *S = st ? st : fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, dt, 4, ss, x->loc);
   if (!S || S->rank != 4 || memcmp(S->shape, ss, sizeof ss)) return S ? ox_err(x, "past_state must be [B, kv_num_heads, d_k, d_v]") : -1;
-  nv_node *rep = NULL; /* query head h reads KV head h / (hq / hk) */
+  int64_t *rep = NULL; /* query head h reads KV head h / (hq / hk) */
   if (hq != hk) {
-    ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 1, &hq);
-    for (int64_t i = 0; t && i < hq; i++) ox_set(t, i, (double)(i / (hq / hk)), i / (hq / hk));
-    rep = t ? ox_N(x, (ox_val){.k = t, .present = true}) : NULL;
-    ox_tensor_free(t);
-    if (!rep) return -1;
+    if (!(rep = malloc((size_t)hq * sizeof *rep))) return -1;
+    for (int64_t i = 0; i < hq; i++) rep[i] = i / (hq / hk);
   }
-  nv_node *y = NULL, c2 = {.axis = 2}, g1 = {.axis = 1};
+  nv_node *y = NULL, c2 = {.axis = 2};
   for (int64_t t = 0; t < T && S; t++) {
     nv_node *qt = ox_slice1(x, q, 2, t, t + 1, 1), *kt = ox_slice1(x, k, 2, t, t + 1, 1), *vt = ox_slice1(x, v, 2, t, t + 1, 1);
     if (g4) { /* [B, H, 1, 1 or dk] -> [B, H, 1 or dk, 1] */
@@ -664,10 +632,11 @@ CV(cv_linear_attention) {
     }
     if (b4) vt = mul(x, ox_slice1(x, b4, 2, t, t + 1, 1), sub(x, vt, ox_op2(x, NV_OP_MATMUL, kt, S)));
     S = add(x, S, ox_op2(x, NV_OP_MATMUL, ox_transpose(x, kt, (int64_t[]){0, 1, 3, 2}), vt));
-    nv_node *Sr = rep && S ? ox_add(x, NV_OP_GATHER, 2, (nv_node *[]){S, rep}, &g1) : S;
+    nv_node *Sr = rep && S ? ox_pick(x, S, 1, rep, hq) : S;
     nv_node *ot = mul(x, ox_op2(x, NV_OP_MATMUL, qt, Sr), K(x, q, sc)); /* [B, Hq, 1, dv] */
     y = y ? ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){y, ot}, &c2) : ot;
   }
+  free(rep);
   if (!y || !S) return -1;
   nv_node *o = ox_reshape(x, ox_transpose(x, y, (int64_t[]){0, 2, 1, 3}), 3, (int64_t[]){B, T, hq * dv});
   if (o && odt != cdt) o = ox_add(x, NV_OP_CAST, 1, &o, &(nv_node){.to = odt});

@@ -112,13 +112,9 @@ static nv_node *apply_axis(ox_ctx *x, nv_node *a, int axis, int64_t out, const d
     onehot &= ones == 1;
   }
   nv_node *res;
-  if (onehot) {
-    ox_tensor *t = ox_tensor_new(NOVA_DTYPE_I64, 1, &out);
-    for (int64_t y = 0; t && y < out; y++) ox_set(t, y, (double)pick[y], pick[y]);
-    nv_node *ix = t ? ox_N(x, (ox_val){.k = t, .present = true}) : NULL, at = {.axis = axis};
-    ox_tensor_free(t);
-    res = ix ? ox_add(x, NV_OP_GATHER, 2, (nv_node *[]){a, ix}, &at) : NULL;
-  } else if (!fe_dtype_is_float(a->dtype)) {
+  if (onehot)
+    res = ox_pick(x, a, axis, pick, out);
+  else if (!fe_dtype_is_float(a->dtype)) {
     ox_err(x, "linear and cubic resizing of %s is not supported (float and double only)", fe_dtype_name(a->dtype));
     res = NULL;
   } else { /* move the axis last, [rows, in] @ M^T, back */
