@@ -50,6 +50,14 @@ tv lw_reshape(lw *L, tv x, int rank, const int64_t *shape);
  * an empty output; body defines %r from %in0.. and %acc ("": %in0). */
 tv lw_generic(lw *L, int nin, const tv *ins, const int *const *maps, int nloops, const char *iters,
               const int *outmap, int orank, const int64_t *oshape, nova_dtype odt, tv init, const char *body);
+/* Reduction of x over red[] ('+', '*', 'M' max, 'm' min), the reduced axes
+ * dropped; pre: body lines computing %t from %in0 (x) and %in1.. (more[],
+ * shaped like the result); NULL: %t = %in0. */
+tv lw_reduce(lw *L, tv x, const bool *red, char kind, int nmore, const tv *more, const char *pre);
+/* nova.matmul's rule: a (.., m, k) x b (.., k, n) or b (k, n) into res. */
+tv lw_matmul(lw *L, tv a, tv b, const tv *res);
+tv lw_transpose(lw *L, tv x, const int64_t *perm);
+double lw_fattr(MlirOperation op, const char *name);
 int64_t lw_iattr(MlirOperation op, const char *name);
 int lw_iarray(MlirOperation op, const char *name, int64_t *out);
 
@@ -64,6 +72,8 @@ tv lw_lower_pool_indices(lw *L, MlirOperation op, tv x, tv y, const tv *res);
 /* nova.dropout (lower_rng.c): Philox4x32-10 masks */
 tv lw_lower_dropout(lw *L, MlirOperation op, tv x, tv seed, tv step, const tv *res);
 
+/* nova.attention (lower_attention.c) */
+tv lw_lower_attention(lw *L, MlirOperation op, const tv *in, const tv *res);
 /* indexing ops (lower_index.c) */
 const char *lw_mod_body(bool fmod, nova_dtype dt, char *buf, size_t n);
 tv lw_lower_gather_elements(lw *L, tv x, tv idx, int axis, const tv *res);

@@ -241,7 +241,7 @@ static const char *reduce_op(char kind, nova_dtype dt) {
 /* Reduction of x over red[] (kind as for reduce_init), result without the
  * reduced axes.  pre: body lines computing %t from %in0.. (extra inputs
  * given in more[], read through drop maps); NULL: %t = %in0. */
-static tv reduce(lw *L, tv x, const bool *red, char kind, int nmore, const tv *more, const char *pre) {
+tv lw_reduce(lw *L, tv x, const bool *red, char kind, int nmore, const tv *more, const char *pre) {
   int64_t os[NOVA_MAX_RANK];
   int om[NOVA_MAX_RANK], xm[NOVA_MAX_RANK], mm[4][NOVA_MAX_RANK];
   int orank = drop_map(om, x.rank, red);
@@ -270,6 +270,8 @@ static tv reduce(lw *L, tv x, const bool *red, char kind, int nmore, const tv *m
     snprintf(body, sizeof body, "%%r = %s %%in0, %%acc : %s", op, lw_ety(x.dt));
   return generic(L, 1 + nmore, ins, mp, x.rank, iters, om, orank, os, x.dt, init, body);
 }
+
+#define reduce lw_reduce
 
 /* x reshaped to shape (same element count), through a collapse to 1-D and
  * an expand; rank 0 on either side uses an empty reassociation. */
@@ -309,7 +311,27 @@ tv lw_reshape(lw *L, tv x, int rank, const int64_t *shape) {
   return r;
 }
 
+/* x with its axes permuted: result axis i is x's axis perm[i]. */
+tv lw_transpose(lw *L, tv x, const int64_t *perm) {
+  int64_t s[NOVA_MAX_RANK] = {0};
+  for (int i = 0; i < x.rank; i++) s[i] = x.shape[perm[i]];
+  tv e = lw_empty(L, x.rank, s, x.dt);
+  tv r = lw_fresh(L, x.rank, s, x.dt);
+  nv_sbuf b = {0};
+  nv_sb_printf(&b, "%%v%d = linalg.transpose ins(%%v%d : %s) outs(%%v%d : %s) permutation = [", r.id, x.id, TT(x),
+               e.id, TT(e));
+  for (int i = 0; i < x.rank; i++) nv_sb_printf(&b, "%s%lld", i ? ", " : "", (long long)perm[i]);
+  nv_sb_printf(&b, "]");
+  lw_emit(L, "%s", b.s ? b.s : "");
+  nv_sb_free(&b);
+  return r;
+}
+
 /* ---- per-op rules ----------------------------------------------------- */
+
+double lw_fattr(MlirOperation op, const char *name) {
+  return mlirFloatAttrGetValueDouble(mlirOperationGetAttributeByName(op, nova_str(name)));
+}
 
 int64_t lw_iattr(MlirOperation op, const char *name) {
   return mlirIntegerAttrGetValueInt(mlirOperationGetAttributeByName(op, nova_str(name)));
@@ -458,7 +480,7 @@ static tv convert(lw *L, tv x, nova_dtype to) {
   return lw_elementwise(L, 1, &x, x.rank, x.shape, to, cast_body(x.dt, to, body, sizeof body));
 }
 
-static tv lower_matmul(lw *L, tv a, tv b, const tv *res) {
+tv lw_matmul(lw *L, tv a, tv b, const tv *res) {
   if (a.rank == 2) {
     tv f = lw_filled(L, res->rank, res->shape, res->dt, 0.0);
     tv r = lw_fresh(L, res->rank, res->shape, res->dt);
@@ -797,12 +819,11 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_SIGN:
     r = lw_elementwise(L, 1, in, res.rank, res.shape, res.dt, unary_body(kind, in[0].dt, body, sizeof body));
     break;
-  case NV_OP_MATMUL: r = lower_matmul(L, in[0], in[1], &res); break;
+  case NV_OP_MATMUL: r = lw_matmul(L, in[0], in[1], &res); break;
   case NV_OP_SOFTMAX:
   case NV_OP_LOG_SOFTMAX: r = lower_softmax(L, in[0], (int)lw_iattr(op, "axis"), kind == NV_OP_LOG_SOFTMAX); break;
   case NV_OP_LAYER_NORM:
-    r = lower_layer_norm(L, in[0], in[1], in[2],
-                         mlirFloatAttrGetValueDouble(mlirOperationGetAttributeByName(op, nova_str("eps"))));
+    r = lower_layer_norm(L, in[0], in[1], in[2], lw_fattr(op, "eps"));
     break;
   case NV_OP_REDUCE_SUM:
   case NV_OP_REDUCE_MEAN:
@@ -812,16 +833,8 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_RESHAPE: r = lw_reshape(L, in[0], res.rank, res.shape); break;
   case NV_OP_TRANSPOSE: {
     int64_t perm[NOVA_MAX_RANK];
-    int n = lw_iarray(op, "perm", perm);
-    tv e = lw_empty(L, res.rank, res.shape, res.dt);
-    r = lw_fresh(L, res.rank, res.shape, res.dt);
-    nv_sbuf b = {0};
-    nv_sb_printf(&b, "%%v%d = linalg.transpose ins(%%v%d : %s) outs(%%v%d : %s) permutation = [", r.id,
-                 in[0].id, TT(in[0]), e.id, TT(e));
-    for (int i = 0; i < n; i++) nv_sb_printf(&b, "%s%lld", i ? ", " : "", (long long)perm[i]);
-    nv_sb_printf(&b, "]");
-    lw_emit(L, "%s", b.s ? b.s : "");
-    nv_sb_free(&b);
+    lw_iarray(op, "perm", perm);
+    r = lw_transpose(L, in[0], perm);
     break;
   }
   case NV_OP_BROADCAST: r = lw_elementwise(L, 1, in, res.rank, res.shape, res.dt, ""); break;
@@ -837,6 +850,7 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_SCATTER_ND: r = lw_lower_scatter_nd(L, in, (int)lw_iattr(op, "mode"), &res); break;
   case NV_OP_CUMSUM: r = lw_lower_cumsum(L, in[0], (int)lw_iattr(op, "axis"), (int)lw_iattr(op, "mode"), &res); break;
   case NV_OP_DROPOUT: r = lw_lower_dropout(L, op, in[0], in[1], in[2], &res); break;
+  case NV_OP_ATTENTION: r = lw_lower_attention(L, op, in, &res); break;
   default:
     nv_error_plain(L->c->diag, "internal: no lowering for nova.%s", nv_op_name(kind));
     return -1;

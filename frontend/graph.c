@@ -653,6 +653,49 @@ static int infer_layer_norm(nv_diag *d, nv_node *n, const nv_node *x, const nv_n
   return set_shape(d, n, x->rank, x->shape);
 }
 
+/* attention(q [B, Hq, S, D], k [B, Hk, T, D], v [B, Hk, T, Dv], bias) ->
+ * [B, Hq, S, Dv]: softmax(scale q k^T (capped), + bias) v over the keys; query
+ * head h reads KV head h / (Hq / Hk) (grouped-query attention); bias
+ * broadcasts (numpy) to [B, Hq, S, T]; rows with every key at -inf are 0. */
+static int infer_attention(nv_diag *d, nv_node *n, nv_node *const *in) {
+  const nv_node *q = in[0], *k = in[1], *v = in[2], *b = in[3];
+  static const char *const what[4] = {"q", "k", "v", "bias"};
+  for (int i = 0; i < 4; i++) {
+    if (need_float(d, n, in[i], what[i])) return -1;
+    if (in[i]->dtype != q->dtype) {
+      nv_error(d, n->loc, "attention: %s is %s; q is %s", what[i], fe_dtype_name(in[i]->dtype), fe_dtype_name(q->dtype));
+      return -1;
+    }
+  }
+  if (q->rank != 4 || k->rank != 4 || v->rank != 4) {
+    nv_error(d, n->loc, "attention: q, k and v must be [batch, heads, sequence, head size], got %s, %s, %s", SHP(q),
+             SHP(k), SHP(v));
+    return -1;
+  }
+  if (k->shape[0] != q->shape[0] || v->shape[0] != q->shape[0] || k->shape[3] != q->shape[3] ||
+      v->shape[1] != k->shape[1] || v->shape[2] != k->shape[2] || q->shape[1] % k->shape[1]) {
+    nv_error(d, n->loc, "attention: q %s, k %s and v %s do not match: expected [B, Hq, S, D], [B, Hk, T, D], "
+             "[B, Hk, T, Dv] with Hk dividing Hq", SHP(q), SHP(k), SHP(v));
+    return -1;
+  }
+  int64_t st[4] = {q->shape[0], q->shape[1], q->shape[2], k->shape[2]};
+  bool ok = b->rank <= 4;
+  for (int i = 0; ok && i < b->rank; i++) ok = b->shape[i] == 1 || b->shape[i] == st[i + 4 - b->rank];
+  if (!ok) {
+    nv_error(d, n->loc, "attention: bias %s does not broadcast to the scores %s", SHP(b),
+             fe_shape_str((char[160]){0}, 160, 4, st));
+    return -1;
+  }
+  if (isnan(n->scale)) n->scale = 1 / sqrt((double)q->shape[3]);
+  if (!isfinite(n->scale) || !(n->softcap >= 0) || !isfinite(n->softcap)) {
+    nv_error(d, n->loc, "attention: scale must be finite and softcap finite and >= 0 (0: none)");
+    return -1;
+  }
+  int64_t s[4] = {q->shape[0], q->shape[1], q->shape[2], v->shape[3]};
+  n->dtype = q->dtype;
+  return set_shape(d, n, 4, s);
+}
+
 /* Output size of a sliding window: floor (or ceil) of
  * (in + pad_b + pad_e - dil (k - 1) - 1) / stride + 1; with ceil_mode the
  * last window must start inside the input or its begin padding. */
@@ -965,6 +1008,7 @@ static int infer(nv_diag *d, nv_node *n) {
     return set_shape(d, n, in[0]->rank, in[0]->shape);
   case NV_OP_MATMUL: return infer_matmul(d, n, in[0], in[1]);
   case NV_OP_LAYER_NORM: return infer_layer_norm(d, n, in[0], in[1], in[2]);
+  case NV_OP_ATTENTION: return infer_attention(d, n, in);
   case NV_OP_REDUCE_SUM:
   case NV_OP_REDUCE_MEAN:
   case NV_OP_REDUCE_MAX:

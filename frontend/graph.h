@@ -101,7 +101,8 @@
   X(CUMSUM, "cumsum", 1, 1)                     \
   X(DROPOUT, "dropout", 3, 3)                   \
   X(SHL, "shl", 2, 2)                           \
-  X(SHR, "shr", 2, 2)
+  X(SHR, "shr", 2, 2)                           \
+  X(ATTENTION, "attention", 4, 4)
 
 /* How scatter_elements / scatter_nd combine an update with the value there. */
 enum { NV_SCATTER_NONE, NV_SCATTER_ADD, NV_SCATTER_MUL, NV_SCATTER_MAX, NV_SCATTER_MIN };
@@ -153,6 +154,7 @@ struct nv_node {
   bool keepdims;
   int64_t start, end, step;  /* slice */
   double eps;           /* layer_norm */
+  double scale, softcap; /* attention: the scores' factor; softcap > 0: cap * tanh(s / cap) */
   double value;         /* constant (scalar, broadcast to shape); dropout: the ratio */
   nova_dtype to;        /* cast */
   bool allow_empty;     /* set from the graph: a 0 dimension is not an error */

@@ -302,6 +302,21 @@ static nv_node *safe_softmax(ox_ctx *x, nv_node *s) {
   return dvd(x, e, den);
 }
 
+/* Y [B, H, S, Dv] (back to [B, S, H Dv] for 3-D inputs), then present_key,
+ * present_value and the scores (outs[0..2]) as the node asks for them. */
+static int attention_outputs(ox_ctx *x, nv_node *y, bool three, nv_node *const *outs, int nouts, ox_val *out, int nout) {
+  if (y && three) {
+    nv_node *t = ox_transpose(x, y, (int64_t[]){0, 2, 1, 3});
+    y = ox_reshape(x, t, 3, (int64_t[]){t->shape[0], t->shape[1], t->shape[2] * t->shape[3]});
+  }
+  if (!y || ox_set_out(out, y)) return -1;
+  for (int i = 1; i < nout && i <= nouts; i++) {
+    if (!outs[i - 1]) return -1;
+    out[i] = (ox_val){.node = outs[i - 1], .present = true};
+  }
+  return 0;
+}
+
 CV(cv_attention) {
   if (ox_need(x, in, nin, 3, 7)) return -1;
   nv_node *q = ox_N(x, in[0]), *k = ox_N(x, in[1]), *v = ox_N(x, in[2]);
@@ -356,8 +371,18 @@ CV(cv_attention) {
   if (!bias) return -1;
   /* grouped-query attention: KV head h serves query heads h*r .. h*r + r - 1 */
   int64_t hq = q->shape[1], hk = k->shape[1];
+  if (hk == 0 || hq % hk || v->shape[1] != hk)
+    return ox_err(x, "%lld query heads do not group over %lld KV heads", (long long)hq, (long long)hk);
+  double cap = ox_attr_f(x, "softcap", 0);
+  nova_dtype sp = ox_attr(x, "softmax_precision") ? ox_dtype_of_onnx((int32_t)ox_attr_i(x, "softmax_precision", 1)) : dt;
+  if (sp != NOVA_DTYPE_F32 && sp != NOVA_DTYPE_F64 && sp != dt) return ox_err(x, "softmax_precision must be float or double");
+  bool scores_out = nout > 3 && x->node->n_output > 3 && x->node->output[3][0];
+  if (!scores_out && (sp == dt || fe_dtype_is_half(dt))) { /* one nova.attention (half types: computed in f32) */
+    nv_node at = {.scale = scale, .softcap = cap > 0 ? cap : 0};
+    nv_node *y = ox_add(x, NV_OP_ATTENTION, 4, (nv_node *[]){q, k, v, bias}, &at);
+    return attention_outputs(x, y, three, (nv_node *[]){present_k, present_v}, 2, out, nout);
+  }
   if (hq != hk) {
-    if (hk == 0 || hq % hk || v->shape[1] != hk) return ox_err(x, "%lld query heads do not group over %lld KV heads", (long long)hq, (long long)hk);
     int64_t *ix = malloc((size_t)hq * sizeof *ix);
     if (!ix) return -1;
     for (int64_t i = 0; i < hq; i++) ix[i] = i / (hq / hk);
@@ -367,15 +392,10 @@ CV(cv_attention) {
   }
   nv_node *kt = ox_transpose(x, mul(x, k, sq), (int64_t[]){0, 1, 3, 2});
   nv_node *qk = ox_op2(x, NV_OP_MATMUL, mul(x, q, sq), kt);
-  double cap = ox_attr_f(x, "softcap", 0);
   if (qk && cap > 0) qk = mul(x, ox_op1(x, NV_OP_TANH, dvd(x, qk, K(x, qk, cap))), K(x, qk, cap));
   nv_node *qkb = add(x, qk, bias);
   if (!qkb) return -1;
-  if (ox_attr(x, "softmax_precision")) {
-    nova_dtype sp = ox_dtype_of_onnx((int32_t)ox_attr_i(x, "softmax_precision", 1));
-    if (sp != NOVA_DTYPE_F32 && sp != NOVA_DTYPE_F64) return ox_err(x, "softmax_precision must be float or double");
-    if (sp != dt) qkb = ox_add(x, NV_OP_CAST, 1, &qkb, &(nv_node){.to = sp});
-  }
+  if (sp != dt) qkb = ox_add(x, NV_OP_CAST, 1, &qkb, &(nv_node){.to = sp});
   nv_node *p = safe_softmax(x, qkb);
   /* rows whose bias masks every key are 0 */
   int64_t last = bias->rank - 1;
@@ -384,21 +404,10 @@ CV(cv_attention) {
     p = ox_op3(x, NV_OP_WHERE, ox_op2(x, NV_OP_EQUAL, bm, K(x, bias, -INFINITY)), K(x, p, 0), p);
   }
   if (p && p->dtype != dt) p = ox_add(x, NV_OP_CAST, 1, &p, &(nv_node){.to = dt});
-  nv_node *y = ox_op2(x, NV_OP_MATMUL, p, v);
-  if (!y) return -1;
-  if (three) {
-    nv_node *t = ox_transpose(x, y, (int64_t[]){0, 2, 1, 3});
-    y = ox_reshape(x, t, 3, (int64_t[]){t->shape[0], t->shape[1], t->shape[2] * t->shape[3]});
-  }
-  if (ox_set_out(out, y)) return -1;
   int64_t mode = ox_attr_i(x, "qk_matmul_output_mode", 0);
   nv_node *outs[3] = {present_k, present_v, mode == 2 ? qkb : mode == 3 ? p : qk};
   if (mode == 2 && outs[2] && outs[2]->dtype != dt) outs[2] = ox_add(x, NV_OP_CAST, 1, &outs[2], &(nv_node){.to = dt});
-  for (int i = 1; i < nout && i < 4; i++) {
-    if (!outs[i - 1]) return -1;
-    out[i] = (ox_val){.node = outs[i - 1], .present = true};
-  }
-  return 0;
+  return attention_outputs(x, ox_op2(x, NV_OP_MATMUL, p, v), three, outs, 3, out, nout);
 }
 
 /* LRN: x / (bias + alpha/size * sum of x^2 over the channel window)^beta,

@@ -333,6 +333,7 @@ static const char *allowed_attrs(nv_op op) {
   case NV_OP_SCATTER_ND: return "mode";
   case NV_OP_GATHER_ND: return "batch_dims";
   case NV_OP_LAYER_NORM: return "eps";
+  case NV_OP_ATTENTION: return "scale softcap";
   case NV_OP_REDUCE_SUM: case NV_OP_REDUCE_MEAN: case NV_OP_REDUCE_MAX: case NV_OP_REDUCE_MIN:
   case NV_OP_REDUCE_PROD: return "axes keepdims";
   case NV_OP_RESHAPE: case NV_OP_BROADCAST: return "shape";
@@ -463,9 +464,11 @@ static bool parse_attr(parser *P, nv_op op, const char *key, nv_loc kloc, nv_nod
     }
     return true;
   }
-  if (strcmp(key, "eps") == 0) {
+  if (strcmp(key, "eps") == 0 || strcmp(key, "scale") == 0 || strcmp(key, "softcap") == 0) {
     double v;
-    return parse_signed_number(P, &v, NULL, NULL) && ((a->eps = v), true);
+    if (!parse_signed_number(P, &v, NULL, NULL)) return false;
+    *(key[0] == 'e' ? &a->eps : key[1] == 'c' ? &a->scale : &a->softcap) = v;
+    return true;
   }
   int64_t v;
   if (!parse_int_value(P, key, &v)) return false;
@@ -518,6 +521,7 @@ static ev parse_call_args(parser *P, nv_op op, nv_loc loc) {
   nv_node a = {0};
   a.axis = (op == NV_OP_SOFTMAX || op == NV_OP_LOG_SOFTMAX) ? -1 : 0;
   a.eps = 1e-5;
+  a.scale = NAN; /* attention: 1 / sqrt(head size) */
   a.step = 1;
   a.groups = 1;
   for (int i = 0; i < 3; i++) a.strides[i] = a.dilations[i] = 1;
@@ -597,6 +601,10 @@ static ev parse_call_args(parser *P, nv_op op, nv_loc loc) {
       return fail_ev(P);
     }
     return (ev){.node = in[0], .loc = loc};
+  }
+  if (op == NV_OP_ATTENTION && nin == 3) { /* no bias: a scalar 0 */
+    in[nin] = fe_graph_leaf(P->g, P->d, NV_OP_CONSTANT, NULL, in[0]->dtype, 0, NULL, loc);
+    if (!in[nin++]) return fail_ev(P);
   }
   nv_node *n = fe_graph_add(P->g, P->d, op, nin, in, &a, loc);
   if (!n) return fail_ev(P);

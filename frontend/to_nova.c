@@ -108,6 +108,10 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
   case NV_OP_LAYER_NORM:
     out[k++] = named(ctx, "eps", mlirFloatAttrDoubleGet(ctx, mlirF64TypeGet(ctx), n->eps));
     break;
+  case NV_OP_ATTENTION:
+    out[k++] = named(ctx, "scale", mlirFloatAttrDoubleGet(ctx, mlirF64TypeGet(ctx), n->scale));
+    out[k++] = named(ctx, "softcap", mlirFloatAttrDoubleGet(ctx, mlirF64TypeGet(ctx), n->softcap));
+    break;
   case NV_OP_DROPOUT: /* axis: the random stream of this dropout */
     out[k++] = named(ctx, "ratio", mlirFloatAttrDoubleGet(ctx, mlirF64TypeGet(ctx), n->value));
     out[k++] = named(ctx, "stream", i64_attr(ctx, n->axis));

@@ -111,6 +111,43 @@ static nv_node *softmax(ad *A, nv_node *x, int64_t axis) {
   return mk(A, NV_OP_SOFTMAX, 1, &x, &at);
 }
 
+/* nova.attention, recomputing the probabilities P (flash attention's
+ * backward): with Z = scale q k^T (capped) + bias and Y = P v,
+ *   dv = P^T g,  dP = g v^T,  dZ = P (dP - rowsum(dP P)),
+ *   ds = dZ (1 - tanh^2) under a cap,  dq = scale ds k,  dk = scale ds^T q,
+ *   dbias = dZ summed to the bias's shape.
+ * Grouped heads use lower_attention.c's view: q as (B, Hk, R S, D), so the
+ * products with k and v run per KV head and dk, dv sum over its R query
+ * heads by the matmul itself. */
+static void attention_rule(ad *A, nv_node *y, nv_node *g) {
+  nv_node *q = y->in[0], *k = y->in[1], *v = y->in[2], *bias = y->in[3];
+  nova_dtype dt = y->dtype;
+  int64_t B = q->shape[0], hq = q->shape[1], S = q->shape[2], D = q->shape[3];
+  int64_t hk = k->shape[1], T = k->shape[2], R = hq / hk, last = 3;
+  int64_t g4s[4] = {B, hk, R * S, D}, full[4] = {B, hq, S, T}, grp[4] = {B, hk, R * S, T};
+  nv_node *q4 = reshape(A, q, 4, g4s);
+  nv_node *s = reshape(A, b2(A, NV_OP_MATMUL, q4, tr_last(A, k)), 4, full);
+  s = mul(A, s, konst(A, dt, y->scale));
+  nv_node *th = y->softcap > 0 ? u1(A, NV_OP_TANH, dvd(A, s, konst(A, dt, y->softcap))) : NULL;
+  nv_node *z = add(A, th ? mul(A, th, konst(A, dt, y->softcap)) : s, bias);
+  nv_node *m = fe_reduce(A->g, A->d, NV_OP_REDUCE_MAX, z, 1, &last, true, A->loc);
+  nv_node *ms = w3(A, b2(A, NV_OP_EQUAL, m, konst(A, dt, -INFINITY)), konst(A, dt, 0), m);
+  nv_node *e = u1(A, NV_OP_EXP, sub(A, z, ms));
+  nv_node *l = rsum(A, e, 1, &last, true);
+  nv_node *p = dvd(A, e, w3(A, b2(A, NV_OP_EQUAL, l, konst(A, dt, 0)), konst(A, dt, 1), l));
+  nv_node *p4 = reshape(A, p, 4, grp);
+  nv_node *g4 = reshape(A, g, 4, (int64_t[]){B, hk, R * S, v->shape[3]});
+  if (A->needs[v->id]) accumulate(A, v, b2(A, NV_OP_MATMUL, tr_last(A, p4), g4));
+  if (!A->needs[q->id] && !A->needs[k->id] && !A->needs[bias->id]) return;
+  nv_node *dp = reshape(A, b2(A, NV_OP_MATMUL, g4, tr_last(A, v)), 4, full);
+  nv_node *dz = mul(A, p, sub(A, dp, rsum(A, mul(A, dp, p), 1, &last, true)));
+  if (A->needs[bias->id]) accumulate(A, bias, unbroadcast(A, dz, bias));
+  nv_node *ds = th ? mul(A, dz, sub(A, konst(A, dt, 1), mul(A, th, th))) : dz;
+  nv_node *ds4 = reshape(A, mul(A, ds, konst(A, dt, y->scale)), 4, grp);
+  if (A->needs[q->id]) accumulate(A, q, reshape(A, b2(A, NV_OP_MATMUL, ds4, k), 4, q->shape));
+  if (A->needs[k->id]) accumulate(A, k, b2(A, NV_OP_MATMUL, tr_last(A, ds4), q4));
+}
+
 static bool rule(ad *A, nv_node *y, nv_node *g) {
   nv_node **in = y->in, *x = y->nin ? in[0] : NULL;
   nova_dtype dt = y->dtype;
@@ -281,6 +318,7 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     accumulate(A, x, sub(A, g, mul(A, u1(A, NV_OP_EXP, y), rsum(A, g, 1, &ax, true))));
     return true;
   }
+  case NV_OP_ATTENTION: attention_rule(A, y, g); return true;
   case NV_OP_LAYER_NORM: {
     /* xhat = (x - mu) rstd; dgamma = sum(g xhat), dbeta = sum(g),
      * dx = rstd (gh - mean(gh) - xhat mean(gh xhat)), gh = g gamma */

@@ -306,6 +306,35 @@ grad_case("layer_norm", ["layer_norm"], "r = layer_norm(x, g, b)", {"x": u(2, 3,
 grad_case("layer_norm_eps", ["layer_norm"], "r = layer_norm(x, g, b, eps=0.1)", {"x": u(4, 5), "g": u(5), "b": u(5)},
           lambda x, g, b: layer_norm(x, g, b, 0.1))
 
+# attention: MHA, grouped heads, scale, softcap, a broadcast bias (trained), a
+# mask with -inf including a fully masked row (its output is 0)
+def attention_ref(q, k, v, bias=0.0, scale=None, cap=0.0):
+    rep = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    s = (q @ np.swapaxes(k, -1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if cap:
+        s = cap * np.tanh(s / cap)
+    z = s + bias
+    m = z.max(-1, keepdims=True)
+    e = np.exp(z - np.where(m == -np.inf, 0, m))
+    den = e.sum(-1, keepdims=True)
+    return (e / np.where(den == 0, 1, den)) @ v
+
+
+_mask = np.where(rng.random((3, 5)) < 0.3, -np.inf, 0.0)
+_mask[1, :] = -np.inf
+_mask[0, 0] = 0.0
+grad_case("attention_mha", ["attention"], "r = attention(q, k, v)",
+          {"q": u(2, 2, 3, 4), "k": u(2, 2, 5, 4), "v": u(2, 2, 5, 3)}, attention_ref)
+grad_case("attention_gqa_scale", ["attention"], "r = attention(q, k, v, scale=0.3)",
+          {"q": u(1, 4, 3, 4), "k": u(1, 2, 5, 4), "v": u(1, 2, 5, 6)}, lambda q, k, v: attention_ref(q, k, v, scale=0.3))
+grad_case("attention_softcap_bias", ["attention"], "r = attention(q, k, v, b, softcap=1.5)",
+          {"q": u(2, 3, 3, 4), "k": u(2, 3, 4, 4), "v": u(2, 3, 4, 2), "b": u(3, 1, 4)},
+          lambda q, k, v, b: attention_ref(q, k, v, b, cap=1.5))
+grad_case("attention_masked", ["attention"], "r = attention(q, k, v, mask)",
+          {"q": u(2, 2, 3, 4), "k": u(2, 1, 5, 4), "v": u(2, 1, 5, 3)},
+          lambda q, k, v, mask: attention_ref(q, k, v, mask), inputs={"mask": _mask})
+
 # reductions
 grad_case("reduce_sum_all", ["reduce_sum"], "r = reduce_sum(a)", {"a": u(3, 4, 5)}, lambda a: a.sum())
 grad_case("reduce_sum_axes", ["reduce_sum"], "r = reduce_sum(a, axes=[0, 2])", {"a": u(3, 4, 5)},
