@@ -237,7 +237,7 @@ static int tab_put(ox_table *t, const char *name, ox_val v) {
   if (2 * (t->n + 1) > t->cap) {
     ox_table bigger = {calloc(t->cap * 2, sizeof(ox_entry)), t->cap * 2, 0, NULL};
     if (!bigger.e) {
-      ox_tensor_free(v.k);
+      ox_val_free(&v);
       return -1;
     }
     for (size_t i = 0; i < t->cap; i++)
@@ -251,12 +251,12 @@ static int tab_put(ox_table *t, const char *name, ox_val v) {
   }
   ox_entry *e = tab_find(t, name);
   if (e->name) { /* redefinition (SSA violation): keep the first, report */
-    ox_tensor_free(v.k);
+    ox_val_free(&v);
     return 1;
   }
   e->name = strdup(name);
   if (!e->name) {
-    ox_tensor_free(v.k);
+    ox_val_free(&v);
     return -1;
   }
   e->v = v;
@@ -278,7 +278,7 @@ static void tab_free(ox_table *t) {
   for (size_t i = 0; i < t->cap; i++)
     if (t->e[i].name) {
       free(t->e[i].name);
-      ox_tensor_free(t->e[i].v.k);
+      ox_val_free(&t->e[i].v);
     }
   free(t->e);
 }
@@ -429,7 +429,8 @@ static int64_t opset_of(ox_ctx *x, const Onnx__ModelProto *m) {
 static nv_node *make_input(ox_ctx *x, const Onnx__ValueInfoProto *vi) {
   const char *name = vi->name ? vi->name : "";
   if (!vi->type || vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !vi->type->tensor_type) {
-    ox_err(x, "graph input '%s' is not a tensor (sequences, maps and optionals are not supported)", name);
+    ox_err(x, "graph input '%s' is not a tensor but %s; the step's inputs are tensors (sequences, maps and "
+           "optionals are not supported)", name, ox_type_str(vi->type, (char[400]){0}, 400));
     return NULL;
   }
   const Onnx__TypeProto__Tensor *tt = vi->type->tensor_type;
@@ -492,6 +493,18 @@ bool ox_used_by_nodes(const Onnx__GraphProto *gr, const char *name) {
   return false;
 }
 
+/* A graph output declared, or computed, as something else than a tensor. */
+static int output_not_tensor(ox_ctx *x, const Onnx__ValueInfoProto *vi, ox_val v) {
+  if (vi->type && vi->type->value_case != ONNX__TYPE_PROTO__VALUE__NOT_SET &&
+      vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE)
+    return ox_err(x, "graph output '%s' is not a tensor but %s; the step's outputs are tensors (sequences, maps and "
+                  "optionals are not supported)", vi->name, ox_type_str(vi->type, (char[400]){0}, 400));
+  if (v.seq)
+    return ox_err(x, "graph output '%s' is a sequence of %d %s tensors; the step's outputs are tensors (sequences are "
+                  "not supported there)", vi->name, v.seq->n, fe_dtype_name(v.seq->dt));
+  return 0;
+}
+
 /* Checks a computed output against what the model declares. */
 static int check_declared(ox_ctx *x, const Onnx__ValueInfoProto *vi, const nv_node *n) {
   if (!vi->type || vi->type->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !vi->type->tensor_type) return 0;
@@ -522,6 +535,7 @@ static int import_nodes(ox_ctx *x, ox_table *tab, const Onnx__GraphProto *gr);
  * node's. */
 static int import_if(ox_ctx *x, ox_table *tab, ox_val *in, int nin, ox_val *out, int nout) {
   if (nin != 1 || !in[0].present) return ox_err(x, "takes one input, the condition");
+  if (ox_tensors_only(x, in, nin)) return -1;
   if (!in[0].k) return ox_err(x, "the condition must be known when compiling (a branch chosen at run time is not supported)");
   if (ox_numel(in[0].k) != 1) return ox_err(x, "the condition must hold one element");
   const char *which = ox_geti(in[0].k, 0) ? "then_branch" : "else_branch";
@@ -540,24 +554,9 @@ static int import_if(ox_ctx *x, ox_table *tab, ox_val *in, int nin, ox_val *out,
   for (int j = 0; !rc && j < nout; j++) {
     ox_entry *e = br->output[j]->name ? tab_lookup(tab, br->output[j]->name) : NULL;
     if (!e || !e->name) return ox_err(x, "%s output '%s' is not computed", which, br->output[j]->name ? br->output[j]->name : "");
-    out[j] = e->v;
-    if (e->v.k) { /* the table keeps its own: a copy */
-      out[j].k = ox_tensor_new(e->v.k->dt, e->v.k->rank, e->v.k->shape);
-      if (!out[j].k) return -1;
-      memcpy(out[j].k->data, e->v.k->data, (size_t)ox_numel(e->v.k) * fe_dtype_size(e->v.k->dt));
-    }
+    if (ox_val_copy(e->v, &out[j])) return -1; /* the table keeps its own */
   }
   return rc;
-}
-
-/* A value the caller owns (a known tensor copied). */
-static int own_copy(ox_val v, ox_val *out) {
-  *out = v;
-  if (!v.k) return 0;
-  out->k = ox_tensor_new(v.k->dt, v.k->rank, v.k->shape);
-  if (!out->k) return -1;
-  memcpy(out->k->data, v.k->data, (size_t)ox_numel(v.k) * fe_dtype_size(v.k->dt));
-  return 0;
 }
 
 /* Scan (opset 9 on), unrolled: each iteration imports the body in a table of
@@ -573,6 +572,7 @@ static int import_scan(ox_ctx *x, ox_table *tab, ox_val *in, int nin, ox_val *ou
     return ox_err(x, "num_scan_inputs, the inputs and outputs do not agree with the body");
   if (body->n_initializer) return ox_err(x, "initializers inside the body are not supported");
   if (x->depth >= 16) return ox_err(x, "subgraphs nested more than 16 deep");
+  if (ox_tensors_only(x, in, nin)) return -1;
   int64_t iax[32] = {0}, idir[32] = {0}, oax[32] = {0}, odir[32] = {0};
   ox_attr_ints(x, "scan_input_axes", iax, 32), ox_attr_ints(x, "scan_input_directions", idir, 32);
   ox_attr_ints(x, "scan_output_axes", oax, 32), ox_attr_ints(x, "scan_output_directions", odir, 32);
@@ -598,7 +598,7 @@ static int import_scan(ox_ctx *x, ox_table *tab, ox_val *in, int nin, ox_val *ou
     if (!it.e) rc = -1;
     for (int i = 0; i < nin && !rc; i++) {
       ox_val v;
-      if (i < N) rc = own_copy(st[i], &v);
+      if (i < N) rc = ox_val_copy(st[i], &v);
       else {
         nv_node *a = sin[i - N];
         int64_t p = idir[i - N] ? T - 1 - t : t, s[NOVA_MAX_RANK];
@@ -622,20 +622,20 @@ static int import_scan(ox_ctx *x, ox_table *tab, ox_val *in, int nin, ox_val *ou
         break;
       }
       if (i < N) { /* the next state */
-        if (own[i]) ox_tensor_free(st[i].k);
-        rc = own_copy(e->v, &st[i]);
-        own[i] = st[i].k != NULL;
+        if (own[i]) ox_val_free(&st[i]);
+        rc = ox_val_copy(e->v, &st[i]);
+        own[i] = true;
       } else
         rc = (ys[(i - N) * T + t] = ox_node(x, e->v)) ? 0 : -1;
     }
     tab_free(&it);
   }
   for (int i = 0; i < N && !rc; i++) {
-    rc = own_copy(st[i], &out[i]);
+    rc = ox_val_copy(st[i], &out[i]);
     out[i].present = true;
   }
   for (int i = 0; i < N; i++)
-    if (own[i]) ox_tensor_free(st[i].k);
+    if (own[i]) ox_val_free(&st[i]);
   for (int j = 0; j < K && !rc; j++) { /* stack: a new axis of length T */
     nv_node *acc = NULL, *first = ys[j * T];
     if (!first) {
@@ -701,7 +701,7 @@ static int import_nodes(ox_ctx *x, ox_table *tab, const Onnx__GraphProto *gr) {
     for (size_t j = 0; j < OX_MAX_IO; j++) {
       const char *nm = j < nd->n_output ? nd->output[j] : NULL;
       if (err || !nm || !*nm || !out[j].present) {
-        ox_tensor_free(out[j].k);
+        ox_val_free(&out[j]);
         continue;
       }
       int r = tab_put(tab, nm, out[j]); /* frees the value when it fails */
@@ -776,6 +776,7 @@ static int import_graph(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_rol
       ox_err(x, "graph output '%s' is not computed by any node", nm ? nm : "");
       goto out;
     }
+    if (output_not_tensor(x, gr->output[i], e->v)) goto out;
     nv_node *n = ox_node(x, e->v);
     if (!n || check_declared(x, gr->output[i], n) || fe_graph_add_output(x->g, x->d, nm, n, x->loc)) goto out;
   }

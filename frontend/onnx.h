@@ -2,12 +2,14 @@
  * compile-time evaluator of constant subgraphs (onnx_fold.c) and the
  * per-operator converters (onnx_ops.c).
  *
- * Every ONNX value is either a graph node (computed by the step) or a host
- * tensor known at compile time (initializers that are not parameters,
+ * Every ONNX tensor value is either a graph node (computed by the step) or a
+ * host tensor known at compile time (initializers that are not parameters,
  * Constant nodes, and everything computed from known values only: the
  * Shape -> Gather -> Unsqueeze -> Concat -> Reshape arithmetic exporters
  * write).  Known values are folded on the host and become graph constants
- * only where a computed op needs them.
+ * only where a computed op needs them.  An ONNX sequence is a list of such
+ * tensor values whose length is known at compile time (onnx_seq.c): it never
+ * reaches the step.
  */
 #ifndef NOVA_ONNX_H
 #define NOVA_ONNX_H
@@ -22,11 +24,23 @@ typedef struct ox_tensor { /* a value known at compile time (owned data) */
   void *data;
 } ox_tensor;
 
+typedef struct ox_seq ox_seq;
+
 typedef struct ox_val {
   nv_node *node;   /* computed by the step, or */
-  ox_tensor *k;    /* known now (owned by the value table) */
+  ox_tensor *k;    /* known now (owned by the value table), or */
+  ox_seq *seq;     /* a sequence of tensor values (owned by the value table) */
   bool present;    /* false for an omitted optional input ("") */
 } ox_val;
+
+/* An ONNX sequence: its length and each element's shape are known at
+ * compile time.  Elements are tensor values (node or k, never seq), each
+ * owned by the sequence; dt is the element type (an empty one has it too). */
+struct ox_seq {
+  nova_dtype dt;
+  int n, cap;
+  ox_val *v;
+};
 
 typedef struct ox_ctx {
   nv_diag *d;
@@ -80,6 +94,22 @@ const char *ox_onnx_type_name(int32_t onnx_type); /* "float16", ... */
 int ox_val_rank(ox_val v);
 const int64_t *ox_val_shape(ox_val v);
 
+/* ---- sequences (onnx_seq.c) ---- */
+ox_seq *ox_seq_create(nova_dtype dt);
+void ox_seq_destroy(ox_seq *s);
+/* Frees what v owns (its known tensor or sequence) and clears those fields. */
+void ox_val_free(ox_val *v);
+/* *out = a copy of v that the caller owns (known tensors and sequences
+ * copied, nodes shared); -1 when memory runs out. */
+int ox_val_copy(ox_val v, ox_val *out);
+/* Whether op takes sequence operands (the sequence operators, Identity). */
+bool ox_takes_seq(const char *op);
+/* -1 after "input I ('NAME') is a sequence ..." if one of in[0..nin) is a
+ * sequence: every operator but those of ox_takes_seq takes tensors only. */
+int ox_tensors_only(ox_ctx *x, const ox_val *in, int nin);
+/* T as "tensor(float)", "seq(tensor(int64))", "map(int64,tensor(float))", ... */
+const char *ox_type_str(const Onnx__TypeProto *t, char *buf, size_t n);
+
 /* ---- initializer roles with --train (onnx_roles.c) ---- */
 /* Fills x->g->inits from the model and R (see onnx_roles.c for the rule);
  * -1 after a diagnostic (a --freeze or --train-only pattern that matches
@@ -112,10 +142,11 @@ typedef struct ox_op_entry {
  * reductions), onnx_index.c (indexing, padding, tiling), onnx_nn.c
  * (attention, rotary embeddings, normalizations, space/depth moves),
  * onnx_resize.c (Resize, Upsample), onnx_einsum.c (Einsum), onnx_rnn.c (RNN,
- * GRU, LSTM), onnx_dft.c (DFT). */
+ * GRU, LSTM), onnx_dft.c (DFT), onnx_seq.c (the sequence operators). */
 extern const ox_op_entry ox_math_ops[], ox_index_ops[], ox_nn_ops[], ox_resize_ops[], ox_einsum_ops[], ox_rnn_ops[],
-    ox_dft_ops[];
-extern const size_t ox_math_nops, ox_index_nops, ox_nn_nops, ox_resize_nops, ox_einsum_nops, ox_rnn_nops, ox_dft_nops;
+    ox_dft_ops[], ox_seq_ops[];
+extern const size_t ox_math_nops, ox_index_nops, ox_nn_nops, ox_resize_nops, ox_einsum_nops, ox_rnn_nops, ox_dft_nops,
+    ox_seq_nops;
 
 /* Helpers the converters share (each returns NULL/-1 after a diagnostic). */
 int ox_need(ox_ctx *x, ox_val *in, int nin, int min, int max); /* input count; the first min present */

@@ -206,6 +206,7 @@ static int cv_cast(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
 static int cv_identity(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
   if (ox_need(x, in, nin, 1, 1)) return -1;
+  if (in[0].seq) return ox_val_copy(in[0], out); /* a sequence passes as it is */
   return ox_set_out(out, ox_N(x, in[0]));
 }
 
@@ -1188,7 +1189,7 @@ static const ox_op_entry table[] = {
 
 static ox_conv_fn lookup(const char *op) {
   const struct { const ox_op_entry *t; size_t n; } tabs[] = {
-      {table, sizeof table / sizeof *table}, {ox_math_ops, ox_math_nops}, {ox_index_ops, ox_index_nops}, {ox_nn_ops, ox_nn_nops}, {ox_resize_ops, ox_resize_nops}, {ox_einsum_ops, ox_einsum_nops}, {ox_rnn_ops, ox_rnn_nops}, {ox_dft_ops, ox_dft_nops}};
+      {table, sizeof table / sizeof *table}, {ox_math_ops, ox_math_nops}, {ox_index_ops, ox_index_nops}, {ox_nn_ops, ox_nn_nops}, {ox_resize_ops, ox_resize_nops}, {ox_einsum_ops, ox_einsum_nops}, {ox_rnn_ops, ox_rnn_nops}, {ox_dft_ops, ox_dft_nops}, {ox_seq_ops, ox_seq_nops}};
   for (size_t k = 0; k < sizeof tabs / sizeof *tabs; k++)
     for (size_t i = 0; i < tabs[k].n; i++)
       if (!strcmp(tabs[k].t[i].name, op)) return tabs[k].t[i].fn;
@@ -1209,6 +1210,12 @@ int ox_convert(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   if (fn) {
     if (version_gate(x, op)) return -1;
     int before = nv_diag_count(x->d);
+    if (ox_takes_seq(op) && strcmp(op, "Identity")) { /* the sequence operators fold what they can themselves */
+      int rc = fn(x, in, nin, out, nout);
+      if (rc && nv_diag_count(x->d) == before) ox_err(x, "could not be converted (memory ran out)");
+      return rc ? -1 : 0;
+    }
+    if (!ox_takes_seq(op) && ox_tensors_only(x, in, nin)) return -1; /* Identity passes a sequence on */
     int f = ox_fold(x, op, in, nin, out, nout);
     if (f < 0 && nv_diag_count(x->d) == before)
       ox_err(x, "evaluating it when compiling failed: its result is too large (more than 2^28 elements) or memory ran out");

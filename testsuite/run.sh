@@ -79,6 +79,7 @@ suite e2e-fold python3 testsuite/e2e/test_fold.py
 suite e2e-labels python3 testsuite/e2e/test_labels.py
 suite grad python3 testsuite/e2e/test_grads.py
 suite grad-onnx python3 testsuite/e2e/test_grads_onnx.py
+suite e2e-seq python3 testsuite/e2e/test_sequence_onnx.py
 suite e2e-train python3 testsuite/e2e/test_train_onnx.py
 suite e2e-checkpoint python3 testsuite/e2e/test_checkpoint.py
 suite zoo python3 testsuite/zoo/test_zoo.py

@@ -419,10 +419,46 @@ def _():
     return unary("Relu", [2, 3], [2, 3], elem=TensorProto.UINT8)
 
 
-@case("input_sequence", "graph input 'x' is not a tensor")
+@case("input_sequence", "graph input 'x' is not a tensor but seq(tensor(float))")
 def _():
     seq = helper.make_tensor_sequence_value_info("x", F, [2, 3])
     return model([helper.make_node("Identity", ["x"], ["y"], name="id")], [seq], [vi("y", F, [2, 3])])
+
+
+def split_seq(nodes, outputs, inputs=()):
+    """x (4, 3) split into a sequence s of four (1, 3) rows, then nodes."""
+    return model([helper.make_node("SplitToSequence", ["x"], ["s"], name="split")] + nodes,
+                 [vi("x", F, [4, 3])] + list(inputs), outputs)
+
+
+@case("output_sequence", "graph output 's' is not a tensor but seq(tensor(float))")
+def _():
+    return split_seq([], [helper.make_tensor_sequence_value_info("s", F, [1, 3])])
+
+
+@case("sequence_at_position_not_known", "node 'at' (SequenceAt): error: the position must be known when compiling")
+def _():
+    return split_seq([helper.make_node("SequenceAt", ["s", "i"], ["y"], name="at")], [vi("y", F, [1, 3])],
+                     [vi("i", I64, [])])
+
+
+@case("sequence_at_position_out_of_range",
+      "node 'at' (SequenceAt): error: position -5 is out of range for a sequence of 4 tensors ([-4, 3])")
+def _():
+    return split_seq([helper.make_node("Constant", [], ["i"], value=helper.make_tensor("i", I64, [], [-5])),
+                      helper.make_node("SequenceAt", ["s", "i"], ["y"], name="at")], [vi("y", F, [1, 3])])
+
+
+@case("sequence_into_tensor_op", "node 'r' (Relu): error: input 0 ('s') is a sequence of 4 tensors; Relu takes a tensor there")
+def _():
+    return split_seq([helper.make_node("Relu", ["s"], ["y"], name="r")], [vi("y", F, [1, 3])])
+
+
+@case("split_to_sequence_sizes_mismatch", "node 'split' (SplitToSequence): error: split sizes add up to 3, the axis has 4")
+def _():
+    return model([helper.make_node("SplitToSequence", ["x", "sz"], ["s"], name="split"),
+                  helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=0, name="cat")],
+                 [vi("x", F, [4, 3])], [vi("y", F, [4, 3])], [const("sz", np.array([1, 2], np.int64))])
 
 
 @case("input_no_shape", "graph input 'x' has no shape")
