@@ -142,11 +142,12 @@ typedef struct ox_op_entry {
  * reductions), onnx_index.c (indexing, padding, tiling), onnx_nn.c
  * (attention, rotary embeddings, normalizations, space/depth moves),
  * onnx_resize.c (Resize, Upsample), onnx_einsum.c (Einsum), onnx_rnn.c (RNN,
- * GRU, LSTM), onnx_dft.c (DFT), onnx_seq.c (the sequence operators). */
+ * GRU, LSTM), onnx_dft.c (DFT), onnx_seq.c (the sequence operators),
+ * onnx_qlinear.c (MatMulInteger, ConvInteger, QLinearMatMul, QLinearConv). */
 extern const ox_op_entry ox_math_ops[], ox_index_ops[], ox_nn_ops[], ox_resize_ops[], ox_einsum_ops[], ox_rnn_ops[],
-    ox_dft_ops[], ox_seq_ops[];
+    ox_dft_ops[], ox_seq_ops[], ox_qlinear_ops[];
 extern const size_t ox_math_nops, ox_index_nops, ox_nn_nops, ox_resize_nops, ox_einsum_nops, ox_rnn_nops, ox_dft_nops,
-    ox_seq_nops;
+    ox_seq_nops, ox_qlinear_nops;
 
 /* Helpers the converters share (each returns NULL/-1 after a diagnostic). */
 int ox_need(ox_ctx *x, ox_val *in, int nin, int min, int max); /* input count; the first min present */
@@ -165,6 +166,12 @@ nv_node *ox_slice1(ox_ctx *x, nv_node *a, int64_t axis, int64_t start, int64_t e
 int ox_norm_axis(ox_ctx *x, int64_t *axis, int rank);
 /* a [d0..dr) as [d0 * .. * d(axis-1), d(axis) * ..], axis then 1 (opset < 13 Softmax, Hardmax). */
 nv_node *ox_coerce_2d(ox_ctx *x, nv_node *a, int64_t *axis);
+/* ONNX MatMul of a and b (numpy semantics: 1-D operands promoted, batch
+ * dims broadcast; onnx_ops.c). */
+nv_node *ox_matmul(ox_ctx *x, nv_node *a, nv_node *b);
+/* The Conv converter: in[0] convolved with in[1] (plus the bias in[2]) by
+ * the current node's Conv attributes (onnx_ops.c). */
+int ox_conv(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout);
 /* a gathered along axis at the known positions v[0..n) (onnx_index.c). */
 nv_node *ox_pick(ox_ctx *x, nv_node *a, int64_t axis, const int64_t *v, int64_t n);
 /* a with `before` and `after` zeros added along axis (onnx_index.c). */

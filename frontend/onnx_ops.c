@@ -253,7 +253,7 @@ static int cv_dropout(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
 /* ---- matrix products ---------------------------------------------------- */
 
 /* ONNX MatMul: numpy semantics (1-D operands promoted, batch dims broadcast). */
-static nv_node *matmul(ox_ctx *x, nv_node *a, nv_node *b) {
+nv_node *ox_matmul(ox_ctx *x, nv_node *a, nv_node *b) {
   if (!a || !b) return NULL;
   int ra = a->rank, rb = b->rank;
   if (ra == 0 || rb == 0) {
@@ -298,7 +298,7 @@ static nv_node *matmul(ox_ctx *x, nv_node *a, nv_node *b) {
 static int cv_matmul(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
   if (ox_need(x, in, nin, 2, 2)) return -1;
-  return ox_set_out(out, matmul(x, ox_N(x, in[0]), ox_N(x, in[1])));
+  return ox_set_out(out, ox_matmul(x, ox_N(x, in[0]), ox_N(x, in[1])));
 }
 
 static int cv_gemm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
@@ -980,7 +980,7 @@ static int window_attrs(ox_ctx *x, nv_node *at, const nv_node *a, bool with_dila
   return 0;
 }
 
-static int cv_conv(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
+int ox_conv(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
   if (ox_need(x, in, nin, 2, 3)) return -1;
   nv_node *a = ox_N(x, in[0]), *w = ox_N(x, in[1]);
@@ -999,53 +999,6 @@ static int64_t stride_of(const ox_tensor *t, int d) {
   int64_t s = 1;
   for (int i = d + 1; i < t->rank; i++) s *= t->shape[i];
   return s;
-}
-
-/* v - zero point, in float64 (exact for every product sum of 8- and 16-bit
- * integers); a zero point of several entries runs along axis zaxis of v. */
-static nv_node *int_operand(ox_ctx *x, ox_val *in, int nin, int i, int zi, int zaxis) {
-  nv_node *v = ox_N(x, in[i]);
-  if (!v || !fe_dtype_is_int(v->dtype)) {
-    if (v) ox_err(x, "input %d must be an integer tensor, got %s", i, fe_dtype_name(v->dtype));
-    return NULL;
-  }
-  nv_node f64 = {.to = NOVA_DTYPE_F64};
-  nv_node *f = ox_add(x, NV_OP_CAST, 1, &v, &f64);
-  if (nin > zi && in[zi].present) {
-    nv_node *z = ox_N(x, in[zi]);
-    if (z && fe_numel(z) > 1 && f) { /* per row (A), column (B) or filter (w) */
-      int ax = zaxis < 0 ? f->rank + zaxis : zaxis;
-      int64_t s[NOVA_MAX_RANK];
-      for (int k = 0; k < f->rank; k++) s[k] = k == ax ? fe_numel(z) : 1;
-      z = ox_reshape(x, z, f->rank, s);
-    }
-    f = z ? ox_op2(x, NV_OP_SUB, f, ox_add(x, NV_OP_CAST, 1, &z, &f64)) : NULL;
-  }
-  return f;
-}
-
-static int to_int32(ox_ctx *x, nv_node *y, ox_val *out) {
-  nv_node i32 = {.to = NOVA_DTYPE_I32};
-  return ox_set_out(out, y ? ox_add(x, NV_OP_CAST, 1, &y, &i32) : NULL);
-}
-
-/* MatMulInteger: (A - a_zero_point) @ (B - b_zero_point) in int32. */
-static int cv_matmul_integer(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
-  (void)nout;
-  if (ox_need(x, in, nin, 2, 4)) return -1;
-  nv_node *a = int_operand(x, in, nin, 0, 2, -2), *b = int_operand(x, in, nin, 1, 3, -1);
-  return to_int32(x, a && b ? matmul(x, a, b) : NULL, out);
-}
-
-/* ConvInteger: the convolution of (x - x_zero_point), padded with 0 (the
- * zero point itself), and (w - w_zero_point, per filter), in int32. */
-static int cv_conv_integer(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
-  if (ox_need(x, in, nin, 2, 4)) return -1;
-  nv_node *a = int_operand(x, in, nin, 0, 2, -1), *w = int_operand(x, in, nin, 1, 3, 0);
-  if (!a || !w) return -1;
-  ox_val fin[2] = {{.node = a, .present = true}, {.node = w, .present = true}}, fo[1] = {{0}};
-  if (cv_conv(x, fin, 2, fo, nout)) return -1;
-  return to_int32(x, fo[0].node, out);
 }
 
 /* NonZero of a value known when compiling: the [rank, count] int64 positions. */
@@ -1183,13 +1136,14 @@ static const ox_op_entry table[] = {
     {"Shape", cv_shape}, {"Range", cv_range}, {"Trilu", cv_trilu}, {"ReduceSum", cv_reduce_sum},
     {"ReduceMean", cv_reduce_mean}, {"ReduceMax", cv_reduce_max}, {"SoftmaxCrossEntropyLoss", cv_sce_loss},
     {"NegativeLogLikelihoodLoss", cv_nll_loss}, {"GlobalAveragePool", cv_global_avg_pool},
-    {"Conv", cv_conv}, {"ConvInteger", cv_conv_integer}, {"MatMulInteger", cv_matmul_integer}, {"NonZero", cv_nonzero},
+    {"Conv", ox_conv}, {"NonZero", cv_nonzero},
     {"ConvTranspose", cv_conv_transpose}, {"LpPool", cv_lp_pool}, {"MaxPool", cv_max_pool}, {"AveragePool", cv_avg_pool},
 };
 
 static ox_conv_fn lookup(const char *op) {
   const struct { const ox_op_entry *t; size_t n; } tabs[] = {
-      {table, sizeof table / sizeof *table}, {ox_math_ops, ox_math_nops}, {ox_index_ops, ox_index_nops}, {ox_nn_ops, ox_nn_nops}, {ox_resize_ops, ox_resize_nops}, {ox_einsum_ops, ox_einsum_nops}, {ox_rnn_ops, ox_rnn_nops}, {ox_dft_ops, ox_dft_nops}, {ox_seq_ops, ox_seq_nops}};
+      {table, sizeof table / sizeof *table}, {ox_math_ops, ox_math_nops}, {ox_index_ops, ox_index_nops}, {ox_nn_ops, ox_nn_nops}, {ox_resize_ops, ox_resize_nops}, {ox_einsum_ops, ox_einsum_nops}, {ox_rnn_ops, ox_rnn_nops}, {ox_dft_ops, ox_dft_nops},
+      {ox_seq_ops, ox_seq_nops}, {ox_qlinear_ops, ox_qlinear_nops}};
   for (size_t k = 0; k < sizeof tabs / sizeof *tabs; k++)
     for (size_t i = 0; i < tabs[k].n; i++)
       if (!strcmp(tabs[k].t[i].name, op)) return tabs[k].t[i].fn;

@@ -148,6 +148,27 @@ static void attention_rule(ad *A, nv_node *y, nv_node *g) {
   if (A->needs[k->id]) accumulate(A, k, b2(A, NV_OP_MATMUL, tr_last(A, ds4), q4));
 }
 
+/* The gradient of y = cumprod(x) (cumsum with NV_CUMSUM_PRODUCT, every
+ * exclusive/reverse mode), correct where x has zeros (PyTorch's
+ * cumprod_backward, in scan order along each line): before the line's
+ * first zero z, dx_i = sum g_j y_j / x_i over j >= i (j > i: exclusive),
+ * the sum the other way round (x_i is not 0 there, and every y_j after z
+ * is); at z, the same sum of g_j y'_j with y' the running product of x
+ * with x_z set to 1; after z, 0 (each product holds x_z). */
+static nv_node *cumprod_grad(ad *A, nv_node *y, nv_node *g) {
+  nv_node *x = y->in[0], *one = konst(A, y->dtype, 1), *zero = konst(A, y->dtype, 0);
+  nv_node back = *y, count = *y;
+  back.mode = (y->mode & ~NV_CUMSUM_PRODUCT) ^ NV_CUMSUM_REVERSE; /* sums the other way round */
+  count.mode = y->mode & NV_CUMSUM_REVERSE;                       /* inclusive sums in scan order */
+  nv_node *isz = b2(A, NV_OP_EQUAL, x, zero);
+  nv_node *nz = mk(A, NV_OP_CUMSUM, 1, (nv_node *[]){w3(A, isz, one, zero)}, &count); /* zeros up to i */
+  nv_node *before = b2(A, NV_OP_EQUAL, nz, zero), *first = b2(A, NV_OP_AND, isz, b2(A, NV_OP_EQUAL, nz, one));
+  nv_node *t = mk(A, NV_OP_CUMSUM, 1, (nv_node *[]){mul(A, g, y)}, &back);
+  nv_node *y1 = mk(A, NV_OP_CUMSUM, 1, (nv_node *[]){w3(A, first, one, x)}, y);
+  nv_node *t1 = mk(A, NV_OP_CUMSUM, 1, (nv_node *[]){mul(A, g, y1)}, &back);
+  return w3(A, before, dvd(A, t, w3(A, isz, one, x)), w3(A, first, t1, zero));
+}
+
 static bool rule(ad *A, nv_node *y, nv_node *g) {
   nv_node **in = y->in, *x = y->nin ? in[0] : NULL;
   nova_dtype dt = y->dtype;
@@ -199,7 +220,10 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     accumulate(A, x, mk(A, NV_OP_DROPOUT, 3, (nv_node *[]){g, in[1], in[2]}, y));
     return true;
   case NV_OP_CUMSUM: { /* the sum the other way round */
-    if (y->mode & NV_CUMSUM_PRODUCT) return false; /* running products: no rule yet */
+    if (y->mode & NV_CUMSUM_PRODUCT) {
+      accumulate(A, x, cumprod_grad(A, y, g));
+      return true;
+    }
     nv_node at = *y;
     at.mode = y->mode ^ NV_CUMSUM_REVERSE;
     accumulate(A, x, mk(A, NV_OP_CUMSUM, 1, &g, &at));
@@ -635,8 +659,7 @@ static int backward(ad *A, nv_node *loss) {
     if (!A->grad[i] || !A->needs[i]) continue;
     A->loc = n->loc;
     if (!rule(A, n, A->grad[i]) && !A->failed) {
-      nv_error(A->d, n->loc, "--train: %s has no backward rule%s", nv_op_name(n->op),
-               n->op == NV_OP_CUMSUM ? " for running products (CumProd)" : "");
+      nv_error(A->d, n->loc, "--train: %s has no backward rule", nv_op_name(n->op));
       A->failed = true;
     }
   }

@@ -76,6 +76,7 @@ suite e2e-memplan python3 testsuite/e2e/test_memplan.py
 suite e2e-examples python3 testsuite/e2e/test_examples.py
 suite e2e-onnx-models python3 testsuite/e2e/test_onnx_models.py
 suite e2e-fold python3 testsuite/e2e/test_fold.py
+suite e2e-qlinear python3 testsuite/e2e/test_qlinear.py
 suite e2e-labels python3 testsuite/e2e/test_labels.py
 suite grad python3 testsuite/e2e/test_grads.py
 suite grad-onnx python3 testsuite/e2e/test_grads_onnx.py
@@ -103,7 +104,7 @@ done
 # the GPU mapping (kernels, launches, copies, constants) checked on the CPU:
 # the same numeric tests with every kernel run as loops over its grid and block
 SIM="--target=cuda --device=h100 --gpu-sim"
-for t in ops grads gemm examples onnx_models train_onnx; do
+for t in ops grads gemm examples onnx_models train_onnx qlinear; do
   suite "gpu-sim-$t" env NOVA_TEST_FLAGS="$SIM" NOVA_TEST_TAG=gpu-sim/ python3 "testsuite/e2e/test_$t.py"
 done
 # the tensor-core GEMM (mma.sync fragments emulated per warp)

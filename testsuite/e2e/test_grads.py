@@ -68,11 +68,7 @@ NOT_DIFFERENTIABLE.update({
 })
 NO_RULE = {}  # op -> a model using it; novac --train must refuse it
 # Forms of ops that have a rule, but not for these attributes (refused the same way).
-NO_RULE_FORMS = {
-    "cumsum_product": ("param x: f64[3, 4] = normal(1)\n"
-                       "output loss = reduce_sum(cumsum(x, axis=1, mode=4))\n",
-                       "cumsum has no backward rule for running products (CumProd)"),
-}
+NO_RULE_FORMS = {}  # name -> (model, message)
 
 
 # ---- the numpy reference ----------------------------------------------------
@@ -503,6 +499,34 @@ def cumsum_ref(a, axis, exclusive, reverse):
 for _m in range(4):
     grad_case("cumsum_mode%d" % _m, ["cumsum"], "r = cumsum(a, axis=1, mode=%d)" % _m, {"a": u(3, 5, 2)},
               lambda a, m=_m: cumsum_ref(a, 1, m & 1, m & 2))
+
+
+def cumprod_ref(a, axis, exclusive, reverse):
+    x = np.flip(a, axis) if reverse else a
+    c = np.cumprod(x, axis)
+    if exclusive:
+        c = np.concatenate([np.ones_like(np.take(c, [0], axis)), np.delete(c, -1, axis)], axis)
+    return np.flip(c, axis) if reverse else c
+
+
+def with_zeros(*shape):
+    """u(*shape) with exact zeros along axis 1 (length 6): one in a line, two in a row, two apart,
+    first, last, and lines without any."""
+    a = u(*shape)
+    for i, places in enumerate(([2], [1, 2], [0], [5], [1, 4], [], [3, 4, 5])):
+        a[i % shape[0], places, i // shape[0]] = 0
+    return a
+
+
+# running products (mode 4): no zeros, and zeros where the division-free parts of the rule matter
+for _m in range(4, 8):
+    grad_case("cumprod_mode%d" % _m, ["cumsum"], "r = cumsum(a, axis=1, mode=%d)" % _m, {"a": u(3, 5, 2)},
+              lambda a, m=_m: cumprod_ref(a, 1, m & 1, m & 2))
+    grad_case("cumprod_zeros_mode%d" % _m, ["cumsum"], "r = cumsum(a, axis=1, mode=%d)" % _m, {"a": with_zeros(4, 6, 2)},
+              lambda a, m=_m: cumprod_ref(a, 1, m & 1, m & 2))
+grad_case("cumprod_zeros_axis0", ["cumsum"], "r = cumsum(a, axis=0, mode=6)",
+          {"a": np.array([[0.0, 1.5, -0.7], [0.0, 0.0, 1.1], [1.3, -2.0, 0.0], [0.6, 0.9, 0.0]])},
+          lambda a: cumprod_ref(a, 0, False, True))
 
 # cross_entropy: the loss itself, times a constant
 grad_case("cross_entropy_2d", ["cross_entropy"], "r = cross_entropy(l, y)", {"l": u(6, 5, lo=-3, hi=3)},

@@ -282,3 +282,12 @@ for _m, _p in (("linear", "zeros"), ("cubic", "border"), ("nearest", "reflection
     grad_case("grid_sample_%s_%s" % (_m, _p), "GridSample", {"x": u(1, 2, 3, 4)},
               consts={"grid": rng.uniform(-1.2, 1.2, size=(1, 2, 3, 2))},
               attrs={"mode": _m, "padding_mode": _p}, opset=20)
+# CumProd: every exclusive/reverse form, on lines with exact zeros (one, two in a row, first, last)
+_cp = u(3, 5)
+_cp[0, 2] = 0
+_cp[1, 1:3] = 0
+_cp[2, [0, 4]] = 0
+for _e in (0, 1):
+    for _r in (0, 1):
+        grad_case("cumprod_zeros_exclusive%d_reverse%d" % (_e, _r), "CumProd", {"x": _cp.copy()},
+                  consts={"axis": np.array(1)}, attrs={"exclusive": _e, "reverse": _r}, opset=26)

@@ -240,6 +240,49 @@ def buffer_name_warning():
         raise Failure("--train-only=Wt,rope.*: trained %s\n%s" % (st.trained(), st.compile.stderr))
 
 
+def quantized_nodes(with_float_term):
+    """z = x Wt; loss = sum(Dequantize(QLinearMatMul(Quantize(z), Wq))) (+ sum(z^2)): the quantized
+    operators have integer results, no gradient flows through them."""
+    u8 = lambda v: np.array(v, dtype=np.uint8)
+    nodes = [helper.make_node("MatMul", ["x", "Wt"], ["z"]),
+             helper.make_node("QuantizeLinear", ["z", "zs", "zzp"], ["zq"]),
+             helper.make_node("QLinearMatMul", ["zq", "zs", "zzp", "Wq", "ws", "wzp", "ys", "yzp"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yzp"], ["r"]),
+             helper.make_node("ReduceSum", ["r"], ["lq"], keepdims=0)]
+    if with_float_term:
+        nodes += [helper.make_node("Mul", ["z", "z"], ["z2"]), helper.make_node("ReduceSum", ["z2"], ["lz"], keepdims=0),
+                  helper.make_node("Add", ["lq", "lz"], ["loss"])]
+    else:
+        nodes[-1].output[0] = "loss"
+    inits = [init("Wt", W.T.copy()), init("zs", np.float32(0.05)), init("zzp", u8(128)),
+             init("Wq", RNG.integers(0, 256, (5, 2)).astype(np.uint8)), init("ws", np.float32(0.02)), init("wzp", u8(120)),
+             init("ys", np.float32(0.1)), init("yzp", u8(100))]
+    return nodes, inits
+
+
+def quantized_ops_are_constant():
+    """QLinearMatMul between Quantize- and DequantizeLinear: Wt is trained through the float term
+    only, the scales of Quantize and QLinearMatMul are constants (ys is DequantizeLinear's too:
+    trained); without the float term, and ys frozen, nothing is trainable."""
+    st = Step(*quantized_nodes(True))
+    for n in ("zs", "ws"):
+        st.expect(n, "constant", "folded", "no differentiable path to the loss")
+    st.expect("Wq", "constant", "folded", "not floating-point")
+    if st.trained() != ["Wt", "ys"]:
+        raise Failure("trained %s, expected Wt and ys" % st.trained())
+    z = X.astype(np.float64) @ W.T
+    check_close(st.dump["grad.Wt"], 2 * X.T.astype(np.float64) @ z, 1e-5, "gradient of Wt")
+    d = tempfile.mkdtemp(prefix="nova-roles-")
+    try:
+        model = os.path.join(d, "m.onnx")
+        save(*quantized_nodes(False), path=model)
+        p = run([NOVAC, model, "--train", "--freeze=ys", "-o", os.path.join(d, "m.so")], expect_rc=1)
+        if "no trainable parameters" not in p.stderr:
+            raise Failure("a loss reached only through quantized operators: %s" % p.stderr)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def bad_patterns():
     d = tempfile.mkdtemp(prefix="nova-roles-")
     try:
@@ -272,3 +315,4 @@ case("train_roles.no_differentiable_path", no_differentiable_path)
 case("train_roles.no_differentiable_path_with_dropout", no_path_with_dropout)
 case("train_roles.buffer_name_warning", buffer_name_warning)
 case("train_roles.bad_patterns", bad_patterns)
+case("train_roles.quantized_ops_are_constant", quantized_ops_are_constant)
