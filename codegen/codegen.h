@@ -10,6 +10,9 @@
 /* irutil.c: whether OP is the operation NAME ("linalg.generic"); the
  * step's entry, the public func.func with a body (null if none). */
 bool cg_op_is(MlirOperation op, const char *name);
+/* unshare.c: before one-shot bufferization, each written tensor.empty (or
+ * fill of one) that CSE shared among writers recomputed for its writer. */
+void cg_unshare_destinations(MlirModule m);
 MlirOperation cg_entry_func(MlirModule m);
 /* Renames every function M defines (llvm.func or func.func with a body,
  * the entry included) to PREFIX + its name, uses included, so that its

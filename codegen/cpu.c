@@ -47,8 +47,19 @@ int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char 
   /* the IR is verified at the end of each stage (nova_verify); verifying
    * after every pass as well costs a tenth of a large step's compile time */
   if (!getenv("NOVAC_VERIFY_EACH_PASS")) mlirPassManagerEnableVerifier(pm, false);
+  if (getenv("NOVAC_DEBUG_PASS_TIMING")) mlirPassManagerEnableTiming(pm); /* a report per pipeline, on stderr */
   nv_sbuf err = {0};
   int rc = 0;
+  const char *dump = getenv("NOVAC_DEBUG_IR_BEFORE"); /* a stage name: the module it starts from, on stderr */
+  if (dump && !strcmp(dump, stage)) {
+    MlirOpPrintingFlags fl = mlirOpPrintingFlagsCreate();
+    mlirOpPrintingFlagsEnableDebugInfo(fl, true, false);
+    nv_sbuf b = {0};
+    mlirOperationPrintWithFlags(mlirModuleGetOperation(m), fl, cg_print_to_sbuf, &b);
+    fputs(b.s ? b.s : "", stderr);
+    nv_sb_free(&b);
+    mlirOpPrintingFlagsDestroy(fl);
+  }
   double t0 = now_ms();
   if (mlirLogicalResultIsFailure(mlirParsePassPipeline(mlirPassManagerGetAsOpPassManager(pm),
                                                        nova_str(pipeline), err_cb, &err))) {
@@ -122,6 +133,7 @@ int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, cg_plan *stats) {
 int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
   (void)opt_level;
   nv_sbuf p = {0};
+  cg_unshare_destinations(m);
   int rc = cg_run_pipeline(c, m,
                            "builtin.module(one-shot-bufferize{bufferize-function-boundaries=1 "
                            "function-boundary-type-conversion=identity-layout-map})",
@@ -146,12 +158,22 @@ typedef struct cpu_plan_args {
 
 /* The CPU pipeline from the fused module to the memory plan (-O1 and up):
  * 0 planned, 1 not plannable, -1 error. */
+/* NOVAC_DEBUG_PIPELINES: the time of a stage that is not a pass pipeline. */
+static int timed(int rc, double *t, const char *what) {
+  double t1 = now_ms();
+  if (getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: %8.1f ms  (%s)\n", t1 - *t, what);
+  *t = t1;
+  return rc;
+}
+
 static int plan_cpu(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan *plan, void *ud) {
   const cpu_plan_args *a = ud;
-  if (cg_prepare_inplace(c, g, m) || cg_fast_math(c, m) || cg_cpu_tile(c, m, a->cpu, a->opt_level) ||
-      cg_bufferize(c, m, a->opt_level, false) || cg_plan_inplace(g, m, plan))
+  double t = now_ms();
+  if (timed(cg_prepare_inplace(c, g, m), &t, "in-place updates") || timed(cg_fast_math(c, m), &t, "fast math") ||
+      timed(cg_cpu_tile(c, m, a->cpu, a->opt_level), &t, "tiling") || cg_bufferize(c, m, a->opt_level, false) ||
+      timed(cg_plan_inplace(g, m, plan), &t, "bufferization, in-place plan"))
     return -1;
-  return cg_memplan(c, m, plan);
+  return timed(cg_memplan(c, m, plan), &t, "memory plan");
 }
 
 int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_device *cpu, int opt_level,
@@ -198,7 +220,8 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
            bf16 ? "arith-expand{include-bf16=1}," : "");
   /* outlined first: the lowering to loops then runs once per distinct nest */
   int npar = 0;
-  if (cg_outline_nests(c, m)) return -1;
+  double t = now_ms();
+  if (timed(cg_outline_nests(c, m), &t, "outlining")) return -1;
   /* one function per distinct nest from here: the function-level passes
    * run on several threads (stopped again before code generation forks) */
   if (!getenv("NOVAC_JOBS") || atoi(getenv("NOVAC_JOBS")) > 1) mlirContextEnableMultithreading(c->ctx, true);
@@ -210,7 +233,7 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
   mlirContextEnableMultithreading(c->ctx, false);
   if (rc) return -1;
   if (parallel) *parallel = npar;
-  return npar > 0 ? cg_parallel_thunks(c, m) : 0;
+  return npar > 0 ? timed(cg_parallel_thunks(c, m), &t, "parallel thunks") : 0;
 }
 
 /* The entry's arguments carry {nova.name, nova.role}, which LLVM IR has no

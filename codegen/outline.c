@@ -283,6 +283,81 @@ static void dedupe(MlirContext ctx, part *p, int n) {
   mlirOpPrintingFlagsDestroy(fl);
 }
 
+/* ---- runs of straight-line code ------------------------------------------
+ * A register-tiled matmul leaves its tile as straight-line vector code in
+ * the entry: a read of C, a K loop that carries the tile in registers (an
+ * op with results), a write of C.  Each maximal run of such ops that come
+ * from one source op (one location) and whose values nothing after the run
+ * uses is wrapped in an scf.execute_region without results, which is then
+ * outlined like a loop nest.  Without it the entry kept thousands of loops,
+ * and lowering SCF to branches splits the entry's block once per loop,
+ * moving everything after it each time: time quadratic in the step. */
+
+static bool stays_in_entry(MlirOperation op) {
+  return cg_op_is(op, "arith.constant") || cg_op_is(op, "func.call") || cg_op_is(op, "func.return") ||
+         cg_op_is(op, "memref.alloc") || cg_op_is(op, "memref.alloca") || cg_op_is(op, "memref.dealloc") ||
+         cg_op_is(op, "memref.view") || cg_op_is(op, "memref.subview") || cg_op_is(op, "memref.expand_shape") ||
+         cg_op_is(op, "memref.collapse_shape") || cg_op_is(op, "memref.cast") ||
+         cg_op_is(op, "memref.reinterpret_cast") || cg_op_is(op, "ub.poison") ||
+         (mlirOperationGetNumRegions(op) > 0 && mlirOperationGetNumResults(op) == 0); /* a nest: outlined alone */
+}
+
+/* Whether a result of an op in [first, end) is used outside it. */
+static bool escapes(MlirOperation first, MlirOperation end) {
+  for (MlirOperation op = first; !mlirOperationEqual(op, end); op = mlirOperationGetNextInBlock(op))
+    for (intptr_t r = 0; r < mlirOperationGetNumResults(op); r++)
+      for (MlirOpOperand u = mlirValueGetFirstUse(mlirOperationGetResult(op, r)); !mlirOpOperandIsNull(u);
+           u = mlirOpOperandGetNextUse(u)) {
+        MlirOperation user = mlirOpOperandGetOwner(u);
+        while (!mlirOperationIsNull(user) && !mlirBlockEqual(mlirOperationGetBlock(user), mlirOperationGetBlock(first)))
+          user = mlirOperationGetParentOperation(user);
+        bool in = false;
+        for (MlirOperation q = first; !in && !mlirOperationEqual(q, end); q = mlirOperationGetNextInBlock(q))
+          in = mlirOperationEqual(q, user);
+        if (!in) return true;
+      }
+  return false;
+}
+
+/* [first, end) moved into an scf.execute_region placed where they were. */
+static void wrap(MlirBlock b, MlirOperation first, MlirOperation end) {
+  MlirLocation loc = mlirOperationGetLocation(first);
+  MlirBlock body = mlirBlockCreate(0, NULL, NULL);
+  MlirRegion region = mlirRegionCreate();
+  mlirRegionAppendOwnedBlock(region, body);
+  MlirOperationState ys = mlirOperationStateGet(nova_str("scf.yield"), loc);
+  MlirOperation yield = mlirOperationCreate(&ys);
+  mlirBlockAppendOwnedOperation(body, yield);
+  MlirOperationState es = mlirOperationStateGet(nova_str("scf.execute_region"), loc);
+  mlirOperationStateAddOwnedRegions(&es, 1, &region);
+  MlirOperation er = mlirOperationCreate(&es);
+  mlirBlockInsertOwnedOperationBefore(b, first, er);
+  for (MlirOperation op = first, next; !mlirOperationEqual(op, end); op = next) {
+    next = mlirOperationGetNextInBlock(op);
+    mlirOperationMoveBefore(op, yield);
+  }
+}
+
+static void wrap_runs(MlirBlock b) {
+  for (MlirOperation op = mlirBlockGetFirstOperation(b); !mlirOperationIsNull(op);) {
+    if (stays_in_entry(op)) {
+      op = mlirOperationGetNextInBlock(op);
+      continue;
+    }
+    MlirLocation loc = mlirOperationGetLocation(op);
+    MlirOperation end = mlirOperationGetNextInBlock(op);
+    bool nest = mlirOperationGetNumRegions(op) > 0;
+    int n = 1;
+    while (!mlirOperationIsNull(end) && !stays_in_entry(end) && mlirLocationEqual(mlirOperationGetLocation(end), loc)) {
+      nest |= mlirOperationGetNumRegions(end) > 0;
+      end = mlirOperationGetNextInBlock(end), n++;
+    }
+    if (mlirOperationIsNull(end)) break; /* the terminator stays */
+    if (nest && n > 1 && !escapes(op, end)) wrap(b, op, end);
+    op = end;
+  }
+}
+
 int cg_outline_nests(nova_ctx *c, MlirModule m) {
   MlirOperation entry = cg_entry_func(m);
   if (mlirOperationIsNull(entry)) return 0;
@@ -291,6 +366,7 @@ int cg_outline_nests(nova_ctx *c, MlirModule m) {
   int rc = cap && args && vm ? 0 : -1, k = 0, np = 0, cp = 0;
   part *parts = NULL;
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(entry, 0));
+  wrap_runs(fb);
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !rc && !mlirOperationIsNull(op);) {
     MlirOperation next = mlirOperationGetNextInBlock(op);
     if (mlirOperationGetNumRegions(op) > 0 && mlirOperationGetNumResults(op) == 0) {

@@ -1,0 +1,183 @@
+/* unshare.c: one destination per write, before bufferization.
+ *
+ * CSE merges every `tensor.empty` of one type, and every zero fill of one
+ * type, into a single value; a step of N matmuls then writes all N results
+ * into one shared tensor.  One-shot bufferization must then decide, write
+ * by write, whether writing in place would clobber a later read of any of
+ * the N aliasing values: its analysis grows with the square of the shared
+ * uses (a 1,000-layer chain took minutes there alone), and where a write
+ * cannot be in place it copies the shared tensor first.
+ *
+ * Requires: tensor IR (after tiling, before one-shot bufferization).
+ * Does: for each operand that an op writes (a destination: the init of a
+ * linalg op, scf.for's iteration arguments, vector.transfer_write's and
+ * tensor.insert_slice's destination) whose value has other uses and is
+ * cheap to recompute (a tensor.empty; a linalg.fill, or a loop, whose
+ * tensors are themselves cheap and which reads nothing from outside but
+ * constants), the producing ops are cloned right before the writer, which
+ * then writes into its own copy.  The values are the same; the IR is the
+ * one before CSE, and bufferization analyses each write against its own
+ * few uses.  Producers left without uses are erased.
+ */
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+
+#define MAX_DEPTH 4
+
+static bool has_other_uses(MlirValue v) {
+  MlirOpOperand u = mlirValueGetFirstUse(v);
+  return !mlirOpOperandIsNull(u) && !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u));
+}
+
+static bool is_constant_like(MlirOperation op) {
+  return cg_op_is(op, "arith.constant") || cg_op_is(op, "ub.poison");
+}
+
+typedef struct reads_ctx {
+  MlirOperation root, at;
+  bool outside; /* reads a value defined outside root that is not a constant defined before `at` */
+} reads_ctx;
+
+/* Whether v's definition comes before `at` (v's block encloses at's). */
+static bool before(MlirValue v, MlirOperation at) {
+  if (!mlirValueIsAOpResult(v)) return true;
+  MlirOperation d = mlirOpResultGetOwner(v);
+  return !mlirBlockEqual(mlirOperationGetBlock(d), mlirOperationGetBlock(at)) || mlirOperationIsBeforeInBlock(d, at);
+}
+
+static bool inside(MlirOperation op, MlirOperation root) {
+  for (; !mlirOperationIsNull(op); op = mlirOperationGetParentOperation(op))
+    if (mlirOperationEqual(op, root)) return true;
+  return false;
+}
+
+static MlirWalkResult check_reads(MlirOperation op, void *ud) {
+  reads_ctx *r = ud;
+  if (mlirOperationEqual(op, r->root)) return MlirWalkResultAdvance; /* its own operands are checked by cheap() */
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    MlirValue v = mlirOperationGetOperand(op, i);
+    MlirOperation def = mlirValueIsAOpResult(v) ? mlirOpResultGetOwner(v)
+                                                : mlirBlockGetParentOperation(mlirBlockArgumentGetOwner(v));
+    if (mlirValueIsAOpResult(v) && is_constant_like(def) && (inside(def, r->root) || before(v, r->at))) continue;
+    if (!inside(def, r->root)) {
+      r->outside = true;
+      return MlirWalkResultInterrupt;
+    }
+  }
+  return MlirWalkResultAdvance;
+}
+
+/* Whether v can be recomputed before `at`: see the header. */
+static bool cheap(MlirValue v, MlirOperation at, int depth) {
+  if (!mlirValueIsAOpResult(v) || depth > MAX_DEPTH) return false;
+  MlirOperation op = mlirOpResultGetOwner(v);
+  if (cg_op_is(op, "tensor.empty")) return mlirOperationGetNumOperands(op) == 0; /* static shapes */
+  if (!cg_op_is(op, "linalg.fill") && !cg_op_is(op, "scf.for")) return false;
+  if (mlirOperationGetNumResults(op) != 1) return false;
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    MlirValue o = mlirOperationGetOperand(op, i);
+    if (mlirTypeIsARankedTensor(mlirValueGetType(o))
+            ? !cheap(o, at, depth + 1)
+            : !(mlirValueIsAOpResult(o) && is_constant_like(mlirOpResultGetOwner(o)) && before(o, at)))
+      return false;
+  }
+  reads_ctx r = {op, at, false};
+  mlirOperationWalk(op, check_reads, &r, MlirWalkPreOrder);
+  return !r.outside;
+}
+
+/* A clone of v's producer (and of its cheap tensor operands) before `at`. */
+static MlirValue clone_before(MlirBlock b, MlirOperation at, MlirValue v) {
+  MlirOperation op = mlirOpResultGetOwner(v), c = mlirOperationClone(op);
+  mlirBlockInsertOwnedOperationBefore(b, at, c);
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(c); i++) {
+    MlirValue o = mlirOperationGetOperand(c, i);
+    if (mlirTypeIsARankedTensor(mlirValueGetType(o))) mlirOperationSetOperand(c, i, clone_before(b, c, o));
+  }
+  return mlirOperationGetResult(c, mlirOpResultGetResultNumber(v));
+}
+
+/* The operands [first, first + n) of op that it writes. */
+static bool written(MlirOperation op, intptr_t *first, intptr_t *n) {
+  intptr_t nops = mlirOperationGetNumOperands(op);
+  if (cg_op_is(op, "vector.transfer_write") || cg_op_is(op, "tensor.insert_slice")) {
+    *first = 1, *n = 1;
+    return nops > 1 && mlirTypeIsARankedTensor(mlirValueGetType(mlirOperationGetOperand(op, 1)));
+  }
+  if (cg_op_is(op, "scf.for")) {
+    *first = 3, *n = nops - 3;
+    return nops > 3;
+  }
+  MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
+  MlirAttribute seg = mlirOperationGetAttributeByName(op, nova_str("operandSegmentSizes"));
+  if (name.length > 7 && !memcmp(name.data, "linalg.", 7) && !mlirAttributeIsNull(seg) &&
+      mlirAttributeIsADenseI32Array(seg) && mlirDenseArrayGetNumElements(seg) == 2) {
+    *n = mlirDenseI32ArrayGetElement(seg, 1);
+    *first = nops - *n;
+    return *n > 0;
+  }
+  return false;
+}
+
+/* v's producer, if v (cheap) lost its last use, erased with the producers
+ * of its operands that then lose theirs. */
+static void erase_if_dead(MlirValue v) {
+  if (!mlirValueIsAOpResult(v) || !mlirOpOperandIsNull(mlirValueGetFirstUse(v))) return;
+  MlirOperation op = mlirOpResultGetOwner(v);
+  if (mlirOperationGetNumResults(op) != 1) return;
+  intptr_t n = mlirOperationGetNumOperands(op);
+  MlirValue ops[8];
+  if (n > 8) return;
+  for (intptr_t i = 0; i < n; i++) ops[i] = mlirOperationGetOperand(op, i);
+  mlirOperationDestroy(op);
+  for (intptr_t i = 0; i < n; i++)
+    if (mlirTypeIsARankedTensor(mlirValueGetType(ops[i]))) erase_if_dead(ops[i]);
+}
+
+static void unshare_block(MlirBlock b);
+
+/* The clones go before `at`: the first op of the run of ops from the
+ * writer's source op (one location), so that each source op's code stays
+ * contiguous (outline.c outlines such runs). */
+static void unshare_op(MlirBlock b, MlirOperation op, MlirOperation at) {
+  intptr_t first, n;
+  if (written(op, &first, &n))
+    for (intptr_t i = first; i < first + n; i++) {
+      MlirValue v = mlirOperationGetOperand(op, i);
+      if (!mlirTypeIsARankedTensor(mlirValueGetType(v)) || !mlirValueIsAOpResult(v) || !has_other_uses(v)) continue;
+      MlirOperation def = mlirOpResultGetOwner(v);
+      if (!mlirBlockEqual(mlirOperationGetBlock(def), b)) continue;
+      MlirOperation where = cheap(v, at, 0) && mlirOperationIsBeforeInBlock(def, at) ? at : op;
+      if (!mlirOperationEqual(where, op) || cheap(v, op, 0)) mlirOperationSetOperand(op, i, clone_before(b, where, v));
+      else continue;
+      erase_if_dead(v);
+    }
+  for (intptr_t r = 0; r < mlirOperationGetNumRegions(op); r++)
+    for (MlirBlock ib = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, r)); !mlirBlockIsNull(ib);
+         ib = mlirBlockGetNextInRegion(ib))
+      unshare_block(ib);
+}
+
+
+static void unshare_block(MlirBlock b) {
+  MlirOperation at = mlirBlockGetFirstOperation(b);
+  for (MlirOperation op = at; !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op)) {
+    if (!mlirLocationEqual(mlirOperationGetLocation(op), mlirOperationGetLocation(at)) || is_constant_like(op) ||
+        is_constant_like(at))
+      at = op;
+    unshare_op(b, op, at);
+  }
+}
+
+void cg_unshare_destinations(MlirModule m) {
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f))
+    if (cg_op_is(f, "func.func"))
+      for (MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0)); !mlirBlockIsNull(b);
+           b = mlirBlockGetNextInRegion(b))
+        unshare_block(b);
+}
