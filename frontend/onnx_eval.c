@@ -224,7 +224,7 @@ static ox_tensor *moved(const nv_node *n, const ox_tensor *a, const ox_tensor *i
         ox_tensor_free(o);
         return NULL;
       }
-      for (int j = 0; j < a->rank; j++) src[j] = j < n->axis ? idx[k++] : j == n->axis ? v : idx[(k++) + nx - 1];
+      for (int j = 0; j < a->rank; j++) src[j] = j < n->axis ? idx[k++] : j == n->axis ? v : idx[(k++) + nx];
       break;
     }
     }
