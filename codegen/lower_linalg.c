@@ -556,6 +556,88 @@ static tv lower_layer_norm(lw *L, tv x, tv g, tv b, double eps) {
   return generic(L, 5, ins, mp, x.rank, "pppppppp", xm, x.rank, x.shape, x.dt, NO_INIT, body);
 }
 
+/* x / sqrt(mean(x^2) + eps) * scale over the last axis: the sum of squares
+ * (one reduction, into which fusion moves the squares), then one elementwise
+ * pass.  The squares and their sum are written as the lowering of
+ * reduce_sum(mul(x, x), axes=[last]) writes them, so that a training step's
+ * backward, which computes that (autodiff.c), shares them with the forward
+ * (CSE before fusion) instead of summing again. */
+static tv lower_rms_norm(lw *L, tv x, tv g, double eps) {
+  bool red[NOVA_MAX_RANK] = {0};
+  int last = x.rank - 1;
+  red[last] = true;
+  const char *T = lw_ety(x.dt);
+  char sq[100];
+  snprintf(sq, sizeof sq, "%%r = arith.mulf %%in0, %%in1 : %s", T);
+  tv ss = reduce(L, lw_elementwise(L, 2, (tv[]){x, x}, x.rank, x.shape, x.dt, sq), red, '+', 0, NULL, NULL);
+  int xm[NOVA_MAX_RANK], dm[NOVA_MAX_RANK], lm[1] = {last};
+  iota(xm, x.rank);
+  drop_map(dm, x.rank, red);
+  tv ins[3] = {x, ss, g};
+  const int *mp[3] = {xm, dm, lm};
+  char body[600];
+  snprintf(body, sizeof body,
+           "%%c = arith.constant %s : %s\n%%eps = arith.constant %s : %s\n%%ms = arith.divf %%in1, %%c : %s\n"
+           "%%ve = arith.addf %%ms, %%eps : %s\n%%rs = math.rsqrt %%ve : %s\n%%n = arith.mulf %%in0, %%rs : %s\n"
+           "%%r = arith.mulf %%n, %%in2 : %s",
+           FL((double)x.shape[last], x.dt), T, FL(eps, x.dt), T, T, T, T, T, T);
+  return generic(L, 3, ins, mp, x.rank, "pppppppp", xm, x.rank, x.shape, x.dt, NO_INIT, body);
+}
+
+/* x[..., start:start + step * n:step] (the last axis), a view. */
+static tv slice_last(lw *L, tv x, int64_t start, int64_t n, int64_t step) {
+  tv r = x;
+  r.id = L->next_id++;
+  r.shape[x.rank - 1] = n;
+  nv_sbuf b = {0};
+  nv_sb_printf(&b, "%%v%d = tensor.extract_slice %%v%d[", r.id, x.id);
+  for (int j = 0; j < x.rank; j++) nv_sb_printf(&b, "%s%lld", j ? ", " : "", (long long)(j == x.rank - 1 ? start : 0));
+  nv_sb_printf(&b, "] [");
+  for (int j = 0; j < x.rank; j++) nv_sb_printf(&b, "%s%lld", j ? ", " : "", (long long)r.shape[j]);
+  nv_sb_printf(&b, "] [");
+  for (int j = 0; j < x.rank; j++) nv_sb_printf(&b, "%s%lld", j ? ", " : "", (long long)(j == x.rank - 1 ? step : 1));
+  nv_sb_printf(&b, "] : %s to %s", TT(x), TT(r));
+  lw_emit(L, "%s", b.s ? b.s : "");
+  nv_sb_free(&b);
+  return r;
+}
+
+/* The rotation of the pairs (x1, x2) of the last axis by the angles whose
+ * cos and sin are given: (x1 cos - x2 sin, x2 cos + x1 sin).  x1 and x2 are
+ * views of x (the halves, or the even and odd elements when interleaved);
+ * one generic writes the result as [..., 2, D/2] (or [..., D/2, 2]), the
+ * size-2 loop h choosing which of the pair it computes: x_h cos + x_(1-h)
+ * (h ? sin : -sin).  Every map is a projected permutation (cos and sin
+ * broadcast over their size-1 dims), so the op tiles and vectorizes. */
+static tv lower_rotary(lw *L, tv x, tv c, tv s, bool inter) {
+  int r = x.rank, nl = r + 1;
+  int64_t half = x.shape[r - 1] / 2;
+  tv x1 = inter ? slice_last(L, x, 0, half, 2) : slice_last(L, x, 0, half, 1);
+  tv x2 = inter ? slice_last(L, x, 1, half, 2) : slice_last(L, x, half, half, 1);
+  int hl = inter ? r : r - 1, il = inter ? r - 1 : r; /* the loops of h and of the pair's index i */
+  int xm[NOVA_MAX_RANK], cm[NOVA_MAX_RANK], sm[NOVA_MAX_RANK], om[NOVA_MAX_RANK + 1];
+  for (int i = 0; i < r - 1; i++) {
+    xm[i] = i;
+    cm[i] = c.shape[i] == 1 && x.shape[i] != 1 ? -1 : i;
+    sm[i] = s.shape[i] == 1 && x.shape[i] != 1 ? -1 : i;
+  }
+  xm[r - 1] = cm[r - 1] = sm[r - 1] = il;
+  int64_t os[NOVA_MAX_RANK + 1];
+  for (int i = 0; i < nl; i++) om[i] = i, os[i] = i < r - 1 ? x.shape[i] : i == hl ? 2 : half;
+  tv ins[4] = {x1, x2, c, s};
+  const int *mp[4] = {xm, xm, cm, sm};
+  const char *T = lw_ety(x.dt);
+  char body[800];
+  snprintf(body, sizeof body,
+           "%%h = linalg.index %d : index\n%%z = arith.constant 0 : index\n%%first = arith.cmpi eq, %%h, %%z : index\n"
+           "%%p = arith.select %%first, %%in0, %%in1 : %s\n%%q = arith.select %%first, %%in1, %%in0 : %s\n"
+           "%%ns = arith.negf %%in3 : %s\n%%sg = arith.select %%first, %%ns, %%in3 : %s\n"
+           "%%u = arith.mulf %%p, %%in2 : %s\n%%w = arith.mulf %%q, %%sg : %s\n%%r = arith.addf %%u, %%w : %s",
+           hl, T, T, T, T, T, T, T);
+  tv y = generic(L, 4, ins, mp, nl, "ppppppppp", om, nl, os, x.dt, NO_INIT, body);
+  return lw_reshape(L, y, x.rank, x.shape);
+}
+
 static tv lower_reduce(lw *L, nv_op kind, tv x, MlirOperation op, const tv *res) {
   int64_t axes[NOVA_MAX_RANK];
   int n = lw_iarray(op, "axes", axes);
@@ -851,6 +933,10 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_CUMSUM: r = lw_lower_cumsum(L, in[0], (int)lw_iattr(op, "axis"), (int)lw_iattr(op, "mode"), &res); break;
   case NV_OP_DROPOUT: r = lw_lower_dropout(L, op, in[0], in[1], in[2], &res); break;
   case NV_OP_ATTENTION: r = lw_lower_attention(L, op, in, &res); break;
+  case NV_OP_RMS_NORM:
+    r = lower_rms_norm(L, in[0], in[1], mlirFloatAttrGetValueDouble(mlirOperationGetAttributeByName(op, nova_str("eps"))));
+    break;
+  case NV_OP_ROTARY: r = lower_rotary(L, in[0], in[1], in[2], lw_iattr(op, "interleaved") != 0); break;
   default:
     nv_error_plain(L->c->diag, "internal: no lowering for nova.%s", nv_op_name(kind));
     return -1;

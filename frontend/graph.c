@@ -696,6 +696,56 @@ static int infer_attention(nv_diag *d, nv_node *n, nv_node *const *in) {
   return set_shape(d, n, 4, s);
 }
 
+/* rms_norm(x [..., C], scale [C]): x / sqrt(mean(x^2 over the last axis) + eps) * scale. */
+static int infer_rms_norm(nv_diag *d, nv_node *n, const nv_node *x, const nv_node *g) {
+  if (need_float(d, n, x, "operand")) return -1;
+  if (x->rank < 1) {
+    nv_error(d, n->loc, "rms_norm: operand must have rank >= 1");
+    return -1;
+  }
+  int64_t c = x->shape[x->rank - 1];
+  if (g->rank != 1 || g->shape[0] != c || g->dtype != x->dtype) {
+    nv_error(d, n->loc, "rms_norm: scale must be %s[%lld] (the last axis of %s), got %s %s", fe_dtype_name(x->dtype),
+             (long long)c, SHP(x), fe_dtype_name(g->dtype), SHP(g));
+    return -1;
+  }
+  if (!(n->eps >= 0) || isinf(n->eps)) {
+    nv_error(d, n->loc, "rms_norm: eps must be finite and >= 0, got %g", n->eps);
+    return -1;
+  }
+  n->dtype = x->dtype;
+  return set_shape(d, n, x->rank, x->shape);
+}
+
+/* rotary(x [..., D], cos [..., D/2], sin [..., D/2]): D even; cos and sin
+ * have x's dtype and rank, and each of their other dims is 1 or x's. */
+static int infer_rotary(nv_diag *d, nv_node *n, const nv_node *x, const nv_node *c, const nv_node *s) {
+  if (need_float(d, n, x, "operand")) return -1;
+  if (x->rank < 1 || x->rank >= NOVA_MAX_RANK || x->shape[x->rank - 1] % 2) { /* the lowering adds a loop */
+    nv_error(d, n->loc, "rotary: operand %s must have a rank from 1 to %d and an even last dimension", SHP(x),
+             NOVA_MAX_RANK - 1);
+    return -1;
+  }
+  if (n->mode != 0 && n->mode != 1) {
+    nv_error(d, n->loc, "rotary: interleaved must be 0 or 1, got %lld", (long long)n->mode);
+    return -1;
+  }
+  int r = x->rank;
+  const nv_node *cs[2] = {c, s};
+  for (int k = 0; k < 2; k++) {
+    bool ok = cs[k]->dtype == x->dtype && cs[k]->rank == r && cs[k]->shape[r - 1] == x->shape[r - 1] / 2;
+    for (int i = 0; ok && i < r - 1; i++) ok = cs[k]->shape[i] == 1 || cs[k]->shape[i] == x->shape[i];
+    if (!ok) {
+      nv_error(d, n->loc, "rotary: %s %s %s must be %s of rank %d, last dimension %lld (half of %s's), each other "
+               "dimension 1 or x's", k ? "sin" : "cos", fe_dtype_name(cs[k]->dtype), SHP(cs[k]), fe_dtype_name(x->dtype),
+               r, (long long)(x->shape[r - 1] / 2), SHP(x));
+      return -1;
+    }
+  }
+  n->dtype = x->dtype;
+  return set_shape(d, n, x->rank, x->shape);
+}
+
 /* Output size of a sliding window: floor (or ceil) of
  * (in + pad_b + pad_e - dil (k - 1) - 1) / stride + 1; with ceil_mode the
  * last window must start inside the input or its begin padding. */
@@ -1022,6 +1072,8 @@ static int infer(nv_diag *d, nv_node *n) {
   case NV_OP_GATHER: return infer_gather(d, n, in[0], in[1]);
   case NV_OP_CROSS_ENTROPY: return infer_cross_entropy(d, n, in[0], in[1]);
   case NV_OP_DROPOUT: return infer_dropout(d, n, in[0], in[1], in[2]);
+  case NV_OP_RMS_NORM: return infer_rms_norm(d, n, in[0], in[1]);
+  case NV_OP_ROTARY: return infer_rotary(d, n, in[0], in[1], in[2]);
   case NV_OP_COUNT: break;
   }
   nv_error(d, n->loc, "internal: no shape rule for op %d", (int)n->op);

@@ -102,7 +102,9 @@
   X(DROPOUT, "dropout", 3, 3)                   \
   X(SHL, "shl", 2, 2)                           \
   X(SHR, "shr", 2, 2)                           \
-  X(ATTENTION, "attention", 4, 4)
+  X(ATTENTION, "attention", 4, 4)             \
+  X(RMS_NORM, "rms_norm", 2, 2)                 \
+  X(ROTARY, "rotary", 3, 3)
 
 /* How scatter_elements / scatter_nd combine an update with the value there. */
 enum { NV_SCATTER_NONE, NV_SCATTER_ADD, NV_SCATTER_MUL, NV_SCATTER_MAX, NV_SCATTER_MIN };
@@ -153,7 +155,7 @@ struct nv_node {
   int64_t list[NOVA_MAX_RANK];
   bool keepdims;
   int64_t start, end, step;  /* slice */
-  double eps;           /* layer_norm */
+  double eps;           /* layer_norm, rms_norm */
   double scale, softcap; /* attention: the scores' factor; softcap > 0: cap * tanh(s / cap) */
   double value;         /* constant (scalar, broadcast to shape); dropout: the ratio */
   nova_dtype to;        /* cast */
@@ -164,7 +166,8 @@ struct nv_node {
   int64_t groups;       /* conv */
   bool count_include_pad, ceil_mode; /* avg_pool; ceil_mode: pools */
   bool col_major;       /* max_pool_indices: ONNX storage_order 1 */
-  int64_t mode;         /* scatter_*: an NV_SCATTER_* combiner; cumsum: NV_CUMSUM_* bits */
+  int64_t mode;         /* scatter_*: an NV_SCATTER_* combiner; cumsum: NV_CUMSUM_* bits;
+                           rotary: 1 interleaved pairs (2i, 2i+1), 0 halves (i, i + D/2) */
   /* inputs, params and constants (constants: init gives the value) */
   nova_role role;       /* params: NOVA_ROLE_PARAM, NOVA_ROLE_OPT_STATE or NOVA_ROLE_BUFFER */
   bool frozen;          /* params: never trained (an ONNX initializer --train classified constant) */

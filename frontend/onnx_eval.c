@@ -224,7 +224,7 @@ static ox_tensor *moved(const nv_node *n, const ox_tensor *a, const ox_tensor *i
         ox_tensor_free(o);
         return NULL;
       }
-      for (int j = 0; j < a->rank; j++) src[j] = j < n->axis ? idx[k++] : j == n->axis ? v : idx[(k++) + nx - 1];
+      for (int j = 0; j < a->rank; j++) src[j] = j < n->axis ? idx[k++] : j == n->axis ? v : idx[(k++) + nx];
       break;
     }
     }
@@ -286,6 +286,41 @@ static ox_tensor *reduction(const nv_node *n, const ox_tensor *a) {
   return o;
 }
 
+/* rms_norm over the last axis (C): x / sqrt(sum(x^2) / C + eps) * scale. */
+static ox_tensor *rms_norm(const nv_node *n, const ox_tensor *a, const ox_tensor *w) {
+  ox_tensor *o = ox_tensor_new(n->dtype, n->rank, n->shape);
+  if (!o) return NULL;
+  int64_t c = n->shape[n->rank - 1], rows = c ? ox_numel(o) / c : 0;
+  for (int64_t i = 0; i < rows; i++) {
+    double ss = 0;
+    for (int64_t j = 0; j < c; j++) ss += ox_getf(a, i * c + j) * ox_getf(a, i * c + j);
+    double rs = 1 / sqrt(ss / (double)c + n->eps);
+    for (int64_t j = 0; j < c; j++) ox_set(o, i * c + j, ox_getf(a, i * c + j) * rs * ox_getf(w, j), 0);
+  }
+  return o;
+}
+
+/* rotary: element j of the last axis (D) and its partner k in the pair,
+ * at pair index p: y_j = x_j cos_p - x_k sin_p for the first of the pair,
+ * x_j cos_p + x_k sin_p for the second (halves, or interleaved (2p, 2p+1)). */
+static ox_tensor *rotary(const nv_node *n, const ox_tensor *a, const ox_tensor *c, const ox_tensor *s) {
+  ox_tensor *o = ox_tensor_new(n->dtype, n->rank, n->shape);
+  if (!o) return NULL;
+  int r = n->rank;
+  int64_t idx[NOVA_MAX_RANK] = {0}, e = ox_numel(o), D = n->shape[r - 1], h = D / 2;
+  for (int64_t i = 0; i < e; i++, step_index(r, n->shape, idx)) {
+    int64_t j = idx[r - 1], p = n->mode ? j / 2 : j % h, k = n->mode ? j ^ 1 : j < h ? j + h : j - h;
+    bool first = n->mode ? j % 2 == 0 : j < h;
+    int64_t ci[NOVA_MAX_RANK];
+    memcpy(ci, idx, sizeof ci);
+    ci[r - 1] = p;
+    double cv = ox_getf(c, bpos(c, r, ci)), sv = ox_getf(s, bpos(s, r, ci));
+    double xj = ox_getf(a, i), xk = ox_getf(a, i - j + k);
+    ox_set(o, i, xj * cv + xk * (first ? -sv : sv), 0);
+  }
+  return o;
+}
+
 /* uint64 values above 2^63 do not fit the int64 arithmetic here, and a
  * float cast to a narrow or unsigned integer is left to the step's own
  * conversion: such nodes are computed by the step. */
@@ -324,6 +359,8 @@ static ox_tensor *compute(ev *E, const nv_node *n) {
   case NV_OP_REDUCE_SUM: case NV_OP_REDUCE_MEAN: case NV_OP_REDUCE_MAX: case NV_OP_REDUCE_MIN:
   case NV_OP_REDUCE_PROD:
     return reduction(n, a[0]);
+  case NV_OP_RMS_NORM: return rms_norm(n, a[0], a[1]);
+  case NV_OP_ROTARY: return rotary(n, a[0], a[1], a[2]);
   default: return NULL;
   }
 }

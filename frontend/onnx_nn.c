@@ -47,18 +47,28 @@ static nv_node *channel(ox_ctx *x, nv_node *v, int r) {
   return ox_reshape(x, v, r, s);
 }
 
+/* The normalised axes [axis, rank) flattened into one, the scale broadcast
+ * to them and flattened too: one rms_norm node (computed in X's dtype, the
+ * scale cast to it; Y cast to the scale's dtype where they differ). */
 CV(cv_rms_norm) {
   (void)nout;
   if (ox_need(x, in, nin, 2, 2)) return -1;
   nv_node *a = ox_N(x, in[0]), *w = ox_N(x, in[1]);
   if (!a || !w) return -1;
-  int64_t axis = ox_attr_i(x, "axis", -1), ax[NOVA_MAX_RANK];
+  int64_t axis = ox_attr_i(x, "axis", -1), inner = 1, fs[NOVA_MAX_RANK];
   if (ox_norm_axis(x, &axis, a->rank)) return -1;
   if (ox_attr_i(x, "stash_type", 1) != 1) return ox_err(x, "stash_type other than 1 (float) is not supported");
-  int n = tail_axes(ax, (int)axis, a->rank);
-  nv_node *ms = ox_reduce(x, NV_OP_REDUCE_MEAN, mul(x, a, a), n, ax, true);
-  nv_node *rms = ox_op1(x, NV_OP_SQRT, add(x, ms, K(x, a, ox_attr_f(x, "epsilon", 1e-5))));
-  return ox_set_out(out, mul(x, dvd(x, a, rms), w));
+  nova_dtype ydt = w->dtype;
+  if (w->dtype != a->dtype) w = ox_add(x, NV_OP_CAST, 1, &w, &(nv_node){.to = a->dtype});
+  for (int i = (int)axis; i < a->rank; i++) inner *= a->shape[i];
+  for (int i = 0; i < axis; i++) fs[i] = a->shape[i];
+  fs[axis] = inner;
+  w = ox_reshape(x, ox_broadcast_to(x, w, a->rank - (int)axis, a->shape + axis), 1, &inner);
+  nv_node *flat = ox_reshape(x, a, (int)axis + 1, fs), at = {.eps = ox_attr_f(x, "epsilon", 1e-5)};
+  nv_node *y = flat && w ? ox_add(x, NV_OP_RMS_NORM, 2, (nv_node *[]){flat, w}, &at) : NULL;
+  y = ox_reshape(x, y, a->rank, a->shape);
+  if (y && y->dtype != ydt) y = ox_add(x, NV_OP_CAST, 1, &y, &(nv_node){.to = ydt});
+  return ox_set_out(out, y);
 }
 
 CV(cv_instance_norm) {
@@ -184,6 +194,10 @@ CV(cv_eye_like) {
 
 /* ---- RotaryEmbedding ------------------------------------------------------ */
 
+/* One rotary node over [B, S, H, D] (3-D input, reshaped) or [B, H, S, D]
+ * (4-D), the caches [B or 1, S, rd/2] (after the position ids' gather)
+ * reshaped to broadcast over the heads; a rotary_embedding_dim rd below the
+ * head size rotates the first rd elements and concatenates the rest back. */
 CV(cv_rotary) {
   (void)nout;
   if (ox_need(x, in, nin, 3, 4)) return -1;
@@ -192,9 +206,8 @@ CV(cv_rotary) {
   bool inter = ox_attr_i(x, "interleaved", 0) != 0;
   int64_t nh = ox_attr_i(x, "num_heads", 0), rd = ox_attr_i(x, "rotary_embedding_dim", 0);
   if (a->rank != 3 && a->rank != 4) return ox_err(x, "input must be [B, S, hidden] or [B, H, S, D]");
-  nv_node *t = a; /* [B, S, H, D] */
-  if (a->rank == 4) t = ox_transpose(x, a, (int64_t[]){0, 2, 1, 3});
-  else {
+  nv_node *t = a;
+  if (a->rank == 3) {
     if (nh <= 0 || a->shape[2] % nh) return ox_err(x, "num_heads must divide the hidden size of a 3-D input");
     t = ox_reshape(x, a, 4, (int64_t[]){a->shape[0], a->shape[1], nh, a->shape[2] / nh});
   }
@@ -208,28 +221,18 @@ CV(cv_rotary) {
     sn = ox_add(x, NV_OP_GATHER, 2, (nv_node *[]){sn, pos}, &at);
     if (!cs || !sn) return -1;
   }
-  if (cs->shape[cs->rank - 1] != rd / 2 || sn->shape[sn->rank - 1] != rd / 2)
-    return ox_err(x, "the caches' last dimension must be rotary_embedding_dim / 2 = %lld", (long long)(rd / 2));
-  /* [.., S, rd/2] -> [B or 1, S, 1, rd/2] */
-  int64_t s4[4] = {cs->rank == 3 ? cs->shape[0] : 1, cs->shape[cs->rank - 2], 1, rd / 2};
+  if (cs->rank < 2 || cs->shape[cs->rank - 1] != rd / 2 || sn->shape[sn->rank - 1] != rd / 2)
+    return ox_err(x, "the caches must be [.., S, rotary_embedding_dim / 2 = %lld]", (long long)(rd / 2));
+  /* [.., S, rd/2] -> [B or 1, S, 1, rd/2] (3-D input) or [B or 1, 1, S, rd/2] (4-D) */
+  int64_t b = cs->rank == 3 ? cs->shape[0] : 1, S = cs->shape[cs->rank - 2];
+  int64_t s4[4] = {b, a->rank == 3 ? S : 1, a->rank == 3 ? 1 : S, rd / 2};
   cs = ox_reshape(x, cs, 4, s4), sn = ox_reshape(x, sn, 4, s4);
-  nv_node *rot = ox_slice1(x, t, 3, 0, rd, 1), *keep = rd < D ? ox_slice1(x, t, 3, rd, D, 1) : NULL;
-  nv_node *x1 = inter ? ox_slice1(x, rot, 3, 0, rd, 2) : ox_slice1(x, rot, 3, 0, rd / 2, 1);
-  nv_node *x2 = inter ? ox_slice1(x, rot, 3, 1, rd, 2) : ox_slice1(x, rot, 3, rd / 2, rd, 1);
-  nv_node *re = sub(x, mul(x, cs, x1), mul(x, sn, x2)), *im = add(x, mul(x, sn, x1), mul(x, cs, x2));
-  if (!re || !im) return -1;
-  nv_node at = {.axis = inter ? 4 : 3}, *r;
-  if (inter) { /* (re, im) pairs: stack on a new last axis, flatten */
-    int64_t s5[5] = {re->shape[0], re->shape[1], re->shape[2], re->shape[3], 1}, s4r[4];
-    memcpy(s4r, rot->shape, sizeof s4r);
-    nv_node *p = ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){ox_reshape(x, re, 5, s5), ox_reshape(x, im, 5, s5)}, &at);
-    r = ox_reshape(x, p, 4, s4r);
-  } else
-    r = ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){re, im}, &at);
+  nv_node *rot = rd < D ? ox_slice1(x, t, 3, 0, rd, 1) : t, at = {.mode = inter};
+  nv_node *r = rot && cs && sn ? ox_add(x, NV_OP_ROTARY, 3, (nv_node *[]){rot, cs, sn}, &at) : NULL;
   nv_node c3 = {.axis = 3};
-  if (r && keep) r = ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){r, keep}, &c3);
+  if (r && rd < D) r = ox_add(x, NV_OP_CONCAT, 2, (nv_node *[]){r, ox_slice1(x, t, 3, rd, D, 1)}, &c3);
   if (!r) return -1;
-  return ox_set_out(out, a->rank == 4 ? ox_transpose(x, r, (int64_t[]){0, 2, 1, 3}) : ox_reshape(x, r, 3, a->shape));
+  return ox_set_out(out, a->rank == 4 ? r : ox_reshape(x, r, 3, a->shape));
 }
 
 /* ---- Attention ------------------------------------------------------------ */

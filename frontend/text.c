@@ -343,6 +343,8 @@ static const char *allowed_attrs(nv_op op) {
   case NV_OP_MAX_POOL: return "kernel strides pads dilations ceil_mode";
   case NV_OP_AVG_POOL: return "kernel strides pads dilations count_include_pad ceil_mode";
   case NV_OP_SLICE: return "axis start end step";
+  case NV_OP_RMS_NORM: return "eps";
+  case NV_OP_ROTARY: return "interleaved";
   default: return "";
   }
 }
@@ -502,6 +504,13 @@ static bool parse_attr(parser *P, nv_op op, const char *key, nv_loc kloc, nv_nod
     }
     if (key[0] == 'c' && key[1] == 'e') a->ceil_mode = v;
     else a->count_include_pad = v;
+  } else if (strcmp(key, "interleaved") == 0) {
+    if (v != 0 && v != 1) {
+      nv_error(P->d, kloc, "interleaved must be 0 or 1");
+      P->failed = true;
+      return false;
+    }
+    a->mode = v;
   }
   return true;
 }

@@ -156,6 +156,10 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
     out[k++] = named(ctx, "end", i64_attr(ctx, n->end));
     out[k++] = named(ctx, "step", i64_attr(ctx, n->step));
     break;
+  case NV_OP_RMS_NORM:
+    out[k++] = named(ctx, "eps", mlirFloatAttrDoubleGet(ctx, mlirF64TypeGet(ctx), n->eps));
+    break;
+  case NV_OP_ROTARY: out[k++] = named(ctx, "interleaved", i64_attr(ctx, n->mode)); break;
   default: break;
   }
   return k;

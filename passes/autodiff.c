@@ -540,6 +540,45 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     }
     return true;
   }
+  case NV_OP_RMS_NORM: {
+    /* rstd = 1/sqrt(mean(x^2) + eps), xhat = x rstd; dscale = sum over rows of g xhat,
+     * dx = rstd (gs - xhat mean(gs xhat)), gs = g scale */
+    int64_t last = x->rank - 1, rows[NOVA_MAX_RANK];
+    for (int i = 0; i < last; i++) rows[i] = i;
+    nv_node *C = konst(A, dt, (double)x->shape[last]);
+    /* the sum of squares as the forward's lowering writes it: the step computes it once */
+    nv_node *ms = dvd(A, rsum(A, mul(A, x, x), 1, &last, true), C);
+    nv_node *rstd = dvd(A, konst(A, dt, 1), u1(A, NV_OP_SQRT, add(A, ms, konst(A, dt, y->eps))));
+    nv_node *xhat = mul(A, x, rstd);
+    if (A->needs[in[1]->id]) { /* rank 1: one row, nothing to sum */
+      nv_node *gx = mul(A, g, xhat);
+      accumulate(A, in[1], last ? rsum(A, gx, (int)last, rows, false) : gx);
+    }
+    if (A->needs[x->id]) {
+      nv_node *gs = mul(A, g, in[1]);
+      nv_node *m = dvd(A, rsum(A, mul(A, gs, xhat), 1, &last, true), C);
+      accumulate(A, x, mul(A, rstd, sub(A, gs, mul(A, xhat, m))));
+    }
+    return true;
+  }
+  case NV_OP_ROTARY: {
+    /* the inverse rotation, rotary(g, cos, -sin); with x1, x2 and g1, g2
+     * the pairs' halves, dcos = g1 x1 + g2 x2 and dsin = g2 x1 - g1 x2,
+     * summed over the dims cos and sin are broadcast along */
+    nv_node *c = in[1], *s = in[2];
+    if (A->needs[x->id]) accumulate(A, x, mk(A, NV_OP_ROTARY, 3, (nv_node *[]){g, c, u1(A, NV_OP_NEG, s)}, y));
+    if (A->needs[c->id] || A->needs[s->id]) {
+      int64_t last = x->rank - 1, D = x->shape[last];
+      bool il = y->mode != 0;
+      nv_node h1 = {.axis = last, .start = 0, .end = il ? D : D / 2, .step = il ? 2 : 1};
+      nv_node h2 = {.axis = last, .start = il ? 1 : D / 2, .end = D, .step = il ? 2 : 1};
+      nv_node *x1 = mk(A, NV_OP_SLICE, 1, &x, &h1), *x2 = mk(A, NV_OP_SLICE, 1, &x, &h2);
+      nv_node *g1 = mk(A, NV_OP_SLICE, 1, &g, &h1), *g2 = mk(A, NV_OP_SLICE, 1, &g, &h2);
+      if (A->needs[c->id]) accumulate(A, c, unbroadcast(A, add(A, mul(A, g1, x1), mul(A, g2, x2)), c));
+      if (A->needs[s->id]) accumulate(A, s, unbroadcast(A, sub(A, mul(A, g2, x1), mul(A, g1, x2)), s));
+    }
+    return true;
+  }
   case NV_OP_CONV_GRAD_WEIGHT: case NV_OP_MAX_POOL_GRAD: case NV_OP_AVG_POOL_GRAD:
   case NV_OP_COUNT:
     return false; /* no second derivatives */

@@ -42,6 +42,7 @@ static const char *const op_attrs[] = {
     [NV_OP_GATHER_ELEMENTS] = "axis", [NV_OP_SCATTER_ELEMENTS] = "axis mode", [NV_OP_GATHER_ND] = "batch_dims",
     [NV_OP_SCATTER_ND] = "mode", [NV_OP_CUMSUM] = "axis mode", [NV_OP_DROPOUT] = "ratio stream", [NV_OP_SHL] = "", [NV_OP_SHR] = "",
     [NV_OP_ATTENTION] = "scale softcap",
+    [NV_OP_RMS_NORM] = "eps", [NV_OP_ROTARY] = "interleaved",
 };
 static_assert(sizeof op_attrs / sizeof op_attrs[0] == NV_OP_COUNT, "attribute table out of step with NV_OPS");
 

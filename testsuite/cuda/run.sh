@@ -32,7 +32,8 @@ models="mlp:examples/mlp.nova:--dim=batch=8
 transformer_block:examples/transformer_block.nova:--dim=batch=2
 onnx_mlp:$M/mlp/model.onnx:--dim=batch=4
 onnx_cnn:$M/cnn/model.onnx:--dim=batch=2
-onnx_gpt_block:$M/gpt_block/model.onnx:--dim=batch=2"
+onnx_gpt_block:$M/gpt_block/model.onnx:--dim=batch=2
+norm_rotary:testsuite/cuda/norm_rotary.nova:"
 
 # build NAME SRC DIMS DEVICE SM TRAIN
 build() {

@@ -22,7 +22,7 @@ def const(name, arr):
     return h.make_node("Constant", [], [name], value=nh.from_array(np.asarray(arr), name))
 
 
-def fold_case(name, consts, nodes, result, ref, x_shape, x_dtype=np.float32, combine="Add", banned=()):
+def fold_case(name, consts, nodes, result, ref, x_shape, x_dtype=np.float32, combine="Add", banned=(), opset=17):
     """consts: name -> array (Constant nodes); nodes: the chain, ending in
     `result`; y = combine(x, result); ref: y from x in numpy.  banned: nova
     ops that must not be left in the step."""
@@ -31,7 +31,7 @@ def fold_case(name, consts, nodes, result, ref, x_shape, x_dtype=np.float32, com
         all_nodes = [const(k, v) for k, v in consts.items()] + nodes + [h.make_node(combine, ["x", result], ["y"])]
         g = h.make_graph(all_nodes, name, [h.make_tensor_value_info("x", ttype, list(x_shape))],
                          [h.make_tensor_value_info("y", ttype, None)])
-        m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
         d = tempfile.mkdtemp(prefix="nova-fold-")
         try:
             path = os.path.join(d, "m.onnx")
@@ -122,3 +122,35 @@ _nz = np.array([[0, 3, 0], [5, 0, 7]], dtype=np.float32)
 fold_case("nonzero_constant", {"a": _nz},
           [h.make_node("NonZero", ["a"], ["nz"]), h.make_node("Cast", ["nz"], ["nzf"], to=T.FLOAT)],
           "nzf", lambda x: x + np.stack(np.nonzero(_nz)).astype(np.float32), (2, 3))
+
+# RMSNormalization and RotaryEmbedding (opset 23) of constants: the rms_norm and
+# rotary nodes evaluated, the position ids' gather of the caches too
+_rng = np.random.default_rng(7)
+_xr, _wr = _rng.standard_normal((2, 3, 4)).astype(np.float32), _rng.standard_normal((3, 4)).astype(np.float32)
+_rms = (_xr.astype(np.float64) / np.sqrt((_xr.astype(np.float64) ** 2).mean((1, 2), keepdims=True) + 0.1) * _wr)
+fold_case("rms_normalization", {"a": _xr, "w": _wr},
+          [h.make_node("RMSNormalization", ["a", "w"], ["r"], axis=1, epsilon=0.1)],
+          "r", lambda x: (x + _rms).astype(np.float32), (2, 3, 4), banned=("rms_norm",), opset=23)
+
+
+def _rotary_ref(q, c, s, pos, interleaved, heads, rd):
+    """[B, S, heads * D], caches [P, rd/2] at pos [B, S]: the first rd of each head rotated."""
+    B, S, _ = q.shape
+    t = q.astype(np.float64).reshape(B, S, heads, -1)
+    cs, sn = c[pos][:, :, None, :].astype(np.float64), s[pos][:, :, None, :].astype(np.float64)
+    r = t[..., :rd]
+    x1, x2 = (r[..., 0::2], r[..., 1::2]) if interleaved else (r[..., :rd // 2], r[..., rd // 2:])
+    re, im = x1 * cs - x2 * sn, x2 * cs + x1 * sn
+    r = np.stack([re, im], -1).reshape(r.shape) if interleaved else np.concatenate([re, im], -1)
+    return np.concatenate([r, t[..., rd:]], -1).reshape(q.shape)
+
+
+_q, _c, _s = (_rng.standard_normal(sh).astype(np.float32) for sh in ((2, 3, 16), (6, 2), (6, 2)))
+_pos = np.array([[5, 0, 2], [1, 1, -2]], dtype=np.int64)
+for _il in (0, 1):
+    fold_case("rotary_embedding_position_ids_%s" % ("interleaved" if _il else "halves"),
+              {"q": _q, "c": _c, "s": _s, "p": _pos},
+              [h.make_node("RotaryEmbedding", ["q", "c", "s", "p"], ["r"], interleaved=_il, num_heads=2,
+                           rotary_embedding_dim=4)],
+              "r", lambda x, il=_il: (x + _rotary_ref(_q, _c, _s, _pos, il, 2, 4)).astype(np.float32), (2, 3, 16),
+              banned=("rotary", "gather"), opset=23)

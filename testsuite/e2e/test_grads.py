@@ -89,6 +89,19 @@ def layer_norm(x, g, b, eps=1e-5):
     return (x - mu) / np.sqrt(var + eps) * g + b
 
 
+def rms_norm(x, g, eps=1e-5):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+
+
+def rotary(x, c, s, interleaved=False):
+    h = x.shape[-1] // 2
+    x1, x2 = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :h], x[..., h:])
+    re, im = x1 * c - x2 * s, x2 * c + x1 * s
+    if interleaved:
+        return np.stack([re, im], -1).reshape(np.broadcast_shapes(x.shape[:-1], c.shape[:-1]) + (2 * h,))
+    return np.concatenate([re, im], -1)
+
+
 def cross_entropy(logits, labels):
     m = logits.max(-1, keepdims=True)
     lse = np.log(np.exp(logits - m).sum(-1)) + m[..., 0]
@@ -301,6 +314,22 @@ grad_case("layer_norm", ["layer_norm"], "r = layer_norm(x, g, b)", {"x": u(2, 3,
           lambda x, g, b: layer_norm(x, g, b))
 grad_case("layer_norm_eps", ["layer_norm"], "r = layer_norm(x, g, b, eps=0.1)", {"x": u(4, 5), "g": u(5), "b": u(5)},
           lambda x, g, b: layer_norm(x, g, b, 0.1))
+grad_case("rms_norm", ["rms_norm"], "r = rms_norm(x, g)", {"x": u(2, 3, 8), "g": u(8)}, lambda x, g: rms_norm(x, g))
+grad_case("rms_norm_eps", ["rms_norm"], "r = rms_norm(x, g, eps=0.5)", {"x": u(4, 5, lo=-0.5, hi=0.5), "g": u(5)},
+          lambda x, g: rms_norm(x, g, 0.5))
+grad_case("rms_norm_rank1_eps0", ["rms_norm"], "r = rms_norm(x, g, eps=0)", {"x": away(6), "g": u(6)},
+          lambda x, g: rms_norm(x, g, 0.0))
+# rotary: every operand, both pairings, cos and sin broadcast over the batch and the heads
+grad_case("rotary_halves", ["rotary"], "r = rotary(x, c, s)", {"x": u(2, 3, 4, 8), "c": u(1, 1, 4, 4), "s": u(1, 1, 4, 4)},
+          lambda x, c, s: rotary(x, c, s))
+grad_case("rotary_interleaved", ["rotary"], "r = rotary(x, c, s, interleaved=1)",
+          {"x": u(2, 4, 3, 6), "c": u(2, 4, 1, 3), "s": u(1, 4, 1, 3)}, lambda x, c, s: rotary(x, c, s, True))
+grad_case("rotary_rank1_pair", ["rotary"], "r = rotary(x, c, s, interleaved=1)", {"x": u(2), "c": u(1), "s": u(1)},
+          lambda x, c, s: rotary(x, c, s, True))
+grad_case("rotary_angles_param", ["rotary", "cos", "sin"], "r = rotary(x * 2, cos(t), sin(t))",
+          {"x": u(2, 5, 3, 6), "t": u(1, 5, 1, 3, lo=-3, hi=3)}, lambda x, t: rotary(x * 2, np.cos(t), np.sin(t)))
+grad_case("rotary_interleaved_angles_param", ["rotary"], "r = rotary(x, cos(t), sin(t), interleaved=1)",
+          {"x": u(3, 8), "t": u(3, 4, lo=-3, hi=3)}, lambda x, t: rotary(x, np.cos(t), np.sin(t), True))
 
 # attention: MHA, grouped heads, scale, softcap, a broadcast bias (trained), a
 # mask with -inf including a fully masked row (its output is 0)

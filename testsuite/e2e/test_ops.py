@@ -69,6 +69,21 @@ _causal = np.triu(np.full((6, 9), -np.inf), 1 + 3)
 _causal[2, :] = -np.inf  # a fully masked row: 0
 
 
+def rms_norm(x, g, eps=1e-5):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+
+
+def rotary(x, c, s, interleaved=False):
+    """The pairs (x1, x2) of the last axis (halves, or even and odd elements)
+    rotated: (x1 c - x2 s, x2 c + x1 s), put back where they came from."""
+    h = x.shape[-1] // 2
+    x1, x2 = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :h], x[..., h:])
+    re, im = x1 * c - x2 * s, x2 * c + x1 * s
+    if interleaved:
+        return np.stack([re, im], -1).reshape(np.broadcast_shapes(x.shape[:-1], c.shape[:-1]) + (2 * h,))
+    return np.concatenate([re, im], -1)
+
+
 def cross_entropy(logits, labels):
     lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     picked = np.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
@@ -107,6 +122,24 @@ for dt in ("f32", "f64"):
             lambda q, k, v, b: attention(q, k, v, b, cap=3), dt)
     op_case("layer_norm_eps", "r = layer_norm(a, g, b, eps=0.1)", {"a": r(4, 5), "g": r(5), "b": r(5)},
             lambda a, g, b: layer_norm(a, g, b, 0.1), dt)
+    op_case("rms_norm", "r = rms_norm(a, g)", {"a": r(2, 3, 8), "g": r(8)}, rms_norm, dt)
+    op_case("rms_norm_eps", "r = rms_norm(a, g, eps=0.5)", {"a": r(4, 5, lo=-0.5, hi=0.5), "g": r(5)},
+            lambda a, g: rms_norm(a, g, 0.5), dt)
+    op_case("rms_norm_rank1_eps0", "r = rms_norm(a, g, eps=0)", {"a": r(7), "g": r(7)},
+            lambda a, g: rms_norm(a, g, 0.0), dt)
+    op_case("rms_norm_wide", "r = rms_norm(a, g)", {"a": r(3, 1000), "g": r(1000)}, rms_norm, dt)
+    op_case("rotary_halves", "r = rotary(a, c, s)", {"a": r(2, 3, 4, 8), "c": r(1, 1, 4, 4), "s": r(1, 1, 4, 4)},
+            rotary, dt)
+    op_case("rotary_interleaved", "r = rotary(a, c, s, interleaved=1)",
+            {"a": r(2, 4, 3, 6), "c": r(2, 4, 1, 3), "s": r(1, 4, 1, 3)},
+            lambda a, c, s: rotary(a, c, s, True), dt)
+    op_case("rotary_no_broadcast", "r = rotary(a, c, s, interleaved=0)", {"a": r(5, 10), "c": r(5, 5), "s": r(5, 5)},
+            rotary, dt)
+    op_case("rotary_rank1_pair", "r = rotary(a, c, s, interleaved=1)", {"a": r(2), "c": r(1), "s": r(1)},
+            lambda a, c, s: rotary(a, c, s, True), dt)
+    op_case("rotary_of_computed", "r = rotary(a * 2, cos(t), sin(t), interleaved=1) + 1",
+            {"a": r(3, 16, 64), "t": r(1, 16, 32, lo=-3, hi=3)},
+            lambda a, t: rotary(a * 2, np.cos(t), np.sin(t), True) + 1, dt)
     op_case("reduce_sum_all", "r = reduce_sum(a)", {"a": r(3, 4, 5)}, lambda a: a.sum(), dt)
     op_case("reduce_sum_axes", "r = reduce_sum(a, axes=[0, 2])", {"a": r(3, 4, 5)}, lambda a: a.sum((0, 2)), dt)
     op_case("reduce_mean_keep", "r = reduce_mean(a, axes=[-1], keepdims=1)", {"a": r(3, 4, 5)},
