@@ -51,7 +51,9 @@ int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char 
   nv_sbuf err = {0};
   int rc = 0;
   const char *dump = getenv("NOVAC_DEBUG_IR_BEFORE"); /* a stage name: the module it starts from, on stderr */
-  if (dump && !strcmp(dump, stage)) {
+  static bool dumped; /* the first pipeline of that stage only */
+  if (dump && !strcmp(dump, stage) && !dumped) {
+    dumped = true;
     MlirOpPrintingFlags fl = mlirOpPrintingFlagsCreate();
     mlirOpPrintingFlagsEnableDebugInfo(fl, true, false);
     nv_sbuf b = {0};

@@ -53,19 +53,60 @@ static MlirOperation top_level(MlirOperation op, MlirOperation func) {
   }
 }
 
-/* Position of top-level op OP among OPS[0..n) (they are in order). */
-static int index_of(MlirOperation *ops, int n, MlirOperation op) {
-  for (int i = 0; i < n; i++)
-    if (mlirOperationEqual(ops[i], op)) return i;
+/* The entry's top-level ops in order, with a hash from op to position
+ * (a linear search per use made planning quadratic in the step). */
+typedef struct op_index {
+  MlirOperation *ops;
+  int n;
+  size_t cap;      /* a power of two above 2n */
+  int *slot;       /* position + 1, 0 = empty */
+} op_index;
+
+static size_t op_hash(MlirOperation op, size_t cap) {
+  uintptr_t x = (uintptr_t)op.ptr;
+  x ^= x >> 17;
+  x *= 0xed5ad4bbu;
+  return (size_t)(x ^ (x >> 11)) & (cap - 1);
+}
+
+/* ops of fb into ix; -1 when out of memory */
+static int index_ops(op_index *ix, MlirBlock fb) {
+  int n = 0;
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op))
+    n++;
+  ix->cap = 16;
+  while (ix->cap < 2 * (size_t)n + 2) ix->cap *= 2;
+  ix->ops = calloc((size_t)n + 1, sizeof *ix->ops);
+  ix->slot = calloc(ix->cap, sizeof *ix->slot);
+  if (!ix->ops || !ix->slot) return -1;
+  ix->n = 0;
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op)) {
+    size_t h = op_hash(op, ix->cap);
+    while (ix->slot[h]) h = (h + 1) & (ix->cap - 1);
+    ix->slot[h] = ix->n + 1;
+    ix->ops[ix->n++] = op;
+  }
+  return 0;
+}
+
+static void index_free(op_index *ix) {
+  free(ix->ops);
+  free(ix->slot);
+}
+
+/* Position of top-level op OP, -1 if it is none. */
+static int index_of(const op_index *ix, MlirOperation op) {
+  for (size_t h = op_hash(op, ix->cap); ix->slot[h]; h = (h + 1) & (ix->cap - 1))
+    if (mlirOperationEqual(ix->ops[ix->slot[h] - 1], op)) return ix->slot[h] - 1;
   return -1;
 }
 
 /* The last top-level index that uses V or a view of it (depth-limited). */
-static int last_use(MlirValue v, MlirOperation func, MlirOperation *ops, int n, int depth) {
+static int last_use(MlirValue v, MlirOperation func, const op_index *ix, int depth) {
   int last = -1;
   for (MlirOpOperand u = mlirValueGetFirstUse(v); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u)) {
     MlirOperation user = mlirOpOperandGetOwner(u);
-    int i = index_of(ops, n, top_level(user, func));
+    int i = index_of(ix, top_level(user, func));
     if (i > last) last = i;
     /* a result that is a buffer may alias V: a view of it, or a loop (or
      * any op) that takes V and returns a buffer (loops carrying it) */
@@ -73,7 +114,7 @@ static int last_use(MlirValue v, MlirOperation func, MlirOperation *ops, int n, 
       for (intptr_t r = 0; r < mlirOperationGetNumResults(user); r++) {
         MlirValue res = mlirOperationGetResult(user, r);
         if (!is_view(user) && !mlirTypeIsAMemRef(mlirValueGetType(res))) continue;
-        int j = last_use(res, func, ops, n, depth + 1);
+        int j = last_use(res, func, ix, depth + 1);
         if (j > last) last = j;
       }
   }
@@ -111,11 +152,6 @@ static int64_t place(const pbuf *b, pbuf **placed, int np) {
   return off;
 }
 
-static int by_offset(const void *a, const void *b) {
-  const pbuf *x = *(pbuf *const *)a, *y = *(pbuf *const *)b;
-  return x->offset < y->offset ? -1 : x->offset > y->offset;
-}
-
 static void describe(MlirOperation op, char *out, size_t n) {
   nv_sbuf b = {0};
   mlirLocationPrint(mlirOperationGetLocation(op), cg_print_to_sbuf, &b);
@@ -130,33 +166,32 @@ static void describe(MlirOperation op, char *out, size_t n) {
  * carry it included) and nothing else uses the output buffer.  Returns the
  * number of copies removed. */
 static int forward_output_copies(MlirOperation func, MlirBlock fb) {
-  int n = 0, k = 0;
-  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op))
-    n++;
-  MlirOperation *ops = calloc((size_t)n + 1, sizeof *ops);
-  if (!ops) return 0;
-  n = 0;
-  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op))
-    ops[n++] = op;
-  for (int i = 0; i < n; i++) {
-    if (!cg_op_is(ops[i], "memref.copy")) continue;
+  op_index ix = {0};
+  int k = 0;
+  if (index_ops(&ix, fb)) {
+    index_free(&ix);
+    return 0;
+  }
+  MlirOperation *ops = ix.ops;
+  for (int i = 0; i < ix.n; i++) {
+    if (mlirOperationIsNull(ops[i]) || !cg_op_is(ops[i], "memref.copy")) continue;
     MlirValue src = mlirOperationGetOperand(ops[i], 0), dst = mlirOperationGetOperand(ops[i], 1);
     if (!mlirValueIsABlockArgument(dst) || !mlirValueIsAOpResult(src) ||
         !cg_op_is(mlirOpResultGetOwner(src), "memref.alloc") || !mlirTypeEqual(mlirValueGetType(src), mlirValueGetType(dst)))
       continue;
     MlirOpOperand u = mlirValueGetFirstUse(dst);
     if (mlirOpOperandIsNull(u) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u))) continue;
-    if (last_use(src, func, ops, n, 0) != i) continue;
+    if (last_use(src, func, &ix, 0) != i) continue;
     MlirOperation alloc = mlirOpResultGetOwner(src);
     mlirOperationDestroy(ops[i]); /* the copy (it used both) */
     mlirValueReplaceAllUsesOfWith(src, dst);
-    for (int j = 0; j < n; j++)
-      if (mlirOperationEqual(ops[j], alloc)) ops[j] = (MlirOperation){NULL};
+    int j = index_of(&ix, alloc);
+    if (j >= 0) ops[j] = (MlirOperation){NULL}; /* its slot now never matches: ops are compared by pointer */
     ops[i] = (MlirOperation){NULL};
     mlirOperationDestroy(alloc);
     k++;
   }
-  free(ops);
+  index_free(&ix);
   return k;
 }
 
@@ -172,17 +207,13 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   if (mlirOperationIsNull(func)) return 1;
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
   plan->forwarded = forward_output_copies(func, fb);
-  int n = 0;
-  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op))
-    n++;
-  MlirOperation *ops = calloc((size_t)n + 1, sizeof *ops);
+  op_index ix = {0};
+  int ixrc = index_ops(&ix, fb), n = ix.n;
+  MlirOperation *ops = ix.ops;
   pbuf *bufs = calloc((size_t)n + 1, sizeof *bufs);
   pbuf **placed = calloc((size_t)n + 1, sizeof *placed);
   int nb = 0, rc = -1;
-  if (!ops || !bufs || !placed) goto out;
-  n = 0;
-  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op))
-    ops[n++] = op;
+  if (ixrc || !bufs || !placed) goto out;
   rc = 1; /* not plannable: the caller keeps heap buffers */
   for (int i = 0; i < n; i++) {
     if (!cg_op_is(ops[i], "memref.alloc")) continue;
@@ -190,7 +221,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
     if (!mlirShapedTypeHasStaticShape(t) || !mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t)) ||
         mlirOperationGetNumOperands(ops[i]))
       goto out;
-    int last = last_use(mlirOperationGetResult(ops[i], 0), func, ops, n, 0);
+    int last = last_use(mlirOperationGetResult(ops[i], 0), func, &ix, 0);
     bufs[nb++] = (pbuf){ops[i], cg_type_bytes(t), 0, i, last < i ? i : last};
   }
   /* an alloc nested in a region (none after bufferization today) or a
@@ -201,8 +232,10 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   int64_t peak = 0, total = 0;
   for (int i = 0; i < nb; i++) {
     bufs[i].offset = place(&bufs[i], placed, i);
-    placed[i] = &bufs[i];
-    qsort(placed, (size_t)i + 1, sizeof *placed, by_offset);
+    int at = i; /* kept sorted by offset: inserted, not re-sorted */
+    while (at > 0 && placed[at - 1]->offset > bufs[i].offset) at--;
+    memmove(placed + at + 1, placed + at, (size_t)(i - at) * sizeof *placed);
+    placed[at] = &bufs[i];
     if (bufs[i].offset + align_up(bufs[i].bytes) > peak) peak = bufs[i].offset + align_up(bufs[i].bytes);
     total += align_up(bufs[i].bytes);
   }
@@ -282,7 +315,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   rc = 0;
   (void)c;
 out:
-  free(ops);
+  index_free(&ix);
   free(bufs);
   free(placed);
   return rc;

@@ -268,17 +268,27 @@ static void dedupe(MlirContext ctx, part *p, int n) {
     p[i].text = sb.s;
     p[i].hash = fnv1a(sb.s, strlen(sb.s));
   }
-  for (int i = 1; i < n; i++) {
+  /* the first part of each text, by hash (open addressing; slot = index + 1) */
+  size_t cap = 16;
+  while (cap < 2 * (size_t)n + 2) cap *= 2;
+  int *first = calloc(cap, sizeof *first);
+  for (int i = 0; first && i < n; i++) {
     if (!p[i].text) continue;
-    for (int j = 0; j < i; j++) {
-      if (!p[j].text || mlirOperationIsNull(p[j].fn) || p[j].hash != p[i].hash || strcmp(p[j].text, p[i].text))
-        continue;
-      mlirOperationSetAttributeByName(p[i].call, nova_str("callee"), mlirFlatSymbolRefAttrGet(ctx, nova_str(p[j].name)));
-      mlirOperationDestroy(p[i].fn);
-      p[i].fn = (MlirOperation){NULL};
-      break;
+    size_t h = (size_t)p[i].hash & (cap - 1);
+    for (; first[h]; h = (h + 1) & (cap - 1)) {
+      const part *q = &p[first[h] - 1];
+      if (q->hash == p[i].hash && !strcmp(q->text, p[i].text)) break;
     }
+    if (!first[h]) {
+      first[h] = i + 1;
+      continue;
+    }
+    const part *q = &p[first[h] - 1];
+    mlirOperationSetAttributeByName(p[i].call, nova_str("callee"), mlirFlatSymbolRefAttrGet(ctx, nova_str(q->name)));
+    mlirOperationDestroy(p[i].fn);
+    p[i].fn = (MlirOperation){NULL};
   }
+  free(first);
   for (int i = 0; i < n; i++) free(p[i].text);
   mlirOpPrintingFlagsDestroy(fl);
 }

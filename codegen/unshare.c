@@ -12,9 +12,9 @@
  * Does: for each operand that an op writes (a destination: the init of a
  * linalg op, scf.for's iteration arguments, vector.transfer_write's and
  * tensor.insert_slice's destination) whose value has other uses and is
- * cheap to recompute (a tensor.empty; a linalg.fill, or a loop, whose
- * tensors are themselves cheap and which reads nothing from outside but
- * constants), the producing ops are cloned right before the writer, which
+ * cheap to recompute (a tensor.empty; a linalg.fill, a loop or a reshape
+ * whose tensors are themselves cheap and which reads nothing from outside
+ * but constants), the producing ops are cloned right before the writer, which
  * then writes into its own copy.  The values are the same; the IR is the
  * one before CSE, and bufferization analyses each write against its own
  * few uses.  Producers left without uses are erased.
@@ -28,9 +28,14 @@
 
 #define MAX_DEPTH 4
 
+/* Whether v has other uses than one, or is a reshape of such a value. */
 static bool has_other_uses(MlirValue v) {
   MlirOpOperand u = mlirValueGetFirstUse(v);
-  return !mlirOpOperandIsNull(u) && !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u));
+  if (!mlirOpOperandIsNull(u) && !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u))) return true;
+  if (!mlirValueIsAOpResult(v)) return false;
+  MlirOperation d = mlirOpResultGetOwner(v);
+  return (cg_op_is(d, "tensor.expand_shape") || cg_op_is(d, "tensor.collapse_shape")) &&
+         has_other_uses(mlirOperationGetOperand(d, 0));
 }
 
 static bool is_constant_like(MlirOperation op) {
@@ -76,7 +81,9 @@ static bool cheap(MlirValue v, MlirOperation at, int depth) {
   if (!mlirValueIsAOpResult(v) || depth > MAX_DEPTH) return false;
   MlirOperation op = mlirOpResultGetOwner(v);
   if (cg_op_is(op, "tensor.empty")) return mlirOperationGetNumOperands(op) == 0; /* static shapes */
-  if (!cg_op_is(op, "linalg.fill") && !cg_op_is(op, "scf.for")) return false;
+  if (!cg_op_is(op, "linalg.fill") && !cg_op_is(op, "scf.for") && !cg_op_is(op, "tensor.expand_shape") &&
+      !cg_op_is(op, "tensor.collapse_shape"))
+    return false;
   if (mlirOperationGetNumResults(op) != 1) return false;
   for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
     MlirValue o = mlirOperationGetOperand(op, i);
