@@ -151,18 +151,22 @@ static void unshare_block(MlirBlock b);
  * writer's source op (one location), so that each source op's code stays
  * contiguous (outline.c outlines such runs). */
 static void unshare_op(MlirBlock b, MlirOperation op, MlirOperation at) {
-  intptr_t first, n;
-  if (written(op, &first, &n))
-    for (intptr_t i = first; i < first + n; i++) {
-      MlirValue v = mlirOperationGetOperand(op, i);
-      if (!mlirTypeIsARankedTensor(mlirValueGetType(v)) || !mlirValueIsAOpResult(v) || !has_other_uses(v)) continue;
-      MlirOperation def = mlirOpResultGetOwner(v);
-      if (!mlirBlockEqual(mlirOperationGetBlock(def), b)) continue;
-      MlirOperation where = cheap(v, at, 0) && mlirOperationIsBeforeInBlock(def, at) ? at : op;
-      if (!mlirOperationEqual(where, op) || cheap(v, op, 0)) mlirOperationSetOperand(op, i, clone_before(b, where, v));
-      else continue;
-      erase_if_dead(v);
-    }
+  intptr_t first = 0, n = 0;
+  bool writes = written(op, &first, &n);
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    MlirValue v = mlirOperationGetOperand(op, i);
+    if (!mlirTypeIsARankedTensor(mlirValueGetType(v)) || !mlirValueIsAOpResult(v) || !has_other_uses(v)) continue;
+    MlirOperation def = mlirOpResultGetOwner(v);
+    /* a read: only of a fill (not of an empty tensor) made for another source op */
+    if (!(writes && i >= first && i < first + n) &&
+        (cg_op_is(def, "tensor.empty") || mlirLocationEqual(mlirOperationGetLocation(def), mlirOperationGetLocation(op))))
+      continue;
+    if (!mlirBlockEqual(mlirOperationGetBlock(def), b)) continue;
+    MlirOperation where = cheap(v, at, 0) && mlirOperationIsBeforeInBlock(def, at) ? at : op;
+    if (!mlirOperationEqual(where, op) || cheap(v, op, 0)) mlirOperationSetOperand(op, i, clone_before(b, where, v));
+    else continue;
+    erase_if_dead(v);
+  }
   for (intptr_t r = 0; r < mlirOperationGetNumRegions(op); r++)
     for (MlirBlock ib = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, r)); !mlirBlockIsNull(ib);
          ib = mlirBlockGetNextInRegion(ib))
