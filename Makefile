@@ -76,6 +76,11 @@ $(GEN_ONNX): $(ONNX_PROTO)
 $(B)/obj/driver/novarun.o $(B)/obj/driver/tensor_pb.o $(B)/obj/frontend/onnx.o $(B)/obj/frontend/onnx_ops.o \
   $(B)/obj/frontend/onnx_fold.o $(B)/obj/driver/novac.o: $(GEN_ONNX)
 
+# A sanitized runtime needs the sanitizer's runtime where a step links it:
+# novac passes this build's -fsanitize= flag to that link.
+RT_SANITIZE := $(firstword $(filter -fsanitize=%,$(SAN)))
+$(B)/obj/codegen/step.o: ALLCFLAGS += -DNOVA_RT_SANITIZE='"$(RT_SANITIZE)"'
+
 $(B)/rtobj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -O2 -fPIC -fvisibility=hidden $(SAN) $(CPPFLAGS_ALL) -MMD -MP -c $< -o $@
