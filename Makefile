@@ -132,7 +132,7 @@ check-onnx: all
 # libFuzzer harness for the ONNX loader (needs clang); links only what
 # fe_parse_onnx needs.  Run: build-fuzz/fuzz_onnx -max_len=65536 DIR testsuite/fuzz/corpus_onnx
 FUZZ_ONNX_SRC := testsuite/fuzz/fuzz_onnx.c frontend/graph.c frontend/onnx.c frontend/onnx_ops.c frontend/onnx_math.c frontend/onnx_index.c frontend/onnx_eval.c frontend/onnx_nn.c frontend/onnx_resize.c frontend/onnx_einsum.c frontend/onnx_rnn.c frontend/onnx_dft.c frontend/onnx_seq.c frontend/onnx_qlinear.c \
-  frontend/onnx_fold.c frontend/onnx_roles.c driver/diag.c driver/util.c $(GEN_ONNX)
+  frontend/onnx_fold.c frontend/onnx_roles.c frontend/onnx_wire.c driver/diag.c driver/util.c $(GEN_ONNX)
 fuzz-onnx: build-fuzz/fuzz_onnx
 build-fuzz/fuzz_onnx: $(FUZZ_ONNX_SRC) $(wildcard frontend/*.h driver/*.h)
 	@mkdir -p $(dir $@)
