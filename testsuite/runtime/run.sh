@@ -265,6 +265,13 @@ run_bad() {
   bad bad.not_a_step 1 "is not a step.so written by novac" "$T/notstep.so" --inputs "$T/in"
   echo 'not an ELF file' >"$T/text.so"
   bad bad.not_a_shared_object 1 "novarun: cannot load step '$T/text.so'" "$T/text.so"
+  # a step.so cut short: an error before dlopen, not a SIGBUS
+  size=$(wc -c <"$T/fixture.so")
+  for cut in 40:40 1k:1024 half:$((size / 2)) all_but_1:$((size - 1)); do
+    head -c "${cut#*:}" "$T/fixture.so" >"$T/cut.so"
+    bad "bad.truncated_step_${cut%%:*}" 1 "novarun: cannot load step '$T/cut.so': truncated: the file is ${cut#*:} bytes" \
+      "$T/cut.so"
+  done
   bad bad.abi_mismatch 1 "step ABI mismatch: the step was compiled for step ABI version 99" "$T/abi99.so"
   bad bad.no_inputs 1 "the step has 4 inputs ('x', ...); give them with --inputs DIR" "$T/fixture.so"
   bad bad.inputs_dir_missing 1 "$T/none: No such file or directory" "$T/fixture.so" --inputs "$T/none"
