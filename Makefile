@@ -76,6 +76,11 @@ $(GEN_ONNX): $(ONNX_PROTO)
 $(B)/obj/driver/novarun.o $(B)/obj/driver/tensor_pb.o $(B)/obj/frontend/onnx.o $(B)/obj/frontend/onnx_ops.o \
   $(B)/obj/frontend/onnx_fold.o $(B)/obj/driver/novac.o: $(GEN_ONNX)
 
+# A sanitized runtime needs the sanitizer's runtime where a step links it:
+# novac passes this build's -fsanitize= flag to that link.
+RT_SANITIZE := $(firstword $(filter -fsanitize=%,$(SAN)))
+$(B)/obj/codegen/step.o: ALLCFLAGS += -DNOVA_RT_SANITIZE='"$(RT_SANITIZE)"'
+
 $(B)/rtobj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(WARN) -O2 -fPIC -fvisibility=hidden $(SAN) $(CPPFLAGS_ALL) -MMD -MP -c $< -o $@
@@ -127,7 +132,7 @@ check-onnx: all
 # libFuzzer harness for the ONNX loader (needs clang); links only what
 # fe_parse_onnx needs.  Run: build-fuzz/fuzz_onnx -max_len=65536 DIR testsuite/fuzz/corpus_onnx
 FUZZ_ONNX_SRC := testsuite/fuzz/fuzz_onnx.c frontend/graph.c frontend/onnx.c frontend/onnx_ops.c frontend/onnx_math.c frontend/onnx_index.c frontend/onnx_eval.c frontend/onnx_nn.c frontend/onnx_resize.c frontend/onnx_einsum.c frontend/onnx_rnn.c frontend/onnx_dft.c frontend/onnx_seq.c frontend/onnx_qlinear.c \
-  frontend/onnx_fold.c frontend/onnx_roles.c driver/diag.c driver/util.c $(GEN_ONNX)
+  frontend/onnx_fold.c frontend/onnx_roles.c frontend/onnx_wire.c driver/diag.c driver/util.c $(GEN_ONNX)
 fuzz-onnx: build-fuzz/fuzz_onnx
 build-fuzz/fuzz_onnx: $(FUZZ_ONNX_SRC) $(wildcard frontend/*.h driver/*.h)
 	@mkdir -p $(dir $@)

@@ -248,6 +248,14 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
   return rc;
 }
 
+/* The -fsanitize= flag the runtime beside this novac was built with (the
+   Makefile's SAN; one build folder builds both): a step linking that runtime
+   links the sanitizer's runtime too, else its __asan_* / __ubsan_* symbols
+   stay undefined. */
+#ifndef NOVA_RT_SANITIZE
+#define NOVA_RT_SANITIZE ""
+#endif
+
 int cg_run_tool(nova_ctx *c, const char *dir, char *const argv[], bool verbose, const char *what) {
   if (verbose) {
     fprintf(stderr, "novac: (cd %s &&", dir);
@@ -275,11 +283,20 @@ int cg_run_tool(nova_ctx *c, const char *dir, char *const argv[], bool verbose, 
   int st = 0;
   while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
   if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
-  size_t len = 0;
+  /* the tool's whole message (the linker's first line rarely names the
+     cause), up to 16 KiB of it */
+  size_t len = 0, cap = 16384;
   char *out = nv_read_file(log, &len, 1 << 20);
-  char *nl = out ? strchr(out, '\n') : NULL;
-  if (nl) *nl = 0;
-  nv_error_plain(c->diag, "%s failed while building the step: %s", what ? what : argv[0], out && *out ? out : "(no output)");
+  size_t shown = out ? strlen(out) : 0;
+  while (shown && (out[shown - 1] == '\n' || out[shown - 1] == ' ')) shown--;
+  const char *more = shown > cap ? "\n(... cut)" : "";
+  if (shown > cap) shown = cap;
+  char how[64] = "failed";
+  if (WIFSIGNALED(st)) snprintf(how, sizeof how, "was killed by signal %d", WTERMSIG(st));
+  if (shown)
+    nv_error_plain(c->diag, "%s %s while building the step:\n%.*s%s", what ? what : argv[0], how, (int)shown, out, more);
+  else
+    nv_error_plain(c->diag, "%s %s while building the step: (no output)", what ? what : argv[0], how);
   free(out);
   return -1;
 }
@@ -582,9 +599,11 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
   }
   char *ldargv[] = {(char *)cc, "-shared", "-o", abs_out, "step.o", "desc.o", "-Wl,--whole-archive", rtlib,
                     "-Wl,--no-whole-archive", "-lm", "-ldl", "-Wl,--no-undefined",
-                    "-Wl,--version-script=exports.map", "-Wl,-z,noexecstack", "-Wl,--build-id=sha1", NULL, NULL};
+                    "-Wl,--version-script=exports.map", "-Wl,-z,noexecstack", "-Wl,--build-id=sha1", NULL, NULL, NULL};
+  int nld = 15;
+  if (*NOVA_RT_SANITIZE) ldargv[nld++] = NOVA_RT_SANITIZE; /* an instrumented runtime needs its sanitizer's */
   if (o->eval_graph) { /* the evaluation entry's object after the step's */
-    memmove(ldargv + 6, ldargv + 5, 11 * sizeof *ldargv);
+    memmove(ldargv + 6, ldargv + 5, (size_t)(nld - 4) * sizeof *ldargv);
     ldargv[5] = "eval.o";
   }
   if (cg_run_tool(c, dir, ldargv, o->verbose, NULL)) goto out;

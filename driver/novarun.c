@@ -261,6 +261,8 @@ static int nr_load(const char *path, nr_api *api) {
   }
   if (access(p, F_OK) != 0) return nr_error("%s: %s", path, strerror(errno));
   memset(api, 0, sizeof *api);
+  char why[256];
+  if (nr_check_elf(p, why, sizeof why)) return nr_error("cannot load step '%s': %s", path, why);
   api->handle = dlopen(p, RTLD_NOW | RTLD_LOCAL);
   if (!api->handle) return nr_error("cannot load step '%s': %s", path, dlerror());
   int ok = NR_SYM(api, open, "nova_step_open") && NR_SYM(api, close, "nova_step_close") &&

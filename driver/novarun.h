@@ -57,6 +57,12 @@ typedef struct nr_step {
   int nbound;   /* inputs bound from --inputs */
 } nr_step;
 
+/* Checks that PATH is a whole 64-bit ELF shared object (novarun_elf.c):
+ * its headers, its loaded segments and its sections inside the file, so
+ * that a truncated file is an error before dlopen, not a SIGBUS after it.
+ * 0, or -1 with the reason in WHY. */
+int nr_check_elf(const char *path, char *why, size_t n);
+
 /* Prints "novarun: MESSAGE" on stderr; returns 1, the exit status of a
  * user error. */
 int nr_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -794,6 +794,11 @@ nv_graph *fe_parse_onnx(nv_diag *d, const char *name, const uint8_t *bytes, size
                         fe_dim_binding *dims, int ndims, const fe_train_roles *roles) {
   ox_ctx x = {.d = d, .file = nv_diag_intern(d, name), .dims = dims, .ndims = ndims};
   x.loc = (nv_loc){x.file, 0, 0};
+  char why[256];
+  if (fe_onnx_check_wire(bytes, len, why, sizeof why)) {
+    ox_err(&x, "%s", why);
+    return NULL;
+  }
   Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, bytes);
   if (!m) {
     ox_err(&x, "not a valid ONNX model (the protobuf does not parse: truncated, corrupt or not an .onnx file)");

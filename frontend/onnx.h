@@ -73,6 +73,17 @@ bool ox_used_by_nodes(const Onnx__GraphProto *gr, const char *name);
 /* Records "model.onnx: node 'X' (Op): error: ..." and returns -1. */
 int ox_err(ox_ctx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Limits on a model's protobuf, checked before it is unpacked (onnx_wire.c):
+ * messages nested FE_ONNX_MAX_DEPTH deep at most (the ModelProto is level
+ * 1; a subgraph of an If or Loop adds 3 levels (AttributeProto, GraphProto,
+ * NodeProto), a sequence or map type 2, so this leaves room for ~20 levels
+ * of subgraphs; protobuf-c's unpack recurses once per level with no limit
+ * of its own), and FE_ONNX_MAX_BYTES bytes (protobuf's 2 GiB limit on a
+ * message).  0, or -1 with the reason in WHY. */
+#define FE_ONNX_MAX_DEPTH 64
+#define FE_ONNX_MAX_BYTES ((size_t)INT32_MAX)
+int fe_onnx_check_wire(const uint8_t *bytes, size_t len, char *why, size_t whylen);
+
 /* ---- attributes of the current node ---- */
 const Onnx__AttributeProto *ox_attr(ox_ctx *x, const char *name);
 int64_t ox_attr_i(ox_ctx *x, const char *name, int64_t dflt);

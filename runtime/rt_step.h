@@ -7,6 +7,7 @@
 #ifndef NOVA_RT_STEP_H
 #define NOVA_RT_STEP_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include "nova/step.h"
 #include "rt_graph.h"
@@ -17,7 +18,11 @@
 #define RT_BUFFER_ALIGN 64
 #define RT_ERROR_LEN 1024
 
+#define RT_STEP_MAGIC 0x6e6f7661u /* "nova": a live step; 0 once closed */
+
 struct nova_step {
+  unsigned magic;         /* RT_STEP_MAGIC while open */
+  atomic_int busy;        /* 1 while a call that uses the buffers runs (rt_step_enter) */
   const rt_graph *graph;  /* borrowed; NULL in a step that failed the ABI check */
   void **buffers;         /* [ntensors] owned, RT_BUFFER_ALIGN-aligned */
   size_t *nbytes;         /* [ntensors] */
@@ -36,6 +41,17 @@ struct nova_step {
  * graph that is not valid for this runtime) *step holds a step carrying
  * only the message; on any other failure *step is NULL. */
 nova_status rt_step_open_graph(const rt_graph *graph, nova_step **step);
+
+/* The table of live steps (rt_handle.c).  _add: S is live (0 when out
+ * of memory); _live: whether S is a live step (never dereferences S);
+ * _remove: S is no longer live (0 if it was not).  _enter: takes S for one
+ * call that reads or writes its buffers (0 if another thread holds it),
+ * _leave gives it back. */
+int rt_handle_add(nova_step *s);
+int rt_handle_live(const nova_step *s);
+int rt_handle_remove(nova_step *s);
+int rt_step_enter(nova_step *s);
+void rt_step_leave(nova_step *s);
 
 /* Records the message for nova_step_error(); returns STATUS. */
 nova_status rt_fail(nova_step *step, nova_status status, const char *fmt, ...)

@@ -6,6 +6,7 @@
  * returns a status, recording a message for nova_step_error() where it has
  * a step to record it in.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,6 +29,19 @@ static nova_status rt_ok(nova_step *s) {
   s->error[0] = '\0';
   return NOVA_OK;
 }
+
+/* The queries take a const step; their failures still set its message
+ * (the step itself was allocated writable by nova_step_open). */
+static nova_status rt_fail_const(const nova_step *s, nova_status status, const char *what) {
+  return rt_fail((nova_step *)(uintptr_t)s, status, "%s", what);
+}
+
+/* Returns from the calling ABI function unless STEP is a live step. */
+#define RT_LIVE(step)                                         \
+  do {                                                        \
+    if (!(step)) return NOVA_ERR_INVALID_ARGUMENT;            \
+    if (!rt_handle_live(step)) return NOVA_ERR_INVALID_HANDLE; \
+  } while (0)
 
 /* ---- open / close -------------------------------------------------------- */
 
@@ -129,11 +143,12 @@ nova_status rt_step_open_graph(const rt_graph *graph, nova_step **step) {
     s->graph = graph;
     st = rt_step_alloc(s);
   }
-  if (st == NOVA_ERR_NO_MEMORY) {
-    nova_step_close(s);
-    return st;
+  if (st != NOVA_OK && st != NOVA_ERR_NO_MEMORY) rt_step_release(s); /* keep only the message */
+  if (st == NOVA_ERR_NO_MEMORY || !rt_handle_add(s)) {
+    rt_step_release(s);
+    free(s);
+    return NOVA_ERR_NO_MEMORY;
   }
-  if (st != NOVA_OK) rt_step_release(s); /* keep only the message */
   *step = s;
   return st;
 }
@@ -141,7 +156,7 @@ nova_status rt_step_open_graph(const rt_graph *graph, nova_step **step) {
 NOVA_API nova_status nova_step_open(nova_step **step) { return rt_step_open_graph(&nova_rt_graph, step); }
 
 NOVA_API void nova_step_close(nova_step *step) {
-  if (!step) return;
+  if (!rt_handle_remove(step)) return; /* NULL, closed already, or not a step */
   rt_step_release(step);
   free(step);
 }
@@ -167,22 +182,33 @@ static void rt_fill_info(const nova_step *s, int i, nova_tensor_info *info) {
 }
 
 NOVA_API int nova_step_num_tensors(const nova_step *step) {
-  return step && step->graph ? step->graph->ntensors : 0;
+  return rt_handle_live(step) && step->graph ? step->graph->ntensors : 0;
 }
 
 NOVA_API nova_status nova_step_tensor(const nova_step *step, int index, nova_tensor_info *info) {
-  if (!step || !info) return NOVA_ERR_INVALID_ARGUMENT;
-  if (!step->graph) return NOVA_ERR_ABI;
-  if (index < 0 || index >= step->graph->ntensors) return NOVA_ERR_INVALID_ARGUMENT;
+  RT_LIVE(step);
+  if (!step->graph) return NOVA_ERR_ABI; /* the message says why it did not open */
+  if (!info) return rt_fail_const(step, NOVA_ERR_INVALID_ARGUMENT, "nova_step_tensor: info is NULL");
+  if (index < 0 || index >= step->graph->ntensors) {
+    char m[128];
+    snprintf(m, sizeof m, "nova_step_tensor: index %d is outside [0, %d)", index, step->graph->ntensors);
+    return rt_fail_const(step, NOVA_ERR_INVALID_ARGUMENT, m);
+  }
   rt_fill_info(step, index, info);
   return NOVA_OK;
 }
 
 NOVA_API nova_status nova_step_find(const nova_step *step, const char *name, int *index) {
-  if (!step || !name || !index) return NOVA_ERR_INVALID_ARGUMENT;
-  if (!step->graph) return NOVA_ERR_ABI;
+  RT_LIVE(step);
+  if (!step->graph) return NOVA_ERR_ABI; /* the message says why it did not open */
+  if (!name || !index)
+    return rt_fail_const(step, NOVA_ERR_INVALID_ARGUMENT, !name ? "nova_step_find: name is NULL"
+                                                                : "nova_step_find: index is NULL");
   *index = rt_find(step, name);
-  return *index >= 0 ? NOVA_OK : NOVA_ERR_NOT_FOUND;
+  if (*index >= 0) return NOVA_OK;
+  char m[RT_ERROR_LEN];
+  snprintf(m, sizeof m, "no tensor named '%.900s' in this step", name);
+  return rt_fail_const(step, NOVA_ERR_NOT_FOUND, m);
 }
 
 /* ---- bind / run / get ---------------------------------------------------- */
@@ -207,10 +233,20 @@ static nova_status rt_check_bind(nova_step *s, int i, nova_dtype dtype, int rank
   return NOVA_OK;
 }
 
-NOVA_API nova_status nova_step_bind(nova_step *step, const char *name, nova_dtype dtype, int rank,
-                                    const int64_t *shape, const void *data) {
-  if (!step) return NOVA_ERR_INVALID_ARGUMENT;
-  if (!step->graph) return NOVA_ERR_ABI;
+/* A training step's learning rate must be a finite number, not negative. */
+static nova_status rt_check_hyper(nova_step *s, int i, const void *data) {
+  const rt_tensor_desc *t = &s->graph->tensors[i];
+  if (t->role != NOVA_ROLE_INPUT || t->dtype != NOVA_DTYPE_F32 || t->rank != 0 || strcmp(t->name, "lr")) return NOVA_OK;
+  float v;
+  memcpy(&v, data, sizeof v);
+  if (isfinite(v) && v >= 0) return NOVA_OK;
+  return rt_fail(s, NOVA_ERR_NOT_FINITE, "tensor 'lr': the learning rate must be a finite number >= 0, not %g",
+                 (double)v);
+}
+
+static nova_status rt_bind(nova_step *step, const char *name, nova_dtype dtype, int rank, const int64_t *shape,
+                           const void *data) {
+  if (!step->graph) return NOVA_ERR_ABI; /* the message says why it did not open */
   if (!name) return rt_fail(step, NOVA_ERR_INVALID_ARGUMENT, "nova_step_bind: name is NULL");
   if (!data) return rt_fail(step, NOVA_ERR_INVALID_ARGUMENT, "nova_step_bind: tensor '%s': data is NULL", name);
   if (rank > 0 && !shape)
@@ -221,6 +257,7 @@ NOVA_API nova_status nova_step_bind(nova_step *step, const char *name, nova_dtyp
   int i = rt_find(step, name);
   if (i < 0) return rt_fail(step, NOVA_ERR_NOT_FOUND, "no tensor named '%s' in this step", name);
   nova_status st = rt_check_bind(step, i, dtype, rank, shape);
+  if (st == NOVA_OK) st = rt_check_hyper(step, i, data);
   if (st != NOVA_OK) return st;
   memcpy(step->buffers[i], data, step->nbytes[i]);
   step->bound[i] = 1;
@@ -246,9 +283,8 @@ static nova_status rt_check_inputs(nova_step *step, const int32_t *arg, int n) {
   return NOVA_OK;
 }
 
-NOVA_API nova_status nova_step_eval(nova_step *step) {
-  if (!step) return NOVA_ERR_INVALID_ARGUMENT;
-  if (!step->graph) return NOVA_ERR_ABI;
+static nova_status rt_eval(nova_step *step) {
+  if (!step->graph) return NOVA_ERR_ABI; /* the message says why it did not open */
   const rt_graph *g = step->graph;
   if (!g->eval_entry)
     return rt_fail(step, NOVA_ERR_NO_ENTRY, "this step has no evaluation entry (only training steps compiled by "
@@ -263,9 +299,8 @@ NOVA_API nova_status nova_step_eval(nova_step *step) {
   return rt_ok(step);
 }
 
-NOVA_API nova_status nova_step_run(nova_step *step) {
-  if (!step) return NOVA_ERR_INVALID_ARGUMENT;
-  if (!step->graph) return NOVA_ERR_ABI;
+static nova_status rt_run(nova_step *step) {
+  if (!step->graph) return NOVA_ERR_ABI; /* the message says why it did not open */
   const rt_graph *g = step->graph;
   nova_status st = rt_check_inputs(step, NULL, g->ntensors);
   if (st != NOVA_OK) return st;
@@ -285,9 +320,8 @@ NOVA_API nova_status nova_step_run(nova_step *step) {
   return rt_ok(step);
 }
 
-NOVA_API nova_status nova_step_get(nova_step *step, const char *name, const void **data, nova_tensor_info *info) {
-  if (!step) return NOVA_ERR_INVALID_ARGUMENT;
-  if (!step->graph) return NOVA_ERR_ABI;
+static nova_status rt_get(nova_step *step, const char *name, const void **data, nova_tensor_info *info) {
+  if (!step->graph) return NOVA_ERR_ABI; /* the message says why it did not open */
   if (!name || !data || !info)
     return rt_fail(step, NOVA_ERR_INVALID_ARGUMENT, "nova_step_get: %s is NULL",
                    !name ? "name" : !data ? "data" : "info");
@@ -302,39 +336,63 @@ NOVA_API nova_status nova_step_get(nova_step *step, const char *name, const void
   return rt_ok(step);
 }
 
+/* The calls that use the buffers: on a live step, one thread at a time. */
+#define RT_EXCLUSIVE(step, call)                      \
+  do {                                                \
+    RT_LIVE(step);                                    \
+    if (!rt_step_enter(step)) return NOVA_ERR_BUSY;   \
+    nova_status st_ = call;                           \
+    rt_step_leave(step);                              \
+    return st_;                                       \
+  } while (0)
+
+NOVA_API nova_status nova_step_bind(nova_step *step, const char *name, nova_dtype dtype, int rank,
+                                    const int64_t *shape, const void *data) {
+  RT_EXCLUSIVE(step, rt_bind(step, name, dtype, rank, shape, data));
+}
+NOVA_API nova_status nova_step_run(nova_step *step) { RT_EXCLUSIVE(step, rt_run(step)); }
+NOVA_API nova_status nova_step_eval(nova_step *step) { RT_EXCLUSIVE(step, rt_eval(step)); }
+NOVA_API nova_status nova_step_get(nova_step *step, const char *name, const void **data, nova_tensor_info *info) {
+  RT_EXCLUSIVE(step, rt_get(step, name, data, info));
+}
+
 NOVA_API const char *nova_step_graph_hash(const nova_step *step) {
-  return step && step->graph && step->graph->graph_hash ? step->graph->graph_hash : "";
+  return rt_handle_live(step) && step->graph && step->graph->graph_hash ? step->graph->graph_hash : "";
 }
 
 NOVA_API double nova_step_last_run_ms(const nova_step *step) {
-  if (!step || !step->graph) return -1;
+  if (!rt_handle_live(step) || !step->graph) return -1;
   return step->cuda ? rt_cuda_last_ms(step) : step->last_ms;
 }
 
-NOVA_API nova_status nova_step_set_profiling(nova_step *step, int on) {
-  if (!step) return NOVA_ERR_INVALID_ARGUMENT;
-  if (!step->graph) return NOVA_ERR_ABI;
+static nova_status rt_set_profiling(nova_step *step, int on) {
+  if (!step->graph) return NOVA_ERR_ABI; /* the message says why it did not open */
   if (!step->cuda) return on ? rt_fail(step, NOVA_ERR_INVALID_ARGUMENT, "per-kernel profiling needs a --target=cuda step") : NOVA_OK;
   return rt_cuda_set_profiling(step, on);
 }
 
+NOVA_API nova_status nova_step_set_profiling(nova_step *step, int on) { RT_EXCLUSIVE(step, rt_set_profiling(step, on)); }
+
 NOVA_API int nova_step_num_launches(const nova_step *step) {
-  return step && step->graph && step->cuda ? rt_cuda_num_launches(step) : 0;
+  return rt_handle_live(step) && step->graph && step->cuda ? rt_cuda_num_launches(step) : 0;
 }
 
 NOVA_API nova_status nova_step_launch(const nova_step *step, int index, const char **kernel, double *ms) {
-  if (!step || !kernel || !ms) return NOVA_ERR_INVALID_ARGUMENT;
-  if (!step->graph) return NOVA_ERR_ABI;
-  if (!step->cuda || index < 0 || index >= rt_cuda_num_launches(step)) return NOVA_ERR_INVALID_ARGUMENT;
+  RT_LIVE(step);
+  if (!kernel || !ms) return rt_fail_const(step, NOVA_ERR_INVALID_ARGUMENT, "nova_step_launch: kernel or ms is NULL");
+  if (!step->graph) return NOVA_ERR_ABI; /* the message says why it did not open */
+  if (!step->cuda || index < 0 || index >= rt_cuda_num_launches(step))
+    return rt_fail_const(step, NOVA_ERR_INVALID_ARGUMENT, "nova_step_launch: no such launch in the last run");
   return rt_cuda_launch(step, index, kernel, ms);
 }
 
 NOVA_API const char *nova_step_target(const nova_step *step) {
-  return step && step->graph && step->graph->target == RT_TARGET_CUDA ? "cuda" : "cpu";
+  return rt_handle_live(step) && step->graph && step->graph->target == RT_TARGET_CUDA ? "cuda" : "cpu";
 }
 
 NOVA_API const char *nova_step_error(const nova_step *step) {
-  return step ? step->error : "no step (nova_step_open failed, or the step given is NULL)";
+  if (!step) return "no step (nova_step_open failed, or the step given is NULL)";
+  return rt_handle_live(step) ? step->error : "invalid step handle (closed by nova_step_close, or not from nova_step_open)";
 }
 
 /* ---- names --------------------------------------------------------------- */

@@ -14,6 +14,25 @@
  *
  * Every function validates its arguments and returns a status; on failure
  * nova_step_error() describes what was wrong.  Nothing here aborts the process.
+ *
+ * Handles: a step is live from nova_step_open to nova_step_close.  A call
+ * on a closed handle (or one that never came from nova_step_open) is
+ * detected without reading the freed memory: it returns
+ * NOVA_ERR_INVALID_HANDLE (0, "", -1 or "cpu" for the functions that
+ * return a value; nova_step_error says the handle is invalid), and a second
+ * nova_step_close is a no-op.  (A handle whose address a later
+ * nova_step_open got again names that new step.)
+ *
+ * Threads: different steps may be used from different threads at once.
+ * One step is used by one thread at a time: a call that reads or writes
+ * its tensors (bind, run, eval, get, set_profiling) while another such call
+ * runs on it returns NOVA_ERR_BUSY and changes nothing, not even the
+ * message (which belongs to the call in progress).  Do not close a step
+ * while another thread uses it.
+ *
+ * Values: bind copies any bit pattern, NaN and infinities included (an op
+ * such as IsNaN takes them); a training step's "lr" must be finite and not
+ * negative (NOVA_ERR_NOT_FINITE).
  */
 #ifndef NOVA_STEP_H
 #define NOVA_STEP_H
@@ -27,7 +46,8 @@ extern "C" {
 
 /* Version 1.  Later additions keep it, being backward compatible (a caller
  * of the old ABI works with a new step.so): NOVA_ROLE_BUFFER,
- * NOVA_ERR_NO_ENTRY and nova_step_eval (absent from a step.so built by a
+ * NOVA_ERR_NO_ENTRY, NOVA_ERR_BUSY, NOVA_ERR_INVALID_HANDLE,
+ * NOVA_ERR_NOT_FINITE and nova_step_eval (absent from a step.so built by a
  * novac before 0.2: resolve it with dlsym and fall back). */
 #define NOVA_STEP_ABI_VERSION 1
 #define NOVA_MAX_RANK 8
@@ -44,7 +64,10 @@ typedef enum nova_status {
   NOVA_ERR_ROLE = 8,             /* e.g. bind() on an output */
   NOVA_ERR_ABI = 9,              /* step.so built for another ABI version */
   NOVA_ERR_DEVICE = 10,          /* the GPU failed or is missing (--target=cuda steps) */
-  NOVA_ERR_NO_ENTRY = 11         /* the step has no such entry (nova_step_eval on a forward step) */
+  NOVA_ERR_NO_ENTRY = 11,        /* the step has no such entry (nova_step_eval on a forward step) */
+  NOVA_ERR_BUSY = 12,            /* another thread is in a call on the same step */
+  NOVA_ERR_INVALID_HANDLE = 13,  /* the step was closed, or never came from nova_step_open */
+  NOVA_ERR_NOT_FINITE = 14       /* a hyper-parameter (lr) that is NaN, infinite or negative */
 } nova_status;
 
 /* Element types; the values are ONNX TensorProto.DataType codes. */

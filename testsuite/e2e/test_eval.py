@@ -9,16 +9,17 @@
   they are, and its running_mean/var outputs are the running statistics;
 - a forward step has none: novarun --eval fails naming it, nova_step_eval
   returns NOVA_ERR_NO_ENTRY (11) through ctypes."""
-import ctypes
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from harness import NOVAC, NOVARUN, Failure, case, check_close, read_pb, run, write_pb
+from harness import BUILD, NOVAC, NOVARUN, Failure, case, check_close, read_pb, run, write_pb
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MLP = os.path.join(ROOT, "examples", "mlp.nova")
@@ -119,17 +120,38 @@ def forward_step_has_none():
         p = run([NOVARUN, so, "--inputs", MLP_DATA, "--eval", "-q"], expect_rc=1)
         if "has no evaluation entry" not in p.stderr:
             raise Failure("novarun --eval on a forward step:\n" + p.stderr)
-        lib = ctypes.CDLL(so)
-        step = ctypes.c_void_p()
-        if lib.nova_step_open(ctypes.byref(step)) != 0:
-            raise Failure("nova_step_open failed")
-        rc = lib.nova_step_eval(step)
-        lib.nova_step_error.restype = ctypes.c_char_p
-        msg = lib.nova_step_error(step).decode()
-        lib.nova_step_close(step)
+        rc, msg = eval_through_ctypes(so)
         if rc != 11 or "no evaluation entry" not in msg:
             raise Failure("nova_step_eval on a forward step: %d, '%s'" % (rc, msg))
 
+
+EVAL_CTYPES = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+step = ctypes.c_void_p()
+if lib.nova_step_open(ctypes.byref(step)) != 0:
+    sys.exit("nova_step_open failed")
+rc = lib.nova_step_eval(step)
+lib.nova_step_error.restype = ctypes.c_char_p
+print(rc, lib.nova_step_error(step).decode())
+lib.nova_step_close(step)
+"""
+
+
+def eval_through_ctypes(so):
+    """nova_step_eval's status and message, from a Python process of its own:
+    a step of a sanitized build needs the sanitizer runtimes loaded first."""
+    env = dict(os.environ)
+    if "asan" in os.path.basename(os.path.normpath(BUILD)):
+        libs = [subprocess.run(["cc", "-print-file-name=" + n], capture_output=True, text=True).stdout.strip()
+                for n in ("libasan.so", "libubsan.so")]
+        env["LD_PRELOAD"] = " ".join(libs)
+        env["ASAN_OPTIONS"] = "detect_leaks=0"   # the interpreter's own allocations
+    p = subprocess.run([sys.executable, "-c", EVAL_CTYPES, so], capture_output=True, text=True, env=env, timeout=120)
+    if p.returncode != 0 or not p.stdout.strip():
+        raise Failure("ctypes on %s: exit %d\n%s" % (so, p.returncode, p.stderr[-2000:]))
+    rc, _, msg = p.stdout.strip().partition(" ")
+    return int(rc), msg
 
 case("eval.mlp_eval_is_the_next_forward", mlp_eval_is_the_next_forward)
 case("eval.batchnorm_running_statistics", bn_eval_uses_running_statistics)

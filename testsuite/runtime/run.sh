@@ -76,7 +76,7 @@ under_valgrind() {
 
 # ---- unit tests ------------------------------------------------------------
 if build step.build $CC $CFLAGS $SAN $INC "$here/test_step.c" "$here/fixture_graph.c" "$RTLIB" \
-  -Wl,--wrap=calloc,--wrap=aligned_alloc -o "$T/test_step"; then
+  -Wl,--wrap=calloc,--wrap=aligned_alloc -lpthread -o "$T/test_step"; then
   unit step.exit "$T/test_step"
   [ -n "$VALGRIND" ] && under_valgrind step.valgrind "$T/test_step"
 fi
@@ -265,6 +265,13 @@ run_bad() {
   bad bad.not_a_step 1 "is not a step.so written by novac" "$T/notstep.so" --inputs "$T/in"
   echo 'not an ELF file' >"$T/text.so"
   bad bad.not_a_shared_object 1 "novarun: cannot load step '$T/text.so'" "$T/text.so"
+  # a step.so cut short: an error before dlopen, not a SIGBUS
+  size=$(wc -c <"$T/fixture.so")
+  for cut in 40:40 1k:1024 half:$((size / 2)) all_but_1:$((size - 1)); do
+    head -c "${cut#*:}" "$T/fixture.so" >"$T/cut.so"
+    bad "bad.truncated_step_${cut%%:*}" 1 "novarun: cannot load step '$T/cut.so': truncated: the file is ${cut#*:} bytes" \
+      "$T/cut.so"
+  done
   bad bad.abi_mismatch 1 "step ABI mismatch: the step was compiled for step ABI version 99" "$T/abi99.so"
   bad bad.no_inputs 1 "the step has 4 inputs ('x', ...); give them with --inputs DIR" "$T/fixture.so"
   bad bad.inputs_dir_missing 1 "$T/none: No such file or directory" "$T/fixture.so" --inputs "$T/none"
@@ -425,6 +432,14 @@ if [ -x "$B/bin/novac" ] &&
   build fork.build $CC $CFLAGS $SAN $INC "$here/fork_step.c" -ldl -o "$T/fork_step"; then
   if NOVA_NUM_THREADS=2 timeout 60 "$T/fork_step" "$T/mlp256.so" >"$T/fork.out" 2>&1 && grep -q "fork: ok" "$T/fork.out"
   then pass fork.child_runs_its_own_pool; else fail fork.child_runs_its_own_pool "$(cat "$T/fork.out")"; fi
+fi
+
+# ---- a training step's learning rate through the ABI ---------------------------
+if [ -x "$B/bin/novac" ] &&
+  build lr.build "$B/bin/novac" "$root/examples/mlp.nova" --train --dim=batch=4 -o "$T/mlp_train.so" &&
+  build lr.build $CC $CFLAGS $SAN $INC "$here/lr_step.c" -ldl -o "$T/lr_step"; then
+  if timeout 60 "$T/lr_step" "$T/mlp_train.so" >"$T/lr.out" 2>&1 && grep -q "lr: ok" "$T/lr.out"
+  then pass lr.not_finite_refused; else fail lr.not_finite_refused "$(cat "$T/lr.out")"; fi
 fi
 
 if [ -n "$VALGRIND" ]; then

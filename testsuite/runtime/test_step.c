@@ -3,6 +3,7 @@
  * `FAIL: runtime :: step.CASE` line per case, the reasons indented below a
  * failure, and exits 0: a non-zero exit means a crash or a sanitizer report.
  */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -112,10 +113,11 @@ static void test_open_and_query(void) {
   EXPECT(nova_step_tensor(s, 9, &info) == NOVA_OK);
   EXPECT(strcmp(info.name, "loss") == 0 && info.role == NOVA_ROLE_LOSS && info.rank == 0 && info.nbytes == 4);
   EXPECT(nova_step_find(s, "emb", &index) == NOVA_OK && index == 5);
-  EXPECT(nova_step_find(s, "nope", &index) == NOVA_ERR_NOT_FOUND);
-  EXPECT(nova_step_tensor(s, 10, &info) == NOVA_ERR_INVALID_ARGUMENT);
-  EXPECT(nova_step_tensor(s, -1, &info) == NOVA_ERR_INVALID_ARGUMENT);
   EXPECT(strcmp(nova_step_error(s), "") == 0);
+  /* a failing query says why, as every failing call does */
+  EXPECT_STATUS(s, nova_step_find(s, "nope", &index), NOVA_ERR_NOT_FOUND, "no tensor named 'nope'");
+  EXPECT_STATUS(s, nova_step_tensor(s, 10, &info), NOVA_ERR_INVALID_ARGUMENT, "index 10 is outside [0, 10)");
+  EXPECT_STATUS(s, nova_step_tensor(s, -1, &info), NOVA_ERR_INVALID_ARGUMENT, "index -1 is outside [0, 10)");
   nova_step_close(s);
 }
 
@@ -440,6 +442,84 @@ static void test_empty_tensor(void) {
   nova_step_close(s);
 }
 
+/* A closed handle is detected, never dereferenced (ASan would report it):
+ * every call fails with NOVA_ERR_INVALID_HANDLE or returns its neutral
+ * value, and a second close is a no-op. */
+static void test_closed_handle(void) {
+  nova_step *s = open_ok();
+  bind_all(s);
+  nova_step_close(s);
+  const void *data;
+  nova_tensor_info info;
+  int index;
+  EXPECT(nova_step_run(s) == NOVA_ERR_INVALID_HANDLE);
+  EXPECT(nova_step_eval(s) == NOVA_ERR_INVALID_HANDLE);
+  EXPECT(nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, x_shape, x_val) == NOVA_ERR_INVALID_HANDLE);
+  EXPECT(nova_step_get(s, "y", &data, &info) == NOVA_ERR_INVALID_HANDLE);
+  EXPECT(nova_step_tensor(s, 0, &info) == NOVA_ERR_INVALID_HANDLE);
+  EXPECT(nova_step_find(s, "x", &index) == NOVA_ERR_INVALID_HANDLE);
+  EXPECT(nova_step_set_profiling(s, 0) == NOVA_ERR_INVALID_HANDLE);
+  EXPECT(nova_step_num_tensors(s) == 0 && nova_step_num_launches(s) == 0);
+  EXPECT(nova_step_last_run_ms(s) == -1 && strcmp(nova_step_graph_hash(s), "") == 0);
+  EXPECT(strstr(nova_step_error(s), "invalid step handle") != NULL);
+  nova_step_close(s);
+  nova_step_close(s);
+  int not_a_step = 0;
+  EXPECT(nova_step_run((nova_step *)&not_a_step) == NOVA_ERR_INVALID_HANDLE);
+  nova_step_close((nova_step *)&not_a_step);
+}
+
+/* While one call holds the step (as another thread's run would), the
+ * others return NOVA_ERR_BUSY and leave the step and its message alone. */
+static void test_busy_simulated(void) {
+  nova_step *s = open_ok();
+  bind_all(s);
+  EXPECT(rt_step_enter(s));
+  EXPECT(nova_step_run(s) == NOVA_ERR_BUSY);
+  EXPECT(nova_step_bind(s, "x", NOVA_DTYPE_I64, 2, x_shape, x_val) == NOVA_ERR_BUSY);
+  EXPECT(strcmp(nova_step_error(s), "") == 0);
+  rt_step_leave(s);
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_OK, "");
+  nova_step_close(s);
+}
+
+enum { RACE_RUNS = 20000 };
+typedef struct race_arg {
+  nova_step *s;
+  int ok, busy, other;
+} race_arg;
+
+static void *race_runs(void *p) {
+  race_arg *a = p;
+  for (int k = 0; k < RACE_RUNS; k++) {
+    nova_status st = nova_step_run(a->s);
+    if (st == NOVA_OK) a->ok++;
+    else if (st == NOVA_ERR_BUSY) a->busy++;
+    else a->other++;
+  }
+  return NULL;
+}
+
+/* Two threads running one step: each run either happens whole or is
+ * refused; the step's run counter (opt_state 'runs', +1 per run) counts
+ * exactly the runs that returned NOVA_OK. */
+static void test_busy_threads(void) {
+  nova_step *s = open_ok();
+  bind_all(s);
+  race_arg a[2] = {{.s = s}, {.s = s}};
+  pthread_t th;
+  int started = pthread_create(&th, NULL, race_runs, &a[1]) == 0;
+  race_runs(&a[0]);
+  if (started) pthread_join(th, NULL);
+  const float *runs = get_f32(s, "runs", 1);
+  EXPECT(started && a[0].other == 0 && a[1].other == 0);
+  EXPECT(runs && runs[0] == (float)(a[0].ok + a[1].ok));
+  if (runs && runs[0] != (float)(a[0].ok + a[1].ok))
+    note_failure("    runs %g, %d + %d runs returned NOVA_OK (%d + %d busy)\n", (double)runs[0], a[0].ok, a[1].ok,
+                 a[0].busy, a[1].busy);
+  nova_step_close(s);
+}
+
 /* Every allocation of open() failing in turn gives NOVA_ERR_NO_MEMORY,
  * no step and no leak (ASan and valgrind check the last part). */
 static void test_out_of_memory(void) {
@@ -481,5 +561,8 @@ int main(void) {
   run_case("malformed", test_malformed);
   run_case("empty_tensor", test_empty_tensor);
   run_case("out_of_memory", test_out_of_memory);
+  run_case("closed_handle", test_closed_handle);
+  run_case("busy_simulated", test_busy_simulated);
+  run_case("busy_threads", test_busy_threads);
   return 0;
 }
