@@ -125,6 +125,15 @@ static int check_globs(const char *opt, const char *v) {
   return 0;
 }
 
+/* Exits with RC, or 1 when what went to stdout was lost (e.g. > /dev/full). */
+_Noreturn static void exit_stdout(int rc) {
+  if (nv_close_stdout()) {
+    fprintf(stderr, "novac: error: writing standard output: %s\n", strerror(errno));
+    exit(1);
+  }
+  exit(rc);
+}
+
 static int parse_args(int argc, char **argv, opts *o) {
   o->opt_level = 2;
   o->target = "cpu";
@@ -133,15 +142,15 @@ static int parse_args(int argc, char **argv, opts *o) {
     const char *a = argv[i], *v;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
-      exit(0);
+      exit_stdout(0);
     } else if (!strcmp(a, "--version")) {
       printf("novac %s (MLIR/LLVM 22)\n", NOVAC_VERSION);
-      exit(0);
+      exit_stdout(0);
     } else if (!strcmp(a, "--print-nova-dialect")) {
       char *irdl = nova_dialect_irdl();
       if (irdl) fputs(irdl, stdout);
       free(irdl);
-      exit(irdl ? 0 : 1);
+      exit_stdout(irdl ? 0 : 1);
     } else if (!strcmp(a, "-o")) {
       if (++i >= argc) return bad_usage("-o needs a file name%s", "");
       o->output = argv[i];
@@ -280,16 +289,24 @@ static void runtime_dir(char *out, size_t n) {
   snprintf(out, n, "%s/../lib/novac", dirname(exe));
 }
 
-/* Opens the output for a text stage ("-" or no -o: stdout). */
-static FILE *open_text_out(nv_diag *d, const char *path) {
-  if (!path || !strcmp(path, "-")) return stdout;
-  FILE *f = fopen(path, "w");
-  if (!f) nv_error_plain(d, "cannot write %s: %s", path, strerror(errno));
-  return f;
+/* Opens the output of a text stage ("-" or no -o: stdout) through nv_out. */
+static FILE *open_text_out(nv_diag *d, nv_out *out, const char *path) {
+  if (!nv_out_open(out, path ? path : "-", 0)) return out->f;
+  nv_error_plain(d, "writing %s: %s", path, strerror(errno));
+  return NULL;
 }
 
-static void close_text_out(FILE *f) {
-  if (f && f != stdout) fclose(f);
+/* Publishes the text stage's output: 0, or -1 with a diagnostic (the
+ * temporary removed, the previous file kept). */
+static int close_text_out(nv_diag *d, nv_out *out, int rc) {
+  char *path = strdup(out->path ? out->path : "-");
+  if (rc) nv_out_discard(out);
+  else if (nv_out_close(out)) {
+    nv_error_plain(d, "writing %s: %s", path && strcmp(path, "-") ? path : "standard output", strerror(errno));
+    rc = -1;
+  }
+  free(path);
+  return rc;
 }
 
 static int dump_if(const opts *o, const char *stage, MlirModule m) {
@@ -484,11 +501,11 @@ static int compile(nv_diag *d, opts *o) {
   dump_if(o, "frontend", nova);
   if (o->emit == EMIT_NOVA) {
     if (cg_fusion_groups(&c, nova, o->opt_level)) goto out;
-    FILE *f = open_text_out(d, o->output);
+    nv_out to;
+    FILE *f = open_text_out(d, &to, o->output);
     if (!f) goto out;
     nova_print_op(mlirModuleGetOperation(nova), f);
-    close_text_out(f);
-    rc = 0;
+    rc = close_text_out(d, &to, 0);
     goto out;
   }
   lin = cg_lower_to_linalg(&c, nova);
@@ -499,11 +516,11 @@ static int compile(nv_diag *d, opts *o) {
   stage_done(&tm, "lower to linalg");
   dump_if(o, "linalg", lin);
   if (o->emit == EMIT_LINALG) {
-    FILE *f = open_text_out(d, o->output);
+    nv_out to;
+    FILE *f = open_text_out(d, &to, o->output);
     if (!f) goto out;
     nova_print_op(mlirModuleGetOperation(lin), f);
-    close_text_out(f);
-    rc = 0;
+    rc = close_text_out(d, &to, 0);
     goto out;
   }
   char rtdir[PATH_MAX + 32];
@@ -541,19 +558,19 @@ static int compile(nv_diag *d, opts *o) {
     goto out;
   }
   if (o->emit == EMIT_PTX) {
-    FILE *f = open_text_out(d, o->output);
+    nv_out to;
+    FILE *f = open_text_out(d, &to, o->output);
     if (!f) goto out;
     fputs(gpu.ptx, f);
-    close_text_out(f);
-    rc = 0;
+    rc = close_text_out(d, &to, 0);
     goto out;
   }
   dump_if(o, "llvm", lin);
   if (o->emit == EMIT_LLVM) {
-    FILE *f = open_text_out(d, o->output);
+    nv_out to;
+    FILE *f = open_text_out(d, &to, o->output);
     if (!f) goto out;
-    rc = cg_emit_llvm_ir(&c, lin, f);
-    close_text_out(f);
+    rc = close_text_out(d, &to, cg_emit_llvm_ir(&c, lin, f));
     goto out;
   }
   if (o->emit == EMIT_OBJ) {
@@ -605,8 +622,13 @@ int main(int argc, char **argv) {
   }
   nv_diag *d = nv_diag_create(stderr);
   if (!d) return 1;
+  nv_temp_install();
   int rc = compile(d, &o);
   if (rc == 0 && nv_diag_count(d)) rc = -1;
+  if (nv_close_stdout() && rc == 0) {
+    nv_error_plain(d, "writing standard output: %s", strerror(errno));
+    rc = -1;
+  }
   nv_diag_destroy(d);
   nv_diag_destroy(o.eval_diag);
   for (int i = 0; i < o.ndims; i++) free((char *)o.dims[i].name);

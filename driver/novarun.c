@@ -19,7 +19,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "novarun.h"
+#include "util.h"
 
 #ifndef NOVAC_VERSION
 #define NOVAC_VERSION "unknown"
@@ -250,6 +253,38 @@ static int nr_sym(void *handle, const char *name, void *fn, size_t fn_size) {
 }
 #define NR_SYM(api, field, name) nr_sym((api)->handle, name, &(api)->field, sizeof (api)->field)
 
+/* The manifest novac writes beside PATH (step.so -> step.json), when there is
+ * one and it records the .so's size and FNV-1a: PATH must match it, else the
+ * two come from different compiles (a compile killed between its two
+ * renames, or one file copied without the other) and the step is refused. */
+static int nr_check_manifest(const char *path) {
+  char man[4096];
+  size_t n = strlen(path);
+  if (n > 3 && !strcmp(path + n - 3, ".so")) n -= 3;
+  if (snprintf(man, sizeof man, "%.*s.json", (int)n, path) >= (int)sizeof man) return 0;
+  size_t len = 0;
+  char *text = nv_read_file(man, &len, (size_t)1 << 30);
+  if (!text) return 0; /* no manifest: nothing to check */
+  cJSON *root = cJSON_Parse(text);
+  free(text);
+  const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "step_so");
+  const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(so, "bytes");
+  const cJSON *fnv = cJSON_GetObjectItemCaseSensitive(so, "fnv1a64");
+  int rc = 0;
+  if (cJSON_IsNumber(bytes) && cJSON_IsString(fnv)) {
+    uint64_t size = 0, hash = 0;
+    char hex[17];
+    if (nv_file_fnv(path, &size, &hash)) rc = nr_error("%s: %s", path, strerror(errno));
+    else if (snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash),
+             (double)size != bytes->valuedouble || strcmp(hex, fnv->valuestring))
+      rc = nr_error("%s does not match its manifest %s (%llu bytes, checksum %s; the manifest records %.0f bytes, "
+                    "checksum %s): the two come from different compiles; compile the model again",
+                    path, man, (unsigned long long)size, hex, bytes->valuedouble, fnv->valuestring);
+  }
+  cJSON_Delete(root);
+  return rc;
+}
+
 /* dlopens PATH (a bare file name is taken from the current directory, not
  * the library search path) and finds every ABI function. */
 static int nr_load(const char *path, nr_api *api) {
@@ -260,6 +295,7 @@ static int nr_load(const char *path, nr_api *api) {
     p = buf;
   }
   if (access(p, F_OK) != 0) return nr_error("%s: %s", path, strerror(errno));
+  if (nr_check_manifest(path)) return 1;
   memset(api, 0, sizeof *api);
   api->handle = dlopen(p, RTLD_NOW | RTLD_LOCAL);
   if (!api->handle) return nr_error("cannot load step '%s': %s", path, dlerror());
@@ -520,9 +556,19 @@ static int nr_main(const nr_options *o) {
   return rc;
 }
 
+/* Exit status RC, or 1 when what went to stdout (--print, --help) was lost. */
+static int nr_exit_status(int rc) {
+  if (nv_close_stdout()) {
+    nr_error("writing standard output: %s", strerror(errno));
+    return 1;
+  }
+  return rc;
+}
+
 int main(int argc, char **argv) {
   nr_options o;
+  nv_temp_install();
   int rc = nr_parse_args(argc, argv, &o);
-  if (rc >= 0) return rc;
-  return nr_main(&o);
+  if (rc >= 0) return nr_exit_status(rc);
+  return nr_exit_status(nr_main(&o));
 }
