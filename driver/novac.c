@@ -103,7 +103,7 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name) {
 static int num_value(const char *name, const char *v, double *out) {
   char *end;
   double x = strtod(v, &end);
-  if (!*v || *end || !isfinite(x)) {
+  if (!nv_number_token(v) || *end || !isfinite(x)) {
     fprintf(stderr, "novac: %s takes a number, got '%s'\nTry 'novac --help'.\n", name, v);
     return 2;
   }
@@ -177,7 +177,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       const char *eq = strchr(v, '=');
       char *end = NULL;
       long long n = eq ? strtoll(eq + 1, &end, 10) : 0;
-      if (!eq || eq == v || !end || *end || end == eq + 1 || n <= 0 || eq - v > 200)
+      if (!eq || eq == v || !end || *end || !nv_number_token(eq + 1) || n <= 0 || eq - v > 200)
         return bad_usage("--dim takes NAME=N with N a positive integer, got '%s'", v);
       if (o->ndims == 32) return bad_usage("too many --dim options%s", "");
       for (int k = 0; k < o->ndims; k++)
@@ -219,7 +219,7 @@ static int parse_args(int argc, char **argv, opts *o) {
     else if ((v = opt_value(argc, argv, &i, "--gpu-block"))) {
       char *end;
       long b = strtol(v, &end, 10);
-      if (!*v || *end || b < 32 || b > 1024 || b % 32)
+      if (!nv_number_token(v) || *end || b < 32 || b > 1024 || b % 32)
         return bad_usage("--gpu-block takes a multiple of 32 from 32 to 1024, not '%s'", v);
       o->gpu_block = (int)b;
       nv_sb_printf(&o->flags, " --gpu-block=%ld", b);
@@ -229,7 +229,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       long long b = strtoll(v, &end, 10);
       int sh = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
       if (sh) end++;
-      if (!*v || *end || errno || b <= 0 || b > (INT64_MAX >> sh))
+      if (!nv_number_token(v) || *end || errno || b <= 0 || b > (INT64_MAX >> sh))
         return bad_usage("--memory-limit takes a positive number of bytes (suffix K, M or G allowed), not '%s'", v);
       o->memory_limit = (int64_t)b << sh;
       nv_sb_printf(&o->flags, " --memory-limit=%s", v);

@@ -164,7 +164,7 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
     char *end;
     errno = 0;
     o->steps = strtol(v, &end, 10);
-    if (errno || end == v || *end || o->steps < 1 || o->steps > NR_MAX_REPEAT)
+    if (errno || !nv_number_token(v) || end == v || *end || o->steps < 1 || o->steps > NR_MAX_REPEAT)
       return nr_usage_error("--steps needs an integer from 1 to %ld, not '%s'", NR_MAX_REPEAT, v);
     return -1;
   }
@@ -175,7 +175,7 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
   if ((v = nr_option_value(argc, argv, i, "--lr", &missing))) {
     char *end;
     o->lr = strtod(v, &end);
-    if (end == v || *end || !(o->lr >= 0) || o->lr > 1e9) return nr_usage_error("--lr needs a number >= 0, not '%s'", v);
+    if (!nv_number_token(v) || end == v || *end || !(o->lr >= 0) || o->lr > 1e9) return nr_usage_error("--lr needs a number >= 0, not '%s'", v);
     o->lr_set = 1;
     return -1;
   }
@@ -208,7 +208,7 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
     char *end;
     errno = 0;
     o->repeat = strtol(v, &end, 10);
-    if (errno || end == v || *end || o->repeat < 1 || o->repeat > NR_MAX_REPEAT)
+    if (errno || !nv_number_token(v) || end == v || *end || o->repeat < 1 || o->repeat > NR_MAX_REPEAT)
       return nr_usage_error("--repeat needs an integer from 1 to %ld, not '%s'", NR_MAX_REPEAT, v);
     return -1;
   }

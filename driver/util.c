@@ -2,6 +2,7 @@
  * output, temporary paths removed on every exit. */
 #include "util.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -91,6 +92,10 @@ char *nv_read_file(const char *path, size_t *len, size_t max_bytes) {
   buf[n] = 0;
   *len = n;
   return buf;
+}
+
+bool nv_number_token(const char *v) {
+  return v && *v && *v != '+' && !isspace((unsigned char)*v);
 }
 
 bool nv_glob_match(const char *globs, const char *name, bool *matched) {

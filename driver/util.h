@@ -29,6 +29,11 @@ bool nv_glob_match(const char *globs, const char *name, bool *matched);
 int nv_glob_count(const char *globs);
 
 
+/* Whether V may be handed to strtol/strtod as a whole token: not empty,
+ * no leading blank or '+' (which those skip or take); the caller still
+ * checks that the number ends the string. */
+bool nv_number_token(const char *v);
+
 /* ---- durable output ------------------------------------------------------
  * Every file novac and novarun write goes through nv_out: the bytes go to a
  * temporary PATH.tmp.XXXXXX beside PATH (flock'ed while open, registered for

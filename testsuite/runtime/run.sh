@@ -305,6 +305,12 @@ open('$T/bad/input_1.pb', 'wb').write(t.SerializeToString())"
   bad usage.two_steps 2 "more than one step.so given" "$T/fixture.so" "$T/abi99.so"
   bad usage.two_batch_sources 2 "--inputs and --data both give the batch" "$T/fixture.so" --inputs "$T/in" --data x.st
   bad usage.bad_seed 2 "--seed needs an integer from 0 to 18446744073709551615, not '-1'" "$T/fixture.so" --seed -1
+  # numbers are whole tokens: strtol would skip the blank, take the '+'
+  bad usage.steps_blank 2 "--steps needs an integer from 1 to 10000000, not ' 5'" "$T/fixture.so" --steps " 5"
+  bad usage.steps_suffix 2 "--steps needs an integer from 1 to 10000000, not '5x'" "$T/fixture.so" --steps 5x
+  bad usage.repeat_plus 2 "--repeat needs an integer from 1 to 10000000, not '+2'" "$T/fixture.so" --repeat +2
+  bad usage.lr_blank 2 "--lr needs a number >= 0, not ' 0.1'" "$T/fixture.so" --lr " 0.1"
+  bad usage.seed_trailing 2 "--seed needs an integer from 0 to 18446744073709551615, not '7 '" "$T/fixture.so" --seed "7 "
   novarun usage.help 0 --help && has usage.help "$T/out" "usage: novarun STEP.so" && pass usage.help
   novarun usage.version 0 --version && has usage.version "$T/out" "novarun $(cat "$root/VERSION")" &&
     pass usage.version
@@ -367,6 +373,11 @@ meta step 7" && pass ckpt.other_graph
   mkst "$T/ck/step.st" "{\"__metadata__\": {\"step\": \"-3\"}, $ST_W, $ST_EMB, \"runs\": [\"f32\", [1], [0]]}"
   bad ckpt.bad_step 1 "__metadata__ \"step\" is \"-3\", not a number of steps" \
     "$T/fixture.so" --inputs "$T/in" --load "$T/ck/step.st"
+  mkst "$T/ck/trail.st" "{$ST_W, $ST_EMB, \"runs\": [\"f32\", [1], [0]]}" && printf 'junk' >> "$T/ck/trail.st"
+  bad ckpt.trailing_bytes 1 "$T/ck/trail.st: 4 bytes after the last tensor's data" \
+    "$T/fixture.so" --inputs "$T/in" --load "$T/ck/trail.st"
+  bad ckpt.save_fifo 1 "not a regular file; refusing to replace it with a checkpoint" \
+    "$T/fixture.so" --inputs "$T/in" --save /dev/null
   bad ckpt.save_no_dir 1 "writing $T/ck/none/x.st: No such file or directory" \
     "$T/fixture.so" --inputs "$T/in" --save "$T/ck/none/x.st"
 }
