@@ -317,6 +317,38 @@ static int dump_if(const opts *o, const char *stage, MlirModule m) {
   return 0;
 }
 
+/* The initial values a step.so embeds (init.bin, pulled in by .incbin and
+ * reached by 32-bit PC-relative relocations): at most 1 GiB, checked before
+ * any of them is computed. */
+#define NV_MAX_INIT_BYTES (INT64_C(1) << 30)
+
+/* Params (and inputs with a default) whose initial values the step.so
+ * would embed: one over NV_MAX_INIT_BYTES, or all of them together, is an
+ * error.  0 or -1 after a diagnostic. */
+static int check_init_bytes(nv_diag *d, const nv_graph *g, const char *input) {
+  int64_t total = 0;
+  for (int i = 0; i < g->nnodes; i++) {
+    const nv_node *x = g->nodes[i];
+    bool zero = x->op == NV_OP_PARAM &&
+                (x->init.kind == NV_INIT_ZEROS || (x->init.kind == NV_INIT_CONST && x->init.a == 0.0));
+    if ((x->op != NV_OP_PARAM && !(x->op == NV_OP_INPUT && x->has_default)) || zero) continue;
+    int64_t bytes = fe_numel(x) * (int64_t)fe_dtype_size(x->dtype);
+    if (bytes > NV_MAX_INIT_BYTES) {
+      nv_error(d, x->loc, "%s '%s': %lld bytes of initial values; a step.so holds at most %lld MiB of them",
+               x->op == NV_OP_PARAM ? "param" : "input", x->name ? x->name : "", (long long)bytes,
+               (long long)(NV_MAX_INIT_BYTES >> 20));
+      return -1;
+    }
+    total += bytes;
+  }
+  if (total > NV_MAX_INIT_BYTES) {
+    nv_error_plain(d, "%s: the params' initial values take %lld bytes; a step.so holds at most %lld MiB of them",
+                   input, (long long)total, (long long)(NV_MAX_INIT_BYTES >> 20));
+    return -1;
+  }
+  return 0;
+}
+
 /* The names of the params G's loss depends on through differentiable ops
  * (into NAMES, borrowed from G), or -1 when that is not known. */
 static int reached_params(nv_graph *g, nv_diag *quiet, const char *loss, const char **names) {
@@ -471,6 +503,11 @@ static int compile(nv_diag *d, opts *o) {
   nv_graph *g = load_input(d, o, o->train && !cuda && o->emit == EMIT_SO ? &ge : NULL);
   stage_done(&tm, "frontend");
   if (!g) return -1;
+  if (o->emit == EMIT_SO && check_init_bytes(d, g, o->input)) {
+    fe_graph_destroy(g);
+    fe_graph_destroy(ge);
+    return -1;
+  }
   if (o->train) {
     if (ad_train(g, d, &o->ad)) {
       fe_graph_destroy(g);
