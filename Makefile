@@ -25,7 +25,7 @@ MLIR_LIBS := -lMLIRCAPIRegisterEverything -lMLIRCAPITransforms -lMLIRCAPITarget 
 NOVAC_LDLIBS := -L$(LLVM_LIB) $(MLIR_LIBS) -Wl,-rpath,$(LLVM_LIB) -lcjson -lprotobuf-c -lm -lpthread -ldl
 
 NOVAC_SRC  := $(wildcard driver/novac*.c driver/diag.c driver/util.c frontend/*.c passes/*.c codegen/*.c configurator/*.c)
-NOVARUN_SRC := $(wildcard driver/novarun*.c driver/tensor_pb.c)
+NOVARUN_SRC := $(wildcard driver/novarun*.c driver/tensor_pb.c driver/util.c)
 RT_SRC     := $(wildcard runtime/*.c)
 GEN_ONNX   := $(B)/gen/onnx.pb-c.c
 

@@ -453,8 +453,9 @@ static void keep_part(MlirModule m, const parts *pt, int k) {
 static pid_t spawn_emit(nova_ctx *c, MlirModule m, const cg_options *o, const char *obj, const parts *pt, int k) {
   char log[4200];
   snprintf(log, sizeof log, "%s.log", obj);
-  pid_t pid = fork();
+  pid_t parent = getpid(), pid = fork();
   if (pid == 0) {
+    nv_child_dies_with_parent(parent);
     int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd >= 0) {
       dup2(fd, 2);
@@ -525,6 +526,7 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
     free(pt.of);
     return -1;
   }
+  int slot = nv_temp_add(dir, 1);
   pid_t pids[8];
   int rc = 0, started = 0;
   for (int k = 0; k < pt.n; k++) {
@@ -557,5 +559,6 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
   snprintf(log, sizeof log, "%s/tool.log", dir);
   unlink(log);
   rmdir(dir);
+  nv_temp_drop(slot);
   return rc;
 }

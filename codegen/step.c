@@ -264,12 +264,13 @@ int cg_run_tool(nova_ctx *c, const char *dir, char *const argv[], bool verbose, 
   }
   char log[4096];
   snprintf(log, sizeof log, "%s/tool.log", dir);
-  pid_t pid = fork();
+  pid_t parent = getpid(), pid = fork();
   if (pid < 0) {
     nv_error_plain(c->diag, "cannot start %s: %s", argv[0], strerror(errno));
     return -1;
   }
   if (pid == 0) {
+    nv_child_dies_with_parent(parent);
     int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd >= 0) {
       dup2(fd, 1);
@@ -363,8 +364,14 @@ static void add_evaluation(cJSON *root, const cg_options *o) {
   free(et);
 }
 
+/* The size and FNV-1a of the step.so a manifest describes (novarun refuses
+ * a pair that does not match: a killed compile or a copy of one file). */
+typedef struct so_sum {
+  uint64_t bytes, fnv;
+} so_sum;
+
 static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const char *hash, const cg_options *o,
-                           const char *cpu) {
+                           const char *cpu, const so_sum *sum) {
   cJSON *root = cJSON_CreateObject();
   cJSON_AddNumberToObject(root, "format_version", 1);
   cJSON_AddStringToObject(root, "novac_version", NOVAC_VERSION);
@@ -377,6 +384,13 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
   cJSON_AddStringToObject(root, "graph_hash", hash);
   cJSON_AddNumberToObject(root, "abi_version", NOVA_STEP_ABI_VERSION);
   cJSON_AddStringToObject(root, "entry", g->train ? "train_step" : "forward");
+  if (sum) {
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum->fnv);
+    cJSON *so = cJSON_AddObjectToObject(root, "step_so");
+    cJSON_AddNumberToObject(so, "bytes", (double)sum->bytes);
+    cJSON_AddStringToObject(so, "fnv1a64", hex);
+  }
   cJSON *ts = cJSON_AddArrayToObject(root, "tensors");
   double io_bytes = 0, param_bytes = 0;
   for (int i = 0; i < n; i++) {
@@ -467,47 +481,87 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
   return s;
 }
 
-/* Writes data to path through a temporary file in the same folder. */
-static int write_atomic(nova_ctx *c, const char *path, const char *data, size_t len) {
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
-  FILE *f = fopen(tmp, "wb");
-  int ok = f && fwrite(data, 1, len, f) == len;
-  if (f && fclose(f)) ok = 0;
-  if (!ok || rename(tmp, path)) {
-    nv_error_plain(c->diag, "cannot write %s: %s", path, strerror(errno));
-    unlink(tmp);
-    return -1;
-  }
-  return 0;
-}
-
-/* The manifest text (owned; cJSON_free), or NULL. */
-static char *manifest_text(const nv_graph *g, const cg_options *o, const char *cpu) {
+/* The manifest text (owned; cJSON_free), or NULL.  SUM: the step.so's, or NULL. */
+static char *manifest_text(const nv_graph *g, const cg_options *o, const char *cpu, const so_sum *sum) {
   step_tensor *t;
   int64_t init_size;
   int n = collect(g, &t, &init_size);
   if (n < 0) return NULL;
   char hash[17];
   cg_graph_hash(g, hash);
-  char *json = manifest_json(g, t, n, hash, o, cpu);
+  char *json = manifest_json(g, t, n, hash, o, cpu, sum);
   free(t);
   return json;
 }
 
 int cg_write_manifest(nova_ctx *c, const nv_graph *g, const cg_options *o, const char *cpu, const char *path) {
-  char *json = manifest_text(g, o, cpu);
+  char *json = manifest_text(g, o, cpu, NULL);
   if (!json) return -1;
-  int rc;
-  if (!strcmp(path, "-")) rc = fputs(json, stdout) < 0 || fputc('\n', stdout) < 0 ? -1 : 0;
-  else {
-    size_t len = strlen(json);
-    json[len] = '\n'; /* over the NUL, restored below */
-    rc = write_atomic(c, path, json, len + 1);
-    json[len] = 0;
-  }
+  size_t len = strlen(json);
+  json[len] = '\n'; /* over the NUL, restored below */
+  int rc = nv_write_file(path, json, len + 1, 0);
+  if (rc) nv_error_plain(c->diag, "writing %s: %s", strcmp(path, "-") ? path : "standard output", strerror(errno));
+  json[len] = 0;
   cJSON_free(json);
   return rc;
+}
+
+/* Copies the linked SRC into OUT (an nv_out being written), summing it. */
+static int copy_summed(const char *src, nv_out *out, so_sum *sum) {
+  FILE *in = fopen(src, "rb");
+  if (!in) return -1;
+  unsigned char buf[1 << 16];
+  size_t got;
+  sum->bytes = 0;
+  sum->fnv = NV_FNV_INIT;
+  while ((got = fread(buf, 1, sizeof buf, in)) > 0) {
+    sum->fnv = nv_fnv1a64(sum->fnv, buf, got);
+    sum->bytes += got;
+    if (fwrite(buf, 1, got, out->f) != got) break;
+  }
+  int bad = ferror(in) || ferror(out->f);
+  fclose(in);
+  if (bad && !errno) errno = EIO;
+  return bad ? -1 : 0;
+}
+
+/* Publishes DIR/step.so as O->output and its manifest (which records the
+ * .so's size and checksum) as O->manifest: both complete, flushed and
+ * fsync'ed under temporary names, then the .so renamed first.  A run killed
+ * between the two renames leaves the new .so beside the old manifest, a pair
+ * novarun refuses; never a pair that loads and does not belong together. */
+static int publish_step(nova_ctx *c, const nv_graph *g, const cg_options *o, const char *cpu, const char *dir) {
+  char src[4200];
+  snprintf(src, sizeof src, "%s/step.so", dir);
+  nv_out so, man = {0};
+  so_sum sum;
+  const char *bad = o->output;
+  if (nv_out_open(&so, o->output, 0)) goto fail_open;
+  if (copy_summed(src, &so, &sum) || nv_out_finish(&so)) goto fail;
+  if (o->manifest) {
+    bad = o->manifest;
+    char *json = manifest_text(g, o, cpu, &sum);
+    if (!json || nv_out_open(&man, o->manifest, 0)) {
+      cJSON_free(json);
+      goto fail;
+    }
+    int ok = fputs(json, man.f) >= 0 && fputc('\n', man.f) >= 0;
+    cJSON_free(json);
+    if (!ok || nv_out_finish(&man)) goto fail;
+  }
+  bad = o->output;
+  if (nv_out_publish(&so)) goto fail;
+  bad = o->manifest;
+  if (o->manifest && nv_out_publish(&man)) goto fail;
+  return 0;
+fail:;
+  int e = errno;
+  nv_out_discard(&so);
+  if (man.path) nv_out_discard(&man);
+  errno = e;
+fail_open:
+  nv_error_plain(c->diag, "writing %s: %s", bad, strerror(errno));
+  return -1;
 }
 
 static void rm_tree(const char *dir, const char *const *files) {
@@ -543,9 +597,9 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
   step_tensor *t = NULL;
   int64_t init_size = 0;
   int n = collect(g, &t, &init_size), rc = -1;
-  char path[4200], hash[17], cpu[128] = "", rtlib[4200], rtinc[4200], outtmp[4200], mantmp[4200];
+  char path[4200], hash[17], cpu[128] = "", rtlib[4200], rtinc[4200];
+  int slot = nv_temp_add(dir, 1);
   cg_graph_hash(g, hash);
-  snprintf(outtmp, sizeof outtmp, "%s.tmp%ld", o->output, (long)getpid());
   if (n < 0) goto out;
   snprintf(path, sizeof path, "%s/step.o", dir);
   if (cg_emit_object(c, llvm_module, o, path, cpu, sizeof cpu)) goto out;
@@ -589,15 +643,7 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
   const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
   char *ccargv[] = {(char *)cc, "-c", "-O1", "-fPIC", rtinc, "desc.c", "-o", "desc.o", NULL};
   if (cg_run_tool(c, dir, ccargv, o->verbose, NULL)) goto out;
-  /* the output path may be relative to the caller's folder */
-  char abs_out[8400];
-  if (outtmp[0] == '/') snprintf(abs_out, sizeof abs_out, "%s", outtmp);
-  else {
-    char cwd[4096];
-    if (!getcwd(cwd, sizeof cwd)) goto out;
-    snprintf(abs_out, sizeof abs_out, "%s/%s", cwd, outtmp);
-  }
-  char *ldargv[] = {(char *)cc, "-shared", "-o", abs_out, "step.o", "desc.o", "-Wl,--whole-archive", rtlib,
+  char *ldargv[] = {(char *)cc, "-shared", "-o", "step.so", "step.o", "desc.o", "-Wl,--whole-archive", rtlib,
                     "-Wl,--no-whole-archive", "-lm", "-ldl", "-Wl,--no-undefined",
                     "-Wl,--version-script=exports.map", "-Wl,-z,noexecstack", "-Wl,--build-id=sha1", NULL, NULL, NULL};
   int nld = 15;
@@ -608,35 +654,17 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
   }
   if (cg_run_tool(c, dir, ldargv, o->verbose, NULL)) goto out;
   lap(o, &t0, "descriptor + link");
-  /* both files complete under temporary names before either is renamed */
-  snprintf(mantmp, sizeof mantmp, "%s.tmp%ld", o->manifest ? o->manifest : "", (long)getpid());
-  if (o->manifest) {
-    char *json = manifest_text(g, o, cpu);
-    f = json ? fopen(mantmp, "w") : NULL;
-    int ok = f && fputs(json, f) >= 0 && fputc('\n', f) >= 0;
-    if (f && fclose(f)) ok = 0;
-    cJSON_free(json);
-    if (!ok) {
-      nv_error_plain(c->diag, "cannot write %s: %s", o->manifest, strerror(errno));
-      goto out;
-    }
-  }
-  if (rename(outtmp, o->output) || (o->manifest && rename(mantmp, o->manifest))) {
-    nv_error_plain(c->diag, "cannot write %s: %s", o->output, strerror(errno));
-    goto out;
-  }
+  if (publish_step(c, g, o, cpu, dir)) goto out;
   rc = 0;
 out:
-  if (rc) {
-    unlink(outtmp);
-    if (o->manifest) unlink(mantmp);
-  }
   free(t);
   if (!o->keep_temps) {
-    static const char *const files[] = {"step.o", "eval.o", "init.bin",      "desc.c",   "desc.o",
+    static const char *const files[] = {"step.o", "eval.o", "init.bin",      "desc.c",   "desc.o", "step.so",
                                         "exports.map", "tool.log", "kernels.ptx", "kernels.cubin", NULL};
     rm_tree(dir, files);
-  } else
+  }
+  nv_temp_drop(slot);
+  if (o->keep_temps)
     fprintf(stderr, "novac: temporary files kept in %s\n", dir);
   return rc;
 }

@@ -103,7 +103,7 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name) {
 static int num_value(const char *name, const char *v, double *out) {
   char *end;
   double x = strtod(v, &end);
-  if (!*v || *end || !isfinite(x)) {
+  if (!nv_number_token(v) || *end || !isfinite(x)) {
     fprintf(stderr, "novac: %s takes a number, got '%s'\nTry 'novac --help'.\n", name, v);
     return 2;
   }
@@ -125,6 +125,15 @@ static int check_globs(const char *opt, const char *v) {
   return 0;
 }
 
+/* Exits with RC, or 1 when what went to stdout was lost (e.g. > /dev/full). */
+_Noreturn static void exit_stdout(int rc) {
+  if (nv_close_stdout()) {
+    fprintf(stderr, "novac: error: writing standard output: %s\n", strerror(errno));
+    exit(1);
+  }
+  exit(rc);
+}
+
 static int parse_args(int argc, char **argv, opts *o) {
   o->opt_level = 2;
   o->target = "cpu";
@@ -133,15 +142,15 @@ static int parse_args(int argc, char **argv, opts *o) {
     const char *a = argv[i], *v;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
-      exit(0);
+      exit_stdout(0);
     } else if (!strcmp(a, "--version")) {
       printf("novac %s (MLIR/LLVM 22)\n", NOVAC_VERSION);
-      exit(0);
+      exit_stdout(0);
     } else if (!strcmp(a, "--print-nova-dialect")) {
       char *irdl = nova_dialect_irdl();
       if (irdl) fputs(irdl, stdout);
       free(irdl);
-      exit(irdl ? 0 : 1);
+      exit_stdout(irdl ? 0 : 1);
     } else if (!strcmp(a, "-o")) {
       if (++i >= argc) return bad_usage("-o needs a file name%s", "");
       o->output = argv[i];
@@ -168,7 +177,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       const char *eq = strchr(v, '=');
       char *end = NULL;
       long long n = eq ? strtoll(eq + 1, &end, 10) : 0;
-      if (!eq || eq == v || !end || *end || end == eq + 1 || n <= 0 || eq - v > 200)
+      if (!eq || eq == v || !end || *end || !nv_number_token(eq + 1) || n <= 0 || eq - v > 200)
         return bad_usage("--dim takes NAME=N with N a positive integer, got '%s'", v);
       if (o->ndims == 32) return bad_usage("too many --dim options%s", "");
       for (int k = 0; k < o->ndims; k++)
@@ -210,7 +219,7 @@ static int parse_args(int argc, char **argv, opts *o) {
     else if ((v = opt_value(argc, argv, &i, "--gpu-block"))) {
       char *end;
       long b = strtol(v, &end, 10);
-      if (!*v || *end || b < 32 || b > 1024 || b % 32)
+      if (!nv_number_token(v) || *end || b < 32 || b > 1024 || b % 32)
         return bad_usage("--gpu-block takes a multiple of 32 from 32 to 1024, not '%s'", v);
       o->gpu_block = (int)b;
       nv_sb_printf(&o->flags, " --gpu-block=%ld", b);
@@ -220,7 +229,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       long long b = strtoll(v, &end, 10);
       int sh = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
       if (sh) end++;
-      if (!*v || *end || errno || b <= 0 || b > (INT64_MAX >> sh))
+      if (!nv_number_token(v) || *end || errno || b <= 0 || b > (INT64_MAX >> sh))
         return bad_usage("--memory-limit takes a positive number of bytes (suffix K, M or G allowed), not '%s'", v);
       o->memory_limit = (int64_t)b << sh;
       nv_sb_printf(&o->flags, " --memory-limit=%s", v);
@@ -280,22 +289,62 @@ static void runtime_dir(char *out, size_t n) {
   snprintf(out, n, "%s/../lib/novac", dirname(exe));
 }
 
-/* Opens the output for a text stage ("-" or no -o: stdout). */
-static FILE *open_text_out(nv_diag *d, const char *path) {
-  if (!path || !strcmp(path, "-")) return stdout;
-  FILE *f = fopen(path, "w");
-  if (!f) nv_error_plain(d, "cannot write %s: %s", path, strerror(errno));
-  return f;
+/* Opens the output of a text stage ("-" or no -o: stdout) through nv_out. */
+static FILE *open_text_out(nv_diag *d, nv_out *out, const char *path) {
+  if (!nv_out_open(out, path ? path : "-", 0)) return out->f;
+  nv_error_plain(d, "writing %s: %s", path, strerror(errno));
+  return NULL;
 }
 
-static void close_text_out(FILE *f) {
-  if (f && f != stdout) fclose(f);
+/* Publishes the text stage's output: 0, or -1 with a diagnostic (the
+ * temporary removed, the previous file kept). */
+static int close_text_out(nv_diag *d, nv_out *out, int rc) {
+  char *path = strdup(out->path ? out->path : "-");
+  if (rc) nv_out_discard(out);
+  else if (nv_out_close(out)) {
+    nv_error_plain(d, "writing %s: %s", path && strcmp(path, "-") ? path : "standard output", strerror(errno));
+    rc = -1;
+  }
+  free(path);
+  return rc;
 }
 
 static int dump_if(const opts *o, const char *stage, MlirModule m) {
   if (o->dump_after && !strcmp(o->dump_after, stage)) {
     fprintf(stderr, "// ----- IR after %s -----\n", stage);
     nova_print_op(mlirModuleGetOperation(m), stderr);
+  }
+  return 0;
+}
+
+/* The initial values a step.so embeds (init.bin, pulled in by .incbin and
+ * reached by 32-bit PC-relative relocations): at most 1 GiB, checked before
+ * any of them is computed. */
+#define NV_MAX_INIT_BYTES (INT64_C(1) << 30)
+
+/* Params (and inputs with a default) whose initial values the step.so
+ * would embed: one over NV_MAX_INIT_BYTES, or all of them together, is an
+ * error.  0 or -1 after a diagnostic. */
+static int check_init_bytes(nv_diag *d, const nv_graph *g, const char *input) {
+  int64_t total = 0;
+  for (int i = 0; i < g->nnodes; i++) {
+    const nv_node *x = g->nodes[i];
+    bool zero = x->op == NV_OP_PARAM &&
+                (x->init.kind == NV_INIT_ZEROS || (x->init.kind == NV_INIT_CONST && x->init.a == 0.0));
+    if ((x->op != NV_OP_PARAM && !(x->op == NV_OP_INPUT && x->has_default)) || zero) continue;
+    int64_t bytes = fe_numel(x) * (int64_t)fe_dtype_size(x->dtype);
+    if (bytes > NV_MAX_INIT_BYTES) {
+      nv_error(d, x->loc, "%s '%s': %lld bytes of initial values; a step.so holds at most %lld MiB of them",
+               x->op == NV_OP_PARAM ? "param" : "input", x->name ? x->name : "", (long long)bytes,
+               (long long)(NV_MAX_INIT_BYTES >> 20));
+      return -1;
+    }
+    total += bytes;
+  }
+  if (total > NV_MAX_INIT_BYTES) {
+    nv_error_plain(d, "%s: the params' initial values take %lld bytes; a step.so holds at most %lld MiB of them",
+                   input, (long long)total, (long long)(NV_MAX_INIT_BYTES >> 20));
+    return -1;
   }
   return 0;
 }
@@ -454,6 +503,11 @@ static int compile(nv_diag *d, opts *o) {
   nv_graph *g = load_input(d, o, o->train && !cuda && o->emit == EMIT_SO ? &ge : NULL);
   stage_done(&tm, "frontend");
   if (!g) return -1;
+  if (o->emit == EMIT_SO && check_init_bytes(d, g, o->input)) {
+    fe_graph_destroy(g);
+    fe_graph_destroy(ge);
+    return -1;
+  }
   if (o->train) {
     if (ad_train(g, d, &o->ad)) {
       fe_graph_destroy(g);
@@ -484,11 +538,11 @@ static int compile(nv_diag *d, opts *o) {
   dump_if(o, "frontend", nova);
   if (o->emit == EMIT_NOVA) {
     if (cg_fusion_groups(&c, nova, o->opt_level)) goto out;
-    FILE *f = open_text_out(d, o->output);
+    nv_out to;
+    FILE *f = open_text_out(d, &to, o->output);
     if (!f) goto out;
     nova_print_op(mlirModuleGetOperation(nova), f);
-    close_text_out(f);
-    rc = 0;
+    rc = close_text_out(d, &to, 0);
     goto out;
   }
   lin = cg_lower_to_linalg(&c, nova);
@@ -499,11 +553,11 @@ static int compile(nv_diag *d, opts *o) {
   stage_done(&tm, "lower to linalg");
   dump_if(o, "linalg", lin);
   if (o->emit == EMIT_LINALG) {
-    FILE *f = open_text_out(d, o->output);
+    nv_out to;
+    FILE *f = open_text_out(d, &to, o->output);
     if (!f) goto out;
     nova_print_op(mlirModuleGetOperation(lin), f);
-    close_text_out(f);
-    rc = 0;
+    rc = close_text_out(d, &to, 0);
     goto out;
   }
   char rtdir[PATH_MAX + 32];
@@ -541,19 +595,19 @@ static int compile(nv_diag *d, opts *o) {
     goto out;
   }
   if (o->emit == EMIT_PTX) {
-    FILE *f = open_text_out(d, o->output);
+    nv_out to;
+    FILE *f = open_text_out(d, &to, o->output);
     if (!f) goto out;
     fputs(gpu.ptx, f);
-    close_text_out(f);
-    rc = 0;
+    rc = close_text_out(d, &to, 0);
     goto out;
   }
   dump_if(o, "llvm", lin);
   if (o->emit == EMIT_LLVM) {
-    FILE *f = open_text_out(d, o->output);
+    nv_out to;
+    FILE *f = open_text_out(d, &to, o->output);
     if (!f) goto out;
-    rc = cg_emit_llvm_ir(&c, lin, f);
-    close_text_out(f);
+    rc = close_text_out(d, &to, cg_emit_llvm_ir(&c, lin, f));
     goto out;
   }
   if (o->emit == EMIT_OBJ) {
@@ -605,8 +659,13 @@ int main(int argc, char **argv) {
   }
   nv_diag *d = nv_diag_create(stderr);
   if (!d) return 1;
+  nv_temp_install();
   int rc = compile(d, &o);
   if (rc == 0 && nv_diag_count(d)) rc = -1;
+  if (nv_close_stdout() && rc == 0) {
+    nv_error_plain(d, "writing standard output: %s", strerror(errno));
+    rc = -1;
+  }
   nv_diag_destroy(d);
   nv_diag_destroy(o.eval_diag);
   for (int i = 0; i < o.ndims; i++) free((char *)o.dims[i].name);

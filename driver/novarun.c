@@ -19,7 +19,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "novarun.h"
+#include "util.h"
 
 #ifndef NOVAC_VERSION
 #define NOVAC_VERSION "unknown"
@@ -161,7 +164,7 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
     char *end;
     errno = 0;
     o->steps = strtol(v, &end, 10);
-    if (errno || end == v || *end || o->steps < 1 || o->steps > NR_MAX_REPEAT)
+    if (errno || !nv_number_token(v) || end == v || *end || o->steps < 1 || o->steps > NR_MAX_REPEAT)
       return nr_usage_error("--steps needs an integer from 1 to %ld, not '%s'", NR_MAX_REPEAT, v);
     return -1;
   }
@@ -172,7 +175,7 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
   if ((v = nr_option_value(argc, argv, i, "--lr", &missing))) {
     char *end;
     o->lr = strtod(v, &end);
-    if (end == v || *end || !(o->lr >= 0) || o->lr > 1e9) return nr_usage_error("--lr needs a number >= 0, not '%s'", v);
+    if (!nv_number_token(v) || end == v || *end || !(o->lr >= 0) || o->lr > 1e9) return nr_usage_error("--lr needs a number >= 0, not '%s'", v);
     o->lr_set = 1;
     return -1;
   }
@@ -205,7 +208,7 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
     char *end;
     errno = 0;
     o->repeat = strtol(v, &end, 10);
-    if (errno || end == v || *end || o->repeat < 1 || o->repeat > NR_MAX_REPEAT)
+    if (errno || !nv_number_token(v) || end == v || *end || o->repeat < 1 || o->repeat > NR_MAX_REPEAT)
       return nr_usage_error("--repeat needs an integer from 1 to %ld, not '%s'", NR_MAX_REPEAT, v);
     return -1;
   }
@@ -250,6 +253,38 @@ static int nr_sym(void *handle, const char *name, void *fn, size_t fn_size) {
 }
 #define NR_SYM(api, field, name) nr_sym((api)->handle, name, &(api)->field, sizeof (api)->field)
 
+/* The manifest novac writes beside PATH (step.so -> step.json), when there is
+ * one and it records the .so's size and FNV-1a: PATH must match it, else the
+ * two come from different compiles (a compile killed between its two
+ * renames, or one file copied without the other) and the step is refused. */
+static int nr_check_manifest(const char *path) {
+  char man[4096];
+  size_t n = strlen(path);
+  if (n > 3 && !strcmp(path + n - 3, ".so")) n -= 3;
+  if (snprintf(man, sizeof man, "%.*s.json", (int)n, path) >= (int)sizeof man) return 0;
+  size_t len = 0;
+  char *text = nv_read_file(man, &len, (size_t)1 << 30);
+  if (!text) return 0; /* no manifest: nothing to check */
+  cJSON *root = cJSON_Parse(text);
+  free(text);
+  const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "step_so");
+  const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(so, "bytes");
+  const cJSON *fnv = cJSON_GetObjectItemCaseSensitive(so, "fnv1a64");
+  int rc = 0;
+  if (cJSON_IsNumber(bytes) && cJSON_IsString(fnv)) {
+    uint64_t size = 0, hash = 0;
+    char hex[17];
+    if (nv_file_fnv(path, &size, &hash)) rc = nr_error("%s: %s", path, strerror(errno));
+    else if (snprintf(hex, sizeof hex, "%016llx", (unsigned long long)hash),
+             (double)size != bytes->valuedouble || strcmp(hex, fnv->valuestring))
+      rc = nr_error("%s does not match its manifest %s (%llu bytes, checksum %s; the manifest records %.0f bytes, "
+                    "checksum %s): the two come from different compiles; compile the model again",
+                    path, man, (unsigned long long)size, hex, bytes->valuedouble, fnv->valuestring);
+  }
+  cJSON_Delete(root);
+  return rc;
+}
+
 /* dlopens PATH (a bare file name is taken from the current directory, not
  * the library search path) and finds every ABI function. */
 static int nr_load(const char *path, nr_api *api) {
@@ -260,6 +295,7 @@ static int nr_load(const char *path, nr_api *api) {
     p = buf;
   }
   if (access(p, F_OK) != 0) return nr_error("%s: %s", path, strerror(errno));
+  if (nr_check_manifest(path)) return 1;
   memset(api, 0, sizeof *api);
   char why[256];
   if (nr_check_elf(p, why, sizeof why)) return nr_error("cannot load step '%s': %s", path, why);
@@ -522,9 +558,19 @@ static int nr_main(const nr_options *o) {
   return rc;
 }
 
+/* Exit status RC, or 1 when what went to stdout (--print, --help) was lost. */
+static int nr_exit_status(int rc) {
+  if (nv_close_stdout()) {
+    nr_error("writing standard output: %s", strerror(errno));
+    return 1;
+  }
+  return rc;
+}
+
 int main(int argc, char **argv) {
   nr_options o;
+  nv_temp_install();
   int rc = nr_parse_args(argc, argv, &o);
-  if (rc >= 0) return rc;
-  return nr_main(&o);
+  if (rc >= 0) return nr_exit_status(rc);
+  return nr_exit_status(nr_main(&o));
 }

@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 
 #include "novarun.h"
+#include "util.h"
 #include "rt_dtype.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -172,7 +173,20 @@ static int nr_st_by_name(const void *a, const void *b) {
   return strcmp((*(const nr_st_tensor *const *)a)->name, (*(const nr_st_tensor *const *)b)->name);
 }
 
-/* Names unique, no two tensors' bytes overlapping. */
+/* No bytes after the last tensor's data (the safetensors format forbids
+ * them).  Holes between tensors are let through: a checkpoint that lacks a
+ * tensor is reported by name, not as a hole. */
+static int nr_st_check_covered(const nr_st_file *f, const nr_st_tensor *const *v, int n) {
+  uint64_t end = 0;
+  for (int i = 0; i < n; i++)
+    if (v[i]->end > end) end = v[i]->end;
+  if (end != f->data_size)
+    return nr_error("%s: %llu bytes after the last tensor's data (the safetensors format forbids trailing bytes)",
+                    f->path, (unsigned long long)(f->data_size - end));
+  return 0;
+}
+
+/* Names unique, no two tensors' bytes overlapping, nothing after the last. */
 static int nr_st_check_layout(const nr_st_file *f) {
   int n = f->ntensors, rc = 0;
   const nr_st_tensor **v = malloc((size_t)(n ? n : 1) * sizeof *v);
@@ -194,6 +208,7 @@ static int nr_st_check_layout(const nr_st_file *f) {
                     (unsigned long long)v[i]->begin, (unsigned long long)v[i]->end);
     if (!last || v[i]->end > last->end) last = v[i];
   }
+  if (!rc) rc = nr_st_check_covered(f, v, n);
   free(v);
   return rc;
 }
@@ -345,65 +360,27 @@ static char *nr_st_header(int n, const nr_st_out *t, int nmeta, const char *cons
   return padded;
 }
 
-static int nr_write_all(int fd, const void *buf, size_t n) {
-  const char *p = buf;
-  while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
-/* fsync of the folder holding PATH, so the rename itself is durable.  Best
- * effort: some file systems refuse fsync on a folder. */
-static void nr_sync_dir(const char *path) {
-  char dir[4096];
-  const char *slash = strrchr(path, '/');
-  if (!slash) snprintf(dir, sizeof dir, ".");
-  else if (slash == path) snprintf(dir, sizeof dir, "/");
-  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)fsync(fd);
-  close(fd);
-}
-
 int nr_st_write(const char *path, int n, const nr_st_out *tensors, int nmeta, const char *const *keys,
                 const char *const *values) {
-  char tmp[4096];
   size_t hlen = 0;
-  if (snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path) >= (int)sizeof tmp) return nr_error("%s: path too long", path);
   char *header = nr_st_header(n, tensors, nmeta, keys, values, &hlen);
   if (!header) return nr_error("%s: out of memory for the header", path);
-  int fd = mkstemp(tmp);
-  if (fd < 0) {
+  nv_out out;
+  if (nv_out_open(&out, path, NV_OUT_REGULAR)) {
     free(header);
-    return nr_error("cannot create a temporary file next to %s: %s", path, strerror(errno));
+    if (errno == ENOTSUP) return nr_error("%s: not a regular file; refusing to replace it with a checkpoint", path);
+    return nr_error("writing %s: %s", path, strerror(errno));
   }
-  mode_t mask = umask(0);
-  umask(mask);
   unsigned char len[8];
   for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-  int err = fchmod(fd, 0666 & ~mask) || nr_write_all(fd, len, 8) || nr_write_all(fd, header, hlen);
-  for (int i = 0; !err && i < n; i++) err = nr_write_all(fd, tensors[i].data, tensors[i].nbytes);
+  int ok = fwrite(len, 1, 8, out.f) == 8 && fwrite(header, 1, hlen, out.f) == hlen;
+  for (int i = 0; ok && i < n; i++) ok = fwrite(tensors[i].data, 1, tensors[i].nbytes, out.f) == tensors[i].nbytes;
   free(header);
-  if (!err) err = fsync(fd);
-  int saved = errno;
-  if (close(fd) && !err) {
-    err = 1;
-    saved = errno;
+  if (!ok) {
+    int e = errno ? errno : EIO;
+    nv_out_discard(&out);
+    return nr_error("writing %s: %s", path, strerror(e));
   }
-  if (!err && rename(tmp, path)) {
-    err = 1;
-    saved = errno;
-  }
-  if (err) {
-    unlink(tmp);
-    return nr_error("cannot write %s: %s", path, strerror(saved));
-  }
-  nr_sync_dir(path);
+  if (nv_out_close(&out)) return nr_error("writing %s: %s", path, strerror(errno));
   return 0;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "onnx.pb-c.h"
+#include "util.h"
 #include "rt_dtype.h"
 
 /* raw_data is little-endian by the ONNX spec and is copied as is. */
@@ -259,14 +260,9 @@ tpb_status tpb_write_file(const char *path, const tpb_tensor *t, char *err) {
   uint8_t *buf = malloc(len ? len : 1);
   if (!buf) return tpb_fail(err, TPB_ERR_NO_MEMORY, path, "out of memory encoding %zu bytes", len);
   onnx__tensor_proto__pack(&p, buf);
-  FILE *f = fopen(path, "wb");
-  int ok = f && fwrite(buf, 1, len, f) == len;
+  int bad = nv_write_file(path, buf, len, 0);
   int saved = errno;
-  if (f && fclose(f) != 0 && ok) {
-    ok = 0;
-    saved = errno;
-  }
   free(buf);
-  if (!ok) return tpb_fail(err, TPB_ERR_IO, path, "cannot write: %s", strerror(saved));
+  if (bad) return tpb_fail(err, TPB_ERR_IO, path, "cannot write: %s", strerror(saved));
   return TPB_OK;
 }

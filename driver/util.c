@@ -1,11 +1,20 @@
-/* util.c: growable strings, whole-file reading, name patterns. */
+/* util.c: growable strings, whole-file reading, name patterns, durable
+ * output, temporary paths removed on every exit. */
 #include "util.h"
 
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <fnmatch.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 void nv_sb_vprintf(nv_sbuf *b, const char *fmt, va_list ap) {
   if (b->oom) return;
@@ -85,6 +94,10 @@ char *nv_read_file(const char *path, size_t *len, size_t max_bytes) {
   return buf;
 }
 
+bool nv_number_token(const char *v) {
+  return v && *v && *v != '+' && !isspace((unsigned char)*v);
+}
+
 bool nv_glob_match(const char *globs, const char *name, bool *matched) {
   if (!globs) return false;
   char buf[1024];
@@ -101,4 +114,281 @@ int nv_glob_count(const char *globs) {
   int n = globs ? 1 : 0;
   for (const char *p = globs; p && *p; p++) n += *p == ',';
   return n < NV_MAX_GLOBS ? n : NV_MAX_GLOBS;
+}
+
+/* ---- temporary paths removed on every exit ------------------------------ */
+
+#define NV_MAX_TEMPS 32
+static struct {
+  volatile sig_atomic_t used;
+  int dir;
+  char path[4096];
+} temps[NV_MAX_TEMPS];
+static pid_t temps_owner;
+
+/* Removes the entries of DIR, then DIR: getdents64, unlinkat and rmdir are
+ * system calls, safe in a signal handler (opendir/readdir are not). */
+static void temp_rm_dir(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = getdents64(fd, buf, sizeof buf)) > 0)
+      for (ssize_t off = 0; off < n;) {
+        struct dirent64 *e = (struct dirent64 *)(void *)(buf + off);
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlinkat(fd, e->d_name, 0);
+        off += e->d_reclen;
+      }
+    close(fd);
+  }
+  rmdir(dir);
+}
+
+static void temp_rm_all(void) {
+  if (getpid() != temps_owner) return;
+  for (int i = 0; i < NV_MAX_TEMPS; i++)
+    if (temps[i].used) {
+      if (temps[i].dir) temp_rm_dir(temps[i].path);
+      else unlink(temps[i].path);
+      temps[i].used = 0;
+    }
+}
+
+static void temp_on_signal(int sig) {
+  temp_rm_all();
+  signal(sig, SIG_DFL);
+  raise(sig); /* delivered when the handler returns: the default action */
+}
+
+void nv_temp_install(void) {
+  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+  temps_owner = getpid();
+  for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) {
+    struct sigaction old, sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = temp_on_signal;
+    sigfillset(&sa.sa_mask);
+    /* a signal the caller ignores (nohup) stays ignored */
+    if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) sigaction(sigs[i], &sa, NULL);
+  }
+  atexit(temp_rm_all);
+}
+
+int nv_temp_add(const char *path, int is_dir) {
+  if (strlen(path) >= sizeof temps[0].path) return -1;
+  for (int i = 0; i < NV_MAX_TEMPS; i++)
+    if (!temps[i].used) {
+      memcpy(temps[i].path, path, strlen(path) + 1);
+      temps[i].dir = is_dir;
+      temps[i].used = 1; /* last: the handler sees a complete entry */
+      return i;
+    }
+  return -1;
+}
+
+void nv_temp_drop(int slot) {
+  if (slot >= 0 && slot < NV_MAX_TEMPS) temps[slot].used = 0;
+}
+
+void nv_child_dies_with_parent(int parent) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != (pid_t)parent) _exit(1); /* died before the prctl */
+}
+
+/* ---- durable output ------------------------------------------------------ */
+
+uint64_t nv_fnv1a64(uint64_t h, const void *data, size_t len) {
+  const unsigned char *p = data;
+  for (size_t i = 0; i < len; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+int nv_file_fnv(const char *path, uint64_t *size, uint64_t *hash) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  unsigned char buf[1 << 16];
+  uint64_t h = NV_FNV_INIT, n = 0;
+  ssize_t got;
+  while ((got = read(fd, buf, sizeof buf)) != 0) {
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      int e = errno;
+      close(fd);
+      errno = e;
+      return -1;
+    }
+    h = nv_fnv1a64(h, buf, (size_t)got);
+    n += (uint64_t)got;
+  }
+  close(fd);
+  *size = n;
+  *hash = h;
+  return 0;
+}
+
+/* The folder of PATH ("." for a bare name) into DIR. */
+static void dir_of(const char *path, char *dir, size_t n) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) snprintf(dir, n, ".");
+  else if (slash == path) snprintf(dir, n, "/");
+  else snprintf(dir, n, "%.*s", (int)(slash - path), path);
+}
+
+/* Removes BASE.tmp.XXXXXX files in DIR that no live writer holds locked. */
+static void remove_stale_temps(const char *dir, const char *base) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  size_t bl = strlen(base);
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    const char *nm = e->d_name;
+    if (strncmp(nm, base, bl) || strncmp(nm + bl, ".tmp.", 5) || strlen(nm + bl + 5) != 6) continue;
+    int fd = openat(dirfd(d), nm, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0) continue;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0)
+      unlinkat(dirfd(d), nm, 0);
+    close(fd);
+  }
+  closedir(d);
+}
+
+static int out_fail(nv_out *o, int err) {
+  if (!o->failed) o->failed = err ? err : EIO;
+  return -1;
+}
+
+/* A locked temporary beside O->path; 0 or -1 (errno). */
+static int out_make_temp(nv_out *o) {
+  size_t n = strlen(o->path) + 12;
+  o->tmp = malloc(n);
+  if (!o->tmp) return -1;
+  char dir[4096];
+  dir_of(o->path, dir, sizeof dir);
+  const char *slash = strrchr(o->path, '/');
+  remove_stale_temps(dir, slash ? slash + 1 : o->path);
+  for (int tries = 0; tries < 8; tries++) {
+    snprintf(o->tmp, n, "%s.tmp.XXXXXX", o->path);
+    int fd = mkstemp(o->tmp);
+    if (fd < 0) return -1;
+    struct stat st;
+    /* a cleaner may have taken it between mkstemp and flock: try again */
+    if (flock(fd, LOCK_EX) == 0 && fstat(fd, &st) == 0 && st.st_nlink > 0) {
+      mode_t mask = umask(0);
+      umask(mask);
+      (void)fchmod(fd, 0666 & ~mask);
+      o->slot = nv_temp_add(o->tmp, 0);
+      o->f = fdopen(fd, "wb");
+      if (o->f) return 0;
+    }
+    int e = errno;
+    close(fd);
+    unlink(o->tmp);
+    errno = e;
+  }
+  return -1;
+}
+
+int nv_out_open(nv_out *o, const char *path, unsigned flags) {
+  memset(o, 0, sizeof *o);
+  o->slot = -1;
+  if (!strcmp(path, "-")) {
+    o->path = strdup(path);
+    o->f = stdout;
+    return o->path ? 0 : -1;
+  }
+  struct stat st;
+  int exists = stat(path, &st) == 0;
+  if (exists && S_ISDIR(st.st_mode)) {
+    errno = EISDIR;
+    return -1;
+  }
+  if (exists && !S_ISREG(st.st_mode) && (flags & NV_OUT_REGULAR)) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  o->path = strdup(path);
+  if (!o->path) return -1;
+  if (exists && !S_ISREG(st.st_mode)) o->f = fopen(path, "wb"); /* a device or FIFO: in place */
+  else if (out_make_temp(o)) o->f = NULL;
+  if (o->f) return 0;
+  int e = errno;
+  nv_out_discard(o);
+  errno = e;
+  return -1;
+}
+
+int nv_out_finish(nv_out *o) {
+  if (!o->f) return o->failed ? (errno = o->failed, -1) : 0;
+  FILE *f = o->f;
+  o->f = NULL;
+  if (fflush(f) || ferror(f)) out_fail(o, errno);
+  if (f == stdout) return o->failed ? (errno = o->failed, -1) : 0;
+  /* fsync fails with EINVAL on a device or FIFO written in place */
+  if (o->tmp && fsync(fileno(f))) out_fail(o, errno);
+  if (fclose(f)) out_fail(o, errno);
+  if (o->failed) errno = o->failed;
+  return o->failed ? -1 : 0;
+}
+
+static void out_free(nv_out *o) {
+  nv_temp_drop(o->slot);
+  free(o->path);
+  free(o->tmp);
+  memset(o, 0, sizeof *o);
+  o->slot = -1;
+}
+
+int nv_out_publish(nv_out *o) {
+  if (o->failed || (o->tmp && rename(o->tmp, o->path))) {
+    int e = o->failed ? o->failed : errno;
+    nv_out_discard(o);
+    errno = e;
+    return -1;
+  }
+  if (o->tmp) {
+    char dir[4096];
+    dir_of(o->path, dir, sizeof dir);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) { /* best effort: some file systems refuse fsync on a folder */
+      (void)fsync(fd);
+      close(fd);
+    }
+  }
+  out_free(o);
+  return 0;
+}
+
+int nv_out_close(nv_out *o) {
+  if (nv_out_finish(o)) {
+    int e = errno;
+    nv_out_discard(o);
+    errno = e;
+    return -1;
+  }
+  return nv_out_publish(o);
+}
+
+void nv_out_discard(nv_out *o) {
+  if (o->f && o->f != stdout) fclose(o->f);
+  if (o->tmp) unlink(o->tmp);
+  out_free(o);
+}
+
+int nv_write_file(const char *path, const void *data, size_t len, unsigned flags) {
+  nv_out o;
+  if (nv_out_open(&o, path, flags)) return -1;
+  if (len && fwrite(data, 1, len, o.f) != len) out_fail(&o, errno);
+  return nv_out_close(&o);
+}
+
+int nv_close_stdout(void) {
+  int bad = fflush(stdout) != 0 || ferror(stdout);
+  int e = errno;
+  if (fclose(stdout) && !bad) {
+    bad = 1;
+    e = errno;
+  }
+  if (bad) errno = e ? e : EIO;
+  return bad ? -1 : 0;
 }

@@ -1,4 +1,5 @@
-/* util.h: growable strings, whole-file reading, name patterns. */
+/* util.h: growable strings, whole-file reading, name patterns, durable
+ * output, temporary paths removed on every exit. */
 #ifndef NOVA_UTIL_H
 #define NOVA_UTIL_H
 
@@ -26,5 +27,66 @@ char *nv_read_file(const char *path, size_t *len, size_t max_bytes);
 #define NV_MAX_GLOBS 64
 bool nv_glob_match(const char *globs, const char *name, bool *matched);
 int nv_glob_count(const char *globs);
+
+
+/* Whether V may be handed to strtol/strtod as a whole token: not empty,
+ * no leading blank or '+' (which those skip or take); the caller still
+ * checks that the number ends the string. */
+bool nv_number_token(const char *v);
+
+/* ---- durable output ------------------------------------------------------
+ * Every file novac and novarun write goes through nv_out: the bytes go to a
+ * temporary PATH.tmp.XXXXXX beside PATH (flock'ed while open, registered for
+ * removal on a fatal signal), and replace PATH only once every write, the
+ * fflush, the fsync and the fclose succeeded; the folder is then fsync'ed.
+ * On any failure the temporary is removed and PATH is left as it was.
+ * PATH "-" is stdout (its errors are checked, nothing is renamed).  An
+ * existing PATH that is not a regular file (/dev/null, a FIFO) is written in
+ * place, unless NV_OUT_REGULAR is given, which refuses it (ENOTSUP).
+ * Temporaries left by a killed writer (unlocked PATH.tmp.*) are removed by
+ * the next nv_out_open of the same PATH.  Functions return 0, or -1 with
+ * errno set. */
+#include <stdint.h>
+#include <stdio.h>
+
+enum { NV_OUT_REGULAR = 1 };
+
+typedef struct nv_out {
+  FILE *f;     /* write here; NULL once finished */
+  char *path;  /* owned copy of PATH */
+  char *tmp;   /* owned; NULL when writing PATH itself */
+  int slot;    /* nv_temp_add's slot of TMP, or -1 */
+  int failed;  /* errno of the first failure seen, or 0 */
+} nv_out;
+
+int nv_out_open(nv_out *o, const char *path, unsigned flags);
+int nv_out_finish(nv_out *o);  /* flush, fsync, close; the temporary stays */
+int nv_out_publish(nv_out *o); /* rename over PATH (after nv_out_finish); frees O */
+int nv_out_close(nv_out *o);   /* finish + publish, or discard on failure; frees O */
+void nv_out_discard(nv_out *o); /* removes the temporary; frees O */
+int nv_write_file(const char *path, const void *data, size_t len, unsigned flags);
+/* fflush + ferror + fclose of stdout: -1 with errno when anything written to
+ * it was lost (a full disk, /dev/full, a closed pipe). */
+int nv_close_stdout(void);
+
+/* FNV-1a, 64 bits, of LEN bytes continuing from H (start: NV_FNV_INIT). */
+#define NV_FNV_INIT 0xcbf29ce484222325ull
+uint64_t nv_fnv1a64(uint64_t h, const void *data, size_t len);
+/* Size and FNV-1a of a whole file. */
+int nv_file_fnv(const char *path, uint64_t *size, uint64_t *hash);
+
+/* ---- temporary paths removed on every exit ------------------------------
+ * nv_temp_add registers a file (or a flat folder: its entries are removed,
+ * then itself) to remove if the process ends by SIGINT, SIGTERM, SIGHUP or
+ * SIGQUIT (async-signal-safe calls only, then the signal is raised again) or
+ * by exit(); -> a slot for nv_temp_drop, or -1 when the table is full.
+ * nv_temp_install: the handlers, once, in main; only the installing process
+ * removes anything (forked children inherit the handlers, not the duty).
+ * nv_child_dies_with_parent: in a child after fork, so that it is killed
+ * when PARENT dies (and exits at once if PARENT is already gone). */
+int nv_temp_add(const char *path, int is_dir);
+void nv_temp_drop(int slot);
+void nv_temp_install(void);
+void nv_child_dies_with_parent(int parent);
 
 #endif

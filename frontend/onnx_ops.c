@@ -723,6 +723,10 @@ static int cv_constant(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
                 "tensors are not supported)");
 }
 
+/* The most bytes ConstantOfShape materializes: the most a constant may
+ * embed in the IR (NV_MAX_CONST_BYTES in to_nova.c). */
+#define OX_MAX_FILL_BYTES (INT64_C(256) << 20)
+
 static int cv_constant_of_shape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
   if (ox_need(x, in, nin, 1, 1)) return -1;
@@ -743,6 +747,14 @@ static int cv_constant_of_shape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int
     iv = ox_geti(v, 0);
     ox_tensor_free(v);
   }
+  /* checked before anything is allocated or filled: a few bytes of shape
+   * must not cost seconds and gigabytes before the embedding limit
+   * (to_nova.c, 256 MiB) rejects the result */
+  int64_t bytes = (int64_t)fe_dtype_size(dt);
+  for (int i = 0; i < n; i++) bytes = !s[i] || !bytes ? 0 : bytes > OX_MAX_FILL_BYTES / s[i] ? OX_MAX_FILL_BYTES + 1 : bytes * s[i];
+  if (bytes > OX_MAX_FILL_BYTES)
+    return ox_err(x, "the constant of shape %s is too large: more than %d MiB, the most a compile-time constant holds",
+                  fe_shape_str((char[160]){0}, 160, n, s), (int)(OX_MAX_FILL_BYTES >> 20));
   ox_tensor *t = ox_tensor_new(dt, n, s);
   if (!t) return ox_err(x, "the constant is too large (more than 2^28 elements)");
   for (int64_t i = 0, e = ox_numel(t); i < e; i++) ox_set(t, i, fv, iv);

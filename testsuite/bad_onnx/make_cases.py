@@ -690,6 +690,21 @@ def _():
 
 
 
+@case("constant_of_shape_2_pow_28", "the constant of shape [268435456] is too large: more than 256 MiB")
+def _():
+    # 1 GiB of floats from 8 bytes of shape: refused before it is allocated or filled
+    v = helper.make_tensor("v", F, [1], [1.0])
+    return model([helper.make_node("ConstantOfShape", ["s"], ["y"], name="cos", value=v)], [],
+                 [vi("y", F, [2 ** 28])], [const("s", np.array([2 ** 28], np.int64))])
+
+
+@case("constant_of_shape_2_pow_14_squared", "the constant of shape [16384,16384] is too large: more than 256 MiB")
+def _():
+    v = helper.make_tensor("v", F, [1], [1.0])
+    return model([helper.make_node("ConstantOfShape", ["s"], ["y"], name="cos", value=v)], [],
+                 [vi("y", F, [2 ** 14, 2 ** 14])], [const("s", np.array([2 ** 14, 2 ** 14], np.int64))])
+
+
 @case("constant_of_shape_count_wraps", "too large")
 def _():
     # 2^62 * 4 elements: the count wraps around to 0 in 64-bit arithmetic; the

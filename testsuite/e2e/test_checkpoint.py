@@ -430,9 +430,31 @@ def bad_checkpoints():
         if open(f, "rb").read() == first or os.listdir(d) != ["ck.st"]:
             raise Failure("after a second --save: %s" % os.listdir(d))
         p = novarun(so, "--inputs", IN, "--steps", 1, "--save", os.path.join(d, "no", "ck.st"), rc=1)
-        if "cannot create a temporary file next to" not in p.stderr or os.listdir(d) != ["ck.st"]:
+        if "writing %s" % os.path.join(d, "no", "ck.st") not in p.stderr or os.listdir(d) != ["ck.st"]:
             raise Failure(p.stderr)
     case("checkpoint.save_atomic", save_is_atomic)
+
+    def save_cleans_stale_temps():
+        # what a --save killed before its rename leaves, removed by the next save
+        d = os.path.join(WORK, "stale")
+        os.makedirs(d, exist_ok=True)
+        f = os.path.join(d, "ck.st")
+        for leaf in ("ck.st.tmp.a1b2c3", "ck.st.tmp.zzzzzz"):
+            open(os.path.join(d, leaf), "wb").write(b"x" * 4096)
+        open(os.path.join(d, "other.st.tmp.a1b2c3"), "wb").write(b"keep")
+        novarun(so, "--inputs", IN, "--steps", 1, "--save", f)
+        if sorted(os.listdir(d)) != ["ck.st", "other.st.tmp.a1b2c3"]:
+            raise Failure("after a save: %s" % sorted(os.listdir(d)))
+    case("checkpoint.save_cleans_stale_temps", save_cleans_stale_temps)
+
+    def save_refuses_non_regular():
+        p = novarun(so, "--inputs", IN, "--steps", 1, "--save", "/dev/null", rc=1)
+        if "not a regular file" not in p.stderr or not os.path.exists("/dev/null"):
+            raise Failure(p.stderr)
+        p = novarun(so, "--inputs", IN, "--steps", 1, "--save", WORK, rc=1)
+        if "writing %s: Is a directory" % WORK not in p.stderr:
+            raise Failure(p.stderr)
+    case("checkpoint.save_refuses_non_regular", save_refuses_non_regular)
 
 
 # ---- all -------------------------------------------------------------------------------------

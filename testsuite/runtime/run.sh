@@ -85,7 +85,7 @@ if build parallel.build $CC $CFLAGS $SAN $INC "$here/test_parallel.c" "$root/run
   if NOVA_NUM_THREADS=3 timeout 120 "$T/test_parallel" >"$T/par.out" 2>&1 && grep -q "parallel: ok" "$T/par.out"
   then pass parallel.every_iteration_once; else fail parallel.every_iteration_once "$(cat "$T/par.out")"; fi
 fi
-PB_SRC="$root/driver/tensor_pb.c $B/obj/gen/onnx.pb-c.o -lprotobuf-c"
+PB_SRC="$root/driver/tensor_pb.c $root/driver/util.c $B/obj/gen/onnx.pb-c.o -lprotobuf-c"
 if build tensor_pb.build $CC $CFLAGS $SAN $INC "$here/test_tensor_pb.c" $PB_SRC -o "$T/test_tensor_pb"; then
   unit tensor_pb.exit "$T/test_tensor_pb" "$T"
   [ -n "$VALGRIND" ] && under_valgrind tensor_pb.valgrind "$T/test_tensor_pb" "$T"
@@ -312,6 +312,12 @@ open('$T/bad/input_1.pb', 'wb').write(t.SerializeToString())"
   bad usage.two_steps 2 "more than one step.so given" "$T/fixture.so" "$T/abi99.so"
   bad usage.two_batch_sources 2 "--inputs and --data both give the batch" "$T/fixture.so" --inputs "$T/in" --data x.st
   bad usage.bad_seed 2 "--seed needs an integer from 0 to 18446744073709551615, not '-1'" "$T/fixture.so" --seed -1
+  # numbers are whole tokens: strtol would skip the blank, take the '+'
+  bad usage.steps_blank 2 "--steps needs an integer from 1 to 10000000, not ' 5'" "$T/fixture.so" --steps " 5"
+  bad usage.steps_suffix 2 "--steps needs an integer from 1 to 10000000, not '5x'" "$T/fixture.so" --steps 5x
+  bad usage.repeat_plus 2 "--repeat needs an integer from 1 to 10000000, not '+2'" "$T/fixture.so" --repeat +2
+  bad usage.lr_blank 2 "--lr needs a number >= 0, not ' 0.1'" "$T/fixture.so" --lr " 0.1"
+  bad usage.seed_trailing 2 "--seed needs an integer from 0 to 18446744073709551615, not '7 '" "$T/fixture.so" --seed "7 "
   novarun usage.help 0 --help && has usage.help "$T/out" "usage: novarun STEP.so" && pass usage.help
   novarun usage.version 0 --version && has usage.version "$T/out" "novarun $(cat "$root/VERSION")" &&
     pass usage.version
@@ -374,7 +380,12 @@ meta step 7" && pass ckpt.other_graph
   mkst "$T/ck/step.st" "{\"__metadata__\": {\"step\": \"-3\"}, $ST_W, $ST_EMB, \"runs\": [\"f32\", [1], [0]]}"
   bad ckpt.bad_step 1 "__metadata__ \"step\" is \"-3\", not a number of steps" \
     "$T/fixture.so" --inputs "$T/in" --load "$T/ck/step.st"
-  bad ckpt.save_no_dir 1 "cannot create a temporary file next to $T/ck/none/x.st" \
+  mkst "$T/ck/trail.st" "{$ST_W, $ST_EMB, \"runs\": [\"f32\", [1], [0]]}" && printf 'junk' >> "$T/ck/trail.st"
+  bad ckpt.trailing_bytes 1 "$T/ck/trail.st: 4 bytes after the last tensor's data" \
+    "$T/fixture.so" --inputs "$T/in" --load "$T/ck/trail.st"
+  bad ckpt.save_fifo 1 "not a regular file; refusing to replace it with a checkpoint" \
+    "$T/fixture.so" --inputs "$T/in" --save /dev/null
+  bad ckpt.save_no_dir 1 "writing $T/ck/none/x.st: No such file or directory" \
     "$T/fixture.so" --inputs "$T/in" --save "$T/ck/none/x.st"
 }
 
