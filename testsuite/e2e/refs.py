@@ -1,4 +1,4 @@
-"""numpy float64 references of the window ops, shared by the op and gradient tests."""
+"""numpy float64 references of the window ops and attention, shared by the op and gradient tests."""
 import numpy as np
 
 
@@ -43,3 +43,18 @@ def pool_ref(x, K, S, pads, ceil, kind, incl):
         v = np.stack(vals)
         y[(slice(None), slice(None)) + o] = v.max(0) if kind == "max" else v.sum(0) / cnt
     return y
+
+
+def attention_ref(q, k, v, bias=0.0, scale=None, cap=0.0):
+    """nova.attention: softmax(scale q k^T (capped) + bias) v, grouped heads,
+    0 for rows whose keys are all masked."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+    s = (q @ np.swapaxes(k, -1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if cap:
+        s = cap * np.tanh(s / cap)
+    z = s + bias
+    m = z.max(-1, keepdims=True)
+    e = np.exp(z - np.where(m == -np.inf, 0, m))
+    den = e.sum(-1, keepdims=True)
+    return (e / np.where(den == 0, 1, den)) @ v

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from refs import conv_ref, pool_ref
+from refs import attention_ref, conv_ref, pool_ref
 from harness import NOVAC, Failure, case, compile_and_train, erf, rel_err, results, run
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -333,19 +333,6 @@ grad_case("rotary_interleaved_angles_param", ["rotary"], "r = rotary(x, cos(t), 
 
 # attention: MHA, grouped heads, scale, softcap, a broadcast bias (trained), a
 # mask with -inf including a fully masked row (its output is 0)
-def attention_ref(q, k, v, bias=0.0, scale=None, cap=0.0):
-    rep = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-    s = (q @ np.swapaxes(k, -1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
-    if cap:
-        s = cap * np.tanh(s / cap)
-    z = s + bias
-    m = z.max(-1, keepdims=True)
-    e = np.exp(z - np.where(m == -np.inf, 0, m))
-    den = e.sum(-1, keepdims=True)
-    return (e / np.where(den == 0, 1, den)) @ v
-
-
 _mask = np.where(rng.random((3, 5)) < 0.3, -np.inf, 0.0)
 _mask[1, :] = -np.inf
 _mask[0, 0] = 0.0

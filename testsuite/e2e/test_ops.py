@@ -6,7 +6,7 @@ import sys
 import numpy as np
 
 from harness import Failure, case, check_close, compile_and_run, erf, results
-from refs import conv_ref, pool_ref
+from refs import attention_ref, conv_ref, pool_ref
 
 rng = np.random.default_rng(1234)
 TOL = {"f32": 1e-5, "f64": 1e-12}
@@ -50,19 +50,6 @@ def layer_norm(x, g, b, eps=1e-5):
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * g + b
-
-
-def attention(q, k, v, bias=0.0, scale=None, cap=0.0):
-    rep = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
-    s = (q @ np.swapaxes(k, -1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
-    if cap:
-        s = cap * np.tanh(s / cap)
-    z = s + bias
-    m = z.max(-1, keepdims=True)
-    e = np.exp(z - np.where(m == -np.inf, 0, m))
-    den = e.sum(-1, keepdims=True)
-    return (e / np.where(den == 0, 1, den)) @ v
 
 
 _causal = np.triu(np.full((6, 9), -np.inf), 1 + 3)
@@ -113,13 +100,13 @@ for dt in ("f32", "f64"):
             lambda a: np.log(softmax(a, 1)), dt)
     op_case("layer_norm", "r = layer_norm(a, g, b)", {"a": r(2, 3, 8), "g": r(8), "b": r(8)}, layer_norm, dt)
     op_case("attention_mha", "r = attention(q, k, v)", {"q": r(2, 3, 6, 8), "k": r(2, 3, 9, 8), "v": r(2, 3, 9, 5)},
-            attention, dt)
+            attention_ref, dt)
     op_case("attention_gqa_causal", "r = attention(q, k, v, m, scale=0.2)",
             {"q": r(1, 6, 6, 4), "k": r(1, 2, 9, 4), "v": r(1, 2, 9, 3), "m": _causal},
-            lambda q, k, v, m: attention(q, k, v, m, 0.2), dt)
+            lambda q, k, v, m: attention_ref(q, k, v, m, 0.2), dt)
     op_case("attention_softcap_bias", "r = attention(q, k, v, b, softcap=3)",
             {"q": r(2, 2, 3, 4, lo=-4, hi=4), "k": r(2, 2, 5, 4, lo=-4, hi=4), "v": r(2, 2, 5, 4), "b": r(2, 1, 1, 5)},
-            lambda q, k, v, b: attention(q, k, v, b, cap=3), dt)
+            lambda q, k, v, b: attention_ref(q, k, v, b, cap=3), dt)
     op_case("layer_norm_eps", "r = layer_norm(a, g, b, eps=0.1)", {"a": r(4, 5), "g": r(5), "b": r(5)},
             lambda a, g, b: layer_norm(a, g, b, 0.1), dt)
     op_case("rms_norm", "r = rms_norm(a, g)", {"a": r(2, 3, 8), "g": r(8)}, rms_norm, dt)
