@@ -39,7 +39,7 @@ RT_DIR      := $(B)/lib/novac
 RT_LIB      := $(RT_DIR)/libnovart.a
 RT_HDRS     := $(RT_DIR)/include/nova/step.h $(RT_DIR)/include/rt_graph.h
 
-.PHONY: all deps check-deps demo check check-gpu check-asan check-lit check-e2e check-bad check-unit check-onnx fuzz-onnx install clean
+.PHONY: check-tsan all deps check-deps demo check check-gpu check-asan check-lit check-e2e check-bad check-unit check-onnx fuzz-onnx install clean
 all: check-deps $(BIN_NOVAC) $(BIN_NOVARUN) $(RT_LIB) $(RT_HDRS)
 
 # ---- dependencies -------------------------------------------------------
@@ -124,6 +124,15 @@ check-gpu: deps-auto
 check-asan:
 	@$(MAKE) --no-print-directory B=build-asan SAN='-fsanitize=address,undefined -fno-omit-frame-pointer' all
 	@ASAN_OPTIONS=detect_leaks=1 sh testsuite/run.sh build-asan
+
+# the runtime (thread pool, step handles) and novarun under ThreadSanitizer:
+# testsuite/runtime's tests, a report failing the test that made it
+check-tsan:
+	@$(MAKE) --no-print-directory B=build-tsan SAN='-fsanitize=thread' build-tsan/lib/novac/libnovart.a build-tsan/bin/novarun
+	@TSAN_OPTIONS=halt_on_error=1:exitcode=66 sh testsuite/runtime/run.sh build-tsan > build-tsan/runtime.log 2>&1; \
+	  cat build-tsan/runtime.log; echo; \
+	  echo "$$(grep -c '^PASS: ' build-tsan/runtime.log) passed, $$(grep -c '^FAIL: ' build-tsan/runtime.log) failed"; \
+	  ! grep -q '^FAIL: ' build-tsan/runtime.log
 
 # The whole ONNX backend node suite (conformance.py --all); writes the report.
 check-onnx: all

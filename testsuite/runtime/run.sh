@@ -6,7 +6,7 @@
 # Prints one `PASS: runtime :: NAME` or `FAIL: runtime :: NAME` line per
 # test, the reasons indented below a failure, and always exits 0: the
 # top-level runner counts the lines.  In a build directory whose name
-# contains "asan" the test programs and steps get the sanitizer flags
+# contains "asan" (or "tsan") the test programs and steps get the sanitizer flags
 # (override with NOVA_TEST_SAN); elsewhere, where valgrind is installed,
 # the unit tests and novarun also run under valgrind.  .pb files are written
 # and read with Python's onnx package when it is installed (an independent
@@ -31,6 +31,7 @@ if ! B=$(cd "$B" 2>/dev/null && pwd) || [ ! -f "$B/lib/novac/libnovart.a" ] || [
 fi
 case $(basename "$B") in
   *asan*) SAN=${NOVA_TEST_SAN-"-fsanitize=address,undefined -fno-omit-frame-pointer"} ;;
+  *tsan*) SAN=${NOVA_TEST_SAN-"-fsanitize=thread"} ;;
   *) SAN=${NOVA_TEST_SAN-} ;;
 esac
 # UBSan only prints by default; a report must fail the test that caused it.
