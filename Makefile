@@ -39,7 +39,7 @@ RT_DIR      := $(B)/lib/novac
 RT_LIB      := $(RT_DIR)/libnovart.a
 RT_HDRS     := $(RT_DIR)/include/nova/step.h $(RT_DIR)/include/rt_graph.h
 
-.PHONY: check-tsan all deps check-deps demo check check-gpu check-asan check-lit check-e2e check-bad check-unit check-onnx fuzz-onnx install clean
+.PHONY: check-tsan check-asan-fast all deps check-deps demo check check-gpu check-asan check-lit check-e2e check-bad check-unit check-onnx fuzz-onnx install clean
 all: check-deps $(BIN_NOVAC) $(BIN_NOVARUN) $(RT_LIB) $(RT_HDRS)
 
 # ---- dependencies -------------------------------------------------------
@@ -124,6 +124,12 @@ check-gpu: deps-auto
 check-asan:
 	@$(MAKE) --no-print-directory B=build-asan SAN='-fsanitize=address,undefined -fno-omit-frame-pointer' all
 	@ASAN_OPTIONS=detect_leaks=1 sh testsuite/run.sh build-asan
+
+# CI's sanitizer pass: the fast suites (NOVA_SUITES=fast in testsuite/run.sh)
+# against the ASan+UBSan build
+check-asan-fast:
+	@$(MAKE) --no-print-directory B=build-asan SAN='-fsanitize=address,undefined -fno-omit-frame-pointer' all
+	@ASAN_OPTIONS=detect_leaks=1 NOVA_SUITES=fast sh testsuite/run.sh build-asan
 
 # the runtime (thread pool, step handles) and novarun under ThreadSanitizer:
 # testsuite/runtime's tests, a report failing the test that made it

@@ -69,6 +69,24 @@ if [ "${NOVA_SUITES:-all}" = gpu ]; then
   exit
 fi
 
+if [ "${NOVA_SUITES:-all}" = fast ]; then
+  # NOVA_SUITES=fast (make check-asan-fast, CI): the suites that exercise the
+  # parsers, the driver, the runtime and bad input, a few minutes even in a
+  # sanitizer build
+  suite novac "$LLVM_BIN/lit" -v --no-progress-bar testsuite/lit
+  suite runtime sh testsuite/runtime/run.sh "$B"
+  suite bad sh testsuite/bad/run.sh "$B"
+  suite bad-onnx sh testsuite/bad_onnx/run.sh "$B"
+  suite fuzz-regress sh testsuite/fuzz/regress.sh "$B"
+  suite e2e-examples python3 testsuite/e2e/test_examples.py
+  pass=$(grep -cE '^PASS: ' "$log")
+  fail=$(grep -cE '^(FAIL|XPASS|UNRESOLVED|TIMEOUT): ' "$log")
+  echo
+  echo "$pass passed, $fail failed"
+  [ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]
+  exit
+fi
+
 suite novac "$LLVM_BIN/lit" -v --no-progress-bar testsuite/lit
 suite e2e-ops python3 testsuite/e2e/test_ops.py
 suite e2e-gemm python3 testsuite/e2e/test_gemm.py
