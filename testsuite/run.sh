@@ -18,6 +18,16 @@ report() { # name, file with a suite's output: counted, its failures shown
   echo "   $1: $(grep -cE '^PASS: ' "$2") passed, $(grep -cE '^(FAIL|XPASS|UNRESOLVED|TIMEOUT): ' "$2") failed"
 }
 
+# The count of everything run, the last line; exit 1 if anything failed.
+finish() {
+  pass=$(grep -cE '^PASS: ' "$log")
+  fail=$(grep -cE '^(FAIL|XPASS|UNRESOLVED|TIMEOUT): ' "$log")
+  echo
+  echo "$pass passed, $fail failed"
+  [ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]
+  exit
+}
+
 suite() { # name, command...
   name=$1; shift
   echo "== $name"
@@ -61,12 +71,7 @@ if [ "${NOVA_SUITES:-all}" = gpu ]; then
     report "${f##*/}" "$f"
   done
   [ -n "${NOVA_GPU_LOG_DIR:-}" ] || rm -rf "$gdir"
-  pass=$(grep -cE '^PASS: ' "$log")
-  fail=$(grep -cE '^(FAIL|XPASS|UNRESOLVED|TIMEOUT): ' "$log")
-  echo
-  echo "$pass passed, $fail failed"
-  [ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]
-  exit
+  finish
 fi
 
 if [ "${NOVA_SUITES:-all}" = fast ]; then
@@ -79,12 +84,7 @@ if [ "${NOVA_SUITES:-all}" = fast ]; then
   suite bad-onnx sh testsuite/bad_onnx/run.sh "$B"
   suite fuzz-regress sh testsuite/fuzz/regress.sh "$B"
   suite e2e-examples python3 testsuite/e2e/test_examples.py
-  pass=$(grep -cE '^PASS: ' "$log")
-  fail=$(grep -cE '^(FAIL|XPASS|UNRESOLVED|TIMEOUT): ' "$log")
-  echo
-  echo "$pass passed, $fail failed"
-  [ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]
-  exit
+  finish
 fi
 
 suite novac "$LLVM_BIN/lit" -v --no-progress-bar testsuite/lit
@@ -132,8 +132,4 @@ for t in gemm onnx_models; do
 done
 [ -f testsuite/onnx/subset.txt ] && suite onnx python3 testsuite/onnx/conformance.py --build "$B" --subset testsuite/onnx/subset.txt
 
-pass=$(grep -cE '^PASS: ' "$log")
-fail=$(grep -cE '^(FAIL|XPASS|UNRESOLVED|TIMEOUT): ' "$log")
-echo
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]
+finish

@@ -152,6 +152,23 @@ def check_close(got, ref, tol, what="output"):
     return e
 
 
+def fd_grad(loss, P, name):
+    """Central differences of loss() (reading P) in every element of P[name]."""
+    x = P[name]
+    g = np.zeros_like(x)
+    for idx in np.ndindex(*x.shape):
+        old = x[idx]
+        h = 1e-6 * max(1.0, abs(old))
+        xp, xm = old + h, old - h
+        x[idx] = xp
+        fp = loss()
+        x[idx] = xm
+        fm = loss()
+        x[idx] = old
+        g[idx] = (fp - fm) / (xp - xm)
+    return g
+
+
 def case(name, fn, suite="e2e"):
     try:
         fn()

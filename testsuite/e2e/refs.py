@@ -1,4 +1,4 @@
-"""numpy float64 references of the window ops and attention, shared by the op and gradient tests."""
+"""numpy float64 references of the window ops, attention, rms_norm and rotary, shared by the op and gradient tests."""
 import numpy as np
 
 
@@ -58,3 +58,18 @@ def attention_ref(q, k, v, bias=0.0, scale=None, cap=0.0):
     e = np.exp(z - np.where(m == -np.inf, 0, m))
     den = e.sum(-1, keepdims=True)
     return (e / np.where(den == 0, 1, den)) @ v
+
+
+def rms_norm_ref(x, g, eps=1e-5):
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+
+
+def rotary_ref(x, c, s, interleaved=False):
+    """The pairs (x1, x2) of the last axis (halves, or even and odd elements)
+    rotated: (x1 c - x2 s, x2 c + x1 s), put back where they came from."""
+    h = x.shape[-1] // 2
+    x1, x2 = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :h], x[..., h:])
+    re, im = x1 * c - x2 * s, x2 * c + x1 * s
+    if interleaved:
+        return np.stack([re, im], -1).reshape(np.broadcast_shapes(x.shape[:-1], c.shape[:-1]) + (2 * h,))
+    return np.concatenate([re, im], -1)

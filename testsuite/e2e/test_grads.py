@@ -31,8 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from refs import attention_ref, conv_ref, pool_ref
-from harness import NOVAC, Failure, case, compile_and_train, erf, rel_err, results, run
+from refs import attention_ref, conv_ref, pool_ref, rms_norm_ref as rms_norm, rotary_ref as rotary
+from harness import NOVAC, Failure, case, compile_and_train, erf, fd_grad, rel_err, results, run
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TOL = 1e-6
@@ -89,19 +89,6 @@ def layer_norm(x, g, b, eps=1e-5):
     return (x - mu) / np.sqrt(var + eps) * g + b
 
 
-def rms_norm(x, g, eps=1e-5):
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
-
-
-def rotary(x, c, s, interleaved=False):
-    h = x.shape[-1] // 2
-    x1, x2 = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :h], x[..., h:])
-    re, im = x1 * c - x2 * s, x2 * c + x1 * s
-    if interleaved:
-        return np.stack([re, im], -1).reshape(np.broadcast_shapes(x.shape[:-1], c.shape[:-1]) + (2 * h,))
-    return np.concatenate([re, im], -1)
-
-
 def cross_entropy(logits, labels):
     m = logits.max(-1, keepdims=True)
     lse = np.log(np.exp(logits - m).sum(-1)) + m[..., 0]
@@ -114,23 +101,6 @@ def gelu(x):
 
 def sigmoid(x):
     return 1 / (1 + np.exp(-x))
-
-
-def fd_grad(loss, P, name):
-    """Central differences of loss() (reading P) in every element of P[name]."""
-    x = P[name]
-    g = np.zeros_like(x)
-    for idx in np.ndindex(*x.shape):
-        old = x[idx]
-        h = 1e-6 * max(1.0, abs(old))
-        xp, xm = old + h, old - h
-        x[idx] = xp
-        fp = loss()
-        x[idx] = xm
-        fm = loss()
-        x[idx] = old
-        g[idx] = (fp - fm) / (xp - xm)
-    return g
 
 
 # ---- random operands ----------------------------------------------------------

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 
 from harness import Failure, case, check_close, compile_and_run, erf, results
-from refs import attention_ref, conv_ref, pool_ref
+from refs import attention_ref, conv_ref, pool_ref, rms_norm_ref as rms_norm, rotary_ref as rotary
 
 rng = np.random.default_rng(1234)
 TOL = {"f32": 1e-5, "f64": 1e-12}
@@ -54,21 +54,6 @@ def layer_norm(x, g, b, eps=1e-5):
 
 _causal = np.triu(np.full((6, 9), -np.inf), 1 + 3)
 _causal[2, :] = -np.inf  # a fully masked row: 0
-
-
-def rms_norm(x, g, eps=1e-5):
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
-
-
-def rotary(x, c, s, interleaved=False):
-    """The pairs (x1, x2) of the last axis (halves, or even and odd elements)
-    rotated: (x1 c - x2 s, x2 c + x1 s), put back where they came from."""
-    h = x.shape[-1] // 2
-    x1, x2 = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :h], x[..., h:])
-    re, im = x1 * c - x2 * s, x2 * c + x1 * s
-    if interleaved:
-        return np.stack([re, im], -1).reshape(np.broadcast_shapes(x.shape[:-1], c.shape[:-1]) + (2 * h,))
-    return np.concatenate([re, im], -1)
 
 
 def cross_entropy(logits, labels):

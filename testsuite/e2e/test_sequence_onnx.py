@@ -33,7 +33,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 from onnx.reference import ReferenceEvaluator
 
-from harness import NOVAC, NOVARUN, Failure, case, check_close, compile_and_run, read_pb, rel_err, run
+from harness import NOVAC, NOVARUN, Failure, case, check_close, compile_and_run, fd_grad, read_pb, rel_err, run
 
 SUITE = "e2e-seq"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -217,14 +217,8 @@ def train_case():
         check_close(read_pb(os.path.join(d, "dump", "loss.pb")), loss(P0), 1e-12, "loss")
         for k, v in P0.items():
             got = read_pb(os.path.join(d, "dump", "grad.%s.pb" % k))
-            want = np.zeros_like(v)
-            for i in np.ndindex(*v.shape):
-                hh = 1e-6 * max(1.0, abs(v[i]))
-                Pp = {kk: vv.copy() for kk, vv in P0.items()}
-                Pm = {kk: vv.copy() for kk, vv in P0.items()}
-                Pp[k][i] += hh
-                Pm[k][i] -= hh
-                want[i] = (loss(Pp) - loss(Pm)) / (2 * hh)
+            P = {kk: vv.copy() for kk, vv in P0.items()}
+            want = fd_grad(lambda: loss(P), P, k)
             e = rel_err(got, want)
             if not e <= 1e-6:
                 raise Failure("grad of %s: relative error %.3g\n got %s\n ref %s" % (k, e, got, want))
