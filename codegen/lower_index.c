@@ -117,7 +117,7 @@ tv lw_lower_gather_nd(lw *L, tv x, tv idx, int nb, const tv *res) {
                  (long long)t, idx.id);
     for (int i = 0; i < q - 1; i++) nv_sb_printf(&b, "%%l%d, ", i);
     nv_sb_printf(&b, "%%k%lld] : %s\n", (long long)t, TT(idx));
-    char name[16], src[16];
+    char name[32], src[32];
     snprintf(name, sizeof name, "w%lld", (long long)t);
     snprintf(src, sizeof src, "%%e%lld", (long long)t);
     wrapped(&b, name, src, lw_ety(idx.dt), x.shape[nb + t]);
@@ -153,7 +153,7 @@ tv lw_lower_scatter_nd(lw *L, const tv *in, int mode, const tv *res) {
                  (long long)t, idx.id);
     for (int i = 0; i < q - 1; i++) nv_sb_printf(&b, "%%l%d, ", r + i);
     nv_sb_printf(&b, "%%k%lld] : %s\n", (long long)t, TT(idx));
-    char name[16], src[16];
+    char name[32], src[32];
     snprintf(name, sizeof name, "w%lld", (long long)t);
     snprintf(src, sizeof src, "%%e%lld", (long long)t);
     wrapped(&b, name, src, lw_ety(idx.dt), x.shape[t]);
