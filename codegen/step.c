@@ -11,6 +11,7 @@
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,13 +22,16 @@
 
 #include "../driver/util.h"
 #include "codegen.h"
+#include "rt_init.h"
 
 typedef struct step_tensor {
   const nv_node *node;
   const char *name;
   nova_role role;
-  int64_t init_offset; /* params, opt_state, inputs with a default: offset in init.bin; else -1 */
+  int64_t init_offset; /* params, opt_state, inputs with a default given as bytes: offset in init.bin; else -1 */
   int32_t updates;     /* role update: index of the tensor it replaces; else -1 */
+  int init_kind;       /* a generated initial value (RT_INIT_*), computed by the step when it opens */
+  double init_a, init_b;
 } step_tensor;
 
 /* The step's tensors in entry-argument order: inputs, params, outputs
@@ -41,12 +45,14 @@ static int collect(const nv_graph *g, step_tensor **out, int64_t *init_size) {
     for (int i = 0; i < g->nnodes; i++) {
       const nv_node *x = g->nodes[i];
       if ((pass == 0 && x->op != NV_OP_INPUT) || (pass == 1 && x->op != NV_OP_PARAM)) continue;
-      t[n] = (step_tensor){x, x->name, x->role, -1, -1};
-      /* a param or state that starts at zero (optimizer moments) takes no
-       * room in init.bin: the runtime zeroes every buffer it allocates */
-      bool zero = x->op == NV_OP_PARAM &&
-                  (x->init.kind == NV_INIT_ZEROS || (x->init.kind == NV_INIT_CONST && x->init.a == 0.0));
-      if ((x->op == NV_OP_PARAM || x->has_default) && !zero) {
+      t[n] = (step_tensor){x, x->name, x->role, -1, -1, RT_INIT_NONE, 0, 0};
+      /* init.bin holds only bytes that came from a file or a model: a
+       * generated value (normal, he, ...) travels as its recipe, zeros as
+       * nothing (the runtime zeroes every buffer it allocates) */
+      if (x->op == NV_OP_PARAM || x->has_default) t[n].init_kind = fe_init_recipe(x, &t[n].init_a, &t[n].init_b);
+      bool bytes = x->init.kind == NV_INIT_FILE || x->init.kind == NV_INIT_DATA;
+      if (x->has_default && !bytes && t[n].init_kind == RT_INIT_NONE) t[n].init_kind = RT_INIT_CONST; /* 0 */
+      if ((x->op == NV_OP_PARAM || x->has_default) && bytes) {
         t[n].init_offset = off;
         off += (fe_numel(x) * (int64_t)fe_dtype_size(x->dtype) + 63) / 64 * 64;
       }
@@ -55,7 +61,7 @@ static int collect(const nv_graph *g, step_tensor **out, int64_t *init_size) {
   int nargs = n;
   for (int i = 0; i < g->noutputs; i++) {
     const nv_output *o = &g->outputs[i];
-    t[n] = (step_tensor){o->node, o->name, o->role, -1, -1};
+    t[n] = (step_tensor){o->node, o->name, o->role, -1, -1, RT_INIT_NONE, 0, 0};
     for (int k = 0; o->updates && k < nargs; k++)
       if (t[k].node == o->updates) t[n].updates = k;
     n++;
@@ -123,6 +129,13 @@ static int write_init(nova_ctx *c, const nv_graph *g, const step_tensor *t, int 
   if (f && fclose(f) && !rc) rc = -1;
   free(buf);
   return rc;
+}
+
+/* A C expression for the double V, exactly (hexadecimal). */
+static void c_double(nv_sbuf *b, double v) {
+  if (isnan(v)) nv_sb_printf(b, "__builtin_nan(\"\")");
+  else if (isinf(v)) nv_sb_printf(b, "%s__builtin_inf()", v < 0 ? "-" : "");
+  else nv_sb_printf(b, "%a", v);
 }
 
 /* A C string literal for s (octal escapes for anything unusual). */
@@ -223,9 +236,13 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
     int64_t bound = arg ? x->index_bound : 0;
     bool inplace = plan && plan->inplace && i >= nargs_in && i - nargs_in < plan->noutputs && plan->inplace[i - nargs_in];
     bool skip = bound && x->has_index_skip;
-    nv_sb_printf(&b, "%s}, %lld, %lld, %d, %lld, %d, %d, %lld},\n", x->rank ? "" : "0", (long long)bound,
+    nv_sb_printf(&b, "%s}, %lld, %lld, %d, %lld, %d, %d, %lld, %d, ", x->rank ? "" : "0", (long long)bound,
                  (long long)t[i].init_offset, (int)t[i].updates, (long long)(bound && x->index_negative ? -bound : 0),
-                 inplace ? 1 : 0, skip ? 1 : 0, (long long)(skip ? x->index_skip : 0));
+                 inplace ? 1 : 0, skip ? 1 : 0, (long long)(skip ? x->index_skip : 0), t[i].init_kind);
+    c_double(&b, t[i].init_a);
+    nv_sb_printf(&b, ", ");
+    c_double(&b, t[i].init_b);
+    nv_sb_printf(&b, ", %lluull},\n", (unsigned long long)(t[i].init_kind ? rt_init_seed(x->name, g->seed) : 0));
   }
   nv_sb_printf(&b, "};\n");
   desc_eval(&b, o, ea, nea);

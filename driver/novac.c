@@ -318,20 +318,20 @@ static int dump_if(const opts *o, const char *stage, MlirModule m) {
 }
 
 /* The initial values a step.so embeds (init.bin, pulled in by .incbin and
- * reached by 32-bit PC-relative relocations): at most 1 GiB, checked before
- * any of them is computed. */
+ * reached by 32-bit PC-relative relocations: the bytes of file(...) params
+ * and of ONNX initializers; generated values travel as their recipe): at
+ * most 1 GiB, checked before any of them is read. */
 #define NV_MAX_INIT_BYTES (INT64_C(1) << 30)
 
-/* Params (and inputs with a default) whose initial values the step.so
+/* Params (and inputs with a default) whose initial bytes the step.so
  * would embed: one over NV_MAX_INIT_BYTES, or all of them together, is an
  * error.  0 or -1 after a diagnostic. */
 static int check_init_bytes(nv_diag *d, const nv_graph *g, const char *input) {
   int64_t total = 0;
   for (int i = 0; i < g->nnodes; i++) {
     const nv_node *x = g->nodes[i];
-    bool zero = x->op == NV_OP_PARAM &&
-                (x->init.kind == NV_INIT_ZEROS || (x->init.kind == NV_INIT_CONST && x->init.a == 0.0));
-    if ((x->op != NV_OP_PARAM && !(x->op == NV_OP_INPUT && x->has_default)) || zero) continue;
+    bool bytes_given = x->init.kind == NV_INIT_FILE || x->init.kind == NV_INIT_DATA; /* else generated at open */
+    if ((x->op != NV_OP_PARAM && !(x->op == NV_OP_INPUT && x->has_default)) || !bytes_given) continue;
     int64_t bytes = fe_numel(x) * (int64_t)fe_dtype_size(x->dtype);
     if (bytes > NV_MAX_INIT_BYTES) {
       nv_error(d, x->loc, "%s '%s': %lld bytes of initial values; a step.so holds at most %lld MiB of them",

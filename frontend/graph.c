@@ -2,6 +2,7 @@
  * Each op's rule checks its operands and says what was expected, naming the
  * shapes involved. */
 #include "graph.h"
+#include "rt_init.h"
 
 #include <assert.h>
 #include <math.h>
@@ -110,24 +111,7 @@ bool fe_dtype_is_index(nova_dtype dt) { return dt == NOVA_DTYPE_I32 || dt == NOV
  * rounding the double v to nearest, ties to even: the scaled magnitude is
  * rounded with nearbyint (the default rounding mode) at the spacing of v's
  * binade, which is exact in double for every binade of these formats. */
-uint16_t fe_half_from_double(nova_dtype dt, double v) {
-  int mant = dt == NOVA_DTYPE_BF16 ? 7 : 10, ebits = dt == NOVA_DTYPE_BF16 ? 8 : 5;
-  int bias = (1 << (ebits - 1)) - 1, emin = 1 - bias;
-  uint16_t sign = signbit(v) ? (uint16_t)0x8000 : 0, inf = (uint16_t)(((1u << ebits) - 1) << mant);
-  if (isnan(v)) return (uint16_t)(sign | inf | (1u << (mant - 1)));
-  double a = fabs(v);
-  if (a == 0) return sign;
-  int e;
-  frexp(a, &e); /* a in [2^(e-1), 2^e) */
-  int q = (e - 1 < emin ? emin : e - 1) - mant; /* the spacing 2^q */
-  double r = nearbyint(ldexp(a, -q));            /* a / 2^q, rounded: an integer */
-  double m = ldexp(r, q);                         /* the largest finite value, or a binade beyond it */
-  if (isinf(a) || m > ldexp(2.0 - ldexp(1.0, -mant), bias)) return (uint16_t)(sign | inf);
-  if (m < ldexp(1.0, emin)) return (uint16_t)(sign | (uint16_t)ldexp(m, mant - emin)); /* subnormal */
-  frexp(m, &e);
-  uint32_t frac = (uint32_t)(ldexp(m, mant - (e - 1)) - ldexp(1.0, mant));
-  return (uint16_t)(sign | (uint16_t)((uint32_t)(e - 1 + bias) << mant) | (uint16_t)frac);
-}
+uint16_t fe_half_from_double(nova_dtype dt, double v) { return rt_half_from_double(dt, v); }
 
 double fe_half_to_double(nova_dtype dt, uint16_t h) {
   int mant = dt == NOVA_DTYPE_BF16 ? 7 : 10, ebits = dt == NOVA_DTYPE_BF16 ? 8 : 5;

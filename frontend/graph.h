@@ -262,5 +262,8 @@ const char *fe_shape_str(char *buf, size_t size, int rank, const int64_t *shape)
 /* Fills the initial value of a param (dtype from n) into out (fe_numel(n)
  * elements).  Returns 0, or -1 with a diagnostic at the param. */
 int fe_init_fill(const nv_graph *g, nv_diag *d, const nv_node *n, void *out);
+/* N's generated initial value as an RT_INIT_* kind (runtime/rt_init.h)
+ * with its parameters *A, *B; RT_INIT_NONE for zeros, a file or data. */
+int fe_init_recipe(const nv_node *n, double *a, double *b);
 
 #endif

@@ -1,15 +1,9 @@
-/* init.c: initial parameter values, computed at compile time.
+/* init.c: initial values of params and constants at compile time.
  *
- * Random initializers are deterministic: the generator (splitmix64) is seeded
- * with FNV-1a(param name) xor the graph's seed, so a parameter's values do
- * not depend on the order of declarations.  Values are drawn in float64 and
- * rounded to the parameter's dtype.
- *   he:     normal(0, sqrt(2 / fan_in))
- *   xavier: uniform(-sqrt(6 / (fan_in + fan_out)), +sqrt(...))
- *   causal_mask(a): a at (..., i, j) with j > i, else 0 (attention masks)
- * with fan_in = shape[0] and fan_out = shape[1] for a [in, out] weight (as
- * matmul(x, w) uses it), times the product of any further dims (receptive
- * field); for rank 1, fan_in = fan_out = shape[0].
+ * Generated kinds (normal, uniform, he, xavier, causal_mask, a constant)
+ * come from runtime/rt_init.h, which a step.so uses too: a step.so carries
+ * a parameter's recipe (fe_init_recipe) and computes its values when it
+ * opens; files and ONNX initializers are bytes (init.bin).
  */
 #include <math.h>
 #include <stdio.h>
@@ -17,27 +11,7 @@
 #include <string.h>
 
 #include "graph.h"
-
-static uint64_t splitmix(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-/* Uniform in [0, 1) with 53 random bits. */
-static double unif(uint64_t *s) { return (double)(splitmix(s) >> 11) * 0x1.0p-53; }
-
-static double gauss(uint64_t *s) {
-  double u = 1.0 - unif(s), v = unif(s); /* u in (0, 1] */
-  return sqrt(-2.0 * log(u)) * cos(2.0 * M_PI * v);
-}
-
-static uint64_t fnv1a(const char *s) {
-  uint64_t h = 1469598103934665603ull;
-  for (; s && *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-  return h;
-}
+#include "rt_init.h"
 
 static const char *kind_name(const nv_node *n) { return n->op == NV_OP_CONSTANT ? "const" : "param"; }
 
@@ -67,34 +41,27 @@ int fe_init_fill(const nv_graph *g, nv_diag *d, const nv_node *n, void *out) {
     memcpy(out, n->init.data, nbytes);
     return 0;
   }
-  double fan_in = n->rank ? (double)n->shape[0] : 1, fan_out = n->rank > 1 ? (double)n->shape[1] : fan_in;
-  for (int i = 2; i < n->rank; i++) {
-    fan_in *= (double)n->shape[i];
-    fan_out *= (double)n->shape[i];
-  }
-  uint64_t s = fnv1a(n->name) ^ g->seed;
-  double lim = sqrt(6.0 / (fan_in + fan_out)), std = sqrt(2.0 / fan_in);
-  for (int64_t i = 0; i < count; i++) {
-    double v = 0;
-    switch (n->init.kind) {
-    case NV_INIT_ZEROS: v = 0; break;
-    case NV_INIT_ONES: v = 1; break;
-    case NV_INIT_CONST: v = n->init.a; break;
-    case NV_INIT_NORMAL: v = n->init.a * gauss(&s); break;
-    case NV_INIT_UNIFORM: v = n->init.a + (n->init.b - n->init.a) * unif(&s); break;
-    case NV_INIT_HE: v = std * gauss(&s); break;
-    case NV_INIT_XAVIER: v = -lim + 2 * lim * unif(&s); break;
-    case NV_INIT_CAUSAL: { /* (..., i, j): a where j > i */
-      int64_t cols = n->rank ? n->shape[n->rank - 1] : 1, rows = n->rank > 1 ? n->shape[n->rank - 2] : 1;
-      v = (i % cols) > ((i / cols) % rows) ? n->init.a : 0.0;
-      break;
-    }
-    case NV_INIT_FILE:
-    case NV_INIT_DATA: break;
-    }
-    if (n->dtype == NOVA_DTYPE_F64) ((double *)out)[i] = v;
-    else if (fe_dtype_is_half(n->dtype)) ((uint16_t *)out)[i] = fe_half_from_double(n->dtype, v);
-    else ((float *)out)[i] = (float)v;
-  }
+  double x, y;
+  int kind = fe_init_recipe(n, &x, &y);
+  if (kind == RT_INIT_NONE) memset(out, 0, nbytes);
+  else rt_init_fill(kind, x, y, rt_init_seed(n->name, g->seed), n->dtype, n->rank, n->shape, 0, count, out);
   return 0;
+}
+
+int fe_init_recipe(const nv_node *n, double *a, double *b) {
+  *a = n->init.a, *b = n->init.b;
+  switch (n->init.kind) {
+  case NV_INIT_ONES: *a = 1; return RT_INIT_CONST;
+  case NV_INIT_CONST: return n->init.a == 0.0 && !signbit(n->init.a) ? RT_INIT_NONE : RT_INIT_CONST;
+  case NV_INIT_NORMAL: return RT_INIT_NORMAL;
+  case NV_INIT_UNIFORM: return RT_INIT_UNIFORM;
+  case NV_INIT_HE: return RT_INIT_HE;
+  case NV_INIT_XAVIER: return RT_INIT_XAVIER;
+  case NV_INIT_CAUSAL: return RT_INIT_CAUSAL;
+  case NV_INIT_ZEROS:
+  case NV_INIT_FILE:
+  case NV_INIT_DATA: break;
+  }
+  *a = *b = 0;
+  return RT_INIT_NONE;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "rt_dtype.h"
+#include "rt_init.h"
 #include "rt_step.h"
 
 /* Writes the message to ERR (RT_ERROR_LEN bytes); returns NOVA_ERR_ABI,
@@ -54,6 +55,9 @@ static nova_status rt_check_tensor(const rt_graph *g, int i, size_t *nbytes, cha
     return rt_bad(err, "malformed step: tensor '%s': initial value at offset %lld, %zu bytes, "
                     "outside the %llu bytes of init data",
                     name, (long long)t->init_offset, *nbytes, (unsigned long long)g->init_size);
+  if (t->init_kind < RT_INIT_NONE || t->init_kind > RT_INIT_LAST || (t->init_kind != RT_INIT_NONE && t->init_offset >= 0))
+    return rt_bad(err, "malformed step: tensor '%s': generated initial value of kind %d%s", name, (int)t->init_kind,
+                  t->init_offset >= 0 ? " beside init data" : "");
   return NOVA_OK;
 }
 

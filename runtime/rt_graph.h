@@ -18,7 +18,8 @@ typedef struct rt_tensor_desc {
   int32_t rank;
   int64_t shape[NOVA_MAX_RANK];
   int64_t index_bound;   /* > 0: integer input whose every value must lie in [0, index_bound) */
-  int64_t init_offset;   /* >= 0: byte offset of the initial value in init_data; -1: zeros */
+  int64_t init_offset;   /* >= 0: byte offset of the initial value in init_data; -1: zeros or
+                            generated (init_kind) */
   int32_t updates;       /* >= 0 (role update): after each run this tensor is copied over
                             tensors[updates] (a param or opt_state); -1 otherwise */
   int64_t index_lower;   /* with index_bound: the lowest value allowed, 0 or -index_bound (ONNX
@@ -28,6 +29,11 @@ typedef struct rt_tensor_desc {
   int32_t has_index_skip; /* with index_bound: 1 = index_skip is allowed too (a label equal to an
                             ONNX loss's ignore_index) */
   int64_t index_skip;
+  /* a generated initial value (init_offset is then -1), computed when the step opens:
+   * init_kind is an RT_INIT_* of rt_init.h (0: none), with its parameters and seed */
+  int32_t init_kind;
+  double init_a, init_b;
+  uint64_t init_seed;
 } rt_tensor_desc;
 
 typedef struct rt_graph {

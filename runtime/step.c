@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include <time.h>
 
 #include "rt_dtype.h"
+#include "rt_init.h"
 #include "rt_step.h"
 
 nova_status rt_fail(nova_step *s, nova_status status, const char *fmt, ...) {
@@ -45,10 +47,34 @@ static nova_status rt_fail_const(const nova_step *s, nova_status status, const c
 
 /* ---- open / close -------------------------------------------------------- */
 
+static int64_t rt_elements(const rt_tensor_desc *t) {
+  int64_t n = 1;
+  for (int k = 0; k < t->rank; k++) n *= t->shape[k];
+  return n;
+}
+
+/* T starts with a value (bytes or generated), not zeros. */
+static bool rt_has_initial(const rt_tensor_desc *t) { return t->init_offset >= 0 || t->init_kind != RT_INIT_NONE; }
+
+typedef void (*rt_task)(void **argv, int64_t lo, int64_t hi);
+void nova_rt_parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int64_t step);
+
+#define RT_INIT_BLOCK 65536 /* elements per share of a generated initial value */
+
+/* Blocks [LO, HI) of the generated initial value of ARGV[0] (an
+ * rt_tensor_desc) into ARGV[1]. */
+static void rt_init_blocks(void **argv, int64_t lo, int64_t hi) {
+  const rt_tensor_desc *t = argv[0];
+  int64_t n = rt_elements(t), end = hi * RT_INIT_BLOCK < n ? hi * RT_INIT_BLOCK : n;
+  rt_init_fill(t->init_kind, t->init_a, t->init_b, t->init_seed, t->dtype, t->rank, t->shape, lo * RT_INIT_BLOCK, end,
+               argv[1]);
+}
+
 /* The buffer of one tensor: NBYTES rounded up to RT_BUFFER_ALIGN (at least
  * one block, so a 0-element tensor still has a valid pointer), holding the
- * tensor's initial value or zeros; the padding is zeroed too, so vector
- * code reading a whole last block reads defined bytes.  NULL when out of
+ * tensor's initial value (bytes of the step's init data, or generated on
+ * the step's threads) or zeros; the padding is zeroed too, so vector code
+ * reading a whole last block reads defined bytes.  NULL when out of
  * memory. */
 static void *rt_buffer_create(const rt_graph *g, const rt_tensor_desc *t, size_t nbytes) {
   size_t size = nbytes ? (nbytes + RT_BUFFER_ALIGN - 1) / RT_BUFFER_ALIGN * RT_BUFFER_ALIGN : RT_BUFFER_ALIGN;
@@ -56,6 +82,10 @@ static void *rt_buffer_create(const rt_graph *g, const rt_tensor_desc *t, size_t
   if (!buf) return NULL;
   memset(buf, 0, size);
   if (t->init_offset >= 0 && nbytes > 0) memcpy(buf, g->init_data + t->init_offset, nbytes);
+  if (t->init_kind != RT_INIT_NONE && nbytes > 0) {
+    void *argv[2] = {(void *)(uintptr_t)t, buf};
+    nova_rt_parallel_for(rt_init_blocks, argv, 0, (rt_elements(t) + RT_INIT_BLOCK - 1) / RT_INIT_BLOCK, 1);
+  }
   return buf;
 }
 
@@ -177,7 +207,7 @@ static void rt_fill_info(const nova_step *s, int i, nova_tensor_info *info) {
   info->rank = t->rank;
   info->shape = t->shape;
   info->nbytes = s->nbytes[i];
-  info->has_default = (t->role == NOVA_ROLE_INPUT || t->role == NOVA_ROLE_LABEL) && t->init_offset >= 0;
+  info->has_default = (t->role == NOVA_ROLE_INPUT || t->role == NOVA_ROLE_LABEL) && rt_has_initial(t);
   info->index_bound = t->index_bound;
 }
 
@@ -273,7 +303,7 @@ static nova_status rt_check_inputs(nova_step *step, const int32_t *arg, int n) {
     int i = arg ? arg[k] : k;
     const rt_tensor_desc *t = &g->tensors[i];
     /* an input with an initial value (a training step's lr) has a default */
-    if ((t->role == NOVA_ROLE_INPUT || t->role == NOVA_ROLE_LABEL) && !step->bound[i] && t->init_offset < 0)
+    if ((t->role == NOVA_ROLE_INPUT || t->role == NOVA_ROLE_LABEL) && !step->bound[i] && !rt_has_initial(t))
       return rt_fail(step, NOVA_ERR_UNBOUND, "%s '%s' was never bound", rt_role_name(t->role), t->name);
   }
   for (int k = 0; k < n; k++) {

@@ -77,7 +77,7 @@ under_valgrind() {
 
 # ---- unit tests ------------------------------------------------------------
 if build step.build $CC $CFLAGS $SAN $INC "$here/test_step.c" "$here/fixture_graph.c" "$RTLIB" \
-  -Wl,--wrap=calloc,--wrap=aligned_alloc -lpthread -o "$T/test_step"; then
+  -Wl,--wrap=calloc,--wrap=aligned_alloc -lpthread -lm -o "$T/test_step"; then
   unit step.exit "$T/test_step"
   [ -n "$VALGRIND" ] && under_valgrind step.valgrind "$T/test_step"
 fi

@@ -391,6 +391,12 @@ static void test_malformed(void) {
   bad_tensors[4].init_offset = -2;
   EXPECT_REFUSED("tensor 'w': initial value at offset -2");
   bad_reset();
+  bad_tensors[4].init_kind = 99;
+  EXPECT_REFUSED("tensor 'w': generated initial value of kind 99");
+  bad_reset();
+  bad_tensors[5].init_kind = 2; /* emb has init data */
+  EXPECT_REFUSED("tensor 'emb': generated initial value of kind 2 beside init data");
+  bad_reset();
   bad_tensors[3].name = "x";
   EXPECT_REFUSED("tensors 0 and 3 are both named 'x'");
   bad_reset();
