@@ -13,6 +13,11 @@ bool cg_op_is(MlirOperation op, const char *name);
 /* unshare.c: before one-shot bufferization, each written tensor.empty (or
  * fill of one) that CSE shared among writers recomputed for its writer. */
 void cg_unshare_destinations(MlirModule m);
+/* chunk.c: the long functions of a tensor module cut into private pieces
+ * for one-shot bufferization (the number made, or -1), and put back after
+ * it (0 or -1). */
+int cg_chunk_split(MlirModule m);
+int cg_chunk_inline(MlirModule m);
 MlirOperation cg_entry_func(MlirModule m);
 /* Renames every function M defines (llvm.func or func.func with a body,
  * the entry included) to PREFIX + its name, uses included, so that its

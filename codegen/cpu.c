@@ -33,9 +33,12 @@ static void err_cb(MlirStringRef s, void *ud) { nv_sb_printf(ud, "%.*s", (int)s.
 static pthread_once_t passes_once = PTHREAD_ONCE_INIT;
 static void register_passes(void) { mlirRegisterAllPasses(); }
 
+/* Wall time; NOVAC_DEBUG_PIPELINES=cpu: the process's CPU time (steadier on
+ * a busy machine; with NOVAC_JOBS=1, one thread's). */
 static double now_ms(void) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const char *e = getenv("NOVAC_DEBUG_PIPELINES");
+  clock_gettime(e && !strcmp(e, "cpu") ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
@@ -136,11 +139,21 @@ int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
   (void)opt_level;
   nv_sbuf p = {0};
   cg_unshare_destinations(m);
+  int pieces = getenv("NOVAC_NO_CHUNKS") ? 0 : cg_chunk_split(m);
+  if (pieces < 0) {
+    nv_error_plain(c->diag, "out of memory cutting the step for bufferization");
+    return -1;
+  }
   int rc = cg_run_pipeline(c, m,
                            "builtin.module(one-shot-bufferize{bufferize-function-boundaries=1 "
                            "function-boundary-type-conversion=identity-layout-map})",
                            "bufferization");
   if (rc) return rc;
+  if (pieces > 0 && getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: bufferized in %d pieces\n", pieces);
+  if (pieces > 0 && cg_chunk_inline(m)) {
+    nv_error_plain(c->diag, "internal: the bufferized pieces of the step do not fit back together");
+    return -1;
+  }
   distinct_results(c, m);
   /* canonicalize: loops that carry a buffer unchanged (tiled code) return it
    * directly, which the memory plan and the in-place updates rely on */

@@ -95,6 +95,7 @@ suite e2e-examples python3 testsuite/e2e/test_examples.py
 suite e2e-onnx-models python3 testsuite/e2e/test_onnx_models.py
 suite e2e-fold python3 testsuite/e2e/test_fold.py
 suite e2e-init python3 testsuite/e2e/test_init.py
+suite e2e-chunks python3 testsuite/e2e/test_chunks.py
 suite e2e-qlinear python3 testsuite/e2e/test_qlinear.py
 suite e2e-labels python3 testsuite/e2e/test_labels.py
 suite grad python3 testsuite/e2e/test_grads.py

@@ -1,0 +1,426 @@
+/* chunk.c: the step bufferized in pieces.
+ *
+ * One-shot bufferization analyses each write against every use of every
+ * value that aliases the written one, within a function.  A weight that
+ * every layer reads, sliced by every tiled kernel, has one alias per
+ * kernel: a chain of N statements on one weight spent time quadratic in N
+ * there (4.5 s at 2,000 statements, 48 s at 8,000).
+ *
+ * Requires: tensor IR (after tiling and cg_unshare_destinations).
+ * Does (cg_chunk_split): cuts the straight-line body of each public
+ * function longer than CG_CHUNK_OPS top-level ops into consecutive pieces
+ * of about that many ops, each moved into a private function
+ * (@__nova_chunk_K) called in its place; the values a piece uses from
+ * before are its arguments (constants are cloned into it), the values
+ * used after it its results.  A cut
+ * is placed where no view (a tensor-dialect result other than
+ * tensor.empty) and nothing but tensors and scalars is live across it,
+ * so that bufferization passes only whole buffers of identity layout at
+ * the calls and copies nothing there.  After bufferization,
+ * cg_chunk_inline puts every piece back in place (by hand, not the
+ * inliner pass: no canonicalization on the way), so what follows sees one
+ * function, as before.
+ */
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codegen.h"
+
+#define CG_CHUNK_OPS 400
+#define CHUNK_PREFIX "__nova_chunk_"
+
+/* ---- top-level op -> index (open addressing on the op pointer) ------------ */
+
+typedef struct op_index {
+  const void **key;
+  int *val;
+  size_t cap;
+} op_index;
+
+static size_t slot_of(const op_index *h, const void *p) {
+  uint64_t x = (uint64_t)(uintptr_t)p;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return (size_t)x & (h->cap - 1);
+}
+
+static void index_put(op_index *h, const void *p, int v) {
+  size_t s = slot_of(h, p);
+  while (h->key[s] && h->key[s] != p) s = (s + 1) & (h->cap - 1);
+  h->key[s] = p;
+  h->val[s] = v;
+}
+
+static int index_get(const op_index *h, const void *p) {
+  for (size_t s = slot_of(h, p); h->key[s]; s = (s + 1) & (h->cap - 1))
+    if (h->key[s] == p) return h->val[s];
+  return -1;
+}
+
+typedef struct body {
+  MlirBlock block;
+  MlirOperation *ops; /* top-level ops but the terminator */
+  int n;
+  op_index idx;       /* ops[i] -> i; the terminator -> n */
+} body;
+
+/* The index of the top-level op that holds OP (n: the terminator; -1: not in the body). */
+static int top_index(const body *b, MlirOperation op) {
+  while (!mlirOperationIsNull(op) && !mlirBlockEqual(mlirOperationGetBlock(op), b->block))
+    op = mlirOperationGetParentOperation(op);
+  return mlirOperationIsNull(op) ? -1 : index_get(&b->idx, op.ptr);
+}
+
+/* The top-level op that defines V, as an index; -1 for an argument of the body's block. */
+static int def_index(const body *b, MlirValue v) {
+  if (!mlirValueIsAOpResult(v)) {
+    MlirBlock owner = mlirBlockArgumentGetOwner(v);
+    return mlirBlockEqual(owner, b->block) ? -1 : top_index(b, mlirBlockGetParentOperation(owner));
+  }
+  return top_index(b, mlirOpResultGetOwner(v));
+}
+
+/* Whether a function boundary can carry V unchanged: a scalar, or a tensor
+ * that is not a view of another. */
+static bool passes_whole(MlirValue v) {
+  MlirType t = mlirValueGetType(v);
+  if (mlirTypeIsAIndex(t) || mlirTypeIsAInteger(t) || mlirTypeIsAFloat(t)) return true;
+  if (!mlirTypeIsARankedTensor(t)) return false;
+  if (!mlirValueIsAOpResult(v)) return true;
+  MlirOperation d = mlirOpResultGetOwner(v);
+  MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(d));
+  return !(name.length > 7 && !memcmp(name.data, "tensor.", 7)) || cg_op_is(d, "tensor.empty");
+}
+
+/* ---- values crossing a piece's edges ------------------------------------- */
+
+typedef struct vals {
+  MlirValue *v;
+  int n, cap;
+  bool oom;
+} vals;
+
+static void vals_add(vals *s, MlirValue v) {
+  for (int i = s->n - 1; i >= 0 && i >= s->n - 8; i--) /* recent duplicates; the rest by the mark below */
+    if (mlirValueEqual(s->v[i], v)) return;
+  if (s->n == s->cap) {
+    int cap = s->cap ? 2 * s->cap : 64;
+    MlirValue *nv = realloc(s->v, (size_t)cap * sizeof *nv);
+    if (!nv) {
+      s->oom = true;
+      return;
+    }
+    s->v = nv;
+    s->cap = cap;
+  }
+  s->v[s->n++] = v;
+}
+
+static bool is_constant(MlirValue v) {
+  if (!mlirValueIsAOpResult(v)) return false;
+  MlirOperation d = mlirOpResultGetOwner(v);
+  return cg_op_is(d, "arith.constant") || cg_op_is(d, "ub.poison");
+}
+
+typedef struct inputs_ctx {
+  const body *b;
+  int start, end;
+  vals *in, *consts; /* arguments; constants from before, cloned into the piece */
+  op_index *seen; /* values already taken (keyed by the value pointer) */
+} inputs_ctx;
+
+static MlirWalkResult inputs_cb(MlirOperation op, void *ud) {
+  inputs_ctx *c = ud;
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    MlirValue v = mlirOperationGetOperand(op, i);
+    int d = def_index(c->b, v);
+    if (d >= c->start && d < c->end) continue;
+    if (index_get(c->seen, v.ptr) >= 0) continue;
+    index_put(c->seen, v.ptr, 1);
+    vals_add(is_constant(v) ? c->consts : c->in, v);
+  }
+  return MlirWalkResultAdvance;
+}
+
+/* Replaces the uses of FROM by TO where the user lies inside ROOT (INSIDE)
+ * or outside it (!INSIDE). */
+static void replace_uses(MlirValue from, MlirValue to, MlirOperation root, bool inside) {
+  MlirOpOperand u = mlirValueGetFirstUse(from);
+  while (!mlirOpOperandIsNull(u)) {
+    MlirOpOperand next = mlirOpOperandGetNextUse(u);
+    MlirOperation user = mlirOpOperandGetOwner(u);
+    bool in = false;
+    for (MlirOperation p = user; !mlirOperationIsNull(p) && !in; p = mlirOperationGetParentOperation(p))
+      in = mlirOperationEqual(p, root);
+    if (in == inside) mlirOperationSetOperand(user, (intptr_t)mlirOpOperandGetOperandNumber(u), to);
+    u = next;
+  }
+}
+
+/* Moves ops [start, end) of B into a new private function @NAME, called
+ * where they were.  0 or -1 (out of memory; nothing changed). */
+static int split_piece(MlirModule m, body *b, int start, int end, const char *name) {
+  MlirOperation first = b->ops[start];
+  MlirContext ctx = mlirOperationGetContext(first);
+  MlirLocation loc = mlirOperationGetLocation(first);
+  vals in = {0}, out = {0}, consts = {0};
+  op_index seen = {0};
+  seen.cap = 64;
+  while (seen.cap < 8 * (size_t)(end - start) + 64) seen.cap *= 2;
+  seen.key = calloc(seen.cap, sizeof *seen.key);
+  seen.val = calloc(seen.cap, sizeof *seen.val);
+  int rc = -1;
+  MlirType *tin = NULL, *tout = NULL;
+  MlirLocation *locs = NULL;
+  if (!seen.key || !seen.val) goto done;
+  inputs_ctx ic = {b, start, end, &in, &consts, &seen};
+  for (int i = start; i < end; i++) mlirOperationWalk(b->ops[i], inputs_cb, &ic, MlirWalkPreOrder);
+  for (int i = start; i < end; i++)
+    for (intptr_t r = 0; r < mlirOperationGetNumResults(b->ops[i]); r++) {
+      MlirValue v = mlirOperationGetResult(b->ops[i], r);
+      for (MlirOpOperand u = mlirValueGetFirstUse(v); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u))
+        if (top_index(b, mlirOpOperandGetOwner(u)) >= end) {
+          vals_add(&out, v);
+          break;
+        }
+    }
+  if (in.oom || out.oom || consts.oom) goto done;
+  tin = calloc((size_t)in.n + 1, sizeof *tin);
+  tout = calloc((size_t)out.n + 1, sizeof *tout);
+  locs = calloc((size_t)in.n + 1, sizeof *locs);
+  if (!tin || !tout || !locs) goto done;
+  for (int i = 0; i < in.n; i++) tin[i] = mlirValueGetType(in.v[i]), locs[i] = loc;
+  for (int i = 0; i < out.n; i++) tout[i] = mlirValueGetType(out.v[i]);
+
+  MlirBlock entry = mlirBlockCreate(in.n, tin, locs);
+  MlirRegion region = mlirRegionCreate();
+  mlirRegionAppendOwnedBlock(region, entry);
+  MlirOperationState rs = mlirOperationStateGet(nova_str("func.return"), loc);
+  mlirOperationStateAddOperands(&rs, out.n, out.v);
+  MlirOperation ret = mlirOperationCreate(&rs);
+  mlirBlockAppendOwnedOperation(entry, ret);
+  MlirNamedAttribute fa[3] = {
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("sym_name")), mlirStringAttrGet(ctx, nova_str(name))),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("function_type")),
+                            mlirTypeAttrGet(mlirFunctionTypeGet(ctx, in.n, tin, out.n, tout))),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("sym_visibility")), mlirStringAttrGet(ctx, nova_str("private")))};
+  MlirOperationState fs = mlirOperationStateGet(nova_str("func.func"), loc);
+  mlirOperationStateAddAttributes(&fs, 3, fa);
+  mlirOperationStateAddOwnedRegions(&fs, 1, &region);
+  MlirOperation fn = mlirOperationCreate(&fs);
+  mlirBlockAppendOwnedOperation(mlirModuleGetBody(m), fn);
+
+  MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), loc);
+  mlirOperationStateAddOperands(&cs, in.n, in.v);
+  mlirOperationStateAddResults(&cs, out.n, tout);
+  MlirNamedAttribute callee = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("callee")),
+                                                    mlirFlatSymbolRefAttrGet(ctx, nova_str(name)));
+  mlirOperationStateAddAttributes(&cs, 1, &callee);
+  MlirOperation call = mlirOperationCreate(&cs);
+  mlirBlockInsertOwnedOperationBefore(b->block, first, call);
+  index_put(&b->idx, call.ptr, start); /* an earlier piece's values it reads are used at `start` */
+
+  for (int i = start; i < end; i++) mlirOperationMoveBefore(b->ops[i], ret);
+  /* later users read the call's results; the piece reads its arguments */
+  for (int i = 0; i < out.n; i++) replace_uses(out.v[i], mlirOperationGetResult(call, i), fn, false);
+  for (int i = 0; i < in.n; i++) replace_uses(in.v[i], mlirBlockGetArgument(entry, i), fn, true);
+  MlirOperation at = mlirBlockGetFirstOperation(entry);
+  for (int i = 0; i < consts.n; i++) {
+    MlirOperation d = mlirOpResultGetOwner(consts.v[i]);
+    MlirOperation clone = mlirOperationClone(d);
+    mlirBlockInsertOwnedOperationBefore(entry, at, clone);
+    for (intptr_t r = 0; r < mlirOperationGetNumResults(d); r++)
+      replace_uses(mlirOperationGetResult(d, r), mlirOperationGetResult(clone, r), fn, true);
+  }
+  rc = 0;
+done:
+  free(tin);
+  free(tout);
+  free(locs);
+  free(in.v);
+  free(out.v);
+  free(consts.v);
+  free(seen.key);
+  free(seen.val);
+  return rc;
+}
+
+/* Where the pieces of B end: CUT[k] = 1 before ops[k] for a cut there.
+ * No cut where a value that passes_whole refuses is live. */
+static int plan_cuts(const body *b, int max_ops, char *cut) {
+  int *live = calloc((size_t)b->n + 2, sizeof *live); /* difference array of blocked cut positions */
+  if (!live) return -1;
+  for (int i = 0; i < b->n; i++)
+    for (intptr_t r = 0; r < mlirOperationGetNumResults(b->ops[i]); r++) {
+      MlirValue v = mlirOperationGetResult(b->ops[i], r);
+      if (passes_whole(v) || is_constant(v)) continue; /* constants are cloned into the pieces */
+      int last = i;
+      for (MlirOpOperand u = mlirValueGetFirstUse(v); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u)) {
+        int k = top_index(b, mlirOpOperandGetOwner(u));
+        if (k > last) last = k;
+      }
+      if (last > i) live[i + 1]++, live[last + 1]--; /* cuts before ops i+1 .. last are blocked */
+    }
+  int run = 0;
+  char *blocked = calloc((size_t)b->n + 1, 1);
+  if (!blocked) {
+    free(live);
+    return -1;
+  }
+  for (int k = 0; k <= b->n; k++) blocked[k] = (char)((run += live[k]) > 0);
+  free(live);
+  memset(cut, 0, (size_t)b->n + 1);
+  for (int start = 0; start < b->n;) {
+    int end = start + max_ops;
+    if (end >= b->n) break;
+    int k = end;
+    while (k > start + max_ops / 2 && blocked[k]) k--;
+    if (blocked[k])
+      for (k = end; k < b->n && blocked[k]; k++) {
+      }
+    if (k >= b->n) break;
+    cut[k] = 1;
+    start = k;
+  }
+  free(blocked);
+  return 0;
+}
+
+static int split_func(MlirModule m, MlirOperation f, int *counter) {
+  body b = {0};
+  b.block = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
+  int n = 0;
+  for (MlirOperation op = mlirBlockGetFirstOperation(b.block); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op))
+    n++;
+  if (n - 1 <= 2 * CG_CHUNK_OPS) return 0;
+  b.ops = calloc((size_t)n, sizeof *b.ops);
+  b.idx.cap = 64;
+  while (b.idx.cap < 4 * (size_t)n + 2) b.idx.cap *= 2; /* the ops, and a call per piece */
+  b.idx.key = calloc(b.idx.cap, sizeof *b.idx.key);
+  b.idx.val = calloc(b.idx.cap, sizeof *b.idx.val);
+  char *cut = calloc((size_t)n + 1, 1);
+  int rc = -1;
+  if (!b.ops || !b.idx.key || !b.idx.val || !cut) goto done;
+  for (MlirOperation op = mlirBlockGetFirstOperation(b.block); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op)) {
+    index_put(&b.idx, op.ptr, b.n);
+    if (!mlirOperationIsNull(mlirOperationGetNextInBlock(op))) b.ops[b.n++] = op; /* not the terminator */
+  }
+  if (plan_cuts(&b, CG_CHUNK_OPS, cut)) goto done;
+  rc = 0;
+  /* last piece first: a piece's later users are then still top-level ops of the body */
+  int end = b.n;
+  for (int k = b.n - 1; k >= 0 && !rc; k--) {
+    if (k > 0 && !cut[k]) continue;
+    char name[64];
+    snprintf(name, sizeof name, CHUNK_PREFIX "%d", (*counter)++);
+    rc = split_piece(m, &b, k, end, name);
+    end = k;
+  }
+done:
+  free(b.ops);
+  free(b.idx.key);
+  free(b.idx.val);
+  free(cut);
+  return rc;
+}
+
+int cg_chunk_split(MlirModule m) {
+  int counter = 0;
+  cg_op_list funcs = {0};
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f))
+    if (cg_op_is(f, "func.func") && mlirAttributeIsNull(mlirOperationGetAttributeByName(f, nova_str("sym_visibility"))) &&
+        !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0))))
+      cg_op_list_push(&funcs, f);
+  int rc = funcs.oom ? -1 : 0;
+  for (size_t i = 0; i < funcs.n && !rc; i++) rc = split_func(m, funcs.v[i], &counter);
+  free(funcs.v);
+  return rc < 0 ? -1 : counter;
+}
+
+/* ---- putting the pieces back ----------------------------------------------- */
+
+/* K of the name CHUNK_PREFIX K, or -1. */
+static int piece_number(MlirStringRef s) {
+  size_t pl = strlen(CHUNK_PREFIX);
+  if (s.length <= pl || s.length - pl > 9 || memcmp(s.data, CHUNK_PREFIX, pl)) return -1;
+  int k = 0;
+  for (size_t i = pl; i < s.length; i++) {
+    if (s.data[i] < '0' || s.data[i] > '9') return -1;
+    k = 10 * k + (s.data[i] - '0');
+  }
+  return k;
+}
+
+static bool is_piece(MlirOperation f, MlirStringRef *name) {
+  if (!cg_op_is(f, "func.func")) return false;
+  MlirAttribute a = mlirOperationGetAttributeByName(f, mlirSymbolTableGetSymbolAttributeName());
+  if (mlirAttributeIsNull(a) || !mlirAttributeIsAString(a)) return false;
+  *name = mlirStringAttrGetValue(a);
+  return piece_number(*name) >= 0;
+}
+
+typedef struct calls_ctx {
+  cg_op_list calls;
+} calls_ctx;
+
+static MlirWalkResult calls_cb(MlirOperation op, void *ud) {
+  if (!cg_op_is(op, "func.call")) return MlirWalkResultAdvance;
+  MlirAttribute a = mlirOperationGetAttributeByName(op, nova_str("callee"));
+  if (mlirAttributeIsNull(a) || !mlirAttributeIsAFlatSymbolRef(a)) return MlirWalkResultAdvance;
+  if (piece_number(mlirFlatSymbolRefAttrGetValue(a)) >= 0) cg_op_list_push(&((calls_ctx *)ud)->calls, op);
+  return MlirWalkResultAdvance;
+}
+
+int cg_chunk_inline(MlirModule m) {
+  /* the pieces by number (CHUNK_PREFIX K) */
+  cg_op_list pieces = {0};
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f)) {
+    MlirStringRef name;
+    if (!is_piece(f, &name)) continue;
+    int k = piece_number(name);
+    while (!pieces.oom && pieces.n <= (size_t)k) cg_op_list_push(&pieces, (MlirOperation){NULL});
+    if (!pieces.oom) pieces.v[k] = f;
+  }
+  if (pieces.n == 0) return 0;
+  calls_ctx cc = {{0}};
+  if (!pieces.oom) mlirOperationWalk(mlirModuleGetOperation(m), calls_cb, &cc, MlirWalkPreOrder);
+  int rc = pieces.oom || cc.calls.oom ? -1 : 0;
+  for (size_t i = 0; i < cc.calls.n && !rc; i++) {
+    MlirOperation call = cc.calls.v[i];
+    int k = piece_number(mlirFlatSymbolRefAttrGetValue(mlirOperationGetAttributeByName(call, nova_str("callee"))));
+    if (k < 0 || (size_t)k >= pieces.n || mlirOperationIsNull(pieces.v[k])) {
+      rc = -1;
+      break;
+    }
+    MlirOperation fn = pieces.v[k];
+    MlirBlock entry = mlirRegionGetFirstBlock(mlirOperationGetRegion(fn, 0));
+    MlirOperation ret = mlirBlockGetTerminator(entry);
+    if (mlirBlockGetNumArguments(entry) != mlirOperationGetNumOperands(call) ||
+        mlirOperationGetNumOperands(ret) != mlirOperationGetNumResults(call)) {
+      rc = -1;
+      break;
+    }
+    for (intptr_t a = 0; a < mlirBlockGetNumArguments(entry); a++)
+      mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(entry, a), mlirOperationGetOperand(call, a));
+    for (intptr_t r = 0; r < mlirOperationGetNumResults(call); r++)
+      mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(call, r), mlirOperationGetOperand(ret, r));
+    for (MlirOperation op = mlirBlockGetFirstOperation(entry); !mlirOperationEqual(op, ret);) {
+      MlirOperation next = mlirOperationGetNextInBlock(op);
+      mlirOperationMoveBefore(op, call);
+      op = next;
+    }
+    mlirOperationDestroy(call);
+  }
+  for (size_t k = 0; k < pieces.n && !rc; k++)
+    if (!mlirOperationIsNull(pieces.v[k])) mlirOperationDestroy(pieces.v[k]);
+  free(pieces.v);
+  free(cc.calls.v);
+  return rc;
+}

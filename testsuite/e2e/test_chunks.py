@@ -1,0 +1,102 @@
+"""Bufferization in pieces (codegen/chunk.c): a step longer than the piece
+size is cut into private functions for one-shot bufferization and put
+back together after it.  The steps compiled so must compute exactly what
+the step bufferized whole computes (NOVAC_NO_CHUNKS=1), bit for bit:
+outputs of a long chain sharing one weight (the case that made
+bufferization quadratic), and the loss, gradients and updated parameters
+of a multi-layer GPT training step."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+from harness import NOVAC, NOVARUN, Failure, case, read_pb, run, write_pb
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+import bench_compile  # noqa: E402  (the generated models of the compile-time benchmark)
+
+
+def chain(n):
+    s = ["input x: f32[8, 16]", "param w: f32[16, 16] = normal(0.3)", "param b: f32[16] = normal(0.1)"]
+    prev = "x"
+    for i in range(n):
+        s.append("h%d = tanh(%s @ w + b) * 1.5" % (i, prev))
+        prev = "h%d" % i
+    s.append("output y = %s" % prev)
+    s.append("output loss = reduce_sum(%s * %s)" % (prev, prev))
+    return "\n".join(s) + "\n"
+
+
+def compile_run(text, inputs, flags, chunks):
+    d = tempfile.mkdtemp(prefix="nova-chunks-")
+    env = dict(os.environ)
+    if not chunks:
+        env["NOVAC_NO_CHUNKS"] = "1"
+    env["NOVAC_DEBUG_PIPELINES"] = "1"
+    try:
+        with open(os.path.join(d, "m.nova"), "w") as f:
+            f.write(text)
+        so = os.path.join(d, "m.so")
+        # novac itself, not harness.run: its step cache keys on the command, not on the environment
+        p = subprocess.run([NOVAC, os.path.join(d, "m.nova"), "-o", so] + flags, env=env, capture_output=True,
+                           text=True, timeout=600)
+        if p.returncode:
+            raise Failure("novac exited %d%s\n%s" % (p.returncode, "" if chunks else " (NOVAC_NO_CHUNKS=1)", p.stderr))
+        pieces = re.findall(r"bufferized in (\d+) pieces", p.stderr)
+        if chunks and not pieces:
+            raise Failure("the step was not cut into pieces: the test checks nothing")
+        os.mkdir(os.path.join(d, "in"))
+        for k, v in inputs.items():
+            write_pb(os.path.join(d, "in", k + ".pb"), v, k)
+        cmd = [NOVARUN, so, "--inputs", os.path.join(d, "in"), "--outputs", os.path.join(d, "out"),
+               "--dump", os.path.join(d, "dump"), "-q"]
+        if "--train" in flags:
+            cmd += ["--steps", "2"]
+        run(cmd)
+        got = {}
+        for sub in ("out", "dump"):
+            for fn in sorted(os.listdir(os.path.join(d, sub))):
+                got[sub + "/" + fn] = read_pb(os.path.join(d, sub, fn))
+        return got
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def same(text, inputs, flags):
+    a = compile_run(text, inputs, flags, True)
+    b = compile_run(text, inputs, flags, False)
+    if sorted(a) != sorted(b):
+        raise Failure("different files: %s vs %s" % (sorted(a), sorted(b)))
+    for k in a:
+        if not np.array_equal(a[k], b[k]):
+            raise Failure("%s differs from the step bufferized whole (max |diff| %g)"
+                          % (k, np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)))))
+    if not any(np.any(v != 0) for v in a.values()):
+        raise Failure("every value is zero: the check cannot tell")
+
+
+rng = np.random.default_rng(3)
+
+
+def chain_forward():
+    same(chain(300), {"x": rng.standard_normal((8, 16)).astype(np.float32)}, [])
+
+
+def chain_train():
+    same(chain(200), {"x": rng.standard_normal((8, 16)).astype(np.float32)}, ["--train"])
+
+
+def gpt_train():
+    text, _ = bench_compile.gpt(3)
+    tokens = rng.integers(0, 128, (4, 32)).astype(np.int64)
+    same(text, {"tokens": tokens, "targets": rng.integers(0, 128, (4, 32)).astype(np.int64)},
+         ["--train", "--optimizer=adamw"])
+
+
+case("chunks.chain_forward", chain_forward)
+case("chunks.chain_train", chain_train)
+case("chunks.gpt_train", gpt_train)
