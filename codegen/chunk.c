@@ -147,9 +147,8 @@ static MlirWalkResult inputs_cb(MlirOperation op, void *ud) {
   return MlirWalkResultAdvance;
 }
 
-/* Replaces the uses of FROM by TO where the user lies inside ROOT (INSIDE)
- * or outside it (!INSIDE). */
-static void replace_uses(MlirValue from, MlirValue to, MlirOperation root, bool inside) {
+/* Replaces the uses of FROM by TO where the user lies outside ROOT. */
+static void replace_uses_outside(MlirValue from, MlirValue to, MlirOperation root) {
   MlirOpOperand u = mlirValueGetFirstUse(from);
   while (!mlirOpOperandIsNull(u)) {
     MlirOpOperand next = mlirOpOperandGetNextUse(u);
@@ -157,9 +156,23 @@ static void replace_uses(MlirValue from, MlirValue to, MlirOperation root, bool 
     bool in = false;
     for (MlirOperation p = user; !mlirOperationIsNull(p) && !in; p = mlirOperationGetParentOperation(p))
       in = mlirOperationEqual(p, root);
-    if (in == inside) mlirOperationSetOperand(user, (intptr_t)mlirOpOperandGetOperandNumber(u), to);
+    if (!in) mlirOperationSetOperand(user, (intptr_t)mlirOpOperandGetOperandNumber(u), to);
     u = next;
   }
+}
+
+typedef struct substitute_ctx {
+  const op_index *map;
+  const MlirValue *sub;
+} substitute_ctx;
+
+static MlirWalkResult substitute_cb(MlirOperation op, void *ud) {
+  substitute_ctx *c = ud;
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    int k = index_get(c->map, mlirOperationGetOperand(op, i).ptr);
+    if (k >= 0) mlirOperationSetOperand(op, i, c->sub[k]);
+  }
+  return MlirWalkResultAdvance;
 }
 
 /* Moves ops [start, end) of B into a new private function @NAME, called
@@ -176,6 +189,7 @@ static int split_piece(MlirModule m, body *b, int start, int end, const char *na
   seen.val = calloc(seen.cap, sizeof *seen.val);
   int rc = -1;
   MlirType *tin = NULL, *tout = NULL;
+  MlirValue *sub = NULL;
   MlirLocation *locs = NULL;
   if (!seen.key || !seen.val) goto done;
   inputs_ctx ic = {b, start, end, &in, &consts, &seen};
@@ -190,10 +204,11 @@ static int split_piece(MlirModule m, body *b, int start, int end, const char *na
         }
     }
   if (in.oom || out.oom || consts.oom) goto done;
+  sub = calloc((size_t)(in.n + consts.n) + 1, sizeof *sub);
   tin = calloc((size_t)in.n + 1, sizeof *tin);
   tout = calloc((size_t)out.n + 1, sizeof *tout);
   locs = calloc((size_t)in.n + 1, sizeof *locs);
-  if (!tin || !tout || !locs) goto done;
+  if (!sub || !tin || !tout || !locs) goto done; /* before anything changes */
   for (int i = 0; i < in.n; i++) tin[i] = mlirValueGetType(in.v[i]), locs[i] = loc;
   for (int i = 0; i < out.n; i++) tout[i] = mlirValueGetType(out.v[i]);
 
@@ -227,18 +242,26 @@ static int split_piece(MlirModule m, body *b, int start, int end, const char *na
 
   for (int i = start; i < end; i++) mlirOperationMoveBefore(b->ops[i], ret);
   /* later users read the call's results; the piece reads its arguments */
-  for (int i = 0; i < out.n; i++) replace_uses(out.v[i], mlirOperationGetResult(call, i), fn, false);
-  for (int i = 0; i < in.n; i++) replace_uses(in.v[i], mlirBlockGetArgument(entry, i), fn, true);
+  for (int i = 0; i < out.n; i++) replace_uses_outside(out.v[i], mlirOperationGetResult(call, i), fn);
+  /* inside, the arguments and the clones of constants instead: the piece's
+   * operands looked up in SEEN (value -> its stand-in's index + 1 in SUB) */
+  memset(seen.key, 0, seen.cap * sizeof *seen.key);
+  for (int i = 0; i < in.n; i++) {
+    sub[i] = mlirBlockGetArgument(entry, i);
+    index_put(&seen, in.v[i].ptr, i);
+  }
   MlirOperation at = mlirBlockGetFirstOperation(entry);
   for (int i = 0; i < consts.n; i++) {
-    MlirOperation d = mlirOpResultGetOwner(consts.v[i]);
-    MlirOperation clone = mlirOperationClone(d);
+    MlirOperation clone = mlirOperationClone(mlirOpResultGetOwner(consts.v[i]));
     mlirBlockInsertOwnedOperationBefore(entry, at, clone);
-    for (intptr_t r = 0; r < mlirOperationGetNumResults(d); r++)
-      replace_uses(mlirOperationGetResult(d, r), mlirOperationGetResult(clone, r), fn, true);
+    sub[in.n + i] = mlirOperationGetResult(clone, mlirOpResultGetResultNumber(consts.v[i]));
+    index_put(&seen, consts.v[i].ptr, in.n + i);
   }
+  substitute_ctx sc = {&seen, sub};
+  for (int i = start; i < end; i++) mlirOperationWalk(b->ops[i], substitute_cb, &sc, MlirWalkPreOrder);
   rc = 0;
 done:
+  free(sub);
   free(tin);
   free(tout);
   free(locs);
