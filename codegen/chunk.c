@@ -97,6 +97,8 @@ static bool passes_whole(MlirValue v) {
   return !(name.length > 7 && !memcmp(name.data, "tensor.", 7)) || cg_op_is(d, "tensor.empty");
 }
 
+static bool is_piece(MlirOperation f, MlirStringRef *name);
+
 /* ---- values crossing a piece's edges ------------------------------------- */
 
 typedef struct vals {
@@ -355,6 +357,12 @@ done:
 int cg_chunk_split(MlirModule m) {
   int counter = 0;
   cg_op_list funcs = {0};
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f)) {
+    MlirStringRef name;
+    if (is_piece(f, &name)) counter++; /* cut already (before tiling) */
+  }
+  if (counter) return counter;
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f))
     if (cg_op_is(f, "func.func") && mlirAttributeIsNull(mlirOperationGetAttributeByName(f, nova_str("sym_visibility"))) &&
