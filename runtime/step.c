@@ -339,16 +339,17 @@ static nova_status rt_check_nonfinite(nova_step *step) {
   if (!flag) return NOVA_ERR_DEVICE;
   if (!*flag) return NOVA_OK;
   const rt_graph *g = step->graph;
-  const char *unchanged = "parameters and optimizer state are unchanged";
+  const char *unchanged = "the step updated nothing: parameters and optimizer state are unchanged";
   size_t at;
   double v;
   for (int i = 0; i < g->ntensors; i++)
     if (g->tensors[i].role == NOVA_ROLE_LOSS && rt_first_nonfinite(step, i, &at, &v))
-      return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite loss: '%s' is %g; %s", g->tensors[i].name, v, unchanged);
+      return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite loss: '%s' is %s; %s", g->tensors[i].name,
+                     isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", unchanged);
   for (int i = 0; i < g->ntensors; i++)
     if (g->tensors[i].role == NOVA_ROLE_GRAD && rt_first_nonfinite(step, i, &at, &v))
-      return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite gradients: '%s' holds %g at flat index %zu; %s",
-                     g->tensors[i].name, v, at, unchanged);
+      return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite gradients: '%s' holds %s at flat index %zu; %s",
+                     g->tensors[i].name, isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", at, unchanged);
   return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite loss or gradients; %s", unchanged);
 }
 

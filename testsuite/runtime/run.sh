@@ -454,6 +454,26 @@ if [ -x "$B/bin/novac" ] &&
   then pass lr.not_finite_refused; else fail lr.not_finite_refused "$(cat "$T/lr.out")"; fi
 fi
 
+# ---- a non-finite loss or gradient: NOVA_ERR_NONFINITE, nothing updated --------
+# every optimizer, with in-place updates (-O2) and with copies after the run (-O0)
+if [ -x "$B/bin/novac" ] &&
+  build nonfinite.build $CC $CFLAGS $SAN $INC "$here/nonfinite_step.c" -ldl -o "$T/nonfinite_step"; then
+  for opt in sgd momentum adamw; do
+    for O in -O2 -O0; do
+      name=nonfinite.$opt$O
+      if ! "$B/bin/novac" "$here/nonfinite.nova" --dim=batch=2 --train --optimizer=$opt $O \
+        -o "$T/nf_$opt$O.so" >"$T/nf.out" 2>&1; then
+        fail "$name" "novac failed" "$(cat "$T/nf.out")"
+      elif NOVA_NUM_THREADS=1 timeout 60 "$T/nonfinite_step" "$T/nf_$opt$O.so" >"$T/nf.out" 2>&1 &&
+        grep -q "nonfinite: ok" "$T/nf.out"; then
+        pass "$name"
+      else
+        fail "$name" "$(cat "$T/nf.out")"
+      fi
+    done
+  done
+fi
+
 if [ -n "$VALGRIND" ]; then
   NOVARUN_PREFIX=$VALGRIND
   novarun valgrind.novarun_run 0 "$T/fixture.so" --inputs "$T/in" --outputs "$T/out5" --print &&
