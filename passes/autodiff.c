@@ -694,6 +694,26 @@ static int finite_check(ad *A, nv_node *loss) {
   return 0;
 }
 
+/* The flag's name is the step's: a model tensor of that name is refused
+ * (0, or -1 after a diagnostic). */
+static int check_flag_name(nv_graph *g, nv_diag *d) {
+  const char *n = "nonfinite";
+  for (int i = 0; i < g->noutputs; i++)
+    if (!strcmp(g->outputs[i].name, n)) {
+      nv_error(d, g->outputs[i].loc, "--train: the training step's finite check is the tensor '%s'; rename the "
+               "output '%s'", n, n);
+      return -1;
+    }
+  for (int i = 0; i < g->nnodes; i++)
+    if ((g->nodes[i]->op == NV_OP_INPUT || g->nodes[i]->op == NV_OP_PARAM) && g->nodes[i]->name &&
+        !strcmp(g->nodes[i]->name, n)) {
+      nv_error(d, g->nodes[i]->loc, "--train: the training step's finite check is the tensor '%s'; rename the "
+               "%s '%s'", n, g->nodes[i]->op == NV_OP_INPUT ? "input" : "parameter", n);
+      return -1;
+    }
+  return 0;
+}
+
 /* ---- the pass --------------------------------------------------------------- */
 
 /* The index of the loss among g's outputs, or -1 after a diagnostic. */
@@ -814,7 +834,7 @@ static int choose_params(ad *A, const ad_options *o) {
 int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
   nv_loc nowhere = {0};
   int li = find_loss(g, d, o->loss);
-  if (li < 0) return -1;
+  if (li < 0 || check_flag_name(g, d)) return -1;
   nv_node *loss = g->outputs[li].node;
   int nf = g->nnodes, rc = -1;
   ad A = {.g = g, .d = d, .nforward = nf};

@@ -57,8 +57,9 @@ extern "C" {
 /* Version 1.  Later additions keep it, being backward compatible (a caller
  * of the old ABI works with a new step.so): NOVA_ROLE_BUFFER,
  * NOVA_ERR_NO_ENTRY, NOVA_ERR_BUSY, NOVA_ERR_INVALID_HANDLE,
- * NOVA_ERR_NOT_FINITE, NOVA_ERR_NONFINITE, NOVA_ROLE_STATUS and nova_step_eval (absent from a step.so built by a
- * novac before 0.2: resolve it with dlsym and fall back). */
+ * NOVA_ERR_NOT_FINITE, NOVA_ERR_NONFINITE, NOVA_ROLE_STATUS and
+ * nova_step_eval (absent from a step.so built by a novac before 0.2:
+ * resolve it with dlsym and fall back). */
 #define NOVA_STEP_ABI_VERSION 1
 #define NOVA_MAX_RANK 8
 
