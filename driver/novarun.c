@@ -511,7 +511,7 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
   if (!o->quiet)
     fprintf(stderr, "%snovarun: %ld steps in %.3f s (%.3f ms/step): loss %.6f -> %.6f\n", tty ? "\n" : "", o->steps, el,
             el * 1e3 / (double)o->steps, first, last);
-  if (o->skip_nonfinite)
+  if (o->skip_nonfinite && (skipped || !o->quiet)) /* -q: only when steps were skipped */
     fprintf(stderr, "novarun: %ld of %ld steps skipped (non-finite loss or gradients)\n", skipped, o->steps);
   return 0;
 }
