@@ -158,7 +158,10 @@ static bool read_loops(MlirOperation op, tile_plan *p, int *ebytes) {
       continue;
     }
     MlirType et = mlirShapedTypeGetElementType(t);
-    if (!mlirShapedTypeHasStaticShape(t) || !vec_elem_ok(et)) return false;
+    /* an i1 scalar read by every element (a training step's finite check,
+     * the condition of each guarded update) is one load and a broadcast */
+    bool flag = !out && mlirShapedTypeGetRank(t) == 0 && mlirTypeIsAInteger(et) && mlirIntegerTypeGetWidth(et) == 1;
+    if (!mlirShapedTypeHasStaticShape(t) || (!vec_elem_ok(et) && !flag)) return false;
     if (out) *ebytes = elem_bytes(et);
     intptr_t nr = mlirAffineMapGetNumResults(m);
     if (nr != mlirShapedTypeGetRank(t)) return false;

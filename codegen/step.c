@@ -322,8 +322,8 @@ int cg_run_tool(nova_ctx *c, const char *dir, char *const argv[], bool verbose, 
 /* ---- manifest -------------------------------------------------------- */
 
 static const char *role_name(nova_role r) {
-  static const char *n[] = {"input", "label", "param", "opt_state", "output", "loss", "grad", "update", "buffer"};
-  return (unsigned)r < 9 ? n[r] : "?";
+  static const char *n[] = {"input", "label", "param", "opt_state", "output", "loss", "grad", "update", "buffer", "status"};
+  return (unsigned)r < 10 ? n[r] : "?";
 }
 
 /* The number of entry arguments that are inputs (they come first). */

@@ -3,8 +3,8 @@
  * once or trains it for N steps, and reports or writes its outputs.
  *
  *   novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]
- *                   [--lr F] [--load FILE] [--save FILE] [--outputs DIR] [--dump DIR]
- *                   [--repeat N] [--print] [--profile] [-q]
+ *                   [--skip-nonfinite] [--lr F] [--load FILE] [--save FILE] [--outputs DIR]
+ *                   [--dump DIR] [--repeat N] [--print] [--profile] [-q]
  *
  * Exit status: 0 success, 1 user error (one `novarun: ...` line on
  * stderr), 2 bad usage.  See man/novarun.1.
@@ -30,8 +30,8 @@
 
 static const char usage_text[] =
     "usage: novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]\n"
-    "                       [--lr F] [--load FILE] [--save FILE] [--outputs DIR] [--dump DIR]\n"
-    "                       [--eval] [--repeat N] [--print] [--profile] [-q]\n"
+    "                       [--skip-nonfinite] [--lr F] [--load FILE] [--save FILE] [--outputs DIR]\n"
+    "                       [--dump DIR] [--eval] [--repeat N] [--print] [--profile] [-q]\n"
     "       novarun -h | --help | --version\n"
     "\n"
     "Runs a step compiled by novac once (or N times), or trains it for N steps,\n"
@@ -54,6 +54,10 @@ static const char usage_text[] =
     "  --steps N      train: run a training step N times (a new batch each step with\n"
     "                 --data or --seed), with a progress line (step, loss,\n"
     "                 samples/s, ETA)\n"
+    "  --skip-nonfinite  with --steps: a step whose loss or gradients are NaN or\n"
+    "                 infinite (it updates nothing) is counted and skipped, and\n"
+    "                 training goes on; without it such a step ends the run (exit 1;\n"
+    "                 --save still writes the last good parameters)\n"
     "  --lr F         bind the training step's learning rate (default: novac --lr)\n"
     "  --loss-log F   with --steps: write 'STEP LOSS' for every step to F\n"
     "  --load FILE    before the first step, restore every parameter and optimizer\n"
@@ -148,6 +152,10 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
     o->eval = 1;
     return -1;
   }
+  if (!strcmp(a, "--skip-nonfinite")) {
+    o->skip_nonfinite = 1;
+    return -1;
+  }
   if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
     o->quiet = 1;
     return -1;
@@ -236,6 +244,7 @@ static int nr_parse_args(int argc, char **argv, nr_options *o) {
     }
   }
   if (!o->step_path) return nr_usage_error("no step.so given");
+  if (o->skip_nonfinite && !o->steps) return nr_usage_error("--skip-nonfinite needs --steps N%s", "");
   if (o->inputs_dir && o->data_path) /* with one of them, --seed seeds only the step's dropout */
     return nr_usage_error("--inputs and --data both give the batch; give one of them%s", "");
   return -1;
@@ -421,11 +430,28 @@ static const float *nr_loss(nr_step *s, nova_dtype *dt) {
   return NULL;
 }
 
+/* A step the step.so skipped (NOVA_ERR_NONFINITE, LOSS the loss it
+ * computed): "step N: non-finite loss; parameters unchanged (WHY)", WHY
+ * from the step's message; a warning when SKIPPING, else an error. */
+static void nr_nonfinite(nr_step *s, long long step, double loss, int skipping) {
+  const char *msg = s->api.error(s->step), *what = isfinite(loss) ? "gradients" : "loss";
+  char why[512] = "";
+  const char *p = strstr(msg, "non-finite gradients: "), *end = p ? strstr(p, "; the step updated nothing") : NULL;
+  if (!isfinite(loss)) snprintf(why, sizeof why, " (the loss is %s)", isnan(loss) ? "NaN" : loss > 0 ? "+inf" : "-inf");
+  else if (p && end) snprintf(why, sizeof why, " (%.*s)", (int)(end - p - 22), p + 22);
+  if (skipping) nr_warning("step %lld: non-finite %s; parameters unchanged, step skipped%s", step, what, why);
+  else nr_error("step %lld: non-finite %s; parameters unchanged%s", step, what, why);
+}
+
 /* --steps: runs the step N times, with a progress line: step, loss,
  * samples/s, ETA; updated in place on a terminal.  Steps are numbered on
  * from START (the steps a loaded checkpoint had done); B, if not NULL,
- * binds each step's batch, else every step runs on the bound inputs. */
-static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long start) {
+ * binds each step's batch, else every step runs on the bound inputs.
+ * *DONE = the steps done after it (skipped ones included).  A step that
+ * reports NOVA_ERR_NONFINITE changed nothing: with --skip-nonfinite it is
+ * counted and training goes on, else training stops there with *DONE at
+ * the last good step and *KEEP = 1 (the state is good to save). */
+static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long start, long long *done, int *keep) {
   nova_dtype dt = NOVA_DTYPE_F32;
   int tty = isatty(2), every = o->steps > 20 ? (int)(o->steps / 20) : 1;
   int64_t batch = 0;
@@ -438,21 +464,38 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
   FILE *log = o->loss_log ? fopen(o->loss_log, "w") : NULL;
   if (o->loss_log && !log) return nr_error("%s: %s", o->loss_log, strerror(errno));
   double t0 = nr_now(), first = 0, last = 0;
+  long skipped = 0, good = 0;
   for (long k = 1; k <= o->steps; k++) {
     long long step = start + k;
     if (b && nr_batches_bind(b, s, step)) {
       if (log) fclose(log);
       return 1;
     }
-    if (s->api.run(s->step) != NOVA_OK) {
+    nova_status st = s->api.run(s->step);
+    if (st != NOVA_OK && st != NOVA_ERR_NONFINITE) {
       if (log) fclose(log);
       return nr_error("%s: step %lld failed: %s", s->path, step, s->api.error(s->step));
     }
     const void *lp = nr_loss(s, &dt);
     double loss = !lp ? 0 : dt == NOVA_DTYPE_F64 ? *(const double *)lp : *(const float *)lp;
-    if (k == 1) first = loss;
-    last = loss;
     if (log) fprintf(log, "%lld %.9g\n", step, loss);
+    if (st == NOVA_ERR_NONFINITE) {
+      if (!o->skip_nonfinite) {
+        if (log) fclose(log);
+        nr_nonfinite(s, step, loss, 0);
+        *done = step - 1;
+        *keep = 1;
+        return 1;
+      }
+      if (!o->quiet && skipped < 10) nr_nonfinite(s, step, loss, 1);
+      if (!o->quiet && skipped == 9) nr_warning("(further skipped steps are counted, not shown)");
+      skipped++;
+      *done = step;
+      continue;
+    }
+    if (!good++) first = loss;
+    last = loss;
+    *done = step;
     if (!isfinite(loss)) {
       if (log) fclose(log);
       return nr_error("step %lld: the loss is %g; training diverged (lower --lr?)", step, loss);
@@ -468,6 +511,8 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
   if (!o->quiet)
     fprintf(stderr, "%snovarun: %ld steps in %.3f s (%.3f ms/step): loss %.6f -> %.6f\n", tty ? "\n" : "", o->steps, el,
             el * 1e3 / (double)o->steps, first, last);
+  if (o->skip_nonfinite && (skipped || !o->quiet)) /* -q: only when steps were skipped */
+    fprintf(stderr, "novarun: %ld of %ld steps skipped (non-finite loss or gradients)\n", skipped, o->steps);
   return 0;
 }
 
@@ -480,8 +525,9 @@ static int nr_is_training_step(nr_step *s) {
 }
 
 /* --steps, or one plain run (O->repeat times); *DONE = the steps done
- * after it, counting from START. */
-static int nr_execute(nr_step *s, const nr_options *o, nr_batches *b, long long start, long long *done) {
+ * after it, counting from START; *KEEP = 1 when it failed with the state
+ * still good (a non-finite step, which changed nothing): --save goes on. */
+static int nr_execute(nr_step *s, const nr_options *o, nr_batches *b, long long start, long long *done, int *keep) {
   double median = 0, device = -1;
   int rc;
   *done = start;
@@ -492,8 +538,7 @@ static int nr_execute(nr_step *s, const nr_options *o, nr_batches *b, long long 
   if (o->eval && !s->api.eval)
     return nr_error("%s: --eval: this step.so has no evaluation entry (built by a novac older than 0.2)", s->path);
   if (o->steps) {
-    rc = nr_train(s, o, b, start);
-    if (!rc) *done = start + o->steps;
+    rc = nr_train(s, o, b, start, done, keep);
     if (!rc && o->eval && s->api.eval(s->step) != NOVA_OK) /* on the last step's batch */
       rc = nr_error("%s: evaluation failed: %s", s->path, s->api.error(s->step));
     return rc;
@@ -536,6 +581,7 @@ static int nr_main(const nr_options *o) {
   nr_step s;
   nr_batches *b = NULL;
   long long start = 0, done = 0;
+  int keep = 0; /* a failed run left the state good to save */
   int rc = nr_open(&s, o->step_path);
   if (!rc && o->load_path) rc = nr_checkpoint_load(&s, o->load_path, &start);
   if (!rc && (o->data_path || (o->seed_set && !o->inputs_dir))) rc = nr_batches_create(&s, o, &b);
@@ -549,10 +595,10 @@ static int nr_main(const nr_options *o) {
       rc = nr_error("--lr: %s (the step has no run-time learning rate: compile it with novac --train)",
                     s.api.error(s.step));
   }
-  if (!rc) rc = nr_execute(&s, o, b, start, &done);
+  if (!rc) rc = nr_execute(&s, o, b, start, &done, &keep);
   if (!rc) rc = nr_report_outputs(&s, o);
   if (!rc && o->dump_dir) rc = nr_dump(&s, o);
-  if (!rc && o->save_path) rc = nr_checkpoint_save(&s, o->save_path, done);
+  if ((!rc || keep) && o->save_path && nr_checkpoint_save(&s, o->save_path, done)) rc = 1;
   nr_batches_destroy(b);
   nr_close(&s);
   return rc;

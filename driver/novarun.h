@@ -47,6 +47,8 @@ typedef struct nr_options {
   const char *save_path;   /* --save FILE: checkpoint after the last step */
   const char *load_path;   /* --load FILE: checkpoint before the first step */
   int eval;                /* --eval: run the evaluation entry (after --steps, if any) */
+  int skip_nonfinite;      /* --skip-nonfinite: count and skip steps the step.so reports
+                              non-finite (NOVA_ERR_NONFINITE) instead of stopping */
 } nr_options;
 
 /* A loaded, opened step. */

@@ -166,8 +166,8 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
 }
 
 static const char *role_str(nova_role r) {
-  static const char *names[] = {"input", "label", "param", "opt_state", "output", "loss", "grad", "update", "buffer"};
-  return (unsigned)r < 9 ? names[r] : "input";
+  static const char *names[] = {"input", "label", "param", "opt_state", "output", "loss", "grad", "update", "buffer", "status"};
+  return (unsigned)r < 10 ? names[r] : "input";
 }
 
 static bool is_arg(const nv_node *n) { return n->op == NV_OP_INPUT || n->op == NV_OP_PARAM; }

@@ -25,6 +25,7 @@ typedef struct ad {
   nv_node **grad;  /* by node id: accumulated gradient, or NULL */
   bool *needs;     /* by node id: depends on a trainable parameter */
   int nforward;    /* nodes before the backward pass */
+  nv_node *bad;    /* the optimizer's guard: true when the loss or a gradient is not finite */
   bool failed;
 } ad;
 
@@ -602,47 +603,115 @@ static nv_node *state(ad *A, const nv_node *p, const char *suffix) {
   return s;
 }
 
-static int add_update(ad *A, const nv_node *target, nv_node *value) {
-  if (!value) return -1;
+/* The new value of TARGET (a param or optimizer state): where(A->bad,
+ * TARGET, VALUE), an output of role update; returns that guarded value
+ * (what later updates must read, so that each update stays one fused loop
+ * nest), or NULL. */
+static nv_node *add_update(ad *A, nv_node *target, nv_node *value) {
+  nv_node *kept = w3(A, A->bad, target, value);
+  if (!kept) return NULL;
   char name[600];
   snprintf(name, sizeof name, "%s.next", target->name);
-  if (fe_graph_add_output(A->g, A->d, name, value, target->loc)) return -1;
+  if (fe_graph_add_output(A->g, A->d, name, kept, target->loc)) return NULL;
   A->g->outputs[A->g->noutputs - 1].role = NOVA_ROLE_UPDATE;
   A->g->outputs[A->g->noutputs - 1].updates = target;
-  return 0;
+  return kept;
 }
 
 /* The new value of param p with gradient gr; lr is the run-time input,
- * t1 (adamw) the step count after this step. */
+ * t1 (adamw) the step count after this step.  Every state it writes goes
+ * through add_update, and what it reads of the new state is the guarded
+ * value (on a skipped step the moments are the old ones, and the param's
+ * value, computed from them, is thrown away by its own guard). */
 static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *lr, nv_node *t1) {
   nova_dtype dt = p->dtype;
   A->loc = p->loc;
   nv_node *lrp = dt == lr->dtype ? lr : mk(A, NV_OP_CAST, 1, &lr, &(nv_node){.to = dt});
   if (o->optimizer == AD_SGD) { /* p - lr (g + wd p) */
     nv_node *d = o->weight_decay ? add(A, gr, mul(A, konst(A, dt, o->weight_decay), p)) : gr;
-    return add_update(A, p, sub(A, p, mul(A, lrp, d)));
+    return add_update(A, p, sub(A, p, mul(A, lrp, d))) ? 0 : -1;
   }
   if (o->optimizer == AD_MOMENTUM) { /* v = mu v + g; p - lr (nesterov ? g + mu v : v) */
     nv_node *d = o->weight_decay ? add(A, gr, mul(A, konst(A, dt, o->weight_decay), p)) : gr;
     nv_node *v = state(A, p, "momentum");
-    nv_node *v1 = add(A, mul(A, konst(A, dt, o->momentum), v), d);
+    nv_node *v1 = add_update(A, v, add(A, mul(A, konst(A, dt, o->momentum), v), d));
     nv_node *step = o->nesterov ? add(A, d, mul(A, konst(A, dt, o->momentum), v1)) : v1;
-    if (add_update(A, v, v1)) return -1;
-    return add_update(A, p, sub(A, p, mul(A, lrp, step)));
+    return v1 && add_update(A, p, sub(A, p, mul(A, lrp, step))) ? 0 : -1;
   }
   /* adamw: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
    * p - lr wd p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) */
   nv_node *m = state(A, p, "adam_m"), *v = state(A, p, "adam_v");
-  nv_node *m1 = add(A, mul(A, konst(A, dt, o->beta1), m), mul(A, konst(A, dt, 1 - o->beta1), gr));
-  nv_node *v1 = add(A, mul(A, konst(A, dt, o->beta2), v), mul(A, konst(A, dt, 1 - o->beta2), mul(A, gr, gr)));
+  nv_node *m1 = add_update(A, m, add(A, mul(A, konst(A, dt, o->beta1), m), mul(A, konst(A, dt, 1 - o->beta1), gr)));
+  nv_node *v1 = add_update(A, v, add(A, mul(A, konst(A, dt, o->beta2), v),
+                                     mul(A, konst(A, dt, 1 - o->beta2), mul(A, gr, gr))));
   nv_node *tt = dt == t1->dtype ? t1 : mk(A, NV_OP_CAST, 1, &t1, &(nv_node){.to = dt});
   nv_node *bc1 = sub(A, konst(A, dt, 1), b2(A, NV_OP_POW, konst(A, dt, o->beta1), tt));
   nv_node *bc2 = sub(A, konst(A, dt, 1), b2(A, NV_OP_POW, konst(A, dt, o->beta2), tt));
   nv_node *den = add(A, u1(A, NV_OP_SQRT, dvd(A, v1, bc2)), konst(A, dt, o->eps));
   nv_node *pd = o->weight_decay ? sub(A, p, mul(A, mul(A, lrp, konst(A, dt, o->weight_decay)), p)) : p;
   nv_node *p1 = sub(A, pd, mul(A, lrp, dvd(A, dvd(A, m1, bc1), den)));
-  if (add_update(A, m, m1) || add_update(A, v, v1)) return -1;
-  return add_update(A, p, p1);
+  return add_update(A, p, p1) ? 0 : -1;
+}
+
+/* ---- the finite check ----------------------------------------------------------- */
+
+/* x - x summed over every element (into dtype DT): 0 exactly when every
+ * element of x is finite, NaN when one is NaN or infinite (inf - inf is
+ * NaN, and a NaN term makes the sum NaN in any order).  One read of x, in
+ * one reduction; nothing folds x - x away (no fast-math flags). */
+static nv_node *nonfinite_term(ad *A, nv_node *x, nova_dtype dt) {
+  int64_t axes[NOVA_MAX_RANK];
+  for (int i = 0; i < x->rank; i++) axes[i] = i;
+  nv_node *d = sub(A, x, x);
+  nv_node *t = x->rank ? rsum(A, d, x->rank, axes, false) : d;
+  return !t || t->dtype == dt ? t : mk(A, NV_OP_CAST, 1, &t, &(nv_node){.to = dt});
+}
+
+/* The step's check, made once the backward pass is complete:
+ *   A->bad = isnan((loss - loss) + sum over the gradients of sum(g - g)),
+ * true when the loss or any element of a gradient is NaN or infinite (one
+ * reduction per gradient, then a few scalar ops).  The optimizer guards
+ * each update with it (add_update), and so are, here, the updates the
+ * frontend made (buffers: BatchNormalization's running statistics,
+ * rng.step), so that a skipped step leaves every bit of the state as it
+ * was.  The flag is the output "nonfinite" (role status), read by
+ * nova_step_run after each run (NOVA_ERR_NONFINITE). */
+static int finite_check(ad *A, nv_node *loss) {
+  nv_graph *g = A->g;
+  A->loc = loss->loc;
+  nv_node *sum = nonfinite_term(A, loss, loss->dtype);
+  for (int i = 0; i < A->nforward; i++)
+    if (g->nodes[i]->op == NV_OP_PARAM && A->needs[i] && A->grad[i])
+      sum = add(A, sum, nonfinite_term(A, A->grad[i], loss->dtype));
+  A->bad = u1(A, NV_OP_ISNAN, sum);
+  if (!A->bad) return -1;
+  for (int i = 0; i < g->noutputs; i++) {
+    nv_output *o = &g->outputs[i];
+    if (o->role != NOVA_ROLE_UPDATE || !o->updates) continue;
+    A->loc = o->loc;
+    if (!(o->node = w3(A, A->bad, g->nodes[o->updates->id], o->node))) return -1;
+  }
+  return 0;
+}
+
+/* The flag's name is the step's: a model tensor of that name is refused
+ * (0, or -1 after a diagnostic). */
+static int check_flag_name(nv_graph *g, nv_diag *d) {
+  const char *n = "nonfinite";
+  for (int i = 0; i < g->noutputs; i++)
+    if (!strcmp(g->outputs[i].name, n)) {
+      nv_error(d, g->outputs[i].loc, "--train: the training step's finite check is the tensor '%s'; rename the "
+               "output '%s'", n, n);
+      return -1;
+    }
+  for (int i = 0; i < g->nnodes; i++)
+    if ((g->nodes[i]->op == NV_OP_INPUT || g->nodes[i]->op == NV_OP_PARAM) && g->nodes[i]->name &&
+        !strcmp(g->nodes[i]->name, n)) {
+      nv_error(d, g->nodes[i]->loc, "--train: the training step's finite check is the tensor '%s'; rename the "
+               "%s '%s'", n, g->nodes[i]->op == NV_OP_INPUT ? "input" : "parameter", n);
+      return -1;
+    }
+  return 0;
 }
 
 /* ---- the pass --------------------------------------------------------------- */
@@ -765,7 +834,7 @@ static int choose_params(ad *A, const ad_options *o) {
 int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
   nv_loc nowhere = {0};
   int li = find_loss(g, d, o->loss);
-  if (li < 0) return -1;
+  if (li < 0 || check_flag_name(g, d)) return -1;
   nv_node *loss = g->outputs[li].node;
   int nf = g->nnodes, rc = -1;
   ad A = {.g = g, .d = d, .nforward = nf};
@@ -777,6 +846,7 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     goto out;
   }
   if (backward(&A, loss)) goto out;
+  if (finite_check(&A, loss) || A.failed) goto out;
   /* the optimizer */
   nv_node *lr = fe_graph_leaf(g, d, NV_OP_INPUT, "lr", NOVA_DTYPE_F32, 0, NULL, nowhere);
   if (!lr) goto out;
@@ -788,8 +858,7 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     if (!t) goto out;
     t->role = NOVA_ROLE_OPT_STATE;
     A.loc = nowhere;
-    t1 = add(&A, t, konst(&A, NOVA_DTYPE_F32, 1.0));
-    if (add_update(&A, t, t1)) goto out;
+    if (!(t1 = add_update(&A, t, add(&A, t, konst(&A, NOVA_DTYPE_F32, 1.0))))) goto out;
   }
   g->outputs[li].role = NOVA_ROLE_LOSS;
   for (int i = 0; i < nf && !A.failed; i++) {
@@ -808,6 +877,8 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     if (update(&A, o, p, gr, lr, t1)) goto out;
   }
   if (A.failed || nv_diag_count(d)) goto out;
+  if (fe_graph_add_output(g, d, "nonfinite", A.bad, loss->loc)) goto out; /* the flag, last */
+  g->outputs[g->noutputs - 1].role = NOVA_ROLE_STATUS;
   g->train = true;
   rc = 0;
 out:

@@ -6,9 +6,12 @@
  * out, no work for values that do not lead from a trainable parameter to
  * the loss) and the optimizer update, so that the step computes
  *   train_step(batch..., lr, params..., opt_state...) ->
- *     (loss, other outputs..., grads..., params'..., opt_state'...)
+ *     (loss, other outputs..., grads..., params'..., opt_state'..., nonfinite)
  * where the primed values are written back over the state by the runtime
- * after each run (role "update").  The graph is emitted as nova IR like any
+ * after each run (role "update").  nonfinite (bool scalar, role "status")
+ * is true when the loss or an element of a gradient is NaN or infinite;
+ * every primed value is then the old one, bit for bit (the frontend's
+ * updates of buffers too).  The graph is emitted as nova IR like any
  * other: forward, backward and update are one function.
  */
 #ifndef NOVA_AUTODIFF_H

@@ -98,7 +98,8 @@ static nova_status rt_check_eval(const rt_graph *g, char *err) {
     int t = g->eval_arg_tensor[a];
     if (t < 0 || t >= g->ntensors)
       return rt_bad(err, "malformed step: evaluation argument %d names tensor %d of %d", a, t, (int)g->ntensors);
-    if (g->tensors[t].role == NOVA_ROLE_GRAD || g->tensors[t].role == NOVA_ROLE_UPDATE)
+    if (g->tensors[t].role == NOVA_ROLE_GRAD || g->tensors[t].role == NOVA_ROLE_UPDATE ||
+        g->tensors[t].role == NOVA_ROLE_STATUS)
       return rt_bad(err, "malformed step: evaluation argument %d is tensor '%s' of role %s", a, g->tensors[t].name,
                     rt_role_name(g->tensors[t].role));
   }

@@ -65,6 +65,7 @@ static inline const char *rt_role_name(int role) {
   case NOVA_ROLE_GRAD: return "grad";
   case NOVA_ROLE_UPDATE: return "update";
   case NOVA_ROLE_BUFFER: return "buffer";
+  case NOVA_ROLE_STATUS: return "status";
   default: return "?";
   }
 }

@@ -33,6 +33,7 @@ struct nova_step {
   void *eval_arena;       /* the evaluation's intermediates (graph->eval_arena_bytes), owned */
   struct rt_cuda *cuda;   /* --target=cuda: device state (rt_cuda.c); NULL on the cpu */
   double last_ms;         /* cpu: wall-clock time of the last run */
+  int nonfinite;          /* index of the tensor "nonfinite" (role status) of a training step; -1: none */
   char error[RT_ERROR_LEN];
 };
 

@@ -127,6 +127,11 @@ static nova_status rt_step_alloc(nova_step *s) {
     if (g->tensors[i].inplace) s->buffers[i] = s->buffers[g->tensors[i].updates];
   for (int a = 0; a < g->nargs; a++) s->args[a] = s->buffers[g->arg_tensor[a]];
   s->last_ms = -1;
+  s->nonfinite = -1;
+  for (int i = 0; i < g->ntensors; i++)
+    if (g->tensors[i].role == NOVA_ROLE_STATUS && g->tensors[i].dtype == NOVA_DTYPE_BOOL && g->tensors[i].rank == 0 &&
+        !strcmp(g->tensors[i].name, "nonfinite"))
+      s->nonfinite = i;
   if (g->arena_bytes && g->target == RT_TARGET_CPU) {
     size_t size = (g->arena_bytes + RT_BUFFER_ALIGN - 1) / RT_BUFFER_ALIGN * RT_BUFFER_ALIGN;
     if (size < g->arena_bytes || !(s->arena = aligned_alloc(RT_BUFFER_ALIGN, size)))
@@ -329,6 +334,55 @@ static nova_status rt_eval(nova_step *step) {
   return rt_ok(step);
 }
 
+/* ---- the non-finite check ------------------------------------------------- */
+
+/* Tensor I's host copy, current (fetched from the device for a cuda step);
+ * NULL after a failed fetch (the message is set). */
+static const void *rt_host(nova_step *step, int i) {
+  if (step->cuda && rt_cuda_fetch(step, i) != NOVA_OK) return NULL;
+  return step->buffers[i];
+}
+
+/* The first element of float tensor I that is NaN or infinite: its flat
+ * index into *AT and value into *V; 0 if there is none. */
+static int rt_first_nonfinite(nova_step *step, int i, size_t *at, double *v) {
+  const rt_tensor_desc *t = &step->graph->tensors[i];
+  if (t->dtype != NOVA_DTYPE_F32 && t->dtype != NOVA_DTYPE_F64) return 0;
+  const void *p = rt_host(step, i);
+  size_t n = p ? step->nbytes[i] / rt_dtype_size(t->dtype) : 0;
+  for (size_t k = 0; k < n; k++) {
+    double x = t->dtype == NOVA_DTYPE_F32 ? (double)((const float *)p)[k] : ((const double *)p)[k];
+    if (!isfinite(x)) {
+      *at = k, *v = x;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* After a run of a training step: NOVA_ERR_NONFINITE, naming the loss or
+ * the first gradient that holds a NaN or an infinity, when the step's flag
+ * says it updated nothing; NOVA_OK otherwise. */
+static nova_status rt_check_nonfinite(nova_step *step) {
+  if (step->nonfinite < 0) return NOVA_OK;
+  const unsigned char *flag = rt_host(step, step->nonfinite);
+  if (!flag) return NOVA_ERR_DEVICE;
+  if (!*flag) return NOVA_OK;
+  const rt_graph *g = step->graph;
+  const char *unchanged = "the step updated nothing: parameters and optimizer state are unchanged";
+  size_t at;
+  double v;
+  for (int i = 0; i < g->ntensors; i++)
+    if (g->tensors[i].role == NOVA_ROLE_LOSS && rt_first_nonfinite(step, i, &at, &v))
+      return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite loss: '%s' is %s; %s", g->tensors[i].name,
+                     isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", unchanged);
+  for (int i = 0; i < g->ntensors; i++)
+    if (g->tensors[i].role == NOVA_ROLE_GRAD && rt_first_nonfinite(step, i, &at, &v))
+      return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite gradients: '%s' holds %s at flat index %zu; %s",
+                     g->tensors[i].name, isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", at, unchanged);
+  return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite loss or gradients; %s", unchanged);
+}
+
 static nova_status rt_run(nova_step *step) {
   if (!step->graph) return NOVA_ERR_ABI; /* the message says why it did not open */
   const rt_graph *g = step->graph;
@@ -336,6 +390,7 @@ static nova_status rt_run(nova_step *step) {
   if (st != NOVA_OK) return st;
   if (step->cuda) {
     st = rt_cuda_run(step);
+    if (st == NOVA_OK) st = rt_check_nonfinite(step);
     return st == NOVA_OK ? rt_ok(step) : st;
   }
   struct timespec t0, t1;
@@ -347,7 +402,8 @@ static nova_status rt_run(nova_step *step) {
   for (int i = 0; i < g->ntensors; i++)
     if (g->tensors[i].updates >= 0 && !g->tensors[i].inplace)
       memcpy(step->buffers[g->tensors[i].updates], step->buffers[i], step->nbytes[i]);
-  return rt_ok(step);
+  st = rt_check_nonfinite(step);
+  return st == NOVA_OK ? rt_ok(step) : st;
 }
 
 static nova_status rt_get(nova_step *step, const char *name, const void **data, nova_tensor_info *info) {

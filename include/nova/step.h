@@ -33,6 +33,16 @@
  * Values: bind copies any bit pattern, NaN and infinities included (an op
  * such as IsNaN takes them); a training step's "lr" must be finite and not
  * negative (NOVA_ERR_NOT_FINITE).
+ *
+ * Non-finite steps: a training step checks, in the same run, that its loss
+ * and every element of every gradient are finite.  When one is NaN or
+ * infinite, the run updates nothing (every param, opt_state and buffer,
+ * adam.step included, keeps its bits) and nova_step_run returns
+ * NOVA_ERR_NONFINITE, the message naming the loss or the gradients; the
+ * loss, the outputs and the gradients still hold what the run computed.
+ * The check is the tensor "nonfinite" (role status, bool scalar: true
+ * when the run was skipped).  A caller may skip the batch and go on, as
+ * PyTorch's GradScaler skips a step whose gradients overflowed.
  */
 #ifndef NOVA_STEP_H
 #define NOVA_STEP_H
@@ -47,8 +57,9 @@ extern "C" {
 /* Version 1.  Later additions keep it, being backward compatible (a caller
  * of the old ABI works with a new step.so): NOVA_ROLE_BUFFER,
  * NOVA_ERR_NO_ENTRY, NOVA_ERR_BUSY, NOVA_ERR_INVALID_HANDLE,
- * NOVA_ERR_NOT_FINITE and nova_step_eval (absent from a step.so built by a
- * novac before 0.2: resolve it with dlsym and fall back). */
+ * NOVA_ERR_NOT_FINITE, NOVA_ERR_NONFINITE, NOVA_ROLE_STATUS and
+ * nova_step_eval (absent from a step.so built by a novac before 0.2:
+ * resolve it with dlsym and fall back). */
 #define NOVA_STEP_ABI_VERSION 1
 #define NOVA_MAX_RANK 8
 
@@ -67,7 +78,9 @@ typedef enum nova_status {
   NOVA_ERR_NO_ENTRY = 11,        /* the step has no such entry (nova_step_eval on a forward step) */
   NOVA_ERR_BUSY = 12,            /* another thread is in a call on the same step */
   NOVA_ERR_INVALID_HANDLE = 13,  /* the step was closed, or never came from nova_step_open */
-  NOVA_ERR_NOT_FINITE = 14       /* a hyper-parameter (lr) that is NaN, infinite or negative */
+  NOVA_ERR_NOT_FINITE = 14,      /* a hyper-parameter (lr) that is NaN, infinite or negative */
+  NOVA_ERR_NONFINITE = 15        /* the loss or a gradient was NaN or infinite; params and
+                                    optimizer state are unchanged (nova_step_run) */
 } nova_status;
 
 /* Element types; the values are ONNX TensorProto.DataType codes. */
@@ -96,8 +109,10 @@ typedef enum nova_role {
   NOVA_ROLE_LOSS = 5,
   NOVA_ROLE_GRAD = 6,   /* a parameter's gradient, computed by a training step; named NAME.grad */
   NOVA_ROLE_UPDATE = 7, /* internal: a new param/opt_state/buffer value, copied over it after each run */
-  NOVA_ROLE_BUFFER = 8  /* state that is not trained (BatchNormalization running statistics in
+  NOVA_ROLE_BUFFER = 8, /* state that is not trained (BatchNormalization running statistics in
                            training mode): updated by the step, bindable, saved in checkpoints */
+  NOVA_ROLE_STATUS = 9  /* a check the step computes about its own run: a training step's
+                           "nonfinite" (bool scalar), read by nova_step_run */
 } nova_role;
 
 typedef struct nova_tensor_info {
@@ -137,7 +152,9 @@ nova_status nova_step_bind(nova_step *step, const char *name, nova_dtype dtype,
                            int rank, const int64_t *shape, const void *data);
 
 /* Runs the step once.  Fails with NOVA_ERR_UNBOUND naming the first input
- * that was never bound, or NOVA_ERR_OUT_OF_RANGE for a bad index value. */
+ * that was never bound, or NOVA_ERR_OUT_OF_RANGE for a bad index value
+ * (nothing ran); a training step returns NOVA_ERR_NONFINITE when its loss
+ * or a gradient was NaN or infinite (it ran, and updated nothing). */
 nova_status nova_step_run(nova_step *step);
 
 /* Runs the evaluation entry of a training step once: the forward pass with

@@ -51,9 +51,16 @@ build() {
   undef=$(nm -D --undefined-only "$so" | awk '{print $2}' | grep -v -E '^(__|_ITM|_Jv)' |
     grep -v -E '@(GLIBC|GCC)' | tr '\n' ' ')
   [ -z "$undef" ] || reasons="$reasons|undefined symbols outside libc: $undef"
-  python3 - "$T/$name.json" "$sm" >"$T/mlog" 2>&1 <<'EOF' || reasons="$reasons|manifest: $(cat "$T/mlog")"
+  python3 - "$T/$name.json" "$sm" "$train" >"$T/mlog" 2>&1 <<'EOF' || reasons="$reasons|manifest: $(cat "$T/mlog")"
 import json, sys
 m = json.load(open(sys.argv[1]))
+# a training step ends with its finite check (the same graph as the cpu's)
+last = m["tensors"][-1]
+if sys.argv[3]:
+    assert (last["name"], last["role"], last["dtype"], last["shape"]) == ("nonfinite", "status", "bool", []), last
+else:
+    assert all(t["role"] != "status" for t in m["tensors"]), "a forward step with a status tensor"
+
 assert m["target"] == "cuda", m["target"]
 assert m["device"]["arch"] == sys.argv[2], m["device"]
 ks = m["kernels"]

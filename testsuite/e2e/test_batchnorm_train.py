@@ -13,7 +13,10 @@
   when the model asks for them;
 - against PyTorch itself: the running statistics of testsuite/zoo's
   dropbn_train.ts after one step (its Dropout made an Identity: the
-  statistics precede it).
+  statistics precede it);
+- a batch with a NaN: the step is skipped (novarun --skip-nonfinite) and
+  leaves the running statistics as they were, bit for bit: training on
+  batches 1, NaN, 3 ends where training on batches 1, 3 does.
 
 Models are built here with the onnx helper."""
 import json
@@ -69,6 +72,18 @@ def model(path, dtype, stats_out=False):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)], producer_name="novac-testsuite")
     m.ir_version = 8
     onnx.save(m, path)
+
+
+def st_write(path, tensors):
+    """A safetensors file of float32 TENSORS (a dict), for novarun --data."""
+    header, data = {}, b""
+    for name, a in tensors.items():
+        raw = np.ascontiguousarray(a, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
 
 
 class Work:
@@ -201,8 +216,30 @@ def running_statistics_match_pytorch():
             raise Failure("%d running statistics checked, expected 4" % n)
 
 
+def running_statistics_kept_on_nonfinite():
+    with Work() as w:
+        w.compile(np.float32, 0.05)
+        x3 = 0.5 * X[::-1]
+        bad = X.copy()
+        bad[1, 0, 2] = np.nan
+        st_write(w.p("bad.st"), {"x": np.concatenate([X, bad, x3])})
+        st_write(w.p("good.st"), {"x": np.concatenate([X, x3])})
+        got = {}
+        for tag, data, steps, extra in (("bad", "bad.st", 3, ["--skip-nonfinite"]), ("good", "good.st", 2, [])):
+            dump = w.p("dump-" + tag)
+            out = run([NOVARUN, w.p("m.so"), "--data", w.p(data), "--steps", str(steps), "--dump", dump] + extra)
+            got[tag] = {fn[:-3]: read_pb(os.path.join(dump, fn)) for fn in os.listdir(dump)}
+            if tag == "bad" and "1 of 3 steps skipped" not in out.stderr:
+                raise Failure("novarun did not report the skipped step: %s" % out.stderr)
+        for k in ("buffer.bn.running_mean", "buffer.bn.running_var", "param.W", "param.s", "param.bb"):
+            if got["bad"][k].tobytes() != got["good"][k].tobytes():
+                raise Failure("%s: batches 1, NaN, 3 (skipped) differ from batches 1, 3\n %s\n %s" %
+                              (k, got["bad"][k], got["good"][k]))
+
+
 case("batchnorm_train.gradients_through_batch_statistics", gradients_through_batch_statistics)
 case("batchnorm_train.running_statistics_updated", running_statistics_updated)
 case("batchnorm_train.running_statistics_checkpointed", running_statistics_checkpointed)
 case("batchnorm_train.running_statistics_as_outputs", running_statistics_as_outputs)
 case("batchnorm_train.running_statistics_match_pytorch", running_statistics_match_pytorch)
+case("batchnorm_train.running_statistics_kept_on_nonfinite", running_statistics_kept_on_nonfinite)

@@ -13,7 +13,9 @@
 - the GPU kernels' indexing (--target=cuda --gpu-sim) draws the same masks;
 - the evaluation entry has dropout off; rng.step is saved by --save and
   restored by --load, so a resumed run draws the masks of an
-  uninterrupted one."""
+  uninterrupted one;
+- a step skipped for a NaN in its batch (novarun --skip-nonfinite) does
+  not advance rng.step: the next good step draws the mask it would have."""
 import json
 import os
 import shutil
@@ -193,8 +195,29 @@ def gpu_sim_mask():
             raise Failure("--gpu-sim: the mask of step 2 is not Philox's")
 
 
+def rng_step_kept_on_nonfinite():
+    X = RNG.standard_normal((4, 8)).astype(np.float32)
+    bad = X.copy()
+    bad[2, 3] = np.nan
+    with Work() as w:
+        w.build((4, 8), (8, 6), bad, seed=21)
+        p = run([NOVARUN, w.p("m.so"), "--inputs", w.p("in"), "--steps", "2", "--skip-nonfinite", "--dump", w.p("d"),
+                 "--save", w.p("ck.st"), "-q"])
+        dump = {fn[:-3]: read_pb(os.path.join(w.p("d"), fn)) for fn in os.listdir(w.p("d"))}
+        if "2 of 2 steps skipped" not in p.stderr:
+            raise Failure("novarun did not skip the NaN steps: %s" % p.stderr)
+        if int(dump["buffer.rng.step"]) != 0 or dump["param.W"].astype(np.float32).tobytes() != w.W.tobytes():
+            raise Failure("skipped steps changed rng.step (%s) or W" % dump["buffer.rng.step"])
+        # a good batch after them draws the mask of the first step (counter 0)
+        write_pb(w.p("in/x.pb"), X, "x")
+        _, mask, _ = w.steps(1, "g", ["--load", w.p("ck.st")])
+        if not np.array_equal(mask, expected_mask((4, 6), 21, 0)):
+            raise Failure("the first good step after two skipped ones does not draw the mask of counter 0")
+
+
 case("dropout.philox_known_answers", philox_known_answers)
 case("dropout.mask_loss_gradient_checkpoint_eval", mask_loss_gradient)
 case("dropout.seed_option_and_statistics", seed_option_and_statistics)
 case("dropout.kept_values_scaled", kept_values_scaled)
 case("dropout.gpu_sim_mask", gpu_sim_mask)
+case("dropout.rng_step_kept_on_nonfinite", rng_step_kept_on_nonfinite)

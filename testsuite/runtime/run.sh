@@ -454,6 +454,54 @@ if [ -x "$B/bin/novac" ] &&
   then pass lr.not_finite_refused; else fail lr.not_finite_refused "$(cat "$T/lr.out")"; fi
 fi
 
+# ---- a non-finite loss or gradient: NOVA_ERR_NONFINITE, nothing updated --------
+# every optimizer, with in-place updates (-O2) and with copies after the run (-O0)
+if [ -x "$B/bin/novac" ] &&
+  build nonfinite.build $CC $CFLAGS $SAN $INC "$here/nonfinite_step.c" -ldl -o "$T/nonfinite_step"; then
+  for opt in sgd momentum adamw; do
+    for O in -O2 -O0; do
+      name=nonfinite.$opt$O
+      if ! "$B/bin/novac" "$here/nonfinite.nova" --dim=batch=2 --train --optimizer=$opt $O \
+        -o "$T/nf_$opt$O.so" >"$T/nf.out" 2>&1; then
+        fail "$name" "novac failed" "$(cat "$T/nf.out")"
+      elif NOVA_NUM_THREADS=1 timeout 60 "$T/nonfinite_step" "$T/nf_$opt$O.so" >"$T/nf.out" 2>&1 &&
+        grep -q "nonfinite: ok" "$T/nf.out"; then
+        pass "$name"
+      else
+        fail "$name" "$(cat "$T/nf.out")"
+      fi
+    done
+  done
+  # novarun: step 2's batch (samples 2-3) holds a NaN.  By default the run
+  # stops there (exit 1) and --save writes the state after step 1; with
+  # --skip-nonfinite the step is counted and skipped, and the state after
+  # steps 1, 3, 4 is that of a run on batches 1, 3, 4 alone.
+  if python3 -c '' 2>/dev/null && [ -f "$T/nf_adamw-O2.so" ]; then
+    NF=$T/nf_adamw-O2.so X1='1,2,-1,0.5,-2,3' X3='-1,0.5,2,1,1,-3' X4='2,2,-1,0,1,1'
+    T1='1,-1,0.25,2' T3='0,1,-2,0.5' T4='1,1,0,-1'
+    mkst "$T/nf_bad.st" "{\"x\": [\"f32\", [8,3], [$X1,1,NaN,3,4,5,6,$X3,$X4]],
+      \"t\": [\"f32\", [8,2], [$T1,0,0,1,1,$T3,$T4]]}" &&
+      mkst "$T/nf_good.st" "{\"x\": [\"f32\", [6,3], [$X1,$X3,$X4]], \"t\": [\"f32\", [6,2], [$T1,$T3,$T4]]}" &&
+      mkst "$T/nf_one.st" "{\"x\": [\"f32\", [2,3], [$X1]], \"t\": [\"f32\", [2,2], [$T1]]}"
+    novarun novarun.nonfinite_stops 1 "$NF" --data "$T/nf_bad.st" --steps 4 --save "$T/nf_stop.st" &&
+      has novarun.nonfinite_stops "$T/err" "novarun: step 2: non-finite loss; parameters unchanged (the loss is NaN)" &&
+      novarun novarun.nonfinite_stops 0 "$NF" --data "$T/nf_one.st" --steps 1 --save "$T/nf_step1.st" -q &&
+      if cmp -s "$T/nf_stop.st" "$T/nf_step1.st"; then pass novarun.nonfinite_stops
+      else fail novarun.nonfinite_stops "the checkpoint differs from one saved after step 1" \
+        "$(showst "$T/nf_stop.st")" "$(showst "$T/nf_step1.st")"; fi
+    novarun novarun.skip_nonfinite 0 "$NF" --data "$T/nf_bad.st" --steps 4 --skip-nonfinite --save "$T/nf_skip.st" &&
+      has novarun.skip_nonfinite "$T/err" "novarun: warning: step 2: non-finite loss; parameters unchanged, step skipped" &&
+      has novarun.skip_nonfinite "$T/err" "novarun: 1 of 4 steps skipped (non-finite loss or gradients)" &&
+      novarun novarun.skip_nonfinite 0 "$NF" --data "$T/nf_good.st" --steps 3 --save "$T/nf_three.st" -q &&
+      if [ "$(showst "$T/nf_skip.st" | grep -v '^meta')" = "$(showst "$T/nf_three.st" | grep -v '^meta')" ]; then
+        pass novarun.skip_nonfinite
+      else fail novarun.skip_nonfinite "the state after skipping differs from a run without the bad batch" \
+        "$(showst "$T/nf_skip.st")" "$(showst "$T/nf_three.st")"; fi
+    novarun novarun.skip_nonfinite_usage 2 "$NF" --data "$T/nf_bad.st" --skip-nonfinite &&
+      has novarun.skip_nonfinite_usage "$T/err" "--skip-nonfinite needs --steps N" && pass novarun.skip_nonfinite_usage
+  fi
+fi
+
 if [ -n "$VALGRIND" ]; then
   NOVARUN_PREFIX=$VALGRIND
   novarun valgrind.novarun_run 0 "$T/fixture.so" --inputs "$T/in" --outputs "$T/out5" --print &&

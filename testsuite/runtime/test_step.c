@@ -319,6 +319,7 @@ static void test_names(void) {
   EXPECT(strcmp(nova_role_name(NOVA_ROLE_OPT_STATE), "opt_state") == 0);
   EXPECT(strcmp(nova_role_name(NOVA_ROLE_LABEL), "label") == 0);
   EXPECT(strcmp(nova_role_name(NOVA_ROLE_BUFFER), "buffer") == 0);
+  EXPECT(strcmp(nova_role_name(NOVA_ROLE_STATUS), "status") == 0);
   EXPECT(strcmp(nova_role_name((nova_role)17), "?") == 0);
 }
 
