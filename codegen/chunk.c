@@ -11,8 +11,8 @@
  * function longer than CG_CHUNK_OPS top-level ops into consecutive pieces
  * of about that many ops, each moved into a private function
  * (@__nova_chunk_K) called in its place; the values a piece uses from
- * before are its arguments (constants are cloned into it), the values
- * used after it its results.  A cut
+ * before are its arguments (constants, and slices of whole tensors, are
+ * cloned into it), the values used after it its results.  A cut
  * is placed where no view (a tensor-dialect result other than
  * tensor.empty) and nothing but tensors and scalars is live across it,
  * so that bufferization passes only whole buffers of identity layout at
@@ -93,6 +93,10 @@ static bool passes_whole(MlirValue v) {
   if (!mlirTypeIsARankedTensor(t)) return false;
   if (!mlirValueIsAOpResult(v)) return true;
   MlirOperation d = mlirOpResultGetOwner(v);
+  /* a reshape of a whole tensor is whole (identity layout after bufferization) */
+  if (cg_op_is(d, "tensor.expand_shape") || cg_op_is(d, "tensor.collapse_shape"))
+    return passes_whole(mlirOperationGetOperand(d, 0));
+  if (cg_op_is(d, "tensor.insert_slice")) return passes_whole(mlirOperationGetOperand(d, 1)); /* its destination */
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(d));
   return !(name.length > 7 && !memcmp(name.data, "tensor.", 7)) || cg_op_is(d, "tensor.empty");
 }
@@ -136,16 +140,48 @@ typedef struct inputs_ctx {
   op_index *seen; /* values already taken (keyed by the value pointer) */
 } inputs_ctx;
 
-static MlirWalkResult inputs_cb(MlirOperation op, void *ud) {
-  inputs_ctx *c = ud;
-  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
-    MlirValue v = mlirOperationGetOperand(op, i);
-    int d = def_index(c->b, v);
-    if (d >= c->start && d < c->end) continue;
-    if (index_get(c->seen, v.ptr) >= 0) continue;
-    index_put(c->seen, v.ptr, 1);
-    vals_add(is_constant(v) ? c->consts : c->in, v);
+/* A slice of a whole tensor (or a reshape of one), made by top-level ops:
+ * recomputed in each piece that reads it (from the tensor, passed whole)
+ * rather than passed. */
+static bool recomputable_at(MlirValue v, int depth) {
+  if (!mlirValueIsAOpResult(v) || depth > 8) return false;
+  MlirOperation d = mlirOpResultGetOwner(v);
+  if (!cg_op_is(d, "tensor.extract_slice") && !cg_op_is(d, "tensor.expand_shape") &&
+      !cg_op_is(d, "tensor.collapse_shape"))
+    return false;
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(d); i++) {
+    MlirValue o = mlirOperationGetOperand(d, i);
+    if (!passes_whole(o) && !is_constant(o) && !recomputable_at(o, depth + 1)) return false;
   }
+  return true;
+}
+
+static bool recomputable(MlirValue v) { return recomputable_at(v, 0); }
+
+/* V, read inside the piece and made before it: an argument, or a clone
+ * (constants, slices: their operands first). */
+static void take_input(inputs_ctx *c, MlirValue v) {
+  int d = def_index(c->b, v);
+  if ((d >= c->start && d < c->end) || index_get(c->seen, v.ptr) >= 0) return;
+  index_put(c->seen, v.ptr, 1);
+  if (is_constant(v)) {
+    vals_add(c->consts, v);
+  } else if (recomputable(v)) {
+    MlirOperation def = mlirOpResultGetOwner(v);
+    for (intptr_t i = 0; i < mlirOperationGetNumOperands(def); i++) take_input(c, mlirOperationGetOperand(def, i));
+    vals_add(c->consts, v);
+  } else {
+    vals_add(c->in, v);
+  }
+}
+
+static MlirWalkResult inputs_cb(MlirOperation op, void *ud) {
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) take_input(ud, mlirOperationGetOperand(op, i));
+  return MlirWalkResultAdvance;
+}
+
+static MlirWalkResult count_cb(MlirOperation op, void *ud) {
+  *(size_t *)ud += (size_t)mlirOperationGetNumOperands(op) + 1;
   return MlirWalkResultAdvance;
 }
 
@@ -185,8 +221,10 @@ static int split_piece(MlirModule m, body *b, int start, int end, const char *na
   MlirLocation loc = mlirOperationGetLocation(first);
   vals in = {0}, out = {0}, consts = {0};
   op_index seen = {0};
+  size_t operands = 0; /* a bound on the values SEEN will hold (with the slices' operands) */
+  for (int i = start; i < end; i++) mlirOperationWalk(b->ops[i], count_cb, &operands, MlirWalkPreOrder);
   seen.cap = 64;
-  while (seen.cap < 8 * (size_t)(end - start) + 64) seen.cap *= 2;
+  while (seen.cap < 4 * operands + 64) seen.cap *= 2;
   seen.key = calloc(seen.cap, sizeof *seen.key);
   seen.val = calloc(seen.cap, sizeof *seen.val);
   int rc = -1;
@@ -253,13 +291,14 @@ static int split_piece(MlirModule m, body *b, int start, int end, const char *na
     index_put(&seen, in.v[i].ptr, i);
   }
   MlirOperation at = mlirBlockGetFirstOperation(entry);
-  for (int i = 0; i < consts.n; i++) {
+  substitute_ctx sc = {&seen, sub};
+  for (int i = 0; i < consts.n; i++) { /* in order: a clone's operands are mapped before it */
     MlirOperation clone = mlirOperationClone(mlirOpResultGetOwner(consts.v[i]));
     mlirBlockInsertOwnedOperationBefore(entry, at, clone);
+    substitute_cb(clone, &sc);
     sub[in.n + i] = mlirOperationGetResult(clone, mlirOpResultGetResultNumber(consts.v[i]));
     index_put(&seen, consts.v[i].ptr, in.n + i);
   }
-  substitute_ctx sc = {&seen, sub};
   for (int i = start; i < end; i++) mlirOperationWalk(b->ops[i], substitute_cb, &sc, MlirWalkPreOrder);
   rc = 0;
 done:
@@ -283,13 +322,17 @@ static int plan_cuts(const body *b, int max_ops, char *cut) {
   for (int i = 0; i < b->n; i++)
     for (intptr_t r = 0; r < mlirOperationGetNumResults(b->ops[i]); r++) {
       MlirValue v = mlirOperationGetResult(b->ops[i], r);
-      if (passes_whole(v) || is_constant(v)) continue; /* constants are cloned into the pieces */
+      if (passes_whole(v) || is_constant(v) || recomputable(v)) continue; /* the last two are cloned into pieces */
       int last = i;
       for (MlirOpOperand u = mlirValueGetFirstUse(v); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u)) {
         int k = top_index(b, mlirOpOperandGetOwner(u));
         if (k > last) last = k;
       }
       if (last > i) live[i + 1]++, live[last + 1]--; /* cuts before ops i+1 .. last are blocked */
+      if (last > i + 1 && getenv("NOVAC_DEBUG_CHUNKS")) {
+        MlirStringRef nm = mlirIdentifierStr(mlirOperationGetName(b->ops[i]));
+        fprintf(stderr, "novac: no cut across %d ops: %.*s\n", last - i, (int)nm.length, nm.data);
+      }
     }
   int run = 0;
   char *blocked = calloc((size_t)b->n + 1, 1);
@@ -337,6 +380,9 @@ static int split_func(MlirModule m, MlirOperation f, int *counter) {
   }
   if (plan_cuts(&b, CG_CHUNK_OPS, cut)) goto done;
   rc = 0;
+  bool any = false;
+  for (int k = 1; k < b.n && !any; k++) any = cut[k];
+  if (!any) goto done; /* nowhere to cut: bufferized whole */
   /* last piece first: a piece's later users are then still top-level ops of the body */
   int end = b.n;
   for (int k = b.n - 1; k >= 0 && !rc; k--) {
