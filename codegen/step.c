@@ -120,7 +120,10 @@ static int write_init(nova_ctx *c, const nv_graph *g, const step_tensor *t, int 
     nv_error_plain(c->diag, "cannot write %s: %s", path, strerror(errno));
     rc = -1;
   }
-  if (f && fclose(f) && !rc) rc = -1;
+  if (f && fclose(f) && !rc) { /* the buffered bytes are written here */
+    nv_error_plain(c->diag, "cannot write %s: %s", path, strerror(errno));
+    rc = -1;
+  }
   free(buf);
   return rc;
 }
@@ -241,10 +244,13 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
     nv_sb_printf(&b, ", eval_entry, %d, eval_args, %lld", nea,
                  (long long)(o->eval_plan && o->eval_plan->planned ? o->eval_plan->arena_bytes : 0));
   nv_sb_printf(&b, "};\n");
-  FILE *f = fopen(path, "w");
-  int rc = f && !b.oom && fwrite(b.s, 1, b.len, f) == b.len ? 0 : -1;
-  if (f && fclose(f)) rc = -1;
+  FILE *f = b.oom ? NULL : fopen(path, "w");
+  if (b.oom) errno = ENOMEM;
+  int rc = f && fwrite(b.s, 1, b.len, f) == b.len ? 0 : -1;
+  int e = errno;
+  if (f && fclose(f) && !rc) rc = -1, e = errno;
   nv_sb_free(&b);
+  errno = e;
   return rc;
 }
 
@@ -550,10 +556,18 @@ static int publish_step(nova_ctx *c, const nv_graph *g, const cg_options *o, con
     if (!ok || nv_out_finish(&man)) goto fail;
   }
   bad = o->output;
-  if (nv_out_publish(&so)) goto fail;
+  if (nv_out_rename(&so)) goto fail;
   bad = o->manifest;
-  if (o->manifest && nv_out_publish(&man)) goto fail;
+  if (o->manifest && nv_out_rename(&man)) goto fail;
+  /* both in place: their folders synced once both renames are done */
+  bad = o->output;
+  if (nv_sync_dir_of(o->output)) goto synced;
+  bad = o->manifest;
+  if (o->manifest && nv_sync_dir_of(o->manifest)) goto synced;
   return 0;
+synced:
+  nv_error_plain(c->diag, "writing %s: syncing its folder: %s", bad, strerror(errno));
+  return -1;
 fail:;
   int e = errno;
   nv_out_discard(&so);
@@ -623,17 +637,17 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
   int wd = write_desc(g, t, n, init_size, hash, o->gpu, o->plan, o, ea, na, path);
   free(ea);
   if (wd) {
-    nv_error_plain(c->diag, "cannot write %s", path);
+    nv_error_plain(c->diag, "cannot write %s: %s", path, strerror(errno));
     goto out;
   }
   snprintf(path, sizeof path, "%s/exports.map", dir);
   FILE *f = fopen(path, "w");
-  if (!f || fputs("{ global: nova_step_*; nova_dtype_*; nova_role_name; local: *; };\n", f) < 0) {
-    if (f) fclose(f);
-    nv_error_plain(c->diag, "cannot write %s", path);
+  int bad = !f || fputs("{ global: nova_step_*; nova_dtype_*; nova_role_name; local: *; };\n", f) < 0;
+  if (f && fclose(f)) bad = 1; /* the text is written here */
+  if (bad) {
+    nv_error_plain(c->diag, "cannot write %s: %s", path, strerror(errno));
     goto out;
   }
-  fclose(f);
   snprintf(rtinc, sizeof rtinc, "-I%s/include", o->rt_dir);
   snprintf(rtlib, sizeof rtlib, "%s/libnovart.a", o->rt_dir);
   if (access(rtlib, R_OK)) {

@@ -339,24 +339,43 @@ static void out_free(nv_out *o) {
   o->slot = -1;
 }
 
-int nv_out_publish(nv_out *o) {
+int nv_sync_dir_of(const char *path) {
+  char dir[4096];
+  dir_of(path, dir, sizeof dir);
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return 0; /* a folder we may write in but not read: nothing to sync with */
+  int rc = fsync(fd), e = errno;
+  close(fd);
+  /* some file systems refuse fsync on a folder: nothing lost there */
+  if (rc && (e == EINVAL || e == ENOTSUP || e == EBADF || e == EROFS)) rc = 0;
+  errno = e;
+  return rc;
+}
+
+int nv_out_rename(nv_out *o) {
   if (o->failed || (o->tmp && rename(o->tmp, o->path))) {
     int e = o->failed ? o->failed : errno;
     nv_out_discard(o);
     errno = e;
     return -1;
   }
-  if (o->tmp) {
-    char dir[4096];
-    dir_of(o->path, dir, sizeof dir);
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) { /* best effort: some file systems refuse fsync on a folder */
-      (void)fsync(fd);
-      close(fd);
-    }
-  }
   out_free(o);
   return 0;
+}
+
+int nv_out_publish(nv_out *o) {
+  char *path = o->tmp ? strdup(o->path) : NULL;
+  if (o->tmp && !path) {
+    nv_out_discard(o);
+    errno = ENOMEM;
+    return -1;
+  }
+  int rc = nv_out_rename(o);
+  if (!rc && path) rc = nv_sync_dir_of(path);
+  int e = errno;
+  free(path);
+  errno = e;
+  return rc;
 }
 
 int nv_out_close(nv_out *o) {

@@ -61,7 +61,12 @@ typedef struct nv_out {
 
 int nv_out_open(nv_out *o, const char *path, unsigned flags);
 int nv_out_finish(nv_out *o);  /* flush, fsync, close; the temporary stays */
-int nv_out_publish(nv_out *o); /* rename over PATH (after nv_out_finish); frees O */
+/* rename over PATH (after nv_out_finish), then fsync PATH's folder; frees O.
+ * -1 after the rename when only that fsync failed (PATH is whole, and is the
+ * new file, but may not survive a crash). */
+int nv_out_publish(nv_out *o);
+int nv_out_rename(nv_out *o);  /* the rename alone; frees O */
+int nv_sync_dir_of(const char *path); /* fsync of PATH's folder; 0 where unsupported */
 int nv_out_close(nv_out *o);   /* finish + publish, or discard on failure; frees O */
 void nv_out_discard(nv_out *o); /* removes the temporary; frees O */
 int nv_write_file(const char *path, const void *data, size_t len, unsigned flags);
