@@ -24,8 +24,8 @@ MLIR_LIBS := -lMLIRCAPIRegisterEverything -lMLIRCAPITransforms -lMLIRCAPITarget 
   -lMLIR -lLLVM -lstdc++
 NOVAC_LDLIBS := -L$(LLVM_LIB) $(MLIR_LIBS) -Wl,-rpath,$(LLVM_LIB) -lcjson -lprotobuf-c -lm -lpthread -ldl
 
-NOVAC_SRC  := $(wildcard driver/novac*.c driver/diag.c driver/util.c frontend/*.c passes/*.c codegen/*.c configurator/*.c)
-NOVARUN_SRC := $(wildcard driver/novarun*.c driver/tensor_pb.c driver/util.c)
+NOVAC_SRC  := $(wildcard driver/novac*.c driver/diag.c driver/util.c driver/json.c frontend/*.c passes/*.c codegen/*.c configurator/*.c)
+NOVARUN_SRC := $(wildcard driver/novarun*.c driver/tensor_pb.c driver/util.c driver/json.c)
 RT_SRC     := $(wildcard runtime/*.c)
 GEN_ONNX   := $(B)/gen/onnx.pb-c.c
 

@@ -356,11 +356,11 @@ static void add_initializers(cJSON *root, const nv_graph *g) {
 }
 
 /* "evaluation": the evaluation entry of a training step. */
-static void add_evaluation(cJSON *root, const cg_options *o) {
+static int add_evaluation(cJSON *root, const cg_options *o) {
   step_tensor *et;
   int64_t isz;
   int en = collect(o->eval_graph, &et, &isz);
-  if (en < 0) return;
+  if (en < 0) return -1;
   cJSON *ev = cJSON_AddObjectToObject(root, "evaluation");
   cJSON_AddStringToObject(ev, "entry", CG_EVAL_PREFIX "forward");
   cJSON *a = cJSON_AddArrayToObject(ev, "arguments");
@@ -368,6 +368,7 @@ static void add_evaluation(cJSON *root, const cg_options *o) {
   const cg_plan *pl = o->eval_plan;
   cJSON_AddNumberToObject(ev, "arena_bytes", pl && pl->planned ? (double)pl->arena_bytes : 0);
   free(et);
+  return 0;
 }
 
 /* The size and FNV-1a of the step.so a manifest describes (novarun refuses
@@ -378,6 +379,7 @@ typedef struct so_sum {
 
 static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const char *hash, const cg_options *o,
                            const char *cpu, const so_sum *sum) {
+  nv_json_oom_take();
   cJSON *root = cJSON_CreateObject();
   cJSON_AddNumberToObject(root, "format_version", 1);
   cJSON_AddStringToObject(root, "novac_version", NOVAC_VERSION);
@@ -428,7 +430,7 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
     if (t[i].role == NOVA_ROLE_PARAM) param_bytes += bytes;
   }
   if (g->inits) add_initializers(root, g);
-  if (o->eval_graph) add_evaluation(root, o);
+  int lost = o->eval_graph && add_evaluation(root, o);
   io_bytes = (double)cg_io_bytes(g, o->plan);
   cJSON *mem = cJSON_AddObjectToObject(root, "memory");
   cJSON_AddNumberToObject(mem, "tensor_bytes", io_bytes);
@@ -484,6 +486,11 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
   }
   char *s = cJSON_Print(root);
   cJSON_Delete(root);
+  if (nv_json_oom_take() || lost) { /* an item is missing: no manifest rather than a wrong one */
+    cJSON_free(s);
+    errno = ENOMEM;
+    return NULL;
+  }
   return s;
 }
 
@@ -502,7 +509,10 @@ static char *manifest_text(const nv_graph *g, const cg_options *o, const char *c
 
 int cg_write_manifest(nova_ctx *c, const nv_graph *g, const cg_options *o, const char *cpu, const char *path) {
   char *json = manifest_text(g, o, cpu, NULL);
-  if (!json) return -1;
+  if (!json) {
+    nv_error_plain(c->diag, "writing %s: %s", strcmp(path, "-") ? path : "standard output", strerror(ENOMEM));
+    return -1;
+  }
   size_t len = strlen(json);
   json[len] = '\n'; /* over the NUL, restored below */
   int rc = nv_write_file(path, json, len + 1, 0);

@@ -660,6 +660,7 @@ int main(int argc, char **argv) {
   nv_diag *d = nv_diag_create(stderr);
   if (!d) return 1;
   nv_temp_install();
+  nv_json_init();
   int rc = compile(d, &o);
   if (rc == 0 && nv_diag_count(d)) rc = -1;
   if (nv_close_stdout() && rc == 0) {

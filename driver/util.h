@@ -80,6 +80,13 @@ uint64_t nv_fnv1a64(uint64_t h, const void *data, size_t len);
 /* Size and FNV-1a of a whole file. */
 int nv_file_fnv(const char *path, uint64_t *size, uint64_t *hash);
 
+/* ---- cJSON's allocations (driver/json.c) ----------------------------------
+ * nv_json_init, once in main: cJSON allocates through a wrapper that notes a
+ * failure; nv_json_oom_take: whether one failed since the last call (and
+ * forgets it). */
+void nv_json_init(void);
+int nv_json_oom_take(void);
+
 /* ---- temporary paths removed on every exit ------------------------------
  * nv_temp_add registers a file (or a flat folder: its entries are removed,
  * then itself) to remove if the process ends by SIGINT, SIGTERM, SIGHUP or
