@@ -13,8 +13,12 @@
  *                       fwrite/fputs/fputc/putc/fprintf/vfprintf/fflush/fclose
  *                       of a stream, fails (NV_FAULT_ERRNO: ENOSPC or EIO;
  *                       default ENOSPC); a failing stdio call sets the
- *                       stream's error flag, a failing fclose still closes
+ *                       stream's error flag, a failing fflush or fclose
+ *                       drops the buffered bytes (fclose still closes)
  *   NV_FAULT_FSYNC=N    the Nth fsync/fdatasync fails with EIO
+ *   NV_FAULT_MALLOC_AFTER=TEXT  allocations count only once the program
+ *                       has opened a path whose absolute form contains TEXT (novac: its
+ *                       output folder, the stage that writes the files)
  *   NV_FAULT_STICKY=1   every call from the Nth on fails (a full disk)
  *   NV_FAULT_PATH=DIR   only writes and fsyncs on descriptors opened under
  *                       DIR (open/openat/creat/fopen/freopen/mkstemp...,
@@ -42,6 +46,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -58,6 +63,7 @@ enum { K_MALLOC, K_WRITE, K_FSYNC, K_N };
 typedef struct shared {
   volatile unsigned long count[K_N];
   volatile unsigned long hit;
+  volatile int started; /* NV_FAULT_MALLOC_AFTER's path was opened */
 } shared;
 
 static shared *S;          /* NULL: inactive */
@@ -67,7 +73,7 @@ static char prefix[4096];
 static size_t prefix_len;
 static char report[4096];
 static pid_t root_pid;
-static char eligible[1024];
+static char eligible[1024], malloc_after[1024];
 
 #define MAX_FD 65536
 static unsigned char tracked[MAX_FD];
@@ -177,6 +183,8 @@ __attribute__((constructor)) static void fault_init(void) {
         if (r) snprintf(report, sizeof report, "%s", r);
         const char *in = getenv("NV_FAULT_MALLOC_IN");
         snprintf(eligible, sizeof eligible, "%s", in && *in ? in : "exe");
+        const char *after = getenv("NV_FAULT_MALLOC_AFTER");
+        if (after) snprintf(malloc_after, sizeof malloc_after, "%s", after);
         root_pid = getpid();
         S = m;
         atexit(write_report);
@@ -220,11 +228,9 @@ static int fault_fd(int k, int fd) {
 
 /* ---- which descriptors count --------------------------------------------- */
 
-static int under_prefix(int dirfd, const char *path) {
-  if (!prefix_len) return 1;
-  if (!path) return 0;
-  char abs[8192];
-  if (path[0] == '/') snprintf(abs, sizeof abs, "%s", path);
+/* PATH (relative to DIRFD) made absolute into ABS (8192 bytes); 0 or -1. */
+static int abs_path(int dirfd, const char *path, char *abs) {
+  if (path[0] == '/') snprintf(abs, 8192, "%s", path);
   else {
     char base[4096];
     ssize_t n = -1;
@@ -235,10 +241,15 @@ static int under_prefix(int dirfd, const char *path) {
       snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
       n = readlink(link, base, sizeof base - 1);
     }
-    if (n < 0) return 0;
+    if (n < 0) return -1;
     base[n] = 0;
-    snprintf(abs, sizeof abs, "%s/%s", base, path);
+    snprintf(abs, 8192, "%s/%s", base, path);
   }
+  return 0;
+}
+
+static int under_prefix(const char *abs) {
+  if (!prefix_len) return 1;
   return !strncmp(abs, prefix, prefix_len) && (abs[prefix_len] == '/' || abs[prefix_len] == 0);
 }
 
@@ -262,7 +273,10 @@ static int counts_file(FILE *f) {
 static int after_open(int fd, int dirfd, const char *path) {
   if (fd >= 0 && S && !busy) {
     busy++;
-    track(fd, under_prefix(dirfd, path));
+    char abs[8192];
+    int ok = path && !abs_path(dirfd, path, abs);
+    if (ok && *malloc_after && strstr(abs, malloc_after)) S->started = 1;
+    track(fd, ok && under_prefix(abs));
     busy--;
   }
   return fd;
@@ -407,12 +421,18 @@ int fprintf(FILE *f, const char *fmt, ...) {
   va_end(ap);
   return r;
 }
+/* A failing fflush or fclose loses what the stream had buffered, as a
+ * failed write(2) underneath it would. */
 int fflush(FILE *f) {
-  if (f && stream_fault(f)) return EOF;
+  if (f && stream_fault(f)) {
+    __fpurge(f);
+    return EOF;
+  }
   return get_fflush()(f);
 }
 int fclose(FILE *f) {
   int fail = stream_fault(f);
+  if (fail) __fpurge(f);
   if (f) track(fileno_unlocked(f), 0);
   int r = get_fclose()(f);
   if (fail) {
@@ -485,7 +505,7 @@ static int caller_eligible(const void *ret) {
 }
 
 static int alloc_fault(const void *ret) {
-  if (!S || busy || !malloc_on) return 0;
+  if (!S || busy || !malloc_on || (*malloc_after && !S->started)) return 0;
   busy++;
   int ok = caller_eligible(ret);
   busy--;
