@@ -562,10 +562,9 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
     return reap_emit(c, o, pid, &text, false);
   }
   /* the parts and the combined object in a folder of their own */
-  const char *tmpbase = getenv("TMPDIR");
   char dir[4096], objs[8][4200], out[8400], log[4200], cwd[4096];
-  snprintf(dir, sizeof dir, "%s/novac-cg.XXXXXX", tmpbase && *tmpbase ? tmpbase : "/tmp");
-  if (!mkdtemp(dir)) {
+  int lock;
+  if (nv_tempdir_create(dir, sizeof dir, "novac-cg", &lock)) {
     nv_error_plain(c->diag, "cannot create a temporary folder: %s", strerror(errno));
     free(pt.of);
     return -1;
@@ -604,7 +603,10 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
   for (int k = 0; k < started; k++) unlink(objs[k]);
   snprintf(log, sizeof log, "%s/tool.log", dir);
   unlink(log);
+  snprintf(log, sizeof log, "%s/.lock", dir);
+  unlink(log);
   rmdir(dir);
+  close(lock);
   nv_temp_drop(slot);
   return rc;
 }

@@ -613,8 +613,8 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
   double t0 = ms_now();
   const char *tmpbase = getenv("TMPDIR");
   char dir[4096];
-  snprintf(dir, sizeof dir, "%s/novac.XXXXXX", tmpbase && *tmpbase ? tmpbase : "/tmp");
-  if (!mkdtemp(dir)) {
+  int lock;
+  if (nv_tempdir_create(dir, sizeof dir, "novac", &lock)) {
     nv_error_plain(c->diag, "cannot create a temporary folder in %s: %s", tmpbase ? tmpbase : "/tmp", strerror(errno));
     return -1;
   }
@@ -684,12 +684,15 @@ out:
   free(t);
   if (!o->keep_temps) {
     static const char *const files[] = {"step.o", "eval.o", "init.bin",      "desc.c",   "desc.o", "step.so",
-                                        "exports.map", "tool.log", "kernels.ptx", "kernels.cubin", NULL};
+                                        "exports.map", "tool.log", "kernels.ptx", "kernels.cubin", ".lock", NULL};
     rm_tree(dir, files);
+    close(lock); /* after .lock is gone: nobody sweeps a folder still in use */
   }
   nv_temp_drop(slot);
-  if (o->keep_temps)
+  if (o->keep_temps) {
+    nv_tempdir_keep(dir, lock);
     fprintf(stderr, "novac: temporary files kept in %s\n", dir);
+  }
   return rc;
 }
 

@@ -661,6 +661,7 @@ int main(int argc, char **argv) {
   if (!d) return 1;
   nv_temp_install();
   nv_json_init();
+  nv_tempdir_sweep(); /* what a novac killed by SIGKILL left in $TMPDIR */
   int rc = compile(d, &o);
   if (rc == 0 && nv_diag_count(d)) rc = -1;
   if (nv_close_stdout() && rc == 0) {

@@ -14,6 +14,7 @@
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 void nv_sb_vprintf(nv_sbuf *b, const char *fmt, va_list ap) {
@@ -193,6 +194,100 @@ void nv_temp_drop(int slot) {
 void nv_child_dies_with_parent(int parent) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != (pid_t)parent) _exit(1); /* died before the prctl */
+}
+
+/* ---- temporary folders ---------------------------------------------------- */
+
+static const char *tmp_base(void) {
+  const char *t = getenv("TMPDIR");
+  return t && *t ? t : "/tmp";
+}
+
+int nv_tempdir_create(char *dir, size_t n, const char *prefix, int *lock) {
+  *lock = -1;
+  if ((size_t)snprintf(dir, n, "%s/%s.XXXXXX", tmp_base(), prefix) >= n) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  if (!mkdtemp(dir)) return -1;
+  /* the lock is made under another name and renamed: .lock is never seen
+     unlocked while its owner lives */
+  char tmp[4200], fin[4200];
+  snprintf(tmp, sizeof tmp, "%s/.lock.XXXXXX", dir);
+  snprintf(fin, sizeof fin, "%s/.lock", dir);
+  int fd = mkostemp(tmp, O_CLOEXEC);
+  if (fd < 0 || flock(fd, LOCK_EX) || rename(tmp, fin)) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+    rmdir(dir);
+    errno = e;
+    return -1;
+  }
+  *lock = fd;
+  return 0;
+}
+
+void nv_tempdir_keep(const char *dir, int lock) {
+  char p[4200];
+  snprintf(p, sizeof p, "%s/.keep", dir);
+  int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0) close(fd);
+  snprintf(p, sizeof p, "%s/.lock", dir);
+  unlink(p);
+  if (lock >= 0) close(lock);
+}
+
+/* Whether NAME is PREFIX.XXXXXX for one of novac's prefixes. */
+static bool sweep_name(const char *name) {
+  static const char *const prefixes[] = {"novac.", "novac-cg."};
+  for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++) {
+    size_t l = strlen(prefixes[i]);
+    if (!strncmp(name, prefixes[i], l) && strlen(name + l) == 6) return true;
+  }
+  return false;
+}
+
+/* The folder NAME in BASE (an open folder) when it is stale: ours, a real
+ * folder (no symlink followed), and its .lock free (its novac is gone), or
+ * no .lock and older than NV_TEMP_GRACE seconds (one being made, or left by
+ * a novac killed before it locked).  Removes its files, then it. */
+#define NV_TEMP_GRACE 60
+static void sweep_one(int base, const char *name) {
+  int d = openat(base, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (d < 0) return;
+  struct stat st;
+  if (fstat(d, &st) || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || faccessat(d, ".keep", F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
+    close(d);
+    return;
+  }
+  int lk = openat(d, ".lock", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  bool stale;
+  if (lk >= 0) {
+    stale = flock(lk, LOCK_EX | LOCK_NB) == 0; /* held until the files are gone */
+  } else
+    stale = errno == ENOENT && st.st_mtime + NV_TEMP_GRACE < time(NULL);
+  if (stale) {
+    DIR *dd = fdopendir(dup(d));
+    struct dirent *e;
+    while (dd && (e = readdir(dd)))
+      if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, ".lock"))
+        unlinkat(d, e->d_name, 0); /* a sub-folder is not ours: it stays, and so does NAME */
+    if (dd) closedir(dd);
+    unlinkat(d, ".lock", 0);
+    unlinkat(base, name, AT_REMOVEDIR);
+  }
+  if (lk >= 0) close(lk);
+  close(d);
+}
+
+void nv_tempdir_sweep(void) {
+  DIR *b = opendir(tmp_base());
+  if (!b) return;
+  struct dirent *e;
+  while ((e = readdir(b)))
+    if ((e->d_type == DT_DIR || e->d_type == DT_UNKNOWN) && sweep_name(e->d_name)) sweep_one(dirfd(b), e->d_name);
+  closedir(b);
 }
 
 /* ---- durable output ------------------------------------------------------ */

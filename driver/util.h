@@ -80,6 +80,20 @@ uint64_t nv_fnv1a64(uint64_t h, const void *data, size_t len);
 /* Size and FNV-1a of a whole file. */
 int nv_file_fnv(const char *path, uint64_t *size, uint64_t *hash);
 
+/* ---- temporary folders ---------------------------------------------------
+ * nv_tempdir_create makes $TMPDIR/PREFIX.XXXXXX (TMPDIR unset or empty:
+ * /tmp) holding .lock, flock'ed through *LOCK (close-on-exec) for as long as
+ * the folder is used: close *LOCK after removing the folder (its .lock
+ * included).  0, or -1 with errno.  nv_tempdir_keep: the folder stays for
+ * good (NOVAC_KEEP_TEMPS): .lock becomes .keep, *LOCK is closed.
+ * nv_tempdir_sweep, at start: removes the novac.XXXXXX and novac-cg.XXXXXX
+ * folders of $TMPDIR that a killed novac left (this user's, not symlinks,
+ * their .lock free, or no .lock and over a minute old); a live novac's
+ * folder is locked and stays. */
+int nv_tempdir_create(char *dir, size_t n, const char *prefix, int *lock);
+void nv_tempdir_keep(const char *dir, int lock);
+void nv_tempdir_sweep(void);
+
 /* ---- cJSON's allocations (driver/json.c) ----------------------------------
  * nv_json_init, once in main: cJSON allocates through a wrapper that notes a
  * failure; nv_json_oom_take: whether one failed since the last call (and
