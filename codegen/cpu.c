@@ -268,9 +268,16 @@ int cg_emit_llvm_ir(nova_ctx *c, MlirModule m, FILE *f) {
   return 0;
 }
 
+/* A string LLVM's C API made with strdup (LLVMGetHostCPUName, ...): NULL
+ * is a failed allocation, which LLVM passes on unchecked. */
+static char *llvm_str(char *s) {
+  if (!s) nv_oom_die(64);
+  return s;
+}
+
 void cg_cpu_name(const cg_options *o, char *out, size_t size) {
   if (!o->cpu || !strcmp(o->cpu, "host")) {
-    char *h = LLVMGetHostCPUName();
+    char *h = llvm_str(LLVMGetHostCPUName());
     snprintf(out, size, "%s", h);
     LLVMDisposeMessage(h);
   } else
@@ -287,7 +294,7 @@ static int emit_object_here(nova_ctx *c, MlirModule m, const cg_options *o, cons
   drop_nova_arg_attrs(m);
   LLVMModuleRef lm = mlirTranslateModuleToLLVMIR(mlirModuleGetOperation(m), llctx);
   int rc = -1;
-  char *triple = LLVMGetDefaultTargetTriple(), *err = NULL, *cpu = NULL, *features = NULL;
+  char *triple = llvm_str(LLVMGetDefaultTargetTriple()), *err = NULL, *cpu = NULL, *features = NULL;
   LLVMTargetMachineRef tm = NULL;
   LLVMTargetRef target;
   if (!lm) {
@@ -305,8 +312,8 @@ static int emit_object_here(nova_ctx *c, MlirModule m, const cg_options *o, cons
     goto out;
   }
   bool host = !o->cpu || !strcmp(o->cpu, "host");
-  cpu = host ? LLVMGetHostCPUName() : strdup(o->cpu);
-  features = host ? LLVMGetHostCPUFeatures() : strdup("");
+  cpu = host ? llvm_str(LLVMGetHostCPUName()) : nv_xstrdup(o->cpu);
+  features = host ? llvm_str(LLVMGetHostCPUFeatures()) : nv_xstrdup("");
   static const LLVMCodeGenOptLevel lv[] = {LLVMCodeGenLevelNone, LLVMCodeGenLevelLess, LLVMCodeGenLevelDefault,
                                            LLVMCodeGenLevelAggressive};
   int ol = o->opt_level < 0 ? 0 : o->opt_level > 3 ? 3 : o->opt_level;
@@ -393,7 +400,7 @@ static int split_module(MlirModule m, int nparts, parts *pt) {
     }
     if (!defined_func(f)) continue;
     if (pt->nfn == cap) {
-      int64_t *ns = realloc(size, sizeof *ns * (size_t)(cap = cap ? 2 * cap : 256));
+      int64_t *ns = nv_xrealloc(size, sizeof *ns * (size_t)(cap = cap ? 2 * cap : 256));
       if (!ns) goto whole;
       size = ns;
     }
@@ -402,9 +409,9 @@ static int split_module(MlirModule m, int nparts, parts *pt) {
     pt->nfn++;
   }
   if (pt->nfn < 4 * nparts) goto whole;
-  pt->of = malloc(sizeof *pt->of * (size_t)pt->nfn);
+  pt->of = nv_xmalloc(sizeof *pt->of * (size_t)pt->nfn);
   int64_t load[8] = {0};
-  bool *done = calloc((size_t)pt->nfn, sizeof *done);
+  bool *done = nv_xcalloc((size_t)pt->nfn, sizeof *done);
   if (!pt->of || !done) {
     free(done);
     goto whole;

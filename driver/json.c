@@ -13,6 +13,7 @@ static int json_oom;
 
 static void *json_malloc(size_t n) {
   void *p = malloc(n);
+  if (!p && nv_oom_is_fatal()) nv_oom_die(n);
   if (!p) json_oom = 1;
   return p;
 }

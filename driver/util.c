@@ -17,6 +17,55 @@
 #include <time.h>
 #include <unistd.h>
 
+/* ---- allocation that cannot fail ------------------------------------------ */
+
+static bool oom_fatal;
+
+void nv_oom_set_fatal(void) { oom_fatal = true; }
+bool nv_oom_is_fatal(void) { return oom_fatal; }
+
+static void temp_rm_all(void);
+
+void nv_oom_die(size_t n) {
+  char msg[160];
+  int len = snprintf(msg, sizeof msg, "%s: error: out of memory (allocating %zu bytes)\n",
+                     program_invocation_short_name, n);
+  if (len > 0 && write(2, msg, (size_t)len) < 0) { /* nothing more to say */
+  }
+  temp_rm_all(); /* the process that made them; a forked worker removes nothing */
+  _exit(1);
+}
+
+void *nv_xmalloc(size_t n) {
+  void *p = malloc(n);
+  if (!p && n) nv_oom_die(n);
+  return p;
+}
+
+void *nv_xcalloc(size_t n, size_t size) {
+  void *p = calloc(n, size);
+  if (!p && n && size) nv_oom_die(n * size);
+  return p;
+}
+
+void *nv_xrealloc(void *p, size_t n) {
+  void *q = realloc(p, n);
+  if (!q && n) nv_oom_die(n);
+  return q;
+}
+
+char *nv_xstrdup(const char *s) {
+  char *d = strdup(s);
+  if (!d) nv_oom_die(strlen(s) + 1);
+  return d;
+}
+
+char *nv_xstrndup(const char *s, size_t n) {
+  char *d = strndup(s, n);
+  if (!d) nv_oom_die(n + 1);
+  return d;
+}
+
 void nv_sb_vprintf(nv_sbuf *b, const char *fmt, va_list ap) {
   if (b->oom) return;
   for (;;) {
@@ -32,6 +81,7 @@ void nv_sb_vprintf(nv_sbuf *b, const char *fmt, va_list ap) {
     }
     size_t cap = (b->cap + (size_t)n + 1) * 2;
     char *p = realloc(b->s, cap);
+    if (!p && oom_fatal) nv_oom_die(cap);
     if (!p) {
       b->oom = 1;
       return;

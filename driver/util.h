@@ -13,6 +13,24 @@ typedef struct nv_sbuf {
   int oom;      /* an allocation failed: the text is incomplete */
 } nv_sbuf;
 
+/* ---- allocation that cannot fail ------------------------------------------
+ * The compiler's allocations (frontend/, passes/, codegen/, configurator/,
+ * novac's driver) go through nv_x*: on failure, "PROG: error: out of memory"
+ * on stderr, the temporary files of nv_temp_add removed, and _exit(1)
+ * (from any thread or forked worker; nothing partial is ever published:
+ * outputs are renamed into place only when complete).  Like an assert, the
+ * one place outside main that ends the process.  nv_oom_set_fatal (novac's
+ * main): nv_sbuf and cJSON growth fail the same way instead of marking the
+ * text incomplete; novarun keeps every allocation failure a value. */
+void *nv_xmalloc(size_t n);
+void *nv_xcalloc(size_t n, size_t size);
+void *nv_xrealloc(void *p, size_t n);
+char *nv_xstrdup(const char *s);
+char *nv_xstrndup(const char *s, size_t n);
+void nv_oom_set_fatal(void);
+bool nv_oom_is_fatal(void);
+_Noreturn void nv_oom_die(size_t n);
+
 void nv_sb_printf(nv_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void nv_sb_vprintf(nv_sbuf *b, const char *fmt, va_list ap);
 void nv_sb_free(nv_sbuf *b);

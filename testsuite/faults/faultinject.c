@@ -8,7 +8,9 @@
  *                       NV_FAULT_MALLOC_IN count (comma-separated substrings
  *                       of their file names, "exe" for the program itself;
  *                       default "exe"): C code that checks what it gets, not
- *                       C++ operator new inside LLVM/MLIR
+ *                       C++ operator new inside LLVM/MLIR, nor functions of
+ *                       the program named with a prefix of
+ *                       NV_FAULT_MALLOC_SKIP (default "mlir,LLVM,_Z")
  *   NV_FAULT_WRITE=N    the Nth write/pwrite/writev/pwritev, or the Nth
  *                       fwrite/fputs/fputc/putc/fprintf/vfprintf/fflush/fclose
  *                       of a stream, fails (NV_FAULT_ERRNO: ENOSPC or EIO;
@@ -27,7 +29,8 @@
  *                       (default "novac,novarun"); a compiler or linker
  *                       started by them loads the shim and ignores it
  *   NV_FAULT_TRACE=1    each counted write/fsync, and the failing call with a
- *                       backtrace, on stderr (prefixed "nvfault:")
+ *                       backtrace, on stderr (prefixed "nvfault:"), or
+ *                       appended to NV_FAULT_TRACE_FILE
  *   NV_FAULT_REPORT=F   at exit the first process appends to F one line:
  *                       "malloc=A write=W fsync=S hit=H" (H: faults injected)
  *
@@ -39,6 +42,7 @@
 #define _GNU_SOURCE
 #endif
 #include <dlfcn.h>
+#include <elf.h>
 #include <execinfo.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -153,6 +157,21 @@ static void write_report(void) {
   busy--;
 }
 
+static void read_skips(uintptr_t base);
+
+static int first_object(struct dl_phdr_info *info, size_t size, void *data) {
+  (void)size;
+  *(uintptr_t *)data = info->dlpi_addr;
+  return 1;
+}
+
+/* The load address of the program (the first object dl_iterate_phdr lists). */
+static uintptr_t exe_base(void) {
+  uintptr_t b = 0;
+  dl_iterate_phdr(first_object, &b);
+  return b;
+}
+
 __attribute__((constructor)) static void fault_init(void) {
   busy++;
   char exe[4096];
@@ -186,6 +205,7 @@ __attribute__((constructor)) static void fault_init(void) {
         const char *after = getenv("NV_FAULT_MALLOC_AFTER");
         if (after) snprintf(malloc_after, sizeof malloc_after, "%s", after);
         root_pid = getpid();
+        if (getenv("NV_FAULT_MALLOC")) read_skips(exe_base());
         S = m;
         atexit(write_report);
       }
@@ -204,11 +224,14 @@ static void trace_call(int k, unsigned long n, int fd, int failing) {
   }
   int len = snprintf(line, sizeof line, "nvfault: [%d] %s #%lu fd %d %s%s\n", (int)getpid(), kind[k], n, fd, path,
                      failing ? " FAILS" : "");
-  if (get_write()(2, line, (size_t)len) < 0) return;
-  if (failing || trace > 1) {
+  const char *to = getenv("NV_FAULT_TRACE_FILE");
+  int out = to ? get_open()(to, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : 2;
+  if (out < 0) return;
+  if (get_write()(out, line, (size_t)len) >= 0 && (failing || trace > 1)) {
     void *bt[32];
-    backtrace_symbols_fd(bt, backtrace(bt, 32), 2);
+    backtrace_symbols_fd(bt, backtrace(bt, 32), out);
   }
+  if (out != 2) get_close()(out);
 }
 
 /* Counts one call of kind K (on FD, or -1); 1 when it is to fail. */
@@ -442,6 +465,15 @@ int fclose(FILE *f) {
   return r;
 }
 
+/* A program that ends with _exit (novac out of memory) still reports. */
+void _exit(int status) {
+  static void (*real_exit)(int);
+  write_report();
+  if (!real_exit) real_exit = (void (*)(int))dlsym(RTLD_NEXT, "_exit");
+  real_exit(status);
+  __builtin_unreachable();
+}
+
 /* ---- allocations ----------------------------------------------------------- */
 
 /* Address ranges of the loaded objects, each eligible or not; rebuilt when
@@ -490,8 +522,74 @@ static int adds_of(struct dl_phdr_info *info, size_t size, void *data) {
   return 1;
 }
 
+/* Functions of the program itself whose allocations never count: those
+ * named with a prefix of NV_FAULT_MALLOC_SKIP (default "mlir,LLVM,_Z": the
+ * MLIR C API and the C++ linked into novac, which do not check what malloc
+ * returns), found in the program's symbol table. */
+static struct range *skips;
+static size_t nskips;
+
+static int range_cmp(const void *a, const void *b) {
+  const struct range *x = a, *y = b;
+  return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+static int skip_name(const char *nm, const char *list) {
+  for (const char *p = list; p && *p;) {
+    const char *e = strchr(p, ',');
+    size_t l = e ? (size_t)(e - p) : strlen(p);
+    if (l && !strncmp(nm, p, l)) return 1;
+    p = e ? e + 1 : NULL;
+  }
+  return 0;
+}
+
+/* Reads the skipped functions of the program (loaded at BASE). */
+static void read_skips(uintptr_t base) {
+  const char *list = getenv("NV_FAULT_MALLOC_SKIP");
+  if (!list) list = "mlir,LLVM,_Z";
+  int fd = get_open()("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  off_t size = lseek(fd, 0, SEEK_END);
+  void *m = size > 0 ? mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+  get_close()(fd);
+  if (m == MAP_FAILED) return;
+  const unsigned char *f = m;
+  const Elf64_Ehdr *eh = m;
+  const Elf64_Shdr *sh = (const Elf64_Shdr *)(f + eh->e_shoff);
+  for (int i = 0; i < eh->e_shnum; i++) {
+    if (sh[i].sh_type != SHT_SYMTAB) continue;
+    const Elf64_Sym *sym = (const Elf64_Sym *)(f + sh[i].sh_offset);
+    size_t n = sh[i].sh_size / sizeof *sym;
+    const char *str = (const char *)(f + sh[sh[i].sh_link].sh_offset);
+    skips = mmap(NULL, n * sizeof *skips, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (skips == MAP_FAILED) {
+      skips = NULL;
+      break;
+    }
+    for (size_t k = 0; k < n; k++)
+      if (ELF64_ST_TYPE(sym[k].st_info) == STT_FUNC && sym[k].st_value && skip_name(str + sym[k].st_name, list))
+        skips[nskips++] = (struct range){base + sym[k].st_value, base + sym[k].st_value + sym[k].st_size, 0};
+    qsort(skips, nskips, sizeof *skips, range_cmp);
+    break;
+  }
+  munmap(m, (size_t)size);
+}
+
+static int skipped(uintptr_t a) {
+  size_t lo = 0, hi = nskips;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (skips[mid].hi <= a) lo = mid + 1;
+    else if (skips[mid].lo > a) hi = mid;
+    else return 1;
+  }
+  return 0;
+}
+
 static int caller_eligible(const void *ret) {
   uintptr_t a = (uintptr_t)ret;
+  if (skipped(a)) return 0;
   for (int pass = 0; pass < 2; pass++) {
     for (int i = 0; i < nranges; i++)
       if (a >= ranges[i].lo && a < ranges[i].hi) return ranges[i].ok;

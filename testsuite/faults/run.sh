@@ -46,6 +46,12 @@ for f in "$NOVAC" "$NOVARUN" "$SHIM"; do
   fi
 done
 
+# a sanitizer's runtime must come first and owns malloc: no shim beside it
+if ldd "$NOVAC" 2> /dev/null | grep -qE 'lib(a|t|ub)san'; then
+  echo "faults: skipped: $NOVAC is a sanitizer build (the shim cannot be preloaded into it)"
+  exit 0
+fi
+
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/nova-faults.XXXXXX") || exit 0
 trap 'rm -rf "$tmp"' EXIT INT TERM
 ref=$tmp/ref
@@ -102,8 +108,8 @@ run() {
   job=$1 c=$2
   shift 2
   case $job in
-  compile | emit) after=$c/out/ in=exe,libcjson,libprotobuf-c ;;
-  train) after= in=exe,libcjson,libprotobuf-c,step.so ;;
+  compile | emit) in=exe,libcjson ;;
+  train) in=exe,libcjson,libprotobuf-c,step.so ;;
   esac
   case $job in
   compile) set -- "$@" "$NOVAC" "$MODEL" --train --lr=0.05 -o step.so ;;
@@ -112,7 +118,7 @@ run() {
     --dump dump --outputs o -q ;;
   esac
   (cd "$c/out" && timeout -k 5 "$TIMEOUT" env TMPDIR="$c/tmp" LD_PRELOAD="$SHIM" NV_FAULT_PATH="$c" \
-    NV_FAULT_MALLOC_IN="$in" NV_FAULT_MALLOC_AFTER="$after" NV_FAULT_REPORT="$c/report" "$@" \
+    NV_FAULT_MALLOC_IN="$in" NV_FAULT_REPORT="$c/report" "$@" \
     > "$c/stdout" 2> "$c/stderr" < /dev/null)
 }
 
