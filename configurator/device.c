@@ -24,7 +24,6 @@
  * 80 GiB to the driver, less its reservations), so they are stored as GiB.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "../driver/util.h"
 #include "device.h"
 
 #include <cjson/cJSON.h>
@@ -365,7 +364,7 @@ int cfg_device_load(const char *path, cfg_device *out, char *err, size_t n)
         if (len + 4096 + 1 > cap) {
             cap = cap ? cap * 2 : 8192;
             if (cap > ((size_t)16 << 20)) { fclose(f); free(buf); cfg_errf(err, n, "%s: too large", path); return -1; }
-            char *nb = nv_xrealloc(buf, cap);
+            char *nb = realloc(buf, cap);
             if (!nb) { fclose(f); free(buf); cfg_errf(err, n, "out of memory"); return -1; }
             buf = nb;
         }
