@@ -24,8 +24,8 @@ MLIR_LIBS := -lMLIRCAPIRegisterEverything -lMLIRCAPITransforms -lMLIRCAPITarget 
   -lMLIR -lLLVM -lstdc++
 NOVAC_LDLIBS := -L$(LLVM_LIB) $(MLIR_LIBS) -Wl,-rpath,$(LLVM_LIB) -lcjson -lprotobuf-c -lm -lpthread -ldl
 
-NOVAC_SRC  := $(wildcard driver/novac*.c driver/diag.c driver/util.c frontend/*.c passes/*.c codegen/*.c configurator/*.c)
-NOVARUN_SRC := $(wildcard driver/novarun*.c driver/tensor_pb.c driver/util.c)
+NOVAC_SRC  := $(wildcard driver/novac*.c driver/diag.c driver/util.c driver/json.c frontend/*.c passes/*.c codegen/*.c configurator/*.c)
+NOVARUN_SRC := $(wildcard driver/novarun*.c driver/tensor_pb.c driver/util.c driver/json.c)
 RT_SRC     := $(wildcard runtime/*.c)
 GEN_ONNX   := $(B)/gen/onnx.pb-c.c
 
@@ -38,9 +38,11 @@ BIN_NOVARUN := $(B)/bin/novarun
 RT_DIR      := $(B)/lib/novac
 RT_LIB      := $(RT_DIR)/libnovart.a
 RT_HDRS     := $(RT_DIR)/include/nova/step.h $(RT_DIR)/include/rt_graph.h
+# the LD_PRELOAD fault-injection shim of testsuite/faults (not installed)
+FAULT_LIB   := $(B)/lib/libnvfault.so
 
 .PHONY: check-tsan check-asan-fast all deps check-deps demo check check-gpu check-asan check-lit check-e2e check-bad check-unit check-onnx fuzz-onnx install clean
-all: check-deps $(BIN_NOVAC) $(BIN_NOVARUN) $(RT_LIB) $(RT_HDRS)
+all: check-deps $(BIN_NOVAC) $(BIN_NOVARUN) $(RT_LIB) $(RT_HDRS) $(FAULT_LIB)
 
 # ---- dependencies -------------------------------------------------------
 APT_PKGS := libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools libprotobuf-c-dev \
@@ -103,6 +105,11 @@ $(RT_DIR)/include/nova/step.h: include/nova/step.h
 $(RT_DIR)/include/rt_graph.h: runtime/rt_graph.h
 	@mkdir -p $(dir $@)
 	cp $< $@
+
+# gnu11 without -Wpedantic: dlsym's object pointer becomes a function pointer
+$(FAULT_LIB): testsuite/faults/faultinject.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -Wall -Wextra -Wshadow -Wmissing-prototypes $(WERROR) -O2 -g -fPIC -shared $< -o $@ -ldl
 
 -include $(NOVAC_OBJ:.o=.d) $(NOVARUN_OBJ:.o=.d) $(RT_OBJ:.o=.d)
 

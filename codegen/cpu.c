@@ -15,6 +15,7 @@
 #include <mlir-c/Target/LLVMIR.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -280,9 +281,16 @@ int cg_emit_llvm_ir(nova_ctx *c, MlirModule m, FILE *f) {
   return 0;
 }
 
+/* A string LLVM's C API made with strdup (LLVMGetHostCPUName, ...): NULL
+ * is a failed allocation, which LLVM passes on unchecked. */
+static char *llvm_str(char *s) {
+  if (!s) nv_oom_die(64);
+  return s;
+}
+
 void cg_cpu_name(const cg_options *o, char *out, size_t size) {
   if (!o->cpu || !strcmp(o->cpu, "host")) {
-    char *h = LLVMGetHostCPUName();
+    char *h = llvm_str(LLVMGetHostCPUName());
     snprintf(out, size, "%s", h);
     LLVMDisposeMessage(h);
   } else
@@ -299,7 +307,7 @@ static int emit_object_here(nova_ctx *c, MlirModule m, const cg_options *o, cons
   drop_nova_arg_attrs(m);
   LLVMModuleRef lm = mlirTranslateModuleToLLVMIR(mlirModuleGetOperation(m), llctx);
   int rc = -1;
-  char *triple = LLVMGetDefaultTargetTriple(), *err = NULL, *cpu = NULL, *features = NULL;
+  char *triple = llvm_str(LLVMGetDefaultTargetTriple()), *err = NULL, *cpu = NULL, *features = NULL;
   LLVMTargetMachineRef tm = NULL;
   LLVMTargetRef target;
   if (!lm) {
@@ -317,8 +325,8 @@ static int emit_object_here(nova_ctx *c, MlirModule m, const cg_options *o, cons
     goto out;
   }
   bool host = !o->cpu || !strcmp(o->cpu, "host");
-  cpu = host ? LLVMGetHostCPUName() : strdup(o->cpu);
-  features = host ? LLVMGetHostCPUFeatures() : strdup("");
+  cpu = host ? llvm_str(LLVMGetHostCPUName()) : nv_xstrdup(o->cpu);
+  features = host ? llvm_str(LLVMGetHostCPUFeatures()) : nv_xstrdup("");
   static const LLVMCodeGenOptLevel lv[] = {LLVMCodeGenLevelNone, LLVMCodeGenLevelLess, LLVMCodeGenLevelDefault,
                                            LLVMCodeGenLevelAggressive};
   int ol = o->opt_level < 0 ? 0 : o->opt_level > 3 ? 3 : o->opt_level;
@@ -405,7 +413,7 @@ static int split_module(MlirModule m, int nparts, parts *pt) {
     }
     if (!defined_func(f)) continue;
     if (pt->nfn == cap) {
-      int64_t *ns = realloc(size, sizeof *ns * (size_t)(cap = cap ? 2 * cap : 256));
+      int64_t *ns = nv_xrealloc(size, sizeof *ns * (size_t)(cap = cap ? 2 * cap : 256));
       if (!ns) goto whole;
       size = ns;
     }
@@ -414,9 +422,9 @@ static int split_module(MlirModule m, int nparts, parts *pt) {
     pt->nfn++;
   }
   if (pt->nfn < 4 * nparts) goto whole;
-  pt->of = malloc(sizeof *pt->of * (size_t)pt->nfn);
+  pt->of = nv_xmalloc(sizeof *pt->of * (size_t)pt->nfn);
   int64_t load[8] = {0};
-  bool *done = calloc((size_t)pt->nfn, sizeof *done);
+  bool *done = nv_xcalloc((size_t)pt->nfn, sizeof *done);
   if (!pt->of || !done) {
     free(done);
     goto whole;
@@ -461,35 +469,72 @@ static void keep_part(MlirModule m, const parts *pt, int k) {
   }
 }
 
-/* Runs emit_object_here in a child (its stderr into OBJ_PATH.log), after
- * KEEP (if any) trimmed the module to part K; -> the child's pid or -1. */
-static pid_t spawn_emit(nova_ctx *c, MlirModule m, const cg_options *o, const char *obj, const parts *pt, int k) {
-  char log[4200];
-  snprintf(log, sizeof log, "%s.log", obj);
+/* Runs emit_object_here in a child, its stderr into a pipe (*LOG, the read
+ * end; a pipe needs no disk, so a full TMPDIR still leaves the child's
+ * message), after KEEP (if any) trimmed the module to part K; -> the
+ * child's pid or -1. */
+static pid_t spawn_emit(nova_ctx *c, MlirModule m, const cg_options *o, const char *obj, const parts *pt, int k,
+                        int *log) {
+  int fds[2];
+  *log = -1;
+  if (pipe2(fds, O_CLOEXEC)) return -1;
   pid_t parent = getpid(), pid = fork();
   if (pid == 0) {
     nv_child_dies_with_parent(parent);
-    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (fd >= 0) {
-      dup2(fd, 2);
-      close(fd);
-    }
+    dup2(fds[1], 2);
     if (pt) keep_part(m, pt, k);
     _exit(emit_object_here(c, m, o, obj) ? 1 : 0);
   }
+  int e = errno;
+  close(fds[1]);
+  if (pid < 0) {
+    close(fds[0]);
+    errno = e;
+    return -1;
+  }
+  *log = fds[0];
   return pid;
 }
 
-/* Waits for PID; its log becomes a diagnostic when it failed (else its
- * warnings are printed).  0 or -1. */
-static int reap_emit(nova_ctx *c, const cg_options *o, const char *obj, pid_t pid, bool quiet) {
-  char log[4200];
-  snprintf(log, sizeof log, "%s.log", obj);
+/* Reads the N pipes FDS to their ends (all at once: a child blocked on a
+ * full pipe would never exit) into TEXT[k], at most 1 MiB each; closes them. */
+static void read_logs(int *fds, nv_sbuf *text, int n) {
+  struct pollfd pf[8];
+  int open_n = 0;
+  for (int k = 0; k < n; k++) {
+    pf[k] = (struct pollfd){.fd = fds[k], .events = POLLIN};
+    open_n += fds[k] >= 0;
+    if (fds[k] < 0) pf[k].fd = -1;
+  }
+  char buf[4096];
+  while (open_n > 0) {
+    if (poll(pf, (nfds_t)n, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int k = 0; k < n; k++) {
+      if (pf[k].fd < 0 || !pf[k].revents) continue;
+      ssize_t got = read(pf[k].fd, buf, sizeof buf);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        close(pf[k].fd);
+        pf[k].fd = -1;
+        open_n--;
+      } else if (text[k].len < (1u << 20))
+        nv_sb_printf(&text[k], "%.*s", (int)got, buf);
+    }
+  }
+  for (int k = 0; k < n; k++)
+    if (pf[k].fd >= 0) close(pf[k].fd);
+}
+
+/* Waits for PID; its messages (TEXT) become a diagnostic when it failed
+ * (else its warnings are printed).  0 or -1. */
+static int reap_emit(nova_ctx *c, const cg_options *o, pid_t pid, nv_sbuf *log, bool quiet) {
   int st = 0;
   while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-  size_t len = 0;
-  char *text = nv_read_file(log, &len, 1 << 20);
-  unlink(log);
+  char *text = log->s;
+  size_t len = log->len;
   int rc = WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
   if (rc && quiet) {
     /* reported once, by the first failing part */
@@ -502,10 +547,13 @@ static int reap_emit(nova_ctx *c, const cg_options *o, const char *obj, pid_t pi
     if (!line && text && *text) line = text;
     char *nl = line ? strchr(line, '\n') : NULL;
     if (nl) *nl = 0;
-    nv_error_plain(c->diag, "code generation failed: %s", line ? line : "(the code generator stopped with no message)");
+    char how[64] = "";
+    if (WIFSIGNALED(st)) snprintf(how, sizeof how, " (killed by signal %d)", WTERMSIG(st));
+    nv_error_plain(c->diag, "code generation failed: %s%s",
+                   line ? line : "(the code generator stopped with no message)", how);
   } else if (text && len && !quiet)
     fputs(text, stderr); /* warnings */
-  free(text);
+  nv_sb_free(log);
   return rc;
 }
 
@@ -523,28 +571,31 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
   parts pt;
   int jobs = codegen_jobs();
   if (jobs < 2 || split_module(m, jobs, &pt)) {
-    pid_t pid = spawn_emit(c, m, o, obj_path, NULL, 0);
+    int fd;
+    nv_sbuf text = {0};
+    pid_t pid = spawn_emit(c, m, o, obj_path, NULL, 0, &fd);
     if (pid < 0) {
       nv_error_plain(c->diag, "cannot start code generation: %s", strerror(errno));
       return -1;
     }
-    return reap_emit(c, o, obj_path, pid, false);
+    read_logs(&fd, &text, 1);
+    return reap_emit(c, o, pid, &text, false);
   }
   /* the parts and the combined object in a folder of their own */
-  const char *tmpbase = getenv("TMPDIR");
   char dir[4096], objs[8][4200], out[8400], log[4200], cwd[4096];
-  snprintf(dir, sizeof dir, "%s/novac-cg.XXXXXX", tmpbase && *tmpbase ? tmpbase : "/tmp");
-  if (!mkdtemp(dir)) {
+  int lock;
+  if (nv_tempdir_create(dir, sizeof dir, "novac-cg", &lock)) {
     nv_error_plain(c->diag, "cannot create a temporary folder: %s", strerror(errno));
     free(pt.of);
     return -1;
   }
   int slot = nv_temp_add(dir, 1);
   pid_t pids[8];
-  int rc = 0, started = 0;
+  int rc = 0, started = 0, fds[8];
+  nv_sbuf texts[8] = {{0}};
   for (int k = 0; k < pt.n; k++) {
     snprintf(objs[k], sizeof objs[k], "%s/part%d.o", dir, k);
-    pids[k] = spawn_emit(c, m, o, objs[k], &pt, k);
+    pids[k] = spawn_emit(c, m, o, objs[k], &pt, k, &fds[k]);
     if (pids[k] < 0) {
       nv_error_plain(c->diag, "cannot start code generation: %s", strerror(errno));
       rc = -1;
@@ -552,8 +603,9 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
     }
     started++;
   }
+  read_logs(fds, texts, started);
   for (int k = 0; k < started; k++)
-    if (reap_emit(c, o, objs[k], pids[k], rc != 0)) rc = -1;
+    if (reap_emit(c, o, pids[k], &texts[k], rc != 0)) rc = -1;
   free(pt.of);
   /* cc runs in DIR: the output path made absolute */
   if (obj_path[0] == '/') snprintf(out, sizeof out, "%s", obj_path);
@@ -571,7 +623,10 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
   for (int k = 0; k < started; k++) unlink(objs[k]);
   snprintf(log, sizeof log, "%s/tool.log", dir);
   unlink(log);
+  snprintf(log, sizeof log, "%s/.lock", dir);
+  unlink(log);
   rmdir(dir);
+  close(lock);
   nv_temp_drop(slot);
   return rc;
 }

@@ -498,7 +498,7 @@ static void mark_func(marker *mk, MlirOperation func) {
       continue;
     }
     if (id == mk->next) {
-      char **nt = realloc(mk->texts, sizeof *nt * (size_t)(mk->next + 1));
+      char **nt = nv_xrealloc(mk->texts, sizeof *nt * (size_t)(mk->next + 1));
       if (!nt) {
         mk->oom = true;
         nv_sb_free(&t);

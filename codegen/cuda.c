@@ -118,7 +118,7 @@ static cg_kernel *new_kernel(gpu_ctx *G) {
   cg_gpu *o = G->out;
   if (o->nk == o->cap) {
     int cap = o->cap ? 2 * o->cap : 32;
-    cg_kernel *k = realloc(o->k, (size_t)cap * sizeof *k);
+    cg_kernel *k = nv_xrealloc(o->k, (size_t)cap * sizeof *k);
     if (!k) return NULL;
     o->k = k;
     o->cap = cap;
@@ -347,11 +347,11 @@ static MlirWalkResult sink_cb(MlirOperation op, void *ud) {
 static void map_function(gpu_ctx *G, MlirOperation f) {
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
   int n = 0, cap = 64;
-  MlirOperation *ops = malloc((size_t)cap * sizeof *ops);
+  MlirOperation *ops = nv_xmalloc((size_t)cap * sizeof *ops);
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); ops && !mlirOperationIsNull(op);
        op = mlirOperationGetNextInBlock(op)) {
     if (n == cap) {
-      MlirOperation *o2 = realloc(ops, (size_t)(cap *= 2) * sizeof *ops);
+      MlirOperation *o2 = nv_xrealloc(ops, (size_t)(cap *= 2) * sizeof *ops);
       if (!o2) break;
       ops = o2;
     }
@@ -361,7 +361,7 @@ static void map_function(gpu_ctx *G, MlirOperation f) {
     G->failed = 1;
     return;
   }
-  MlirOperation *run = malloc((size_t)(n ? n : 1) * sizeof *run);
+  MlirOperation *run = nv_xmalloc((size_t)(n ? n : 1) * sizeof *run);
   int nrun = 0;
   for (int i = 0; run && i < n && !G->failed; i++) {
     MlirOperation op = ops[i];
@@ -477,7 +477,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
               tc.warp_tile_n <= 256 && (tc.warp_tile_m / 16) * (tc.warp_tile_n / 8) <= 256;
     }
     cfg_gemm_simt_schedule s = cfg_gemm_simt(G->dev, M, N, K, eb);
-    cg_kernel *gk = realloc(G->gemm, (size_t)(G->ngemm + 1) * sizeof *gk);
+    cg_kernel *gk = nv_xrealloc(G->gemm, (size_t)(G->ngemm + 1) * sizeof *gk);
     if (!s.ok || !gk) {
       nv_error_plain(G->c->diag, "cannot configure the %lldx%lldx%lld GEMM: %s", (long long)M, (long long)N,
                      (long long)K, s.ok ? "out of memory" : s.reason);
@@ -680,7 +680,7 @@ static int take_ptx(gpu_ctx *G, MlirModule m) {
     MlirAttribute o = mlirArrayAttrGetElement(objs, 0);
     if (!mlirAttributeIsAGPUObjectAttr(o)) break;
     MlirStringRef s = mlirGPUObjectAttrGetObject(o);
-    G->out->ptx = malloc(s.length + 1);
+    G->out->ptx = nv_xmalloc(s.length + 1);
     if (!G->out->ptx) return -1;
     memcpy(G->out->ptx, s.data, s.length);
     G->out->ptx[s.length] = 0;
@@ -688,7 +688,7 @@ static int take_ptx(gpu_ctx *G, MlirModule m) {
     return 0;
   }
   if (G->out->nk == 0) { /* a step without any kernel (only copies of inputs): empty PTX */
-    G->out->ptx = strdup("");
+    G->out->ptx = nv_xstrdup("");
     return G->out->ptx ? 0 : -1;
   }
   nv_error_plain(G->c->diag, "internal: the GPU lowering produced no PTX");

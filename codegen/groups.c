@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "codegen.h"
 
 static MlirBlock entry_block(MlirModule m) {
@@ -31,7 +32,7 @@ static void add_kernel(kernel_lists *L, int op, int64_t k) {
   if (L->n[op] && L->k[op][L->n[op] - 1] == k) return;
   if (L->n[op] == L->cap[op]) {
     int cap = L->cap[op] ? 2 * L->cap[op] : 4;
-    int64_t *nk = realloc(L->k[op], sizeof *nk * (size_t)cap);
+    int64_t *nk = nv_xrealloc(L->k[op], sizeof *nk * (size_t)cap);
     if (!nk) return;
     L->k[op] = nk;
     L->cap[op] = cap;
@@ -83,9 +84,9 @@ int cg_fusion_groups(nova_ctx *c, MlirModule nova, int opt_level) {
   mlirModuleDestroy(copy);
   if (mlirModuleIsNull(lin)) return -1;
   cg_plan stats = {0};
-  kernel_lists L = {calloc((size_t)nops + 1, sizeof *L.k), calloc((size_t)nops + 1, sizeof *L.n),
-                    calloc((size_t)nops + 1, sizeof *L.cap)};
-  bool *had = calloc((size_t)nops + 1, sizeof *had);
+  kernel_lists L = {nv_xcalloc((size_t)nops + 1, sizeof *L.k), nv_xcalloc((size_t)nops + 1, sizeof *L.n),
+                    nv_xcalloc((size_t)nops + 1, sizeof *L.cap)};
+  bool *had = nv_xcalloc((size_t)nops + 1, sizeof *had);
   int rc = !L.k || !L.n || !L.cap || !had ? -1 : 0;
   if (!rc) scan(lin, nops, NULL, had); /* which ops have loops of their own before fusion */
   if (!rc && cg_fuse(c, lin, opt_level, &stats)) rc = -1;
@@ -94,7 +95,7 @@ int cg_fusion_groups(nova_ctx *c, MlirModule nova, int opt_level) {
   /* An op that had loops but is named by no loop nest after fusion was
    * fused into its users' nests (an elementwise producer moves into its
    * consumers): it gets theirs.  Users come later in the block. */
-  MlirOperation *ops = rc ? NULL : calloc((size_t)nops + 1, sizeof *ops);
+  MlirOperation *ops = rc ? NULL : nv_xcalloc((size_t)nops + 1, sizeof *ops);
   i = 0;
   for (MlirOperation o = mlirBlockGetFirstOperation(nb); ops && !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o))
     ops[i++] = o;
@@ -120,7 +121,7 @@ int cg_fusion_groups(nova_ctx *c, MlirModule nova, int opt_level) {
   for (MlirOperation o = mlirBlockGetFirstOperation(nb); !rc && !mlirOperationIsNull(o);
        o = mlirOperationGetNextInBlock(o), i++) {
     if (!L.n[i]) continue;
-    MlirAttribute *el = malloc(sizeof *el * (size_t)L.n[i]);
+    MlirAttribute *el = nv_xmalloc(sizeof *el * (size_t)L.n[i]);
     if (!el) break;
     for (int j = 0; j < L.n[i]; j++) el[j] = mlirIntegerAttrGet(mlirIntegerTypeGet(c->ctx, 64), L.k[i][j]);
     mlirOperationSetDiscardableAttributeByName(o, nova_str("nova.kernels"), mlirArrayAttrGet(c->ctx, L.n[i], el));

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "codegen.h"
 
 /* If the value RESULT (an update of the argument P) comes from an
@@ -78,14 +79,14 @@ int cg_mark_writable(MlirModule m, const int *param_arg, int n) {
   if (mlirAttributeIsNull(aa) || !mlirAttributeIsAArray(aa)) return 0;
   MlirContext ctx = mlirOperationGetContext(func);
   intptr_t na = mlirArrayAttrGetNumElements(aa);
-  MlirAttribute *el = calloc((size_t)na + 1, sizeof *el);
+  MlirAttribute *el = nv_xcalloc((size_t)na + 1, sizeof *el);
   if (!el) return -1;
   for (intptr_t i = 0; i < na; i++) el[i] = mlirArrayAttrGetElement(aa, i);
   for (int j = 0; j < n; j++) {
     int a = param_arg[j];
     if (a < 0 || a >= na || !mlirAttributeIsADictionary(el[a])) continue;
     intptr_t ne = mlirDictionaryAttrGetNumElements(el[a]);
-    MlirNamedAttribute *ent = calloc((size_t)ne + 1, sizeof *ent);
+    MlirNamedAttribute *ent = nv_xcalloc((size_t)ne + 1, sizeof *ent);
     if (!ent) {
       free(el);
       return -1;

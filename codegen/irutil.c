@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "codegen.h"
 #include "mlir-c/BuiltinAttributes.h"
 
@@ -23,7 +24,7 @@ MlirOperation cg_entry_func(MlirModule m) {
 bool cg_op_list_push(cg_op_list *l, MlirOperation op) {
   if (l->n == l->cap) {
     size_t cap = l->cap ? 2 * l->cap : 16;
-    MlirOperation *v = realloc(l->v, cap * sizeof *v);
+    MlirOperation *v = nv_xrealloc(l->v, cap * sizeof *v);
     if (!v) {
       l->oom = true;
       return false;

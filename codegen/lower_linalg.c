@@ -967,7 +967,7 @@ MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule m) {
   int nargs = (int)mlirBlockGetNumArguments(body);
   L.mapcap = 64;
   while (L.mapcap < 2 * (nops + (size_t)nargs)) L.mapcap *= 2;
-  L.map = calloc(L.mapcap, sizeof *L.map);
+  L.map = nv_xcalloc(L.mapcap, sizeof *L.map);
   if (!L.map) return (MlirModule){NULL};
 
   /* signature: same arguments (read-only buffers) and results */
@@ -1027,7 +1027,7 @@ MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule m) {
     int n = (int)mlirOperationGetNumOperands(o);
     L.loc[0] = 0;
     nv_sbuf b = {0};
-    tv *rv = calloc((size_t)n + 1, sizeof *rv);
+    tv *rv = nv_xcalloc((size_t)n + 1, sizeof *rv);
     if (!rv) {
       rc = -1;
       break;

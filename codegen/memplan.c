@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "codegen.h"
 
 #define PLAN_ALIGN 64
@@ -76,8 +77,8 @@ static int index_ops(op_index *ix, MlirBlock fb) {
     n++;
   ix->cap = 16;
   while (ix->cap < 2 * (size_t)n + 2) ix->cap *= 2;
-  ix->ops = calloc((size_t)n + 1, sizeof *ix->ops);
-  ix->slot = calloc(ix->cap, sizeof *ix->slot);
+  ix->ops = nv_xcalloc((size_t)n + 1, sizeof *ix->ops);
+  ix->slot = nv_xcalloc(ix->cap, sizeof *ix->slot);
   if (!ix->ops || !ix->slot) return -1;
   ix->n = 0;
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op)) {
@@ -210,8 +211,8 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   op_index ix = {0};
   int ixrc = index_ops(&ix, fb), n = ix.n;
   MlirOperation *ops = ix.ops;
-  pbuf *bufs = calloc((size_t)n + 1, sizeof *bufs);
-  pbuf **placed = calloc((size_t)n + 1, sizeof *placed);
+  pbuf *bufs = nv_xcalloc((size_t)n + 1, sizeof *bufs);
+  pbuf **placed = nv_xcalloc((size_t)n + 1, sizeof *placed);
   int nb = 0, rc = -1;
   if (ixrc || !bufs || !placed) goto out;
   rc = 1; /* not plannable: the caller keeps heap buffers */
@@ -250,7 +251,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   MlirAttribute ft = mlirOperationGetAttributeByName(func, nova_str("function_type"));
   MlirType fty = mlirTypeAttrGetValue(ft);
   intptr_t ni = mlirFunctionTypeGetNumInputs(fty), nr = mlirFunctionTypeGetNumResults(fty);
-  MlirType *ins = calloc((size_t)ni + 1, sizeof *ins), *res = calloc((size_t)nr + 1, sizeof *res);
+  MlirType *ins = nv_xcalloc((size_t)ni + 1, sizeof *ins), *res = nv_xcalloc((size_t)nr + 1, sizeof *res);
   if (!ins || !res) {
     free(ins);
     free(res);
@@ -268,7 +269,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   MlirAttribute aa = mlirOperationGetAttributeByName(func, nova_str("arg_attrs"));
   if (!mlirAttributeIsNull(aa) && mlirAttributeIsAArray(aa)) {
     intptr_t na = mlirArrayAttrGetNumElements(aa);
-    MlirAttribute *el = calloc((size_t)na + 1, sizeof *el);
+    MlirAttribute *el = nv_xcalloc((size_t)na + 1, sizeof *el);
     if (el) {
       for (intptr_t i = 0; i < na; i++) el[i] = mlirArrayAttrGetElement(aa, i);
       el[na] = mlirDictionaryAttrGet(ctx, 0, NULL);
@@ -276,7 +277,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
       free(el);
     }
   }
-  plan->entries = calloc((size_t)nb + 1, sizeof *plan->entries);
+  plan->entries = nv_xcalloc((size_t)nb + 1, sizeof *plan->entries);
   if (!plan->entries) {
     rc = -1;
     goto out;

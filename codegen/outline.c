@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "codegen.h"
 
 #define MAX_CAPTURE 4096
@@ -178,8 +179,8 @@ static int outline_one(MlirModule m, MlirOperation nest, const char *name, captu
         !mlirTypeIsAVector(t))
       return -1;
   }
-  MlirType *types = calloc((size_t)args->n + 1, sizeof *types);
-  MlirLocation *locs = calloc((size_t)args->n + 1, sizeof *locs);
+  MlirType *types = nv_xcalloc((size_t)args->n + 1, sizeof *types);
+  MlirLocation *locs = nv_xcalloc((size_t)args->n + 1, sizeof *locs);
   if (!types || !locs) {
     free(types);
     free(locs);
@@ -271,7 +272,7 @@ static void dedupe(MlirContext ctx, part *p, int n) {
   /* the first part of each text, by hash (open addressing; slot = index + 1) */
   size_t cap = 16;
   while (cap < 2 * (size_t)n + 2) cap *= 2;
-  int *first = calloc(cap, sizeof *first);
+  int *first = nv_xcalloc(cap, sizeof *first);
   for (int i = 0; first && i < n; i++) {
     if (!p[i].text) continue;
     size_t h = (size_t)p[i].hash & (cap - 1);
@@ -371,8 +372,8 @@ static void wrap_runs(MlirBlock b) {
 int cg_outline_nests(nova_ctx *c, MlirModule m) {
   MlirOperation entry = cg_entry_func(m);
   if (mlirOperationIsNull(entry)) return 0;
-  capture *cap = malloc(sizeof *cap), *args = malloc(sizeof *args);
-  vmap *vm = malloc(sizeof *vm);
+  capture *cap = nv_xmalloc(sizeof *cap), *args = nv_xmalloc(sizeof *args);
+  vmap *vm = nv_xmalloc(sizeof *vm);
   int rc = cap && args && vm ? 0 : -1, k = 0, np = 0, cp = 0;
   part *parts = NULL;
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(entry, 0));
@@ -381,7 +382,7 @@ int cg_outline_nests(nova_ctx *c, MlirModule m) {
     MlirOperation next = mlirOperationGetNextInBlock(op);
     if (mlirOperationGetNumRegions(op) > 0 && mlirOperationGetNumResults(op) == 0) {
       if (np == cp) {
-        part *q = realloc(parts, sizeof *q * (size_t)(cp = cp ? 2 * cp : 64));
+        part *q = nv_xrealloc(parts, sizeof *q * (size_t)(cp = cp ? 2 * cp : 64));
         if (!q) {
           rc = -1;
           break;

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "codegen.h"
 
 #define PAR_PREFIX "nova_par_"
@@ -170,7 +171,7 @@ static bool parallelize(MlirContext ctx, MlirModule m, MlirOperation entry, Mlir
   MlirType it = mlirIndexTypeGet(ctx);
   MlirLocation loc = mlirOperationGetLocation(f);
   MlirValue lo = mlirBlockAddArgument(fb, it, loc), hi = mlirBlockAddArgument(fb, it, loc);
-  MlirType *in = malloc(sizeof *in * (size_t)(n + 2));
+  MlirType *in = nv_xmalloc(sizeof *in * (size_t)(n + 2));
   if (!in) return false;
   for (intptr_t i = 0; i < n + 2; i++) in[i] = mlirValueGetType(mlirBlockGetArgument(fb, i));
   mlirOperationSetAttributeByName(f, nova_str("function_type"),
@@ -272,7 +273,7 @@ int cg_parallel_thunks(nova_ctx *c, MlirModule m) {
       return -1;
     }
     if (n == cap) {
-      MlirOperation *d = realloc(decls, sizeof *d * (size_t)(cap = cap ? 2 * cap : 64));
+      MlirOperation *d = nv_xrealloc(decls, sizeof *d * (size_t)(cap = cap ? 2 * cap : 64));
       if (!d) {
         nv_error_plain(c->diag, "out of memory");
         nv_sb_free(&text);

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "codegen.h"
 
 #define REMAT_DEPTH 4
@@ -61,11 +62,11 @@ static int body_index(body *b, MlirOperation func) {
   b->func = func;
   MlirBlock blk = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
   int cap = 64;
-  b->ops = malloc(sizeof *b->ops * (size_t)cap);
+  b->ops = nv_xmalloc(sizeof *b->ops * (size_t)cap);
   for (MlirOperation op = mlirBlockGetFirstOperation(blk); b->ops && !mlirOperationIsNull(op);
        op = mlirOperationGetNextInBlock(op)) {
     if (b->n == cap) {
-      MlirOperation *o = realloc(b->ops, sizeof *o * (size_t)(cap *= 2));
+      MlirOperation *o = nv_xrealloc(b->ops, sizeof *o * (size_t)(cap *= 2));
       if (!o) return -1;
       b->ops = o;
     }
@@ -73,8 +74,8 @@ static int body_index(body *b, MlirOperation func) {
   }
   if (!b->ops) return -1;
   b->cap = 4 * b->n + 16;
-  b->keys = calloc((size_t)b->cap, sizeof *b->keys);
-  b->vals = calloc((size_t)b->cap, sizeof *b->vals);
+  b->keys = nv_xcalloc((size_t)b->cap, sizeof *b->keys);
+  b->vals = nv_xcalloc((size_t)b->cap, sizeof *b->vals);
   if (!b->keys || !b->vals) return -1;
   for (int i = 0; i < b->n; i++) {
     size_t h = hash_ptr(b->ops[i].ptr, b->cap);
@@ -188,7 +189,7 @@ static MlirOperation clone_at(const body *b, MlirOperation gen, MlirOperation be
  * ops after the use before it), -1 if none. */
 static int late_point(const body *b, MlirValue res, int def, int mingap) {
   int n = 0, cap = 16;
-  int *p = malloc(sizeof *p * (size_t)cap);
+  int *p = nv_xmalloc(sizeof *p * (size_t)cap);
   if (!p) return -1;
   p[n++] = def;
   for (MlirOpOperand u = mlirValueGetFirstUse(res); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u)) {
@@ -197,7 +198,7 @@ static int late_point(const body *b, MlirValue res, int def, int mingap) {
       return -1;
     }
     if (n == cap) {
-      int *q = realloc(p, sizeof *q * (size_t)(cap *= 2));
+      int *q = nv_xrealloc(p, sizeof *q * (size_t)(cap *= 2));
       if (!q) {
         free(p);
         return -1;
@@ -241,7 +242,7 @@ static int find_candidates(MlirModule m, cand **out) {
   }
   int mingap = b.n / 8 > 16 ? b.n / 8 : 16;
   int n = 0, cap = 16;
-  cand *c = malloc(sizeof *c * (size_t)cap);
+  cand *c = nv_xmalloc(sizeof *c * (size_t)cap);
   for (int i = 0; c && i < b.n; i++) {
     if (!cheap(b.ops[i])) continue;
     for (intptr_t r = 0; r < mlirOperationGetNumResults(b.ops[i]); r++) {
@@ -251,7 +252,7 @@ static int find_candidates(MlirModule m, cand **out) {
       int late = late_point(&b, res, i, mingap);
       if (late < 0 || !recomputable(&b, b.ops[i], late, 0)) continue;
       if (n == cap) {
-        cand *d = realloc(c, sizeof *d * (size_t)(cap *= 2));
+        cand *d = nv_xrealloc(c, sizeof *d * (size_t)(cap *= 2));
         if (!d) {
           free(c);
           c = NULL;
@@ -279,7 +280,7 @@ static int apply(MlirModule m, const cand *c, const bool *use, int k) {
     body_free(&b);
     return -1;
   }
-  MlirOperation *orig = malloc(sizeof *orig * (size_t)b.n);
+  MlirOperation *orig = nv_xmalloc(sizeof *orig * (size_t)b.n);
   if (!orig) {
     body_free(&b);
     return -1;
@@ -358,7 +359,7 @@ int cg_fit_memory(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan_fn plan_
     for (int i = 0; i < n; i++)
       fprintf(stderr, "remat: candidate %d: op %d result %d, %lld bytes, late uses from op %d\n", i, cs[i].op,
               cs[i].result, (long long)cs[i].bytes, cs[i].late);
-  use = calloc((size_t)n + 1, sizeof *use);
+  use = nv_xcalloc((size_t)n + 1, sizeof *use);
   if (!use) {
     nv_error_plain(c->diag, "out of memory while looking for activations to recompute");
     goto out;

@@ -28,7 +28,7 @@ static int find_ptxas(nova_ctx *c, char *out, size_t n) {
     return 0;
   }
   const char *path = getenv("PATH");
-  char *copy = strdup(path ? path : "");
+  char *copy = nv_xstrdup(path ? path : "");
   for (char *save = NULL, *d = copy ? strtok_r(copy, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save)) {
     snprintf(out, n, "%s/ptxas", *d ? d : ".");
     if (!access(out, X_OK)) {

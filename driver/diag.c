@@ -1,5 +1,6 @@
 /* diag.c: error collection and printing with source line and caret. */
 #include "diag.h"
+#include "util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,7 @@ struct nv_diag {
 };
 
 nv_diag *nv_diag_create(FILE *out) {
-  nv_diag *d = calloc(1, sizeof *d);
+  nv_diag *d = nv_xcalloc(1, sizeof *d);
   if (!d) return NULL;
   d->out = out;
   return d;
@@ -45,14 +46,14 @@ static nv_source *add(nv_diag *d, const char *name) {
   if (s) return s;
   if (d->nsrc == d->capsrc) {
     int cap = d->capsrc ? 2 * d->capsrc : 8;
-    nv_source *n = realloc(d->src, (size_t)cap * sizeof *n);
+    nv_source *n = nv_xrealloc(d->src, (size_t)cap * sizeof *n);
     if (!n) return NULL;
     d->src = n;
     d->capsrc = cap;
   }
   s = &d->src[d->nsrc++];
   memset(s, 0, sizeof *s);
-  s->name = strdup(name);
+  s->name = nv_xstrdup(name);
   return s;
 }
 
@@ -60,7 +61,7 @@ const char *nv_diag_add_source(nv_diag *d, const char *name, const char *text, s
   nv_source *s = add(d, name);
   if (!s || !s->name) return name;
   free(s->text);
-  s->text = malloc(len + 1);
+  s->text = nv_xmalloc(len + 1);
   if (s->text) {
     memcpy(s->text, text, len);
     s->text[len] = 0;

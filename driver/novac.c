@@ -183,7 +183,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       for (int k = 0; k < o->ndims; k++)
         if (strlen(o->dims[k].name) == (size_t)(eq - v) && !strncmp(o->dims[k].name, v, (size_t)(eq - v)))
           return bad_usage("--dim binds '%s' twice", o->dims[k].name);
-      char *name = strndup(v, (size_t)(eq - v));
+      char *name = nv_xstrndup(v, (size_t)(eq - v));
       o->dims[o->ndims++] = (fe_dim_binding){name, n, false};
       nv_sb_printf(&o->flags, " --dim=%s", v);
     } else if (a[0] == '-' && a[1] == 'O' && a[2] >= '0' && a[2] <= '3' && !a[3]) {
@@ -299,7 +299,7 @@ static FILE *open_text_out(nv_diag *d, nv_out *out, const char *path) {
 /* Publishes the text stage's output: 0, or -1 with a diagnostic (the
  * temporary removed, the previous file kept). */
 static int close_text_out(nv_diag *d, nv_out *out, int rc) {
-  char *path = strdup(out->path ? out->path : "-");
+  char *path = nv_xstrdup(out->path ? out->path : "-");
   if (rc) nv_out_discard(out);
   else if (nv_out_close(out)) {
     nv_error_plain(d, "writing %s: %s", path && strcmp(path, "-") ? path : "standard output", strerror(errno));
@@ -353,7 +353,7 @@ static int check_init_bytes(nv_diag *d, const nv_graph *g, const char *input) {
  * (into NAMES, borrowed from G), or -1 when that is not known. */
 static int reached_params(nv_graph *g, nv_diag *quiet, const char *loss, const char **names) {
   int nf = g->nnodes, k = 0;
-  bool *reached = calloc((size_t)nf + 1, sizeof *reached);
+  bool *reached = nv_xcalloc((size_t)nf + 1, sizeof *reached);
   if (!reached || ad_grad_reach(g, quiet, loss, reached)) k = -1;
   for (int i = 0; k >= 0 && i < nf; i++)
     if (reached[i]) names[k++] = g->nodes[i]->name;
@@ -371,7 +371,7 @@ static nv_graph *load_onnx_train(nv_diag *d, opts *o, nv_graph **eval) {
   nv_diag *quiet = nv_diag_create(NULL);
   fe_train_roles probe = {.nreach = -1, .probe = true}; /* training-mode Dropout is built, too */
   nv_graph *g1 = quiet ? fe_load_onnx(quiet, o->input, o->dims, o->ndims, &probe) : NULL;
-  const char **names = g1 ? calloc((size_t)g1->nnodes + 1, sizeof *names) : NULL;
+  const char **names = g1 ? nv_xcalloc((size_t)g1->nnodes + 1, sizeof *names) : NULL;
   fe_train_roles r = {o->ad.freeze, o->ad.train_only, names, -1, false, false};
   if (names) r.nreach = reached_params(g1, quiet, o->ad.loss, names);
   nv_graph *g = fe_load_onnx(d, o->input, o->dims, o->ndims, &r);
@@ -407,7 +407,7 @@ static nv_graph *load_input(nv_diag *d, opts *o, nv_graph **eval) {
     return NULL;
   }
   const char *name = nv_diag_add_source(d, o->input, text, len);
-  char *dircopy = strdup(o->input);
+  char *dircopy = nv_xstrdup(o->input);
   const char *base = dircopy ? dirname(dircopy) : ".";
   g = fe_parse_text(d, name, text, len, base, o->dims, o->ndims);
   if (g && eval && (o->eval_diag = nv_diag_create(NULL))) /* .nova has no train/eval differences */
@@ -426,13 +426,13 @@ check_dims:
 }
 
 static char *default_output(const char *input, const char *ext) {
-  char *copy = strdup(input);
+  char *copy = nv_xstrdup(input);
   if (!copy) return NULL;
   char *base = basename(copy);
   char *dot = strrchr(base, '.');
   if (dot && dot != base) *dot = 0;
   size_t n = strlen(base) + strlen(ext) + 1;
-  char *out = malloc(n);
+  char *out = nv_xmalloc(n);
   if (out) snprintf(out, n, "%s%s", base, ext);
   free(copy);
   return out;
@@ -620,7 +620,7 @@ static int compile(nv_diag *d, opts *o) {
   if (!o->output) o->output = out_default = default_output(o->input, ".so");
   if (!o->manifest) {
     size_t n = strlen(o->output);
-    man_default = malloc(n + 6);
+    man_default = nv_xmalloc(n + 6);
     if (!man_default) goto out;
     memcpy(man_default, o->output, n + 1);
     if (n > 3 && !strcmp(man_default + n - 3, ".so")) man_default[n - 3] = 0;
@@ -650,6 +650,7 @@ out:
 }
 
 int main(int argc, char **argv) {
+  nv_oom_set_fatal(); /* first: the options' text is built in an nv_sbuf */
   opts o = {0};
   int u = parse_args(argc, argv, &o);
   if (u) {
@@ -660,6 +661,8 @@ int main(int argc, char **argv) {
   nv_diag *d = nv_diag_create(stderr);
   if (!d) return 1;
   nv_temp_install();
+  nv_json_init();
+  nv_tempdir_sweep(); /* what a novac killed by SIGKILL left in $TMPDIR */
   int rc = compile(d, &o);
   if (rc == 0 && nv_diag_count(d)) rc = -1;
   if (nv_close_stdout() && rc == 0) {

@@ -273,9 +273,14 @@ static int nr_check_manifest(const char *path) {
   if (snprintf(man, sizeof man, "%.*s.json", (int)n, path) >= (int)sizeof man) return 0;
   size_t len = 0;
   char *text = nv_read_file(man, &len, (size_t)1 << 30);
-  if (!text) return 0; /* no manifest: nothing to check */
+  if (!text && errno == ENOENT) return 0; /* no manifest: nothing to check */
+  if (!text) return nr_error("%s: cannot read its manifest %s: %s", path, man, strerror(errno));
+  nv_json_oom_take();
   cJSON *root = cJSON_Parse(text);
   free(text);
+  if (!root)
+    return nr_error("%s: its manifest %s %s", path, man,
+                    nv_json_oom_take() ? "cannot be read: out of memory" : "is not valid JSON");
   const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "step_so");
   const cJSON *bytes = cJSON_GetObjectItemCaseSensitive(so, "bytes");
   const cJSON *fnv = cJSON_GetObjectItemCaseSensitive(so, "fnv1a64");
@@ -596,9 +601,16 @@ static int nr_main(const nr_options *o) {
                     s.api.error(s.step));
   }
   if (!rc) rc = nr_execute(&s, o, b, start, &done, &keep);
-  if (!rc) rc = nr_report_outputs(&s, o);
-  if (!rc && o->dump_dir) rc = nr_dump(&s, o);
-  if ((!rc || keep) && o->save_path && nr_checkpoint_save(&s, o->save_path, done)) rc = 1;
+  /* after the steps, each result is written even when another could not be
+   * (a full disk): the checkpoint first, the trained state being the one
+   * that cannot be made again without training again; after a non-finite
+   * step (KEEP), only the checkpoint, of the last good parameters */
+  if (!rc || keep) {
+    int bad = o->save_path ? nr_checkpoint_save(&s, o->save_path, done) : 0;
+    if (!rc && nr_report_outputs(&s, o)) bad = 1;
+    if (!rc && o->dump_dir && nr_dump(&s, o)) bad = 1;
+    if (bad) rc = 1;
+  }
   nr_batches_destroy(b);
   nr_close(&s);
   return rc;
@@ -616,6 +628,7 @@ static int nr_exit_status(int rc) {
 int main(int argc, char **argv) {
   nr_options o;
   nv_temp_install();
+  nv_json_init();
   int rc = nr_parse_args(argc, argv, &o);
   if (rc >= 0) return nr_exit_status(rc);
   return nr_exit_status(nr_main(&o));

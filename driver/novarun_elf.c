@@ -24,8 +24,10 @@ static int nr_within(uint64_t off, uint64_t len, uint64_t size) { return off <= 
 /* Reads COUNT entries of ENTSIZE bytes at OFF (checked against SIZE) into
  * a new buffer of COUNT * WANT bytes, each entry cut or padded to WANT. */
 static void *nr_read_table(int fd, uint64_t off, uint64_t count, uint64_t entsize, size_t want, uint64_t size) {
+  errno = 0;
   if (entsize < want || count > (1u << 20) || !nr_within(off, count * entsize, size)) return NULL;
   char *t = calloc(count ? count : 1, want);
+  if (!t) errno = ENOMEM; /* not the file's fault: said so */
   for (uint64_t i = 0; t && i < count; i++)
     if (pread(fd, t + i * want, want, (off_t)(off + i * entsize)) != (ssize_t)want) {
       free(t);
@@ -36,6 +38,10 @@ static void *nr_read_table(int fd, uint64_t off, uint64_t count, uint64_t entsiz
 
 static int nr_check_segments(int fd, const Elf64_Ehdr *h, uint64_t size, char *why, size_t n) {
   Elf64_Phdr *ph = nr_read_table(fd, h->e_phoff, h->e_phnum, h->e_phentsize, sizeof *ph, size);
+  if (!ph && errno == ENOMEM) {
+    snprintf(why, n, "%s", strerror(errno));
+    return -1;
+  }
   if (!ph) {
     snprintf(why, n, "truncated: the file is %llu bytes, its program headers (%u at byte %llu) do not fit",
              (unsigned long long)size, (unsigned)h->e_phnum, (unsigned long long)h->e_phoff);
@@ -55,6 +61,10 @@ static int nr_check_segments(int fd, const Elf64_Ehdr *h, uint64_t size, char *w
 static int nr_check_sections(int fd, const Elf64_Ehdr *h, uint64_t size, char *why, size_t n) {
   if (h->e_shnum == 0) return 0; /* no section headers (stripped of them): the segments suffice */
   Elf64_Shdr *sh = nr_read_table(fd, h->e_shoff, h->e_shnum, h->e_shentsize, sizeof *sh, size);
+  if (!sh && errno == ENOMEM) {
+    snprintf(why, n, "%s", strerror(errno));
+    return -1;
+  }
   if (!sh) {
     snprintf(why, n, "truncated: the file is %llu bytes, its section headers (%u at byte %llu) do not fit",
              (unsigned long long)size, (unsigned)h->e_shnum, (unsigned long long)h->e_shoff);

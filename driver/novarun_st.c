@@ -223,7 +223,12 @@ static int nr_st_parse_header(nr_st_file *f, uint64_t hlen) {
   }
   text[hlen] = '\0';
   const char *end = NULL;
+  nv_json_oom_take();
   cJSON *root = hlen && text[0] == '{' ? cJSON_ParseWithLengthOpts(text, (size_t)hlen, &end, 0) : NULL;
+  if (!root && nv_json_oom_take()) {
+    free(text);
+    return nr_error("%s: out of memory reading its %llu-byte header", f->path, (unsigned long long)hlen);
+  }
   if (!root) {
     int object = hlen && text[0] == '{';
     const char *at = cJSON_GetErrorPtr();

@@ -14,7 +14,57 @@
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+/* ---- allocation that cannot fail ------------------------------------------ */
+
+static bool oom_fatal;
+
+void nv_oom_set_fatal(void) { oom_fatal = true; }
+bool nv_oom_is_fatal(void) { return oom_fatal; }
+
+static void temp_rm_all(void);
+
+void nv_oom_die(size_t n) {
+  char msg[160];
+  int len = snprintf(msg, sizeof msg, "%s: error: out of memory (allocating %zu bytes)\n",
+                     program_invocation_short_name, n);
+  if (len > 0 && write(2, msg, (size_t)len) < 0) { /* nothing more to say */
+  }
+  temp_rm_all(); /* the process that made them; a forked worker removes nothing */
+  _exit(1);
+}
+
+void *nv_xmalloc(size_t n) {
+  void *p = malloc(n);
+  if (!p && n) nv_oom_die(n);
+  return p;
+}
+
+void *nv_xcalloc(size_t n, size_t size) {
+  void *p = calloc(n, size);
+  if (!p && n && size) nv_oom_die(n * size);
+  return p;
+}
+
+void *nv_xrealloc(void *p, size_t n) {
+  void *q = realloc(p, n);
+  if (!q && n) nv_oom_die(n);
+  return q;
+}
+
+char *nv_xstrdup(const char *s) {
+  char *d = strdup(s);
+  if (!d) nv_oom_die(strlen(s) + 1);
+  return d;
+}
+
+char *nv_xstrndup(const char *s, size_t n) {
+  char *d = strndup(s, n);
+  if (!d) nv_oom_die(n + 1);
+  return d;
+}
 
 void nv_sb_vprintf(nv_sbuf *b, const char *fmt, va_list ap) {
   if (b->oom) return;
@@ -31,6 +81,7 @@ void nv_sb_vprintf(nv_sbuf *b, const char *fmt, va_list ap) {
     }
     size_t cap = (b->cap + (size_t)n + 1) * 2;
     char *p = realloc(b->s, cap);
+    if (!p && oom_fatal) nv_oom_die(cap);
     if (!p) {
       b->oom = 1;
       return;
@@ -195,6 +246,100 @@ void nv_child_dies_with_parent(int parent) {
   if (getppid() != (pid_t)parent) _exit(1); /* died before the prctl */
 }
 
+/* ---- temporary folders ---------------------------------------------------- */
+
+static const char *tmp_base(void) {
+  const char *t = getenv("TMPDIR");
+  return t && *t ? t : "/tmp";
+}
+
+int nv_tempdir_create(char *dir, size_t n, const char *prefix, int *lock) {
+  *lock = -1;
+  if ((size_t)snprintf(dir, n, "%s/%s.XXXXXX", tmp_base(), prefix) >= n) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  if (!mkdtemp(dir)) return -1;
+  /* the lock is made under another name and renamed: .lock is never seen
+     unlocked while its owner lives */
+  char tmp[4200], fin[4200];
+  snprintf(tmp, sizeof tmp, "%s/.lock.XXXXXX", dir);
+  snprintf(fin, sizeof fin, "%s/.lock", dir);
+  int fd = mkostemp(tmp, O_CLOEXEC);
+  if (fd < 0 || flock(fd, LOCK_EX) || rename(tmp, fin)) {
+    int e = errno;
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+    rmdir(dir);
+    errno = e;
+    return -1;
+  }
+  *lock = fd;
+  return 0;
+}
+
+void nv_tempdir_keep(const char *dir, int lock) {
+  char p[4200];
+  snprintf(p, sizeof p, "%s/.keep", dir);
+  int fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0) close(fd);
+  snprintf(p, sizeof p, "%s/.lock", dir);
+  unlink(p);
+  if (lock >= 0) close(lock);
+}
+
+/* Whether NAME is PREFIX.XXXXXX for one of novac's prefixes. */
+static bool sweep_name(const char *name) {
+  static const char *const prefixes[] = {"novac.", "novac-cg."};
+  for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++) {
+    size_t l = strlen(prefixes[i]);
+    if (!strncmp(name, prefixes[i], l) && strlen(name + l) == 6) return true;
+  }
+  return false;
+}
+
+/* The folder NAME in BASE (an open folder) when it is stale: ours, a real
+ * folder (no symlink followed), and its .lock free (its novac is gone), or
+ * no .lock and older than NV_TEMP_GRACE seconds (one being made, or left by
+ * a novac killed before it locked).  Removes its files, then it. */
+#define NV_TEMP_GRACE 60
+static void sweep_one(int base, const char *name) {
+  int d = openat(base, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (d < 0) return;
+  struct stat st;
+  if (fstat(d, &st) || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || faccessat(d, ".keep", F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
+    close(d);
+    return;
+  }
+  int lk = openat(d, ".lock", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  bool stale;
+  if (lk >= 0) {
+    stale = flock(lk, LOCK_EX | LOCK_NB) == 0; /* held until the files are gone */
+  } else
+    stale = errno == ENOENT && st.st_mtime + NV_TEMP_GRACE < time(NULL);
+  if (stale) {
+    DIR *dd = fdopendir(dup(d));
+    struct dirent *e;
+    while (dd && (e = readdir(dd)))
+      if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, ".lock"))
+        unlinkat(d, e->d_name, 0); /* a sub-folder is not ours: it stays, and so does NAME */
+    if (dd) closedir(dd);
+    unlinkat(d, ".lock", 0);
+    unlinkat(base, name, AT_REMOVEDIR);
+  }
+  if (lk >= 0) close(lk);
+  close(d);
+}
+
+void nv_tempdir_sweep(void) {
+  DIR *b = opendir(tmp_base());
+  if (!b) return;
+  struct dirent *e;
+  while ((e = readdir(b)))
+    if ((e->d_type == DT_DIR || e->d_type == DT_UNKNOWN) && sweep_name(e->d_name)) sweep_one(dirfd(b), e->d_name);
+  closedir(b);
+}
+
 /* ---- durable output ------------------------------------------------------ */
 
 uint64_t nv_fnv1a64(uint64_t h, const void *data, size_t len) {
@@ -339,24 +484,43 @@ static void out_free(nv_out *o) {
   o->slot = -1;
 }
 
-int nv_out_publish(nv_out *o) {
+int nv_sync_dir_of(const char *path) {
+  char dir[4096];
+  dir_of(path, dir, sizeof dir);
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return 0; /* a folder we may write in but not read: nothing to sync with */
+  int rc = fsync(fd), e = errno;
+  close(fd);
+  /* some file systems refuse fsync on a folder: nothing lost there */
+  if (rc && (e == EINVAL || e == ENOTSUP || e == EBADF || e == EROFS)) rc = 0;
+  errno = e;
+  return rc;
+}
+
+int nv_out_rename(nv_out *o) {
   if (o->failed || (o->tmp && rename(o->tmp, o->path))) {
     int e = o->failed ? o->failed : errno;
     nv_out_discard(o);
     errno = e;
     return -1;
   }
-  if (o->tmp) {
-    char dir[4096];
-    dir_of(o->path, dir, sizeof dir);
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) { /* best effort: some file systems refuse fsync on a folder */
-      (void)fsync(fd);
-      close(fd);
-    }
-  }
   out_free(o);
   return 0;
+}
+
+int nv_out_publish(nv_out *o) {
+  char *path = o->tmp ? strdup(o->path) : NULL;
+  if (o->tmp && !path) {
+    nv_out_discard(o);
+    errno = ENOMEM;
+    return -1;
+  }
+  int rc = nv_out_rename(o);
+  if (!rc && path) rc = nv_sync_dir_of(path);
+  int e = errno;
+  free(path);
+  errno = e;
+  return rc;
 }
 
 int nv_out_close(nv_out *o) {

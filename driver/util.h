@@ -13,6 +13,24 @@ typedef struct nv_sbuf {
   int oom;      /* an allocation failed: the text is incomplete */
 } nv_sbuf;
 
+/* ---- allocation that cannot fail ------------------------------------------
+ * The compiler's allocations (frontend/, passes/, codegen/, configurator/,
+ * novac's driver) go through nv_x*: on failure, "PROG: error: out of memory"
+ * on stderr, the temporary files of nv_temp_add removed, and _exit(1)
+ * (from any thread or forked worker; nothing partial is ever published:
+ * outputs are renamed into place only when complete).  Like an assert, the
+ * one place outside main that ends the process.  nv_oom_set_fatal (novac's
+ * main): nv_sbuf and cJSON growth fail the same way instead of marking the
+ * text incomplete; novarun keeps every allocation failure a value. */
+void *nv_xmalloc(size_t n);
+void *nv_xcalloc(size_t n, size_t size);
+void *nv_xrealloc(void *p, size_t n);
+char *nv_xstrdup(const char *s);
+char *nv_xstrndup(const char *s, size_t n);
+void nv_oom_set_fatal(void);
+bool nv_oom_is_fatal(void);
+_Noreturn void nv_oom_die(size_t n);
+
 void nv_sb_printf(nv_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void nv_sb_vprintf(nv_sbuf *b, const char *fmt, va_list ap);
 void nv_sb_free(nv_sbuf *b);
@@ -61,7 +79,12 @@ typedef struct nv_out {
 
 int nv_out_open(nv_out *o, const char *path, unsigned flags);
 int nv_out_finish(nv_out *o);  /* flush, fsync, close; the temporary stays */
-int nv_out_publish(nv_out *o); /* rename over PATH (after nv_out_finish); frees O */
+/* rename over PATH (after nv_out_finish), then fsync PATH's folder; frees O.
+ * -1 after the rename when only that fsync failed (PATH is whole, and is the
+ * new file, but may not survive a crash). */
+int nv_out_publish(nv_out *o);
+int nv_out_rename(nv_out *o);  /* the rename alone; frees O */
+int nv_sync_dir_of(const char *path); /* fsync of PATH's folder; 0 where unsupported */
 int nv_out_close(nv_out *o);   /* finish + publish, or discard on failure; frees O */
 void nv_out_discard(nv_out *o); /* removes the temporary; frees O */
 int nv_write_file(const char *path, const void *data, size_t len, unsigned flags);
@@ -74,6 +97,27 @@ int nv_close_stdout(void);
 uint64_t nv_fnv1a64(uint64_t h, const void *data, size_t len);
 /* Size and FNV-1a of a whole file. */
 int nv_file_fnv(const char *path, uint64_t *size, uint64_t *hash);
+
+/* ---- temporary folders ---------------------------------------------------
+ * nv_tempdir_create makes $TMPDIR/PREFIX.XXXXXX (TMPDIR unset or empty:
+ * /tmp) holding .lock, flock'ed through *LOCK (close-on-exec) for as long as
+ * the folder is used: close *LOCK after removing the folder (its .lock
+ * included).  0, or -1 with errno.  nv_tempdir_keep: the folder stays for
+ * good (NOVAC_KEEP_TEMPS): .lock becomes .keep, *LOCK is closed.
+ * nv_tempdir_sweep, at start: removes the novac.XXXXXX and novac-cg.XXXXXX
+ * folders of $TMPDIR that a killed novac left (this user's, not symlinks,
+ * their .lock free, or no .lock and over a minute old); a live novac's
+ * folder is locked and stays. */
+int nv_tempdir_create(char *dir, size_t n, const char *prefix, int *lock);
+void nv_tempdir_keep(const char *dir, int lock);
+void nv_tempdir_sweep(void);
+
+/* ---- cJSON's allocations (driver/json.c) ----------------------------------
+ * nv_json_init, once in main: cJSON allocates through a wrapper that notes a
+ * failure; nv_json_oom_take: whether one failed since the last call (and
+ * forgets it). */
+void nv_json_init(void);
+int nv_json_oom_take(void);
 
 /* ---- temporary paths removed on every exit ------------------------------
  * nv_temp_add registers a file (or a flat folder: its entries are removed,

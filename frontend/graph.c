@@ -1,6 +1,7 @@
 /* graph.c: graph construction with dtype and shape inference per op.
  * Each op's rule checks its operands and says what was expected, naming the
  * shapes involved. */
+#include "../driver/util.h"
 #include "graph.h"
 #include "rt_init.h"
 
@@ -30,7 +31,7 @@ nv_op nv_op_lookup(const char *name) {
   return NV_OP_COUNT;
 }
 
-nv_graph *fe_graph_create(void) { return calloc(1, sizeof(nv_graph)); }
+nv_graph *fe_graph_create(void) { return nv_xcalloc(1, sizeof(nv_graph)); }
 
 void fe_graph_destroy(nv_graph *g) {
   if (!g) return;
@@ -137,7 +138,7 @@ const char *fe_shape_str(char *buf, size_t size, int rank, const int64_t *shape)
 static nv_node *push(nv_graph *g, nv_node *n) {
   if (g->nnodes == g->capnodes) {
     int cap = g->capnodes ? 2 * g->capnodes : 64;
-    nv_node **p = realloc(g->nodes, (size_t)cap * sizeof *p);
+    nv_node **p = nv_xrealloc(g->nodes, (size_t)cap * sizeof *p);
     if (!p) return NULL;
     g->nodes = p;
     g->capnodes = cap;
@@ -181,12 +182,12 @@ static int set_shape(nv_diag *d, nv_node *n, int rank, const int64_t *shape) {
 
 nv_node *fe_graph_leaf(nv_graph *g, nv_diag *d, nv_op op, const char *name, nova_dtype dt,
                        int rank, const int64_t *shape, nv_loc loc) {
-  nv_node *n = calloc(1, sizeof *n);
+  nv_node *n = nv_xcalloc(1, sizeof *n);
   if (!n) return NULL;
   n->op = op;
   n->loc = loc;
   n->dtype = dt;
-  n->name = name ? strdup(name) : NULL;
+  n->name = name ? nv_xstrdup(name) : NULL;
   n->role = op == NV_OP_PARAM ? NOVA_ROLE_PARAM : NOVA_ROLE_INPUT;
   n->init.kind = NV_INIT_ZEROS;
   n->allow_empty = g->allow_empty;
@@ -1066,7 +1067,7 @@ static int infer(nv_diag *d, nv_node *n) {
 
 nv_node *fe_graph_add(nv_graph *g, nv_diag *d, nv_op op, int nin, nv_node **in,
                       const nv_node *attrs, nv_loc loc) {
-  nv_node *n = calloc(1, sizeof *n);
+  nv_node *n = nv_xcalloc(1, sizeof *n);
   if (!n) return NULL;
   if (attrs) *n = *attrs;
   n->name = NULL;
@@ -1075,7 +1076,7 @@ nv_node *fe_graph_add(nv_graph *g, nv_diag *d, nv_op op, int nin, nv_node **in,
   n->loc = loc;
   n->allow_empty = g->allow_empty;
   n->nin = nin;
-  n->in = nin ? malloc((size_t)nin * sizeof *n->in) : NULL;
+  n->in = nin ? nv_xmalloc((size_t)nin * sizeof *n->in) : NULL;
   if (nin && !n->in) {
     free(n);
     return NULL;
@@ -1123,12 +1124,12 @@ int fe_graph_add_output(nv_graph *g, nv_diag *d, const char *name, nv_node *n, n
     }
   if (g->noutputs == g->capoutputs) {
     int cap = g->capoutputs ? 2 * g->capoutputs : 8;
-    nv_output *p = realloc(g->outputs, (size_t)cap * sizeof *p);
+    nv_output *p = nv_xrealloc(g->outputs, (size_t)cap * sizeof *p);
     if (!p) return -1;
     g->outputs = p;
     g->capoutputs = cap;
   }
-  g->outputs[g->noutputs++] = (nv_output){strdup(name), n, loc, NOVA_ROLE_OUTPUT, NULL};
+  g->outputs[g->noutputs++] = (nv_output){nv_xstrdup(name), n, loc, NOVA_ROLE_OUTPUT, NULL};
   return 0;
 }
 

@@ -29,13 +29,13 @@ ox_tensor *ox_tensor_new(nova_dtype dt, int rank, const int64_t *shape) {
     if (shape[i] < 0 || (shape[i] && total > (INT64_C(1) << 28) / shape[i])) return NULL;
     total *= shape[i];
   }
-  ox_tensor *t = calloc(1, sizeof *t);
+  ox_tensor *t = nv_xcalloc(1, sizeof *t);
   if (!t) return NULL;
   t->dt = dt;
   t->rank = rank;
   if (rank) memcpy(t->shape, shape, (size_t)rank * sizeof *shape);
   int64_t n = ox_numel(t);
-  t->data = calloc((size_t)(n ? n : 1), fe_dtype_size(dt) ? fe_dtype_size(dt) : 1);
+  t->data = nv_xcalloc((size_t)(n ? n : 1), fe_dtype_size(dt) ? fe_dtype_size(dt) : 1);
   if (!t->data) {
     free(t);
     return NULL;
@@ -192,7 +192,7 @@ nv_node *ox_node(ox_ctx *x, ox_val v) {
   if (!n) return NULL;
   size_t bytes = (size_t)ox_numel(v.k) * fe_dtype_size(v.k->dt);
   n->init.kind = NV_INIT_DATA;
-  n->init.data = malloc(bytes ? bytes : 1);
+  n->init.data = nv_xmalloc(bytes ? bytes : 1);
   if (!n->init.data) return NULL;
   memcpy(n->init.data, v.k->data, bytes);
   return n;
@@ -235,7 +235,7 @@ static ox_entry *tab_find(ox_table *t, const char *name) {
 
 static int tab_put(ox_table *t, const char *name, ox_val v) {
   if (2 * (t->n + 1) > t->cap) {
-    ox_table bigger = {calloc(t->cap * 2, sizeof(ox_entry)), t->cap * 2, 0, NULL};
+    ox_table bigger = {nv_xcalloc(t->cap * 2, sizeof(ox_entry)), t->cap * 2, 0, NULL};
     if (!bigger.e) {
       ox_val_free(&v);
       return -1;
@@ -254,7 +254,7 @@ static int tab_put(ox_table *t, const char *name, ox_val v) {
     ox_val_free(&v);
     return 1;
   }
-  e->name = strdup(name);
+  e->name = nv_xstrdup(name);
   if (!e->name) {
     ox_val_free(&v);
     return -1;
@@ -587,14 +587,14 @@ static int import_scan(ox_ctx *x, ox_table *tab, ox_val *in, int nin, ox_val *ou
   if (T > 4096) return ox_err(x, "more than 4096 iterations are not supported (unrolled)");
   ox_val st[32];
   for (int i = 0; i < N; i++) st[i] = in[i]; /* borrowed from the caller's table */
-  nv_node **ys = calloc((size_t)(K ? K : 1) * (size_t)(T > 0 ? T : 1), sizeof *ys);
+  nv_node **ys = nv_xcalloc((size_t)(K ? K : 1) * (size_t)(T > 0 ? T : 1), sizeof *ys);
   if (!ys) return -1;
   const Onnx__NodeProto *node = x->node;
   nv_loc loc = x->loc;
   int rc = 0;
   bool own[32] = {0};
   for (int64_t t = 0; t < T && !rc; t++) {
-    ox_table it = {calloc(64, sizeof(ox_entry)), 64, 0, tab};
+    ox_table it = {nv_xcalloc(64, sizeof(ox_entry)), 64, 0, tab};
     if (!it.e) rc = -1;
     for (int i = 0; i < nin && !rc; i++) {
       ox_val v;
@@ -716,7 +716,7 @@ static int import_nodes(ox_ctx *x, ox_table *tab, const Onnx__GraphProto *gr) {
 
 static int import_graph(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_roles *roles, const char *basedir) {
   const Onnx__GraphProto *gr = m->graph;
-  ox_table tab = {calloc(64, sizeof(ox_entry)), 64, 0, NULL};
+  ox_table tab = {nv_xcalloc(64, sizeof(ox_entry)), 64, 0, NULL};
   int rc = -1;
   if (!tab.e) return -1;
   x->loc = (nv_loc){x->file, 0, 0};
@@ -848,7 +848,7 @@ nv_graph *fe_load_onnx(nv_diag *d, const char *path, fe_dim_binding *dims, int n
                    errno == EFBIG ? "larger than 2 GiB (store large tensors as external data)" : strerror(errno));
     return NULL;
   }
-  char *copy = strdup(path);
+  char *copy = nv_xstrdup(path);
   nv_graph *g = copy ? fe_parse_onnx(d, path, (const uint8_t *)buf, len, dirname(copy), dims, ndims, roles) : NULL;
   free(copy);
   free(buf);

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "onnx.h"
 
 #define EVAL_MAX (INT64_C(1) << 20)
@@ -253,9 +254,9 @@ static ox_tensor *reduction(const nv_node *n, const ox_tensor *a) {
   bool red[NOVA_MAX_RANK] = {0};
   for (int i = 0; i < n->nlist; i++) red[n->list[i]] = true;
   int64_t e = ox_numel(o), cnt = ox_numel(a) / (e ? e : 1);
-  double *fa = malloc((size_t)(e ? e : 1) * sizeof *fa);
-  int64_t *ia = malloc((size_t)(e ? e : 1) * sizeof *ia);
-  bool *seen = calloc((size_t)(e ? e : 1), 1);
+  double *fa = nv_xmalloc((size_t)(e ? e : 1) * sizeof *fa);
+  int64_t *ia = nv_xmalloc((size_t)(e ? e : 1) * sizeof *ia);
+  bool *seen = nv_xcalloc((size_t)(e ? e : 1), 1);
   if (!fa || !ia || !seen) {
     free(fa), free(ia), free(seen);
     ox_tensor_free(o);
@@ -375,7 +376,7 @@ static ox_tensor *eval(ev *E, const nv_node *n) {
 int ox_eval_known(ox_ctx *x, int mark, ox_val *out, int nout) {
   int n = x->g->nnodes - mark;
   if (n <= 0) return 0;
-  ev E = {.x = x, .mark = mark, .memo = calloc((size_t)n, sizeof(ox_tensor *))};
+  ev E = {.x = x, .mark = mark, .memo = nv_xcalloc((size_t)n, sizeof(ox_tensor *))};
   if (!E.memo) return 0;
   ox_tensor *res[64] = {0};
   bool ok = nout <= 64;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "onnx.h"
 
 #define CV(name) static int name(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout)
@@ -112,7 +113,7 @@ CV(cv_tile) { /* per axis: a gather of j mod d for j < r d */
     if (rep[i] == 1) continue;
     int64_t d = a->shape[i], m = rep[i] * d;
     if (m > (INT64_C(1) << 28)) return ox_err(x, "the tiled axis %d is too long", i);
-    int64_t *v = malloc((size_t)(m ? m : 1) * sizeof *v);
+    int64_t *v = nv_xmalloc((size_t)(m ? m : 1) * sizeof *v);
     if (!v) return -1;
     for (int64_t j = 0; j < m; j++) v[j] = j % d;
     a = m ? ox_pick(x, a, i, v, m) : ox_slice1(x, a, i, 0, 0, 1);
@@ -190,7 +191,7 @@ CV(cv_pad) {
     if (n == 0) return ox_err(x, "mode '%s' cannot pad an empty axis %lld", mode, (long long)ax);
     int64_t m = b + n + e;
     if (m > (INT64_C(1) << 28)) return ox_err(x, "the padded axis %lld is too long", (long long)ax);
-    int64_t *v = malloc((size_t)m * sizeof *v);
+    int64_t *v = nv_xmalloc((size_t)m * sizeof *v);
     if (!v) return -1;
     for (int64_t j = 0; j < m; j++) v[j] = pad_source(mode, j - b, n);
     a = ox_pick(x, a, ax, v, m);
@@ -227,7 +228,7 @@ CV(cv_one_hot) { /* (wrap(i) == j) ? on : off along the new axis */
                       ox_op2(x, NV_OP_ADD, idx, ox_scalar(x, NOVA_DTYPE_I64, (double)depth)), idx);
   int64_t s[NOVA_MAX_RANK], cs[NOVA_MAX_RANK];
   for (int i = 0, k = 0; i < r; i++) s[i] = i == axis ? 1 : idx->shape[k++], cs[i] = i == axis ? depth : 1;
-  int64_t *v = malloc((size_t)depth * sizeof *v);
+  int64_t *v = nv_xmalloc((size_t)depth * sizeof *v);
   if (!v) return -1;
   for (int64_t j = 0; j < depth; j++) v[j] = j;
   nv_node *cls = ox_reshape(x, index_list(x, v, depth), r, cs);
@@ -318,7 +319,7 @@ CV(cv_compress) {
   if (!a) return -1;
   int64_t n = ox_numel(in[1].k), dim = a->shape[axis], m = 0;
   if (n > dim) return ox_err(x, "the condition has %lld entries for an axis of %lld", (long long)n, (long long)dim);
-  int64_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+  int64_t *v = nv_xmalloc((size_t)(n ? n : 1) * sizeof *v);
   if (!v) return -1;
   for (int64_t i = 0; i < n; i++)
     if (ox_geti(in[1].k, i)) v[m++] = i;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "onnx.h"
 
 #define CV(name) static int name(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout)
@@ -373,7 +374,7 @@ static nv_node *quant_param(ox_ctx *x, nv_node *v, const nv_node *a, int64_t axi
            (long long)block, (long long)axis);
     return NULL;
   }
-  int64_t n = a->shape[axis], *ix = malloc((size_t)n * sizeof *ix);
+  int64_t n = a->shape[axis], *ix = nv_xmalloc((size_t)n * sizeof *ix);
   if (!ix) return NULL;
   for (int64_t i = 0; i < n; i++) ix[i] = i / block;
   nv_node *r = ox_pick(x, v, axis, ix, n);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "onnx.h"
 
 #define CV(name) static int name(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout)
@@ -386,7 +387,7 @@ CV(cv_attention) {
     return attention_outputs(x, y, three, (nv_node *[]){present_k, present_v}, 2, out, nout);
   }
   if (hq != hk) {
-    int64_t *ix = malloc((size_t)hq * sizeof *ix);
+    int64_t *ix = nv_xmalloc((size_t)hq * sizeof *ix);
     if (!ix) return -1;
     for (int64_t i = 0; i < hq; i++) ix[i] = i / (hq / hk);
     k = ox_pick(x, k, 1, ix, hq), v = ox_pick(x, v, 1, ix, hq);
@@ -631,7 +632,7 @@ CV(cv_linear_attention) {
   if (!S || S->rank != 4 || memcmp(S->shape, ss, sizeof ss)) return S ? ox_err(x, "past_state must be [B, kv_num_heads, d_k, d_v]") : -1;
   int64_t *rep = NULL; /* query head h reads KV head h / (hq / hk) */
   if (hq != hk) {
-    if (!(rep = malloc((size_t)hq * sizeof *rep))) return -1;
+    if (!(rep = nv_xmalloc((size_t)hq * sizeof *rep))) return -1;
     for (int64_t i = 0; i < hq; i++) rep[i] = i / (hq / hk);
   }
   nv_node *y = NULL, c2 = {.axis = 2};

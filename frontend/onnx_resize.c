@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "onnx.h"
 
 typedef struct rz {
@@ -102,7 +103,7 @@ static int axis_matrix(const rz *R, int64_t in, int64_t out, double scale, const
 static nv_node *apply_axis(ox_ctx *x, nv_node *a, int axis, int64_t out, const double *M, const bool *extrap, double ev) {
   int64_t in = a->shape[axis], r = a->rank;
   bool onehot = true;
-  int64_t *pick = malloc((size_t)(out ? out : 1) * sizeof *pick);
+  int64_t *pick = nv_xmalloc((size_t)(out ? out : 1) * sizeof *pick);
   if (!pick) return NULL;
   for (int64_t y = 0; y < out && onehot; y++) {
     int ones = 0;
@@ -208,8 +209,8 @@ static int resize(ox_ctx *x, nv_node *a, rz *R, const double *scales_in, int nsc
     if (fabs(sc[d] - 1) < 1e-9 && osz[d] == in && roi[d] == 0 && roi[r + d] == 1) continue;
     if (in == 0 || osz[d] > (INT64_C(1) << 16) || in > (INT64_C(1) << 16))
       return ox_err(x, "resizing axis %d from %lld to %lld is not supported (1 to 65536 elements)", d, (long long)in, (long long)osz[d]);
-    double *M = malloc((size_t)(osz[d] * in + 1) * sizeof *M), rr[2] = {roi[d], roi[r + d]};
-    bool *ex = malloc((size_t)osz[d] + 1);
+    double *M = nv_xmalloc((size_t)(osz[d] * in + 1) * sizeof *M), rr[2] = {roi[d], roi[r + d]};
+    bool *ex = nv_xmalloc((size_t)osz[d] + 1);
     if (!M || !ex || axis_matrix(R, in, osz[d], sc[d], rr, M, ex) < 0) {
       free(M), free(ex);
       return M && ex ? ox_err(x, "the antialiasing kernel is too wide for this downscale") : -1;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "onnx.h"
 
 enum { CELL_RNN, CELL_GRU, CELL_LSTM };
@@ -201,7 +202,7 @@ static int recurrent(ox_ctx *x, int cell, ox_val *in, int nin, ox_val *out, int 
   nv_node *H0 = opt_or_zeros(x, in, nin, 5, dt, 3, hs), *C0 = cell == CELL_LSTM ? opt_or_zeros(x, in, nin, 6, dt, 3, hs) : NULL;
   nv_node *P = cell == CELL_LSTM && nin > 7 && in[7].present ? ox_N(x, in[7]) : NULL;
   if (!H0 || (cell == CELL_LSTM && !C0)) return -1;
-  nv_node **y = calloc((size_t)(nd * R.seq), sizeof *y);
+  nv_node **y = nv_xcalloc((size_t)(nd * R.seq), sizeof *y);
   nv_node *hl[2] = {0}, *cl[2] = {0};
   if (!y) return -1;
   int rc = 0;

@@ -182,8 +182,8 @@ static int classify(ox_ctx *x, const Onnx__ModelProto *m, const Onnx__TensorProt
                  "kept a buffer (not trained); to train it, name it in --train-only (with the parameters to train), "
                  "or --freeze it to keep it constant without this warning", tp->name, why);
   }
-  *out = (nv_initializer){strdup(tp->name), role, role != NV_IROLE_PARAM && !updated && numel_of(tp) <= FE_FOLD_MAX_NUMEL,
-                          strdup(why)};
+  *out = (nv_initializer){nv_xstrdup(tp->name), role, role != NV_IROLE_PARAM && !updated && numel_of(tp) <= FE_FOLD_MAX_NUMEL,
+                          nv_xstrdup(why)};
   return out->name && out->reason ? 0 : -1;
 }
 
@@ -198,7 +198,7 @@ int ox_roles_decide(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_roles *
   const Onnx__GraphProto *gr = m->graph;
   bool fm[64] = {0}, tm[64] = {0};
   nv_graph *g = x->g;
-  g->inits = calloc(gr->n_initializer + 1, sizeof *g->inits);
+  g->inits = nv_xcalloc(gr->n_initializer + 1, sizeof *g->inits);
   if (!g->inits) return -1;
   for (size_t i = 0; i < gr->n_initializer; i++) {
     const Onnx__TensorProto *tp = gr->initializer[i];

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "onnx.h"
 
 /* Longest sequence novac builds (each element is a value of its own). */
@@ -25,7 +26,7 @@
 /* ---- the value ----------------------------------------------------------- */
 
 ox_seq *ox_seq_create(nova_dtype dt) {
-  ox_seq *s = calloc(1, sizeof *s);
+  ox_seq *s = nv_xcalloc(1, sizeof *s);
   if (s) s->dt = dt;
   return s;
 }
@@ -48,7 +49,7 @@ void ox_val_free(ox_val *v) {
 static int seq_insert(ox_seq *s, int pos, ox_val v) {
   if (s->n == s->cap) {
     int cap = s->cap ? 2 * s->cap : 8;
-    ox_val *nv = realloc(s->v, (size_t)cap * sizeof *nv);
+    ox_val *nv = nv_xrealloc(s->v, (size_t)cap * sizeof *nv);
     if (!nv) {
       ox_val_free(&v);
       return -1;
@@ -258,7 +259,7 @@ static int split_sizes(ox_ctx *x, ox_val *in, int nin, int64_t dim, int64_t **si
   if (t && t->rank == 0 && chunk <= 0) return ox_err(x, "split (the chunk size) is %lld, not positive", (long long)chunk);
   int64_t n = chunk ? dim / chunk + (dim % chunk != 0) : ox_numel(t);
   if (n > SEQ_MAX) return ox_err(x, "%lld parts: a sequence of more than %d tensors is not supported", (long long)n, SEQ_MAX);
-  if (!(*sizes = malloc((size_t)(n ? n : 1) * sizeof **sizes))) return -1;
+  if (!(*sizes = nv_xmalloc((size_t)(n ? n : 1) * sizeof **sizes))) return -1;
   int64_t sum = 0;
   for (int64_t i = 0; i < n; i++) {
     int64_t p = (*sizes)[i] = chunk ? (i < n - 1 ? chunk : dim - chunk * (n - 1)) : ox_geti(t, i);
@@ -370,7 +371,7 @@ static int cv_concat_from_sequence(ox_ctx *x, ox_val *in, int nin, ox_val *out, 
   bool stack = ox_attr_i(x, "new_axis", 0) == 1, known = true;
   int64_t axis = ox_attr_i(x, "axis", 0);
   if (ox_norm_axis(x, &axis, ox_val_rank(s->v[0]) + stack) || same_shapes(x, s, axis, stack)) return -1;
-  nv_node **parts = malloc((size_t)s->n * sizeof *parts);
+  nv_node **parts = nv_xmalloc((size_t)s->n * sizeof *parts);
   if (!parts) return -1;
   int mark = x->g->nnodes, rc = 0;
   for (int i = 0; i < s->n && !rc; i++) {

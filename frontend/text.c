@@ -15,6 +15,7 @@
  * a comment.  A recursive-descent parser over a one-token lookahead lexer;
  * every node gets the location of its operator or call.
  */
+#include "../driver/util.h"
 #include "frontend.h"
 
 #include <ctype.h>
@@ -248,7 +249,7 @@ static bool define(parser *P, const char *name, nv_node *n, nv_loc loc) {
   sym *old = find_sym(P, name);
   if (old && !old->node) { /* poisoned by a failed definition: replace quietly */
     old->node = n;
-    if (n && !n->name) n->name = strdup(name);
+    if (n && !n->name) n->name = nv_xstrdup(name);
     return n != NULL;
   }
   if (old) {
@@ -263,13 +264,13 @@ static bool define(parser *P, const char *name, nv_node *n, nv_loc loc) {
   }
   if (P->nsym == P->capsym) {
     int cap = P->capsym ? 2 * P->capsym : 32;
-    sym *s = realloc(P->syms, (size_t)cap * sizeof *s);
+    sym *s = nv_xrealloc(P->syms, (size_t)cap * sizeof *s);
     if (!s) return false;
     P->syms = s;
     P->capsym = cap;
   }
-  P->syms[P->nsym++] = (sym){strdup(name), n};
-  if (n && !n->name) n->name = strdup(name);
+  P->syms[P->nsym++] = (sym){nv_xstrdup(name), n};
+  if (n && !n->name) n->name = nv_xstrdup(name);
   return n != NULL;
 }
 
@@ -784,7 +785,7 @@ static bool parse_init(parser *P, nv_init *init) {
       }
       const char *rel = P->t.text;
       size_t n = strlen(P->basedir) + strlen(rel) + 2;
-      init->path = malloc(n);
+      init->path = nv_xmalloc(n);
       if (!init->path) return false;
       if (rel[0] == '/' || !*P->basedir) snprintf(init->path, n, "%s", rel);
       else snprintf(init->path, n, "%s/%s", P->basedir, rel);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "../passes/nova_ir.h"
 
 /* Constants live in the IR as dense attributes; larger data belongs in params. */
@@ -49,7 +50,7 @@ static MlirAttribute constant_value(MlirContext ctx, const nv_graph *g, nv_diag 
       return mlirAttributeGetNull();
     }
     if (n->dtype == NOVA_DTYPE_BOOL) {
-      int *b = malloc((size_t)count * sizeof *b + 1);
+      int *b = nv_xmalloc((size_t)count * sizeof *b + 1);
       if (!b) return mlirAttributeGetNull();
       for (intptr_t i = 0; i < count; i++) b[i] = ((const unsigned char *)p)[i] != 0;
       MlirAttribute a = mlirDenseElementsAttrBoolGet(t, count, b);
@@ -74,7 +75,7 @@ static MlirAttribute constant_value(MlirContext ctx, const nv_graph *g, nv_diag 
              n->name ? n->name : "", bytes, NV_MAX_CONST_BYTES >> 20);
     return mlirAttributeGetNull();
   }
-  void *buf = calloc(count, es);
+  void *buf = nv_xcalloc(count, es);
   if (!buf) {
     nv_error(d, n->loc, "const '%s': out of memory for %zu bytes", n->name ? n->name : "", bytes);
     return mlirAttributeGetNull();
@@ -177,13 +178,13 @@ MlirModule nova_build_module(nova_ctx *c, const nv_graph *g) {
   MlirLocation unk = mlirLocationUnknownGet(ctx);
   MlirModule m = mlirModuleCreateEmpty(unk);
   int nargs = 0;
-  nv_node **args = malloc(((size_t)g->nnodes + 1) * sizeof *args);
-  MlirValue *val = calloc((size_t)g->nnodes + 1, sizeof *val);
-  MlirType *argt = malloc(((size_t)g->nnodes + 1) * sizeof *argt);
-  MlirLocation *argl = malloc(((size_t)g->nnodes + 1) * sizeof *argl);
-  MlirType *rest = malloc(((size_t)g->noutputs + 1) * sizeof *rest);
-  MlirAttribute *argattr = malloc(((size_t)g->nnodes + 1) * sizeof *argattr);
-  MlirAttribute *outnames = malloc(((size_t)g->noutputs + 1) * sizeof *outnames);
+  nv_node **args = nv_xmalloc(((size_t)g->nnodes + 1) * sizeof *args);
+  MlirValue *val = nv_xcalloc((size_t)g->nnodes + 1, sizeof *val);
+  MlirType *argt = nv_xmalloc(((size_t)g->nnodes + 1) * sizeof *argt);
+  MlirLocation *argl = nv_xmalloc(((size_t)g->nnodes + 1) * sizeof *argl);
+  MlirType *rest = nv_xmalloc(((size_t)g->noutputs + 1) * sizeof *rest);
+  MlirAttribute *argattr = nv_xmalloc(((size_t)g->nnodes + 1) * sizeof *argattr);
+  MlirAttribute *outnames = nv_xmalloc(((size_t)g->noutputs + 1) * sizeof *outnames);
   if (!args || !val || !argt || !argl || !rest || !argattr || !outnames) goto out;
   /* inputs first, then params: the step ABI's argument order */
   for (int pass = 0; pass < 2; pass++)
@@ -230,7 +231,7 @@ MlirModule nova_build_module(nova_ctx *c, const nv_graph *g) {
     mlirBlockAppendOwnedOperation(body, op);
     val[n->id] = mlirOperationGetResult(op, 0);
   }
-  MlirValue *rets = calloc((size_t)g->noutputs + 1, sizeof *rets);
+  MlirValue *rets = nv_xcalloc((size_t)g->noutputs + 1, sizeof *rets);
   if (!rets) {
     mlirBlockDestroy(body);
     mlirModuleDestroy(m);

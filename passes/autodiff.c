@@ -401,7 +401,7 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
       s1[y->axis] = 1;
       nv_node *z = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, dt, g->rank, s1, A->loc);
       nv_node *ix = fe_graph_leaf(A->g, A->d, NV_OP_CONSTANT, NULL, NOVA_DTYPE_I64, 1, &dim, A->loc);
-      if (!z || !ix || !(ix->init.data = malloc((size_t)dim * 8))) return false;
+      if (!z || !ix || !(ix->init.data = nv_xmalloc((size_t)dim * 8))) return false;
       ix->init.kind = NV_INIT_DATA;
       for (int64_t j = 0; j < dim; j++) {
         int64_t k = j - y->start;
@@ -440,7 +440,7 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     if (!cls) return false;
     cls->init.kind = NV_INIT_DATA;
     size_t es = fe_dtype_size(idx->dtype);
-    cls->init.data = malloc((size_t)V * es);
+    cls->init.data = nv_xmalloc((size_t)V * es);
     if (!cls->init.data) return false;
     for (int64_t i = 0; i < V; i++) {
       if (es == 8) ((int64_t *)cls->init.data)[i] = i;
@@ -480,7 +480,7 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     if (!cls) return false;
     cls->init.kind = NV_INIT_DATA;
     size_t es = fe_dtype_size(lab->dtype);
-    cls->init.data = malloc((size_t)C * es);
+    cls->init.data = nv_xmalloc((size_t)C * es);
     if (!cls->init.data) return false;
     for (int64_t i = 0; i < C; i++) {
       if (es == 8) ((int64_t *)cls->init.data)[i] = i;
@@ -782,8 +782,8 @@ int ad_grad_reach(nv_graph *g, nv_diag *d, const char *loss, bool *reached) {
   int li = find_loss(g, d, loss), nf = g->nnodes, rc = -1;
   if (li < 0) return -1;
   ad A = {.g = g, .d = d, .nforward = nf};
-  A.grad = calloc((size_t)nf + 1, sizeof *A.grad);
-  A.needs = calloc((size_t)nf + 1, sizeof *A.needs);
+  A.grad = nv_xcalloc((size_t)nf + 1, sizeof *A.grad);
+  A.needs = nv_xcalloc((size_t)nf + 1, sizeof *A.needs);
   if (!A.grad || !A.needs) goto out;
   for (int i = 0; i < nf; i++) A.needs[i] = trainable(g->nodes[i]);
   propagate_needs(&A);
@@ -838,8 +838,8 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
   nv_node *loss = g->outputs[li].node;
   int nf = g->nnodes, rc = -1;
   ad A = {.g = g, .d = d, .nforward = nf};
-  A.grad = calloc((size_t)nf + 1, sizeof *A.grad);
-  A.needs = calloc((size_t)nf + 1, sizeof *A.needs);
+  A.grad = nv_xcalloc((size_t)nf + 1, sizeof *A.grad);
+  A.needs = nv_xcalloc((size_t)nf + 1, sizeof *A.needs);
   if (!A.grad || !A.needs || choose_params(&A, o) < 0) goto out;
   if (!A.needs[loss->id]) {
     nv_error(d, g->outputs[li].loc, "the loss '%s' does not depend on any trainable parameter", g->outputs[li].name);

@@ -116,6 +116,10 @@ for t in examples onnx_models train_onnx; do
 done
 [ -f testsuite/runtime/run.sh ] && suite runtime sh testsuite/runtime/run.sh "$B"
 [ -f testsuite/bad/run.sh ] && suite bad sh testsuite/bad/run.sh "$B"
+# the Nth allocation, write or fsync failed, compiles and training runs
+# killed -9: clean errors, no partial or lost file, nothing left behind
+[ -f testsuite/faults/run.sh ] && suite faults sh testsuite/faults/run.sh "$B"
+[ -f testsuite/faults/kill.sh ] && suite faults-kill sh testsuite/faults/kill.sh "$B"
 [ -f testsuite/configurator/run.sh ] && suite configurator sh testsuite/configurator/run.sh "$B"
 [ -f testsuite/bad_onnx/run.sh ] && suite bad-onnx sh testsuite/bad_onnx/run.sh "$B"
 [ -f testsuite/fuzz/mutate.py ] && suite fuzz python3 testsuite/fuzz/mutate.py "$B" 200
