@@ -55,6 +55,9 @@ typedef struct ox_ctx {
 } ox_ctx;
 
 /* ---- known tensors (onnx.c) ---- */
+/* The most bytes ConstantOfShape and Range materialize: the most a constant
+ * may embed in the IR (NV_MAX_CONST_BYTES in to_nova.c). */
+#define OX_MAX_FILL_BYTES (INT64_C(256) << 20)
 ox_tensor *ox_tensor_new(nova_dtype dt, int rank, const int64_t *shape);
 void ox_tensor_free(ox_tensor *t);
 int64_t ox_numel(const ox_tensor *t);
