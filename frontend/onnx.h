@@ -63,6 +63,7 @@ void ox_tensor_free(ox_tensor *t);
 int64_t ox_numel(const ox_tensor *t);
 /* Element i as int64 / double, whatever the dtype. */
 int64_t ox_geti(const ox_tensor *t, int64_t i);
+int64_t ox_f2i(double v); /* truncated, saturating, NaN 0: no undefined conversion */
 double ox_getf(const ox_tensor *t, int64_t i);
 void ox_set(ox_tensor *t, int64_t i, double f, int64_t v); /* v for integer dtypes, f for floats */
 

@@ -114,7 +114,7 @@ static int fold_elementwise(ox_ctx *x, const char *op, ox_val *in, int nin, ox_v
     }
     if (fl) {
       double v = fapply(op, fa[0], fa[1], fa[2]);
-      ox_set(o, e, v, (int64_t)v);
+      ox_set(o, e, v, ox_f2i(v)); /* v may be NaN or beyond int64 (unused then) */
     } else {
       int64_t v = iapply(op, ia[0], ia[1], ia[2], &bad);
       ox_set(o, e, (double)v, v);
