@@ -41,7 +41,7 @@ RT_HDRS     := $(RT_DIR)/include/nova/step.h $(RT_DIR)/include/rt_graph.h
 # the LD_PRELOAD fault-injection shim of testsuite/faults (not installed)
 FAULT_LIB   := $(B)/lib/libnvfault.so
 
-.PHONY: check-tsan check-asan-fast all deps check-deps demo check check-gpu check-asan check-lit check-e2e check-bad check-unit check-onnx fuzz-onnx install clean
+.PHONY: check-tsan check-asan-fast all deps check-deps demo check check-gpu check-asan check-lit check-e2e check-bad check-unit check-onnx fuzz fuzz-onnx fuzz-nova fuzz-st fuzz-pb install clean
 all: check-deps $(BIN_NOVAC) $(BIN_NOVARUN) $(RT_LIB) $(RT_HDRS) $(FAULT_LIB)
 
 # ---- dependencies -------------------------------------------------------
@@ -160,6 +160,26 @@ build-fuzz/fuzz_onnx: $(FUZZ_ONNX_SRC) $(wildcard frontend/*.h driver/*.h)
 	@mkdir -p $(dir $@)
 	clang -fsanitize=fuzzer,address,undefined -g -O1 -std=c11 -D_GNU_SOURCE $(CPPFLAGS_ALL) \
 	  $(FUZZ_ONNX_SRC) -o $@ -lprotobuf-c -lm
+
+# The other parsers' harnesses, built the same way (testsuite/fuzz/README.md):
+# the .nova text parser, novarun's safetensors reader, its TensorProto reader.
+FUZZ_CC := clang -fsanitize=fuzzer,address,undefined -g -O1 -std=c11 -D_GNU_SOURCE $(CPPFLAGS_ALL)
+FUZZ_NOVA_SRC := testsuite/fuzz/fuzz_nova.c frontend/text.c frontend/graph.c driver/diag.c driver/util.c
+FUZZ_ST_SRC := testsuite/fuzz/fuzz_st.c driver/novarun_st.c driver/util.c
+FUZZ_PB_SRC := testsuite/fuzz/fuzz_pb.c driver/tensor_pb.c driver/util.c $(GEN_ONNX)
+fuzz: fuzz-onnx fuzz-nova fuzz-st fuzz-pb
+fuzz-nova: build-fuzz/fuzz_nova
+fuzz-st: build-fuzz/fuzz_st
+fuzz-pb: build-fuzz/fuzz_pb
+build-fuzz/fuzz_nova: $(FUZZ_NOVA_SRC) $(wildcard frontend/*.h driver/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_NOVA_SRC) -o $@ -lm
+build-fuzz/fuzz_st: $(FUZZ_ST_SRC) $(wildcard driver/*.h runtime/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_ST_SRC) -o $@ -lcjson -lm
+build-fuzz/fuzz_pb: $(FUZZ_PB_SRC) $(wildcard driver/*.h runtime/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_PB_SRC) -o $@ -lprotobuf-c -lm
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/novac/include/nova \

@@ -56,7 +56,7 @@ int64_t ox_numel(const ox_tensor *t) {
 }
 
 /* A float as int64 (truncated), saturating; NaN gives 0 (no undefined conversion). */
-static int64_t f2i(double v) {
+int64_t ox_f2i(double v) {
   if (!(v == v)) return 0;
   if (v >= 0x1p63) return INT64_MAX;
   if (v < -0x1p63) return INT64_MIN;
@@ -74,10 +74,10 @@ int64_t ox_geti(const ox_tensor *t, int64_t i) {
   case NOVA_DTYPE_U32: return ((const uint32_t *)t->data)[i];
   case NOVA_DTYPE_U64: return (int64_t)((const uint64_t *)t->data)[i]; /* the bits: wraps above INT64_MAX */
   case NOVA_DTYPE_BOOL: return ((const uint8_t *)t->data)[i] != 0;
-  case NOVA_DTYPE_F32: return f2i(((const float *)t->data)[i]);
-  case NOVA_DTYPE_F64: return f2i(((const double *)t->data)[i]);
+  case NOVA_DTYPE_F32: return ox_f2i(((const float *)t->data)[i]);
+  case NOVA_DTYPE_F64: return ox_f2i(((const double *)t->data)[i]);
   case NOVA_DTYPE_F16:
-  case NOVA_DTYPE_BF16: return f2i(fe_half_to_double(t->dt, ((const uint16_t *)t->data)[i]));
+  case NOVA_DTYPE_BF16: return ox_f2i(fe_half_to_double(t->dt, ((const uint16_t *)t->data)[i]));
   default: return 0;
   }
 }

@@ -55,11 +55,15 @@ typedef struct ox_ctx {
 } ox_ctx;
 
 /* ---- known tensors (onnx.c) ---- */
+/* The most bytes ConstantOfShape and Range materialize: the most a constant
+ * may embed in the IR (NV_MAX_CONST_BYTES in to_nova.c). */
+#define OX_MAX_FILL_BYTES (INT64_C(256) << 20)
 ox_tensor *ox_tensor_new(nova_dtype dt, int rank, const int64_t *shape);
 void ox_tensor_free(ox_tensor *t);
 int64_t ox_numel(const ox_tensor *t);
 /* Element i as int64 / double, whatever the dtype. */
 int64_t ox_geti(const ox_tensor *t, int64_t i);
+int64_t ox_f2i(double v); /* truncated, saturating, NaN 0: no undefined conversion */
 double ox_getf(const ox_tensor *t, int64_t i);
 void ox_set(ox_tensor *t, int64_t i, double f, int64_t v); /* v for integer dtypes, f for floats */
 

@@ -40,7 +40,7 @@ static ox_tensor *leaf(const nv_node *n) {
   if (n->init.kind == NV_INIT_DATA && n->init.data) memcpy(t->data, n->init.data, (size_t)e * fe_dtype_size(n->dtype));
   else if (n->init.kind == NV_INIT_CONST || n->init.kind == NV_INIT_ONES) {
     double v = n->init.kind == NV_INIT_ONES ? 1.0 : n->init.a;
-    for (int64_t i = 0; i < e; i++) ox_set(t, i, v, (int64_t)v);
+    for (int64_t i = 0; i < e; i++) ox_set(t, i, v, ox_f2i(v));
   } else if (n->init.kind != NV_INIT_ZEROS) {
     ox_tensor_free(t);
     return NULL;

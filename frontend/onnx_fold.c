@@ -114,7 +114,7 @@ static int fold_elementwise(ox_ctx *x, const char *op, ox_val *in, int nin, ox_v
     }
     if (fl) {
       double v = fapply(op, fa[0], fa[1], fa[2]);
-      ox_set(o, e, v, (int64_t)v);
+      ox_set(o, e, v, ox_f2i(v)); /* v may be NaN or beyond int64 (unused then) */
     } else {
       int64_t v = iapply(op, ia[0], ia[1], ia[2], &bad);
       ox_set(o, e, (double)v, v);
@@ -256,12 +256,17 @@ static int fold_range(ox_ctx *x, ox_val *in, ox_val *out) {
   /* the count, computed in long double so no integer arithmetic overflows */
   long double cnt = fl ? ceill(((long double)fe - fs) / fd)
                        : ceill(((long double)ox_geti(l, 0) - (long double)ox_geti(s, 0)) / (long double)ox_geti(dl, 0));
-  if (cnt > (long double)(INT64_C(1) << 28)) return ox_err(x, "the range is too large (%.3Lg elements; at most 2^28)", cnt);
+  /* checked before anything is allocated or filled, as ConstantOfShape does:
+   * 17 bytes of operands must not cost a minute and gigabytes */
+  if (cnt * (long double)fe_dtype_size(s->dt) > (long double)OX_MAX_FILL_BYTES)
+    return ox_err(x, "the range is too large (%.3Lg elements of %d bytes; at most %d MiB, the most a compile-time "
+                  "constant holds)", cnt, (int)fe_dtype_size(s->dt), (int)(OX_MAX_FILL_BYTES >> 20));
   int64_t n = cnt > 0 ? (int64_t)cnt : 0;
   ox_tensor *o = ox_tensor_new(s->dt, 1, &n);
   if (!o) return -1;
+  uint64_t is = (uint64_t)ox_geti(s, 0), id = (uint64_t)ox_geti(dl, 0); /* read once: up to 2^28 elements */
   for (int64_t i = 0; i < n; i++) /* wrapping unsigned arithmetic: no signed overflow */
-    ox_set(o, i, fs + (double)i * fd, (int64_t)((uint64_t)ox_geti(s, 0) + (uint64_t)i * (uint64_t)ox_geti(dl, 0)));
+    ox_set(o, i, fs + (double)i * fd, (int64_t)(is + (uint64_t)i * id));
   out[0] = (ox_val){.k = o, .present = true};
   return 1;
 }

@@ -723,10 +723,6 @@ static int cv_constant(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
                 "tensors are not supported)");
 }
 
-/* The most bytes ConstantOfShape materializes: the most a constant may
- * embed in the IR (NV_MAX_CONST_BYTES in to_nova.c). */
-#define OX_MAX_FILL_BYTES (INT64_C(256) << 20)
-
 static int cv_constant_of_shape(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   (void)nout;
   if (ox_need(x, in, nin, 1, 1)) return -1;
