@@ -165,7 +165,7 @@ build-fuzz/fuzz_onnx: $(FUZZ_ONNX_SRC) $(wildcard frontend/*.h driver/*.h)
 # the .nova text parser, novarun's safetensors reader, its TensorProto reader.
 FUZZ_CC := clang -fsanitize=fuzzer,address,undefined -g -O1 -std=c11 -D_GNU_SOURCE $(CPPFLAGS_ALL)
 FUZZ_NOVA_SRC := testsuite/fuzz/fuzz_nova.c frontend/text.c frontend/graph.c driver/diag.c driver/util.c
-FUZZ_ST_SRC := testsuite/fuzz/fuzz_st.c driver/novarun_st.c driver/util.c
+FUZZ_ST_SRC := testsuite/fuzz/fuzz_st.c driver/novarun_st.c driver/json.c driver/util.c
 FUZZ_PB_SRC := testsuite/fuzz/fuzz_pb.c driver/tensor_pb.c driver/util.c $(GEN_ONNX)
 fuzz: fuzz-onnx fuzz-nova fuzz-st fuzz-pb
 fuzz-nova: build-fuzz/fuzz_nova
