@@ -314,7 +314,8 @@ done:
   return rc;
 }
 
-/* Where the pieces of B end: CUT[k] = 1 before ops[k] for a cut there.
+/* Where the pieces of B end: CUT[k] = 1 before ops[k] for a cut there (CUT
+ * comes zeroed, b->n + 1 bytes).
  * No cut where a value that passes_whole refuses is live. */
 static int plan_cuts(const body *b, int max_ops, char *cut) {
   int *live = calloc((size_t)b->n + 2, sizeof *live); /* difference array of blocked cut positions */
@@ -342,7 +343,6 @@ static int plan_cuts(const body *b, int max_ops, char *cut) {
   }
   for (int k = 0; k <= b->n; k++) blocked[k] = (char)((run += live[k]) > 0);
   free(live);
-  memset(cut, 0, (size_t)b->n + 1);
   for (int start = 0; start < b->n;) {
     int end = start + max_ops;
     if (end >= b->n) break;
