@@ -1136,7 +1136,7 @@ int fe_graph_add_output(nv_graph *g, nv_diag *d, const char *name, nv_node *n, n
 /* ---- data-movement helpers -------------------------------------------- */
 
 static bool same_shape(const nv_node *x, int rank, const int64_t *shape) {
-  return x->rank == rank && !memcmp(x->shape, shape, (size_t)rank * sizeof *shape);
+  return x->rank == rank && (rank == 0 || !memcmp(x->shape, shape, (size_t)rank * sizeof *shape)); /* SHAPE may be NULL */
 }
 
 static nv_node *with_list(nv_graph *g, nv_diag *d, nv_op op, nv_node *x, int n, const int64_t *list, bool keep,
