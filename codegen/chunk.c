@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../driver/util.h"
 #include "codegen.h"
 
 #define CG_CHUNK_OPS 400
@@ -108,21 +109,13 @@ static bool is_piece(MlirOperation f, MlirStringRef *name);
 typedef struct vals {
   MlirValue *v;
   int n, cap;
-  bool oom;
 } vals;
 
+/* Appends V (the callers add each value once). */
 static void vals_add(vals *s, MlirValue v) {
-  for (int i = s->n - 1; i >= 0 && i >= s->n - 8; i--) /* recent duplicates; the rest by the mark below */
-    if (mlirValueEqual(s->v[i], v)) return;
   if (s->n == s->cap) {
-    int cap = s->cap ? 2 * s->cap : 64;
-    MlirValue *nv = realloc(s->v, (size_t)cap * sizeof *nv);
-    if (!nv) {
-      s->oom = true;
-      return;
-    }
-    s->v = nv;
-    s->cap = cap;
+    s->cap = s->cap ? 2 * s->cap : 64;
+    s->v = nv_xrealloc(s->v, (size_t)s->cap * sizeof *s->v);
   }
   s->v[s->n++] = v;
 }
@@ -214,8 +207,8 @@ static MlirWalkResult substitute_cb(MlirOperation op, void *ud) {
 }
 
 /* Moves ops [start, end) of B into a new private function @NAME, called
- * where they were.  0 or -1 (out of memory; nothing changed). */
-static int split_piece(MlirModule m, body *b, int start, int end, const char *name) {
+ * where they were. */
+static void split_piece(MlirModule m, body *b, int start, int end, const char *name) {
   MlirOperation first = b->ops[start];
   MlirContext ctx = mlirOperationGetContext(first);
   MlirLocation loc = mlirOperationGetLocation(first);
@@ -225,13 +218,8 @@ static int split_piece(MlirModule m, body *b, int start, int end, const char *na
   for (int i = start; i < end; i++) mlirOperationWalk(b->ops[i], count_cb, &operands, MlirWalkPreOrder);
   seen.cap = 64;
   while (seen.cap < 4 * operands + 64) seen.cap *= 2;
-  seen.key = calloc(seen.cap, sizeof *seen.key);
-  seen.val = calloc(seen.cap, sizeof *seen.val);
-  int rc = -1;
-  MlirType *tin = NULL, *tout = NULL;
-  MlirValue *sub = NULL;
-  MlirLocation *locs = NULL;
-  if (!seen.key || !seen.val) goto done;
+  seen.key = nv_xcalloc(seen.cap, sizeof *seen.key);
+  seen.val = nv_xcalloc(seen.cap, sizeof *seen.val);
   inputs_ctx ic = {b, start, end, &in, &consts, &seen};
   for (int i = start; i < end; i++) mlirOperationWalk(b->ops[i], inputs_cb, &ic, MlirWalkPreOrder);
   for (int i = start; i < end; i++)
@@ -243,12 +231,9 @@ static int split_piece(MlirModule m, body *b, int start, int end, const char *na
           break;
         }
     }
-  if (in.oom || out.oom || consts.oom) goto done;
-  sub = calloc((size_t)(in.n + consts.n) + 1, sizeof *sub);
-  tin = calloc((size_t)in.n + 1, sizeof *tin);
-  tout = calloc((size_t)out.n + 1, sizeof *tout);
-  locs = calloc((size_t)in.n + 1, sizeof *locs);
-  if (!sub || !tin || !tout || !locs) goto done; /* before anything changes */
+  MlirValue *sub = nv_xcalloc((size_t)(in.n + consts.n) + 1, sizeof *sub);
+  MlirType *tin = nv_xcalloc((size_t)in.n + 1, sizeof *tin), *tout = nv_xcalloc((size_t)out.n + 1, sizeof *tout);
+  MlirLocation *locs = nv_xcalloc((size_t)in.n + 1, sizeof *locs);
   for (int i = 0; i < in.n; i++) tin[i] = mlirValueGetType(in.v[i]), locs[i] = loc;
   for (int i = 0; i < out.n; i++) tout[i] = mlirValueGetType(out.v[i]);
 
@@ -300,8 +285,6 @@ static int split_piece(MlirModule m, body *b, int start, int end, const char *na
     index_put(&seen, consts.v[i].ptr, in.n + i);
   }
   for (int i = start; i < end; i++) mlirOperationWalk(b->ops[i], substitute_cb, &sc, MlirWalkPreOrder);
-  rc = 0;
-done:
   free(sub);
   free(tin);
   free(tout);
@@ -311,15 +294,13 @@ done:
   free(consts.v);
   free(seen.key);
   free(seen.val);
-  return rc;
 }
 
 /* Where the pieces of B end: CUT[k] = 1 before ops[k] for a cut there (CUT
  * comes zeroed, b->n + 1 bytes).
  * No cut where a value that passes_whole refuses is live. */
-static int plan_cuts(const body *b, int max_ops, char *cut) {
-  int *live = calloc((size_t)b->n + 2, sizeof *live); /* difference array of blocked cut positions */
-  if (!live) return -1;
+static void plan_cuts(const body *b, int max_ops, char *cut) {
+  int *live = nv_xcalloc((size_t)b->n + 2, sizeof *live); /* difference array of blocked cut positions */
   for (int i = 0; i < b->n; i++)
     for (intptr_t r = 0; r < mlirOperationGetNumResults(b->ops[i]); r++) {
       MlirValue v = mlirOperationGetResult(b->ops[i], r);
@@ -336,11 +317,7 @@ static int plan_cuts(const body *b, int max_ops, char *cut) {
       }
     }
   int run = 0;
-  char *blocked = calloc((size_t)b->n + 1, 1);
-  if (!blocked) {
-    free(live);
-    return -1;
-  }
+  char *blocked = nv_xcalloc((size_t)b->n + 1, 1);
   for (int k = 0; k <= b->n; k++) blocked[k] = (char)((run += live[k]) > 0);
   free(live);
   for (int start = 0; start < b->n;) {
@@ -356,48 +333,41 @@ static int plan_cuts(const body *b, int max_ops, char *cut) {
     start = k;
   }
   free(blocked);
-  return 0;
 }
 
-static int split_func(MlirModule m, MlirOperation f, int *counter) {
+static void split_func(MlirModule m, MlirOperation f, int *counter) {
   body b = {0};
   b.block = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
   int n = 0;
   for (MlirOperation op = mlirBlockGetFirstOperation(b.block); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op))
     n++;
-  if (n - 1 <= 2 * CG_CHUNK_OPS) return 0;
-  b.ops = calloc((size_t)n, sizeof *b.ops);
+  if (n - 1 <= 2 * CG_CHUNK_OPS) return;
+  b.ops = nv_xcalloc((size_t)n, sizeof *b.ops);
   b.idx.cap = 64;
   while (b.idx.cap < 4 * (size_t)n + 2) b.idx.cap *= 2; /* the ops, and a call per piece */
-  b.idx.key = calloc(b.idx.cap, sizeof *b.idx.key);
-  b.idx.val = calloc(b.idx.cap, sizeof *b.idx.val);
-  char *cut = calloc((size_t)n + 1, 1);
-  int rc = -1;
-  if (!b.ops || !b.idx.key || !b.idx.val || !cut) goto done;
+  b.idx.key = nv_xcalloc(b.idx.cap, sizeof *b.idx.key);
+  b.idx.val = nv_xcalloc(b.idx.cap, sizeof *b.idx.val);
+  char *cut = nv_xcalloc((size_t)n + 1, 1);
   for (MlirOperation op = mlirBlockGetFirstOperation(b.block); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op)) {
     index_put(&b.idx, op.ptr, b.n);
     if (!mlirOperationIsNull(mlirOperationGetNextInBlock(op))) b.ops[b.n++] = op; /* not the terminator */
   }
-  if (plan_cuts(&b, CG_CHUNK_OPS, cut)) goto done;
-  rc = 0;
+  plan_cuts(&b, CG_CHUNK_OPS, cut);
   bool any = false;
   for (int k = 1; k < b.n && !any; k++) any = cut[k];
-  if (!any) goto done; /* nowhere to cut: bufferized whole */
-  /* last piece first: a piece's later users are then still top-level ops of the body */
-  int end = b.n;
-  for (int k = b.n - 1; k >= 0 && !rc; k--) {
+  /* last piece first: a piece's later users are then still top-level ops of
+   * the body; nowhere to cut (!ANY): bufferized whole */
+  for (int k = b.n - 1, end = b.n; any && k >= 0; k--) {
     if (k > 0 && !cut[k]) continue;
     char name[64];
     snprintf(name, sizeof name, CHUNK_PREFIX "%d", (*counter)++);
-    rc = split_piece(m, &b, k, end, name);
+    split_piece(m, &b, k, end, name);
     end = k;
   }
-done:
   free(b.ops);
   free(b.idx.key);
   free(b.idx.val);
   free(cut);
-  return rc;
 }
 
 int cg_chunk_split(MlirModule m) {
@@ -406,7 +376,7 @@ int cg_chunk_split(MlirModule m) {
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f)) {
     MlirStringRef name;
-    if (is_piece(f, &name)) counter++; /* cut already (before tiling) */
+    if (is_piece(f, &name)) counter++; /* cut already, not put back yet: left alone */
   }
   if (counter) return counter;
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
@@ -414,10 +384,9 @@ int cg_chunk_split(MlirModule m) {
     if (cg_op_is(f, "func.func") && mlirAttributeIsNull(mlirOperationGetAttributeByName(f, nova_str("sym_visibility"))) &&
         !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0))))
       cg_op_list_push(&funcs, f);
-  int rc = funcs.oom ? -1 : 0;
-  for (size_t i = 0; i < funcs.n && !rc; i++) rc = split_func(m, funcs.v[i], &counter);
+  for (size_t i = 0; i < funcs.n && !funcs.oom; i++) split_func(m, funcs.v[i], &counter);
   free(funcs.v);
-  return rc < 0 ? -1 : counter;
+  return funcs.oom ? -1 : counter;
 }
 
 /* ---- putting the pieces back ----------------------------------------------- */

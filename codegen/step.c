@@ -50,7 +50,7 @@ static int collect(const nv_graph *g, step_tensor **out, int64_t *init_size) {
        * generated value (normal, he, ...) travels as its recipe, zeros as
        * nothing (the runtime zeroes every buffer it allocates) */
       if (x->op == NV_OP_PARAM || x->has_default) t[n].init_kind = fe_init_recipe(x, &t[n].init_a, &t[n].init_b);
-      bool bytes = x->init.kind == NV_INIT_FILE || x->init.kind == NV_INIT_DATA;
+      bool bytes = fe_init_is_bytes(x);
       if (x->has_default && !bytes && t[n].init_kind == RT_INIT_NONE) t[n].init_kind = RT_INIT_CONST; /* 0 */
       if ((x->op == NV_OP_PARAM || x->has_default) && bytes) {
         t[n].init_offset = off;

@@ -330,8 +330,7 @@ static int check_init_bytes(nv_diag *d, const nv_graph *g, const char *input) {
   int64_t total = 0;
   for (int i = 0; i < g->nnodes; i++) {
     const nv_node *x = g->nodes[i];
-    bool bytes_given = x->init.kind == NV_INIT_FILE || x->init.kind == NV_INIT_DATA; /* else generated at open */
-    if ((x->op != NV_OP_PARAM && !(x->op == NV_OP_INPUT && x->has_default)) || !bytes_given) continue;
+    if ((x->op != NV_OP_PARAM && !(x->op == NV_OP_INPUT && x->has_default)) || !fe_init_is_bytes(x)) continue;
     int64_t bytes = fe_numel(x) * (int64_t)fe_dtype_size(x->dtype);
     if (bytes > NV_MAX_INIT_BYTES) {
       nv_error(d, x->loc, "%s '%s': %lld bytes of initial values; a step.so holds at most %lld MiB of them",

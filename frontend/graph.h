@@ -265,5 +265,8 @@ int fe_init_fill(const nv_graph *g, nv_diag *d, const nv_node *n, void *out);
 /* N's generated initial value as an RT_INIT_* kind (runtime/rt_init.h)
  * with its parameters *A, *B; RT_INIT_NONE for zeros, a file or data. */
 int fe_init_recipe(const nv_node *n, double *a, double *b);
+/* Whether N's initial value is bytes (a file, an ONNX initializer), which a
+ * step.so embeds, rather than generated when it opens. */
+bool fe_init_is_bytes(const nv_node *n);
 
 #endif

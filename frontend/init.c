@@ -65,3 +65,5 @@ int fe_init_recipe(const nv_node *n, double *a, double *b) {
   *a = *b = 0;
   return RT_INIT_NONE;
 }
+
+bool fe_init_is_bytes(const nv_node *n) { return n->init.kind == NV_INIT_FILE || n->init.kind == NV_INIT_DATA; }
