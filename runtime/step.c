@@ -47,12 +47,6 @@ static nova_status rt_fail_const(const nova_step *s, nova_status status, const c
 
 /* ---- open / close -------------------------------------------------------- */
 
-static int64_t rt_elements(const rt_tensor_desc *t) {
-  int64_t n = 1;
-  for (int k = 0; k < t->rank; k++) n *= t->shape[k];
-  return n;
-}
-
 /* T starts with a value (bytes or generated), not zeros. */
 static bool rt_has_initial(const rt_tensor_desc *t) { return t->init_offset >= 0 || t->init_kind != RT_INIT_NONE; }
 
@@ -62,10 +56,10 @@ void nova_rt_parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int
 #define RT_INIT_BLOCK 65536 /* elements per share of a generated initial value */
 
 /* Blocks [LO, HI) of the generated initial value of ARGV[0] (an
- * rt_tensor_desc) into ARGV[1]. */
+ * rt_tensor_desc) into ARGV[1], of *ARGV[2] elements. */
 static void rt_init_blocks(void **argv, int64_t lo, int64_t hi) {
   const rt_tensor_desc *t = argv[0];
-  int64_t n = rt_elements(t), end = hi * RT_INIT_BLOCK < n ? hi * RT_INIT_BLOCK : n;
+  int64_t n = *(const int64_t *)argv[2], end = hi * RT_INIT_BLOCK < n ? hi * RT_INIT_BLOCK : n;
   rt_init_fill(t->init_kind, t->init_a, t->init_b, t->init_seed, t->dtype, t->rank, t->shape, lo * RT_INIT_BLOCK, end,
                argv[1]);
 }
@@ -83,8 +77,9 @@ static void *rt_buffer_create(const rt_graph *g, const rt_tensor_desc *t, size_t
   memset(buf, 0, size);
   if (t->init_offset >= 0 && nbytes > 0) memcpy(buf, g->init_data + t->init_offset, nbytes);
   if (t->init_kind != RT_INIT_NONE && nbytes > 0) {
-    void *argv[2] = {(void *)(uintptr_t)t, buf};
-    nova_rt_parallel_for(rt_init_blocks, argv, 0, (rt_elements(t) + RT_INIT_BLOCK - 1) / RT_INIT_BLOCK, 1);
+    int64_t n = (int64_t)(nbytes / rt_dtype_size(t->dtype));
+    void *argv[3] = {(void *)(uintptr_t)t, buf, &n};
+    nova_rt_parallel_for(rt_init_blocks, argv, 0, (n + RT_INIT_BLOCK - 1) / RT_INIT_BLOCK, 1);
   }
   return buf;
 }
