@@ -1,0 +1,301 @@
+/* kernel_once.c: each distinct kernel tiled once.
+ *
+ * The layers of a model repeat, and so do their kernels: a chain of N
+ * statements on one weight has N copies of one matmul+tanh kernel, a
+ * 12-layer GPT twelve copies of each of its layer's kernels.  Tiling runs a
+ * transform script whose greedy canonicalizations walk the whole function
+ * each time (six times), which grew faster than the function (N^1.3).
+ *
+ * Requires: tensor IR, each op to tile marked nova.tile (cpu_tile.c).
+ * Does (cg_kernels_split): gives each marked op a key, its text printed
+ * in local scope (operands as placeholders, no locations) followed by what
+ * its outside values are: a repeat of an earlier one, a constant (its
+ * attribute, uniqued by the context), an empty tensor (its type), or
+ * another value (its type).  Ops with equal keys compute the same
+ * function of their outside values.  The first op of each key is cloned
+ * into a function of its own in a new module (outside values as
+ * arguments, constants and empty tensors cloned in); the script then
+ * tiles that module, one small function per distinct kernel.
+ * cg_kernels_join puts a copy of the tiled function in place of every op
+ * of its key, its arguments bound to that op's outside values.
+ */
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../driver/util.h"
+#include "codegen.h"
+
+#define KERNEL_PREFIX "__nova_kernel_"
+
+typedef struct vlist {
+  MlirValue *v;
+  int n, cap;
+} vlist;
+
+static void vlist_add(vlist *l, MlirValue v) {
+  if (l->n == l->cap) {
+    l->cap = l->cap ? 2 * l->cap : 8;
+    l->v = nv_xrealloc(l->v, (size_t)l->cap * sizeof *l->v);
+  }
+  l->v[l->n++] = v;
+}
+
+static int vlist_find(const vlist *l, MlirValue v) {
+  for (int i = 0; i < l->n; i++)
+    if (mlirValueEqual(l->v[i], v)) return i;
+  return -1;
+}
+
+/* ---- an op's outside values ------------------------------------------------ */
+
+static bool within(MlirOperation op, MlirOperation root) {
+  for (; !mlirOperationIsNull(op); op = mlirOperationGetParentOperation(op))
+    if (mlirOperationEqual(op, root)) return true;
+  return false;
+}
+
+static MlirOperation value_site(MlirValue v) {
+  return mlirValueIsAOpResult(v) ? mlirOpResultGetOwner(v)
+                                 : mlirBlockGetParentOperation(mlirBlockArgumentGetOwner(v));
+}
+
+typedef struct outside_ctx {
+  MlirOperation root;
+  vlist *out;
+} outside_ctx;
+
+static MlirWalkResult outside_cb(MlirOperation op, void *ud) {
+  outside_ctx *c = ud;
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    MlirValue v = mlirOperationGetOperand(op, i);
+    if (!within(value_site(v), c->root) && vlist_find(c->out, v) < 0) vlist_add(c->out, v);
+  }
+  return MlirWalkResultAdvance;
+}
+
+/* The values OP reads from outside itself, each once, in walk order. */
+static void outside_values(MlirOperation op, vlist *out) {
+  out->n = 0;
+  outside_ctx c = {op, out};
+  mlirOperationWalk(op, outside_cb, &c, MlirWalkPreOrder);
+}
+
+/* Made inside each kernel's function rather than passed to it: a constant
+ * (the canonicalizations fold it) or a static empty tensor (a destination
+ * the tiling slices). */
+static bool cloned_in(MlirValue v) {
+  if (!mlirValueIsAOpResult(v)) return false;
+  MlirOperation d = mlirOpResultGetOwner(v);
+  return cg_op_is(d, "arith.constant") || cg_op_is(d, "ub.poison") ||
+         (cg_op_is(d, "tensor.empty") && mlirOperationGetNumOperands(d) == 0);
+}
+
+static void key_print(MlirStringRef s, void *ud) { nv_sb_printf(ud, "%.*s", (int)s.length, s.data); }
+
+/* FN (a kernel's function, not in a module yet) printed, then what its
+ * cloned-in constants are (large ones are elided in the text). */
+static void key_of(MlirOperation fn, const vlist *outside, MlirOpPrintingFlags flags, nv_sbuf *key) {
+  key->len = 0;
+  if (key->s) key->s[0] = 0;
+  mlirOperationPrintWithFlags(fn, flags, key_print, key);
+  for (int i = 0; i < outside->n; i++) {
+    MlirValue v = outside->v[i];
+    if (!cloned_in(v)) continue;
+    MlirAttribute a = mlirOperationGetAttributeByName(mlirOpResultGetOwner(v), nova_str("value"));
+    nv_sb_printf(key, "|%p", mlirAttributeIsNull(a) ? NULL : a.ptr);
+  }
+}
+
+/* ---- keys -> kernels ------------------------------------------------------- */
+
+typedef struct kernel {
+  char *key;
+  uint64_t hash;
+  MlirOperation fn; /* in the kernels' module */
+} kernel;
+
+struct cg_kernels {
+  kernel *k;
+  int n, cap;
+  size_t *slot; /* open addressing: index + 1, 0 empty */
+  size_t nslot;
+  MlirOperation *member; /* the marked ops, and the kernel of each */
+  int *of;
+  size_t nmember;
+};
+
+static uint64_t fnv(const char *s, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  return h;
+}
+
+static void grow_slots(cg_kernels *ks) {
+  size_t n = ks->nslot ? 2 * ks->nslot : 256;
+  size_t *s = nv_xcalloc(n, sizeof *s);
+  for (int i = 0; i < ks->n; i++) {
+    size_t j = ks->k[i].hash & (n - 1);
+    while (s[j]) j = (j + 1) & (n - 1);
+    s[j] = (size_t)i + 1;
+  }
+  free(ks->slot);
+  ks->slot = s;
+  ks->nslot = n;
+}
+
+/* The kernel of KEY, or -1 with *SLOT where a new one goes. */
+static int find_kernel(cg_kernels *ks, const nv_sbuf *key, uint64_t h, size_t *slot) {
+  if ((size_t)(ks->n + 1) * 2 > ks->nslot) grow_slots(ks);
+  size_t j = h & (ks->nslot - 1);
+  for (; ks->slot[j]; j = (j + 1) & (ks->nslot - 1)) {
+    const kernel *k = &ks->k[ks->slot[j] - 1];
+    if (k->hash == h && !strcmp(k->key, key->s)) return (int)(ks->slot[j] - 1);
+  }
+  *slot = j;
+  return -1;
+}
+
+/* Replaces, in OP and everything in it, each use of FROM[i] by TO[i]. */
+typedef struct subst_ctx {
+  const vlist *from;
+  const MlirValue *to;
+} subst_ctx;
+
+static MlirWalkResult subst_cb(MlirOperation op, void *ud) {
+  subst_ctx *c = ud;
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    int k = vlist_find(c->from, mlirOperationGetOperand(op, i));
+    if (k >= 0) mlirOperationSetOperand(op, i, c->to[k]);
+  }
+  return MlirWalkResultAdvance;
+}
+
+/* A function @NAME computing OP from its outside values: the passed ones
+ * are its arguments, in order; the others are cloned in. */
+static MlirOperation kernel_func(MlirOperation op, const vlist *outside, const char *name) {
+  MlirContext ctx = mlirOperationGetContext(op);
+  MlirLocation loc = mlirOperationGetLocation(op);
+  int nin = 0, nres = (int)mlirOperationGetNumResults(op);
+  MlirType *tin = nv_xcalloc((size_t)outside->n + 1, sizeof *tin), *tres = nv_xcalloc((size_t)nres + 1, sizeof *tres);
+  for (int i = 0; i < outside->n; i++)
+    if (!cloned_in(outside->v[i])) tin[nin++] = mlirValueGetType(outside->v[i]);
+  for (int i = 0; i < nres; i++) tres[i] = mlirValueGetType(mlirOperationGetResult(op, i));
+  MlirOperation ret;
+  MlirOperation fn = cg_make_func(ctx, loc, name, nin, tin, nres, tres, &ret);
+  MlirBlock entry = mlirRegionGetFirstBlock(mlirOperationGetRegion(fn, 0));
+  MlirValue *to = nv_xcalloc((size_t)outside->n + 1, sizeof *to);
+  for (int i = 0, a = 0; i < outside->n; i++) {
+    if (!cloned_in(outside->v[i])) {
+      to[i] = mlirBlockGetArgument(entry, a++);
+      continue;
+    }
+    MlirOperation d = mlirOperationClone(mlirOpResultGetOwner(outside->v[i]));
+    mlirBlockInsertOwnedOperationBefore(entry, ret, d);
+    to[i] = mlirOperationGetResult(d, 0);
+  }
+  MlirOperation body = mlirOperationClone(op);
+  mlirBlockInsertOwnedOperationBefore(entry, ret, body);
+  subst_ctx sc = {outside, to};
+  mlirOperationWalk(body, subst_cb, &sc, MlirWalkPreOrder);
+  MlirValue *res = nv_xcalloc((size_t)nres + 1, sizeof *res);
+  for (int i = 0; i < nres; i++) res[i] = mlirOperationGetResult(body, i);
+  mlirOperationSetOperands(ret, nres, res);
+  free(tin);
+  free(tres);
+  free(to);
+  free(res);
+  return fn;
+}
+
+MlirModule cg_kernels_split(MlirModule m, const cg_op_list *marked, cg_kernels **out) {
+  cg_kernels *ks = nv_xcalloc(1, sizeof *ks);
+  MlirOperation mop = mlirModuleGetOperation(m);
+  MlirModule km = mlirModuleCreateEmpty(mlirOperationGetLocation(mop));
+  /* what the kernels may refer to: the declarations */
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f)) {
+    MlirRegion r = mlirOperationGetNumRegions(f) ? mlirOperationGetRegion(f, 0) : (MlirRegion){NULL};
+    if (!mlirRegionIsNull(r) && !mlirBlockIsNull(mlirRegionGetFirstBlock(r))) continue;
+    mlirBlockAppendOwnedOperation(mlirModuleGetBody(km), mlirOperationClone(f));
+  }
+  ks->member = nv_xcalloc(marked->n + 1, sizeof *ks->member);
+  ks->of = nv_xcalloc(marked->n + 1, sizeof *ks->of);
+  ks->nmember = marked->n;
+  MlirOpPrintingFlags flags = mlirOpPrintingFlagsCreate();
+  mlirOpPrintingFlagsElideLargeElementsAttrs(flags, 16);
+  nv_sbuf key = {0};
+  vlist outside = {0};
+  for (size_t i = 0; i < marked->n; i++) {
+    MlirOperation op = marked->v[i];
+    outside_values(op, &outside);
+    MlirOperation fn = kernel_func(op, &outside, "k");
+    key_of(fn, &outside, flags, &key);
+    if (getenv("NOVAC_DEBUG_KERNELS")) fprintf(stderr, "// key %zu: %s\n", i, key.s);
+    uint64_t h = fnv(key.s, key.len);
+    size_t slot = 0;
+    int k = find_kernel(ks, &key, h, &slot);
+    if (k >= 0) {
+      mlirOperationDestroy(fn);
+    } else {
+      if (ks->n == ks->cap) {
+        ks->cap = ks->cap ? 2 * ks->cap : 64;
+        ks->k = nv_xrealloc(ks->k, (size_t)ks->cap * sizeof *ks->k);
+      }
+      char name[48];
+      snprintf(name, sizeof name, KERNEL_PREFIX "%d", ks->n);
+      mlirOperationSetAttributeByName(fn, mlirSymbolTableGetSymbolAttributeName(),
+                                      mlirStringAttrGet(mlirOperationGetContext(fn), nova_str(name)));
+      mlirBlockAppendOwnedOperation(mlirModuleGetBody(km), fn);
+      k = ks->n++;
+      ks->k[k] = (kernel){nv_xstrdup(key.s), h, fn};
+      ks->slot[slot] = (size_t)k + 1;
+    }
+    ks->member[i] = op;
+    ks->of[i] = k;
+  }
+  nv_sb_free(&key);
+  free(outside.v);
+  mlirOpPrintingFlagsDestroy(flags);
+  *out = ks;
+  return km;
+}
+
+int cg_kernels_count(const cg_kernels *ks) { return ks->n; }
+
+void cg_kernels_join(cg_kernels *ks, MlirModule km) {
+  (void)km;
+  vlist outside = {0};
+  MlirValue *args = NULL, *res = NULL;
+  for (size_t i = 0; i < ks->nmember; i++) {
+    MlirOperation op = ks->member[i];
+    outside_values(op, &outside);
+    intptr_t nres = mlirOperationGetNumResults(op);
+    args = nv_xrealloc(args, ((size_t)outside.n + 1) * sizeof *args);
+    res = nv_xrealloc(res, ((size_t)nres + 1) * sizeof *res);
+    int nin = 0;
+    for (int a = 0; a < outside.n; a++)
+      if (!cloned_in(outside.v[a])) args[nin++] = outside.v[a];
+    MlirOperation fn = mlirOperationClone(ks->k[ks->of[i]].fn);
+    cg_inline_func(fn, op, args, res);
+    mlirOperationDestroy(fn);
+    for (intptr_t r = 0; r < nres; r++) mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(op, r), res[r]);
+    mlirOperationDestroy(op);
+  }
+  free(outside.v);
+  free(args);
+  free(res);
+}
+
+void cg_kernels_free(cg_kernels *ks) {
+  if (!ks) return;
+  for (int i = 0; i < ks->n; i++) free(ks->k[i].key);
+  free(ks->k);
+  free(ks->slot);
+  free(ks->member);
+  free(ks->of);
+  free(ks);
+}
