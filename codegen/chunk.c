@@ -233,26 +233,12 @@ static void split_piece(MlirModule m, body *b, int start, int end, const char *n
     }
   MlirValue *sub = nv_xcalloc((size_t)(in.n + consts.n) + 1, sizeof *sub);
   MlirType *tin = nv_xcalloc((size_t)in.n + 1, sizeof *tin), *tout = nv_xcalloc((size_t)out.n + 1, sizeof *tout);
-  MlirLocation *locs = nv_xcalloc((size_t)in.n + 1, sizeof *locs);
-  for (int i = 0; i < in.n; i++) tin[i] = mlirValueGetType(in.v[i]), locs[i] = loc;
+  for (int i = 0; i < in.n; i++) tin[i] = mlirValueGetType(in.v[i]);
   for (int i = 0; i < out.n; i++) tout[i] = mlirValueGetType(out.v[i]);
-
-  MlirBlock entry = mlirBlockCreate(in.n, tin, locs);
-  MlirRegion region = mlirRegionCreate();
-  mlirRegionAppendOwnedBlock(region, entry);
-  MlirOperationState rs = mlirOperationStateGet(nova_str("func.return"), loc);
-  mlirOperationStateAddOperands(&rs, out.n, out.v);
-  MlirOperation ret = mlirOperationCreate(&rs);
-  mlirBlockAppendOwnedOperation(entry, ret);
-  MlirNamedAttribute fa[3] = {
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("sym_name")), mlirStringAttrGet(ctx, nova_str(name))),
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("function_type")),
-                            mlirTypeAttrGet(mlirFunctionTypeGet(ctx, in.n, tin, out.n, tout))),
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("sym_visibility")), mlirStringAttrGet(ctx, nova_str("private")))};
-  MlirOperationState fs = mlirOperationStateGet(nova_str("func.func"), loc);
-  mlirOperationStateAddAttributes(&fs, 3, fa);
-  mlirOperationStateAddOwnedRegions(&fs, 1, &region);
-  MlirOperation fn = mlirOperationCreate(&fs);
+  MlirOperation ret;
+  MlirOperation fn = cg_make_func(ctx, loc, name, in.n, tin, out.n, tout, &ret);
+  mlirOperationSetOperands(ret, out.n, out.v);
+  MlirBlock entry = mlirRegionGetFirstBlock(mlirOperationGetRegion(fn, 0));
   mlirBlockAppendOwnedOperation(mlirModuleGetBody(m), fn);
 
   MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), loc);
@@ -288,7 +274,6 @@ static void split_piece(MlirModule m, body *b, int start, int end, const char *n
   free(sub);
   free(tin);
   free(tout);
-  free(locs);
   free(in.v);
   free(out.v);
   free(consts.v);
@@ -453,15 +438,12 @@ int cg_chunk_inline(MlirModule m) {
       rc = -1;
       break;
     }
-    for (intptr_t a = 0; a < mlirBlockGetNumArguments(entry); a++)
-      mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(entry, a), mlirOperationGetOperand(call, a));
-    for (intptr_t r = 0; r < mlirOperationGetNumResults(call); r++)
-      mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(call, r), mlirOperationGetOperand(ret, r));
-    for (MlirOperation op = mlirBlockGetFirstOperation(entry); !mlirOperationEqual(op, ret);) {
-      MlirOperation next = mlirOperationGetNextInBlock(op);
-      mlirOperationMoveBefore(op, call);
-      op = next;
-    }
+    intptr_t na = mlirOperationGetNumOperands(call), nr = mlirOperationGetNumResults(call);
+    MlirValue *args = nv_xcalloc((size_t)(na + nr) + 1, sizeof *args);
+    for (intptr_t a = 0; a < na; a++) args[a] = mlirOperationGetOperand(call, a);
+    cg_inline_func(fn, call, args, args + na);
+    for (intptr_t r = 0; r < nr; r++) mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(call, r), args[na + r]);
+    free(args);
     mlirOperationDestroy(call);
   }
   for (size_t k = 0; k < pieces.n && !rc; k++)

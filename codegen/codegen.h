@@ -32,6 +32,24 @@ typedef struct cg_op_list {
   bool oom;
 } cg_op_list;
 bool cg_op_list_push(cg_op_list *l, MlirOperation op);
+/* A private func.func @NAME (NIN arguments, NOUT results) whose entry
+ * block holds only a func.return without operands (*RET; the caller sets
+ * them), not yet in a module. */
+MlirOperation cg_make_func(MlirContext ctx, MlirLocation loc, const char *name, int nin, const MlirType *tin, int nout,
+                           const MlirType *tout, MlirOperation *ret);
+/* Moves the body of FN's entry block before AT, its arguments replaced by
+ * ARGS (one per argument); RESULTS[i]: the value it returned i-th.  FN is
+ * left with only its return (the caller destroys it). */
+void cg_inline_func(MlirOperation fn, MlirOperation at, const MlirValue *args, MlirValue *results);
+/* kernel_once.c: the ops of MARKED (tensor IR, each marked nova.tile), one
+ * private function per distinct kernel in a new module (returned; its
+ * owner destroys it); cg_kernels_join, once that module is transformed,
+ * puts a copy of each kernel's function in place of each of its ops. */
+typedef struct cg_kernels cg_kernels;
+MlirModule cg_kernels_split(MlirModule m, const cg_op_list *marked, cg_kernels **out);
+int cg_kernels_count(const cg_kernels *ks);
+void cg_kernels_join(cg_kernels *ks, MlirModule km);
+void cg_kernels_free(cg_kernels *ks);
 
 /* nova -> linalg on tensors, as a new module (null after a diagnostic). */
 MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule nova);
@@ -167,6 +185,8 @@ typedef struct cg_options {
 /* Runs a textual pass pipeline on m; 0 on success (else a diagnostic
  * naming STAGE). */
 int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char *stage);
+/* Milliseconds of wall time (NOVAC_DEBUG_PIPELINES=cpu: of process CPU time). */
+double cg_now_ms(void);
 /* cpu_tile.c: tiles and vectorizes the linalg ops of a linalg-on-tensors
  * module in place (before cg_bufferize), with sizes from the configurator's
  * CPU schedules for HOST (NULL: this machine, cfg_device_host).  OPT_LEVEL

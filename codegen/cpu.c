@@ -36,7 +36,7 @@ static void register_passes(void) { mlirRegisterAllPasses(); }
 
 /* Wall time; NOVAC_DEBUG_PIPELINES=cpu: the process's CPU time (steadier on
  * a busy machine; with NOVAC_JOBS=1, one thread's). */
-static double now_ms(void) {
+double cg_now_ms(void) {
   struct timespec ts;
   const char *e = getenv("NOVAC_DEBUG_PIPELINES");
   clock_gettime(e && !strcmp(e, "cpu") ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
@@ -66,7 +66,7 @@ int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char 
     nv_sb_free(&b);
     mlirOpPrintingFlagsDestroy(fl);
   }
-  double t0 = now_ms();
+  double t0 = cg_now_ms();
   if (mlirLogicalResultIsFailure(mlirParsePassPipeline(mlirPassManagerGetAsOpPassManager(pm),
                                                        nova_str(pipeline), err_cb, &err))) {
     nv_error_plain(c->diag, "internal: bad %s pipeline: %s", stage, err.s ? err.s : "");
@@ -75,7 +75,7 @@ int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char 
     nv_error_plain(c->diag, "%s failed (see the messages above)", stage);
     rc = -1;
   }
-  if (getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: %8.1f ms  %.200s\n", now_ms() - t0, pipeline);
+  if (getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: %8.1f ms  %.200s\n", cg_now_ms() - t0, pipeline);
   nv_sb_free(&err);
   mlirPassManagerDestroy(pm);
   return rc;
@@ -176,7 +176,7 @@ typedef struct cpu_plan_args {
  * 0 planned, 1 not plannable, -1 error. */
 /* NOVAC_DEBUG_PIPELINES: the time of a stage that is not a pass pipeline. */
 static int timed(int rc, double *t, const char *what) {
-  double t1 = now_ms();
+  double t1 = cg_now_ms();
   if (getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: %8.1f ms  (%s)\n", t1 - *t, what);
   *t = t1;
   return rc;
@@ -184,7 +184,7 @@ static int timed(int rc, double *t, const char *what) {
 
 static int plan_cpu(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan *plan, void *ud) {
   const cpu_plan_args *a = ud;
-  double t = now_ms();
+  double t = cg_now_ms();
   if (timed(cg_prepare_inplace(c, g, m), &t, "in-place updates") || timed(cg_fast_math(c, m), &t, "fast math") ||
       timed(cg_cpu_tile(c, m, a->cpu, a->opt_level), &t, "tiling") || cg_bufferize(c, m, a->opt_level, false) ||
       timed(cg_plan_inplace(g, m, plan), &t, "bufferization, in-place plan"))
@@ -236,7 +236,7 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
            bf16 ? "arith-expand{include-bf16=1}," : "");
   /* outlined first: the lowering to loops then runs once per distinct nest */
   int npar = 0;
-  double t = now_ms();
+  double t = cg_now_ms();
   if (timed(cg_outline_nests(c, m), &t, "outlining")) return -1;
   /* one function per distinct nest from here: the function-level passes
    * run on several threads (stopped again before code generation forks) */

@@ -412,7 +412,7 @@ static const char *SCRIPT_TAIL =
     "      transform.apply_patterns.tensor.fold_tensor_subset_ops_into_vector_transfers\n"
     "      transform.apply_patterns.canonicalization\n"
     "    } : !transform.any_op\n"
-    "    %loops = transform.structured.match ops{[\"scf.for\"]} in %f : (!transform.any_op) -> !transform.any_op\n"
+    "    %loops = transform.structured.match ops{[\"scf.for\"]} in %root : (!transform.any_op) -> !transform.any_op\n"
     "    transform.apply_cse to %loops : !transform.any_op\n"
     "    transform.loop.hoist_loop_invariant_subsets %loops : !transform.any_op\n"
     "    transform.apply_patterns to %f {\n"
@@ -468,6 +468,7 @@ typedef struct marker {
   int counts[4];
   bool debug;
   char **texts;   /* [next]: the sequence of plan ID */
+  cg_op_list marked;
   bool oom;
 } marker;
 
@@ -512,6 +513,7 @@ static void mark_func(marker *mk, MlirOperation func) {
     mk->counts[p.kind]++;
     mlirOperationSetDiscardableAttributeByName(o, nova_str("nova.tile"),
                                                mlirIntegerAttrGet(mlirIntegerTypeGet(mk->ctx, 64), id));
+    cg_op_list_push(&mk->marked, o);
     if (mk->debug) {
       static const char *kn[] = {"-", "contract", "pointwise", "reduce"};
       fprintf(stderr, "// nova.tile = %d: %s, ranges", id, kn[p.kind]);
@@ -644,13 +646,26 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
   int rc = 0;
   if (mk.next == 0) {
     mlirOperationDestroy(snap);
-  } else if (script.oom || apply_script(c, m, script.s, &cap)) {
-    restore(m, snap);
-    nv_note(c->diag, (nv_loc){0}, "cpu tiling skipped, the step uses scalar loops: %s",
-            script.oom ? "out of memory" : cap.first);
   } else {
-    mlirOperationDestroy(snap);
+    /* the script runs on one function per distinct kernel (kernel_once.c) */
+    double t0 = cg_now_ms();
+    cg_kernels *ks = NULL;
+    MlirModule km = cg_kernels_split(m, &mk.marked, &ks);
+    if (getenv("NOVAC_DEBUG_PIPELINES"))
+      fprintf(stderr, "novac: %8.1f ms  (tiling: %zu ops, %d distinct kernels)\n", cg_now_ms() - t0, mk.marked.n,
+              cg_kernels_count(ks));
+    if (script.oom || apply_script(c, km, script.s, &cap)) {
+      restore(m, snap);
+      nv_note(c->diag, (nv_loc){0}, "cpu tiling skipped, the step uses scalar loops: %s",
+              script.oom ? "out of memory" : cap.first);
+    } else {
+      cg_kernels_join(ks, km);
+      mlirOperationDestroy(snap);
+    }
+    mlirModuleDestroy(km);
+    cg_kernels_free(ks);
   }
+  free(mk.marked.v);
   mlirOperationWalk(mlirModuleGetOperation(m), unmark_cb, NULL, MlirWalkPostOrder);
   if (debug) {
     fprintf(stderr, "// ---- after tiling\n");

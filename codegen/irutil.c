@@ -6,6 +6,7 @@
 #include "../driver/util.h"
 #include "codegen.h"
 #include "mlir-c/BuiltinAttributes.h"
+#include "mlir-c/BuiltinTypes.h"
 
 bool cg_op_is(MlirOperation op, const char *name) {
   MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
@@ -54,4 +55,39 @@ int cg_prefix_symbols(MlirModule m, const char *prefix) {
     mlirOperationSetAttributeByName(f, symattr, mlirStringAttrGet(mlirOperationGetContext(f), nw));
   }
   return 0;
+}
+
+MlirOperation cg_make_func(MlirContext ctx, MlirLocation loc, const char *name, int nin, const MlirType *tin, int nout,
+                           const MlirType *tout, MlirOperation *ret) {
+  MlirLocation *locs = nv_xcalloc((size_t)nin + 1, sizeof *locs);
+  for (int i = 0; i < nin; i++) locs[i] = loc;
+  MlirBlock entry = mlirBlockCreate(nin, tin, locs);
+  free(locs);
+  MlirRegion region = mlirRegionCreate();
+  mlirRegionAppendOwnedBlock(region, entry);
+  MlirOperationState rs = mlirOperationStateGet(nova_str("func.return"), loc);
+  *ret = mlirOperationCreate(&rs);
+  mlirBlockAppendOwnedOperation(entry, *ret);
+  MlirNamedAttribute fa[3] = {
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("sym_name")), mlirStringAttrGet(ctx, nova_str(name))),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("function_type")),
+                            mlirTypeAttrGet(mlirFunctionTypeGet(ctx, nin, tin, nout, tout))),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("sym_visibility")), mlirStringAttrGet(ctx, nova_str("private")))};
+  MlirOperationState fs = mlirOperationStateGet(nova_str("func.func"), loc);
+  mlirOperationStateAddAttributes(&fs, 3, fa);
+  mlirOperationStateAddOwnedRegions(&fs, 1, &region);
+  return mlirOperationCreate(&fs);
+}
+
+void cg_inline_func(MlirOperation fn, MlirOperation at, const MlirValue *args, MlirValue *results) {
+  MlirBlock entry = mlirRegionGetFirstBlock(mlirOperationGetRegion(fn, 0));
+  MlirOperation ret = mlirBlockGetTerminator(entry);
+  for (intptr_t a = 0; a < mlirBlockGetNumArguments(entry); a++)
+    mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(entry, a), args[a]);
+  for (intptr_t r = 0; r < mlirOperationGetNumOperands(ret); r++) results[r] = mlirOperationGetOperand(ret, r);
+  for (MlirOperation op = mlirBlockGetFirstOperation(entry); !mlirOperationEqual(op, ret);) {
+    MlirOperation next = mlirOperationGetNextInBlock(op);
+    mlirOperationMoveBefore(op, at);
+    op = next;
+  }
 }

@@ -58,6 +58,8 @@ typedef struct parser {
   bool failed;
   int nsym, capsym;
   sym *syms;
+  int *symtab;            /* open addressing on the name's hash: index + 1, 0 empty */
+  size_t nslot;           /* a power of two, at least twice capsym */
   fe_dim_binding *dims;
   int ndims;
 } parser;
@@ -232,10 +234,21 @@ static bool expect_name(parser *P, char *out, const char *context) {
 
 /* ---- symbols -------------------------------------------------------- */
 
+static size_t sym_slot(const parser *P, const char *name) {
+  return (size_t)nv_fnv1a64(1469598103934665603ull, name, strlen(name)) & (P->nslot - 1);
+}
+
 static sym *find_sym(parser *P, const char *name) {
-  for (int i = 0; i < P->nsym; i++)
-    if (strcmp(P->syms[i].name, name) == 0) return &P->syms[i];
+  if (!P->nslot) return NULL;
+  for (size_t j = sym_slot(P, name); P->symtab[j]; j = (j + 1) & (P->nslot - 1))
+    if (strcmp(P->syms[P->symtab[j] - 1].name, name) == 0) return &P->syms[P->symtab[j] - 1];
   return NULL;
+}
+
+static void index_sym(parser *P, int i) {
+  size_t j = sym_slot(P, P->syms[i].name);
+  while (P->symtab[j]) j = (j + 1) & (P->nslot - 1);
+  P->symtab[j] = i + 1;
 }
 
 static bool reserved(const char *name) {
@@ -268,8 +281,13 @@ static bool define(parser *P, const char *name, nv_node *n, nv_loc loc) {
     if (!s) return false;
     P->syms = s;
     P->capsym = cap;
+    free(P->symtab);
+    P->nslot = 4 * (size_t)cap;
+    P->symtab = nv_xcalloc(P->nslot, sizeof *P->symtab);
+    for (int i = 0; i < P->nsym; i++) index_sym(P, i);
   }
-  P->syms[P->nsym++] = (sym){nv_xstrdup(name), n};
+  P->syms[P->nsym] = (sym){nv_xstrdup(name), n};
+  index_sym(P, P->nsym++);
   if (n && !n->name) n->name = nv_xstrdup(name);
   return n != NULL;
 }
@@ -958,6 +976,7 @@ nv_graph *fe_parse_text(nv_diag *d, const char *file, const char *text, size_t l
     nv_error(d, (nv_loc){file, 0, 0}, "no output declared; add a line 'output NAME'");
   for (int i = 0; i < P.nsym; i++) free(P.syms[i].name);
   free(P.syms);
+  free(P.symtab);
   if (nv_diag_count(d)) {
     fe_graph_destroy(P.g);
     return NULL;
