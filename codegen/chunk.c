@@ -34,47 +34,18 @@
 #define CG_CHUNK_OPS 400
 #define CHUNK_PREFIX "__nova_chunk_"
 
-/* ---- top-level op -> index (open addressing on the op pointer) ------------ */
-
-typedef struct op_index {
-  const void **key;
-  int *val;
-  size_t cap;
-} op_index;
-
-static size_t slot_of(const op_index *h, const void *p) {
-  uint64_t x = (uint64_t)(uintptr_t)p;
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  return (size_t)x & (h->cap - 1);
-}
-
-static void index_put(op_index *h, const void *p, int v) {
-  size_t s = slot_of(h, p);
-  while (h->key[s] && h->key[s] != p) s = (s + 1) & (h->cap - 1);
-  h->key[s] = p;
-  h->val[s] = v;
-}
-
-static int index_get(const op_index *h, const void *p) {
-  for (size_t s = slot_of(h, p); h->key[s]; s = (s + 1) & (h->cap - 1))
-    if (h->key[s] == p) return h->val[s];
-  return -1;
-}
-
 typedef struct body {
   MlirBlock block;
   MlirOperation *ops; /* top-level ops but the terminator */
   int n;
-  op_index idx;       /* ops[i] -> i; the terminator -> n */
+  cg_ptrmap idx;       /* ops[i] -> i; the terminator -> n */
 } body;
 
 /* The index of the top-level op that holds OP (n: the terminator; -1: not in the body). */
 static int top_index(const body *b, MlirOperation op) {
   while (!mlirOperationIsNull(op) && !mlirBlockEqual(mlirOperationGetBlock(op), b->block))
     op = mlirOperationGetParentOperation(op);
-  return mlirOperationIsNull(op) ? -1 : index_get(&b->idx, op.ptr);
+  return mlirOperationIsNull(op) ? -1 : cg_ptrmap_get(&b->idx, op.ptr);
 }
 
 /* The top-level op that defines V, as an index; -1 for an argument of the body's block. */
@@ -130,7 +101,7 @@ typedef struct inputs_ctx {
   const body *b;
   int start, end;
   vals *in, *consts; /* arguments; constants from before, cloned into the piece */
-  op_index *seen; /* values already taken (keyed by the value pointer) */
+  cg_ptrmap *seen; /* values already taken (keyed by the value pointer) */
 } inputs_ctx;
 
 /* A slice of a whole tensor (or a reshape of one), made by top-level ops:
@@ -155,8 +126,8 @@ static bool recomputable(MlirValue v) { return recomputable_at(v, 0); }
  * (constants, slices: their operands first). */
 static void take_input(inputs_ctx *c, MlirValue v) {
   int d = def_index(c->b, v);
-  if ((d >= c->start && d < c->end) || index_get(c->seen, v.ptr) >= 0) return;
-  index_put(c->seen, v.ptr, 1);
+  if ((d >= c->start && d < c->end) || cg_ptrmap_get(c->seen, v.ptr) >= 0) return;
+  cg_ptrmap_put(c->seen, v.ptr, 1);
   if (is_constant(v)) {
     vals_add(c->consts, v);
   } else if (recomputable(v)) {
@@ -193,14 +164,14 @@ static void replace_uses_outside(MlirValue from, MlirValue to, MlirOperation roo
 }
 
 typedef struct substitute_ctx {
-  const op_index *map;
+  const cg_ptrmap *map;
   const MlirValue *sub;
 } substitute_ctx;
 
 static MlirWalkResult substitute_cb(MlirOperation op, void *ud) {
   substitute_ctx *c = ud;
   for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
-    int k = index_get(c->map, mlirOperationGetOperand(op, i).ptr);
+    int k = cg_ptrmap_get(c->map, mlirOperationGetOperand(op, i).ptr);
     if (k >= 0) mlirOperationSetOperand(op, i, c->sub[k]);
   }
   return MlirWalkResultAdvance;
@@ -213,13 +184,10 @@ static void split_piece(MlirModule m, body *b, int start, int end, const char *n
   MlirContext ctx = mlirOperationGetContext(first);
   MlirLocation loc = mlirOperationGetLocation(first);
   vals in = {0}, out = {0}, consts = {0};
-  op_index seen = {0};
+  cg_ptrmap seen = {0};
   size_t operands = 0; /* a bound on the values SEEN will hold (with the slices' operands) */
   for (int i = start; i < end; i++) mlirOperationWalk(b->ops[i], count_cb, &operands, MlirWalkPreOrder);
-  seen.cap = 64;
-  while (seen.cap < 4 * operands + 64) seen.cap *= 2;
-  seen.key = nv_xcalloc(seen.cap, sizeof *seen.key);
-  seen.val = nv_xcalloc(seen.cap, sizeof *seen.val);
+  cg_ptrmap_init(&seen, 2 * operands);
   inputs_ctx ic = {b, start, end, &in, &consts, &seen};
   for (int i = start; i < end; i++) mlirOperationWalk(b->ops[i], inputs_cb, &ic, MlirWalkPreOrder);
   for (int i = start; i < end; i++)
@@ -249,7 +217,7 @@ static void split_piece(MlirModule m, body *b, int start, int end, const char *n
   mlirOperationStateAddAttributes(&cs, 1, &callee);
   MlirOperation call = mlirOperationCreate(&cs);
   mlirBlockInsertOwnedOperationBefore(b->block, first, call);
-  index_put(&b->idx, call.ptr, start); /* an earlier piece's values it reads are used at `start` */
+  cg_ptrmap_put(&b->idx, call.ptr, start); /* an earlier piece's values it reads are used at `start` */
 
   for (int i = start; i < end; i++) mlirOperationMoveBefore(b->ops[i], ret);
   /* later users read the call's results; the piece reads its arguments */
@@ -259,7 +227,7 @@ static void split_piece(MlirModule m, body *b, int start, int end, const char *n
   memset(seen.key, 0, seen.cap * sizeof *seen.key);
   for (int i = 0; i < in.n; i++) {
     sub[i] = mlirBlockGetArgument(entry, i);
-    index_put(&seen, in.v[i].ptr, i);
+    cg_ptrmap_put(&seen, in.v[i].ptr, i);
   }
   MlirOperation at = mlirBlockGetFirstOperation(entry);
   substitute_ctx sc = {&seen, sub};
@@ -268,7 +236,7 @@ static void split_piece(MlirModule m, body *b, int start, int end, const char *n
     mlirBlockInsertOwnedOperationBefore(entry, at, clone);
     substitute_cb(clone, &sc);
     sub[in.n + i] = mlirOperationGetResult(clone, mlirOpResultGetResultNumber(consts.v[i]));
-    index_put(&seen, consts.v[i].ptr, in.n + i);
+    cg_ptrmap_put(&seen, consts.v[i].ptr, in.n + i);
   }
   for (int i = start; i < end; i++) mlirOperationWalk(b->ops[i], substitute_cb, &sc, MlirWalkPreOrder);
   free(sub);
@@ -277,8 +245,7 @@ static void split_piece(MlirModule m, body *b, int start, int end, const char *n
   free(in.v);
   free(out.v);
   free(consts.v);
-  free(seen.key);
-  free(seen.val);
+  cg_ptrmap_free(&seen);
 }
 
 /* Where the pieces of B end: CUT[k] = 1 before ops[k] for a cut there (CUT
@@ -328,13 +295,10 @@ static void split_func(MlirModule m, MlirOperation f, int *counter) {
     n++;
   if (n - 1 <= 2 * CG_CHUNK_OPS) return;
   b.ops = nv_xcalloc((size_t)n, sizeof *b.ops);
-  b.idx.cap = 64;
-  while (b.idx.cap < 4 * (size_t)n + 2) b.idx.cap *= 2; /* the ops, and a call per piece */
-  b.idx.key = nv_xcalloc(b.idx.cap, sizeof *b.idx.key);
-  b.idx.val = nv_xcalloc(b.idx.cap, sizeof *b.idx.val);
+  cg_ptrmap_init(&b.idx, 2 * (size_t)n + 1); /* the ops, and a call per piece */
   char *cut = nv_xcalloc((size_t)n + 1, 1);
   for (MlirOperation op = mlirBlockGetFirstOperation(b.block); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op)) {
-    index_put(&b.idx, op.ptr, b.n);
+    cg_ptrmap_put(&b.idx, op.ptr, b.n);
     if (!mlirOperationIsNull(mlirOperationGetNextInBlock(op))) b.ops[b.n++] = op; /* not the terminator */
   }
   plan_cuts(&b, CG_CHUNK_OPS, cut);
@@ -350,8 +314,7 @@ static void split_func(MlirModule m, MlirOperation f, int *counter) {
     end = k;
   }
   free(b.ops);
-  free(b.idx.key);
-  free(b.idx.val);
+  cg_ptrmap_free(&b.idx);
   free(cut);
 }
 

@@ -32,6 +32,17 @@ typedef struct cg_op_list {
   bool oom;
 } cg_op_list;
 bool cg_op_list_push(cg_op_list *l, MlirOperation op);
+/* Pointer -> int (open addressing; a capacity fixed at init, for at most
+ * N keys; get: -1 when absent). */
+typedef struct cg_ptrmap {
+  const void **key;
+  int *val;
+  size_t cap;
+} cg_ptrmap;
+void cg_ptrmap_init(cg_ptrmap *h, size_t n);
+void cg_ptrmap_put(cg_ptrmap *h, const void *p, int v);
+int cg_ptrmap_get(const cg_ptrmap *h, const void *p);
+void cg_ptrmap_free(cg_ptrmap *h);
 /* A private func.func @NAME (NIN arguments, NOUT results) whose entry
  * block holds only a func.return without operands (*RET; the caller sets
  * them), not yet in a module. */
@@ -214,6 +225,11 @@ int cg_outline_nests(nova_ctx *c, MlirModule m);
  * *COUNT gets the number of parallel functions. */
 #define CG_PAR_MIN_BYTES (128 << 10)
 int cg_parallel_calls(nova_ctx *c, MlirModule m, int *count);
+/* split_entry.c: after outlining and cg_parallel_calls, the entry's long
+ * straight-line body cut into private noinline functions called in turn
+ * (LLVM's time grows faster than a function's size); 0 (pieces that cannot
+ * be cut are left in place). */
+int cg_split_entry(nova_ctx *c, MlirModule m);
 int cg_parallel_thunks(nova_ctx *c, MlirModule m);
 /* The second half of cg_lower_to_llvm: a bufferized module to the LLVM
  * dialect (*PARALLEL: the loop functions shared out between threads;

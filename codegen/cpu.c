@@ -243,7 +243,7 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
   if (!getenv("NOVAC_JOBS") || atoi(getenv("NOVAC_JOBS")) > 1) mlirContextEnableMultithreading(c->ctx, true);
   int rc = cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-loops,convert-vector-to-scf{full-unroll=1}))",
                            "lowering to loops") ||
-           (parallel && cg_parallel_calls(c, m, &npar)) ||
+           (parallel && cg_parallel_calls(c, m, &npar)) || timed(cg_split_entry(c, m), &t, "entry in pieces") ||
            cg_run_pipeline(c, m, pipe,
                            "lowering to LLVM");
   mlirContextEnableMultithreading(c->ctx, false);

@@ -91,3 +91,38 @@ void cg_inline_func(MlirOperation fn, MlirOperation at, const MlirValue *args, M
     op = next;
   }
 }
+
+static size_t ptr_slot(const cg_ptrmap *h, const void *p) {
+  uint64_t x = (uint64_t)(uintptr_t)p;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return (size_t)x & (h->cap - 1);
+}
+
+void cg_ptrmap_init(cg_ptrmap *h, size_t n) {
+  h->cap = 64;
+  while (h->cap < 2 * n + 64) h->cap *= 2;
+  h->key = nv_xcalloc(h->cap, sizeof *h->key);
+  h->val = nv_xcalloc(h->cap, sizeof *h->val);
+}
+
+void cg_ptrmap_put(cg_ptrmap *h, const void *p, int v) {
+  size_t s = ptr_slot(h, p);
+  while (h->key[s] && h->key[s] != p) s = (s + 1) & (h->cap - 1);
+  h->key[s] = p;
+  h->val[s] = v;
+}
+
+int cg_ptrmap_get(const cg_ptrmap *h, const void *p) {
+  for (size_t s = ptr_slot(h, p); h->key[s]; s = (s + 1) & (h->cap - 1))
+    if (h->key[s] == p) return h->val[s];
+  return -1;
+}
+
+void cg_ptrmap_free(cg_ptrmap *h) {
+  free(h->key);
+  free(h->val);
+  h->key = NULL;
+  h->val = NULL;
+}

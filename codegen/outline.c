@@ -244,41 +244,125 @@ static int outline_one(MlirModule m, MlirOperation nest, const char *name, captu
 typedef struct part {
   MlirOperation fn, call;
   char name[48];
-  char *text;     /* the function printed, its name blanked */
+  uint64_t *tok;  /* the function's structure (fingerprint below) */
+  size_t ntok;
   uint64_t hash;
 } part;
 
-static uint64_t fnv1a(const char *s, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-  return h;
+/* ---- a function's structure as a token sequence --------------------------
+ * Equal sequences, equal functions but for their names and locations: each
+ * op in walk order gives its name, attributes and types (uniqued by the
+ * context: the pointers identify them), its operands as (op index, result)
+ * or (block index, argument), its regions' blocks with their argument
+ * types, and its successors; every list is preceded by its length. */
+
+typedef struct tokens {
+  uint64_t *v;
+  size_t n, cap;
+  cg_ptrmap ops, blocks;
+  int nops, nblocks;
+  MlirIdentifier sym_name;
+} tokens;
+
+static void tok(tokens *t, uint64_t x) {
+  if (t->n == t->cap) {
+    t->cap = t->cap ? 2 * t->cap : 256;
+    t->v = nv_xrealloc(t->v, t->cap * sizeof *t->v);
+  }
+  t->v[t->n++] = x;
+}
+
+static void tok_block(tokens *t, MlirBlock b) {
+  int k = cg_ptrmap_get(&t->blocks, b.ptr);
+  tok(t, k < 0 ? UINT64_MAX : (uint64_t)k);
+}
+
+static MlirWalkResult tok_cb(MlirOperation op, void *ud) {
+  tokens *t = ud;
+  cg_ptrmap_put(&t->ops, op.ptr, t->nops++);
+  tok(t, (uint64_t)(uintptr_t)mlirOperationGetName(op).ptr);
+  intptr_t na = mlirOperationGetNumAttributes(op);
+  tok(t, (uint64_t)na);
+  for (intptr_t i = 0; i < na; i++) {
+    MlirNamedAttribute a = mlirOperationGetAttribute(op, i);
+    bool own_name = mlirIdentifierEqual(a.name, t->sym_name) && cg_op_is(op, "func.func");
+    tok(t, (uint64_t)(uintptr_t)a.name.ptr);
+    tok(t, own_name ? 0 : (uint64_t)(uintptr_t)a.attribute.ptr);
+  }
+  intptr_t nr = mlirOperationGetNumResults(op);
+  tok(t, (uint64_t)nr);
+  for (intptr_t i = 0; i < nr; i++) tok(t, (uint64_t)(uintptr_t)mlirValueGetType(mlirOperationGetResult(op, i)).ptr);
+  intptr_t no = mlirOperationGetNumOperands(op);
+  tok(t, (uint64_t)no);
+  for (intptr_t i = 0; i < no; i++) {
+    MlirValue v = mlirOperationGetOperand(op, i);
+    if (mlirValueIsAOpResult(v)) {
+      int k = cg_ptrmap_get(&t->ops, mlirOpResultGetOwner(v).ptr);
+      tok(t, k < 0 ? UINT64_MAX : (uint64_t)k << 1);
+      tok(t, (uint64_t)mlirOpResultGetResultNumber(v));
+    } else {
+      int k = cg_ptrmap_get(&t->blocks, mlirBlockArgumentGetOwner(v).ptr);
+      tok(t, k < 0 ? UINT64_MAX : (uint64_t)k << 1 | 1);
+      tok(t, (uint64_t)mlirBlockArgumentGetArgNumber(v));
+    }
+  }
+  intptr_t ng = mlirOperationGetNumRegions(op);
+  tok(t, (uint64_t)ng);
+  for (intptr_t g = 0; g < ng; g++) {
+    size_t at = t->n;
+    tok(t, 0);
+    uint64_t nb = 0;
+    for (MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, g)); !mlirBlockIsNull(b);
+         b = mlirBlockGetNextInRegion(b), nb++) {
+      cg_ptrmap_put(&t->blocks, b.ptr, t->nblocks++);
+      intptr_t nargs = mlirBlockGetNumArguments(b);
+      tok(t, (uint64_t)nargs);
+      for (intptr_t i = 0; i < nargs; i++) tok(t, (uint64_t)(uintptr_t)mlirValueGetType(mlirBlockGetArgument(b, i)).ptr);
+    }
+    t->v[at] = nb;
+  }
+  intptr_t ns = mlirOperationGetNumSuccessors(op);
+  tok(t, (uint64_t)ns);
+  for (intptr_t i = 0; i < ns; i++) tok_block(t, mlirOperationGetSuccessor(op, i));
+  return MlirWalkResultAdvance;
+}
+
+static MlirWalkResult count_one(MlirOperation op, void *ud) {
+  (void)op;
+  ++*(size_t *)ud;
+  return MlirWalkResultAdvance;
+}
+
+static size_t count_ops(MlirOperation fn) {
+  size_t n = 0;
+  mlirOperationWalk(fn, count_one, &n, MlirWalkPreOrder);
+  return n;
+}
+
+static void fingerprint(part *p) {
+  size_t n = count_ops(p->fn);
+  tokens t = {.sym_name = mlirIdentifierGet(mlirOperationGetContext(p->fn), mlirSymbolTableGetSymbolAttributeName())};
+  cg_ptrmap_init(&t.ops, n);
+  cg_ptrmap_init(&t.blocks, 2 * n); /* at most a few blocks an op */
+  mlirOperationWalk(p->fn, tok_cb, &t, MlirWalkPreOrder);
+  cg_ptrmap_free(&t.ops);
+  cg_ptrmap_free(&t.blocks);
+  p->tok = t.v;
+  p->ntok = t.n;
+  p->hash = nv_fnv1a64(1469598103934665603ull, t.v, t.n * sizeof *t.v);
 }
 
 static void dedupe(MlirContext ctx, part *p, int n) {
-  MlirOpPrintingFlags fl = mlirOpPrintingFlagsCreate();
-  mlirOpPrintingFlagsUseLocalScope(fl); /* else each print numbers the whole module */
-  for (int i = 0; i < n; i++) {
-    nv_sbuf sb = {0};
-    mlirOperationPrintWithFlags(p[i].fn, fl, cg_print_to_sbuf, &sb);
-    if (sb.oom || !sb.s) {
-      nv_sb_free(&sb);
-      continue;
-    }
-    char *at = strstr(sb.s, p[i].name);  /* the first mention is the func's own name */
-    if (at) memset(at, '_', strlen(p[i].name));
-    p[i].text = sb.s;
-    p[i].hash = fnv1a(sb.s, strlen(sb.s));
-  }
-  /* the first part of each text, by hash (open addressing; slot = index + 1) */
+  for (int i = 0; i < n; i++) fingerprint(&p[i]);
+  /* the first part of each structure, by hash (open addressing; slot = index + 1) */
   size_t cap = 16;
   while (cap < 2 * (size_t)n + 2) cap *= 2;
   int *first = nv_xcalloc(cap, sizeof *first);
-  for (int i = 0; first && i < n; i++) {
-    if (!p[i].text) continue;
+  for (int i = 0; i < n; i++) {
     size_t h = (size_t)p[i].hash & (cap - 1);
     for (; first[h]; h = (h + 1) & (cap - 1)) {
       const part *q = &p[first[h] - 1];
-      if (q->hash == p[i].hash && !strcmp(q->text, p[i].text)) break;
+      if (q->hash == p[i].hash && q->ntok == p[i].ntok && !memcmp(q->tok, p[i].tok, q->ntok * sizeof *q->tok)) break;
     }
     if (!first[h]) {
       first[h] = i + 1;
@@ -290,8 +374,7 @@ static void dedupe(MlirContext ctx, part *p, int n) {
     p[i].fn = (MlirOperation){NULL};
   }
   free(first);
-  for (int i = 0; i < n; i++) free(p[i].text);
-  mlirOpPrintingFlagsDestroy(fl);
+  for (int i = 0; i < n; i++) free(p[i].tok);
 }
 
 /* ---- runs of straight-line code ------------------------------------------

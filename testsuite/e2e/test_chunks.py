@@ -1,10 +1,14 @@
-"""Bufferization in pieces (codegen/chunk.c): a step longer than the piece
-size is cut into private functions for one-shot bufferization and put
-back together after it.  The steps compiled so must compute exactly what
-the step bufferized whole computes (NOVAC_NO_CHUNKS=1), bit for bit:
-outputs of a long chain sharing one weight (the case that made
-bufferization quadratic), and the loss, gradients and updated parameters
-of a multi-layer GPT training step."""
+"""Long steps compiled in pieces, checked bit for bit against the step
+compiled whole:
+- bufferization in pieces (codegen/chunk.c): a step longer than the piece
+  size is cut into private functions for one-shot bufferization and put
+  back together after it (reference: NOVAC_NO_CHUNKS=1);
+- the entry in pieces (codegen/split_entry.c): after outlining, the
+  entry's straight-line body is cut into private functions called in turn
+  (reference: NOVAC_NO_SPLIT_ENTRY=1).
+Each on the outputs of a long chain sharing one weight (the case that
+made bufferization quadratic), and the loss, gradients and updated
+parameters of a multi-layer GPT training step."""
 import os
 import re
 import shutil
@@ -31,11 +35,17 @@ def chain(n):
     return "\n".join(s) + "\n"
 
 
-def compile_run(text, inputs, flags, chunks):
+# what each check turns off for its reference, and what novac says when it is on
+KNOBS = {"chunks": ("NOVAC_NO_CHUNKS", r"bufferized in (\d+) pieces"),
+         "entry": ("NOVAC_NO_SPLIT_ENTRY", r"the entry in ([1-9]\d*) pieces")}
+
+
+def compile_run(text, inputs, flags, knob, on):
     d = tempfile.mkdtemp(prefix="nova-chunks-")
     env = dict(os.environ)
-    if not chunks:
-        env["NOVAC_NO_CHUNKS"] = "1"
+    off, said = KNOBS[knob]
+    if not on:
+        env[off] = "1"
     env["NOVAC_DEBUG_PIPELINES"] = "1"
     try:
         with open(os.path.join(d, "m.nova"), "w") as f:
@@ -45,9 +55,9 @@ def compile_run(text, inputs, flags, chunks):
         p = subprocess.run([NOVAC, os.path.join(d, "m.nova"), "-o", so] + flags, env=env, capture_output=True,
                            text=True, timeout=600)
         if p.returncode:
-            raise Failure("novac exited %d%s\n%s" % (p.returncode, "" if chunks else " (NOVAC_NO_CHUNKS=1)", p.stderr))
-        pieces = re.findall(r"bufferized in (\d+) pieces", p.stderr)
-        if chunks and not pieces:
+            raise Failure("novac exited %d%s\n%s" % (p.returncode, "" if on else " (%s=1)" % off, p.stderr))
+        pieces = re.findall(said, p.stderr)
+        if on and not pieces:
             raise Failure("the step was not cut into pieces: the test checks nothing")
         os.mkdir(os.path.join(d, "in"))
         for k, v in inputs.items():
@@ -66,15 +76,15 @@ def compile_run(text, inputs, flags, chunks):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def same(text, inputs, flags):
-    a = compile_run(text, inputs, flags, True)
-    b = compile_run(text, inputs, flags, False)
+def same(text, inputs, flags, knob="chunks"):
+    a = compile_run(text, inputs, flags, knob, True)
+    b = compile_run(text, inputs, flags, knob, False)
     if sorted(a) != sorted(b):
         raise Failure("different files: %s vs %s" % (sorted(a), sorted(b)))
     for k in a:
         if not np.array_equal(a[k], b[k]):
-            raise Failure("%s differs from the step bufferized whole (max |diff| %g)"
-                          % (k, np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)))))
+            raise Failure("%s differs from the step compiled whole (%s, max |diff| %g)"
+                          % (k, knob, np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)))))
     if not any(np.any(v != 0) for v in a.values()):
         raise Failure("every value is zero: the check cannot tell")
 
@@ -90,13 +100,18 @@ def chain_train():
     same(chain(200), {"x": rng.standard_normal((8, 16)).astype(np.float32)}, ["--train"])
 
 
-def gpt_train():
+def gpt_train(knob="chunks"):
     text, _ = bench_compile.gpt(3)
     tokens = rng.integers(0, 128, (4, 32)).astype(np.int64)
     same(text, {"tokens": tokens, "targets": rng.integers(0, 128, (4, 32)).astype(np.int64)},
-         ["--train", "--optimizer=adamw"])
+         ["--train", "--optimizer=adamw"], knob)
 
 
 case("chunks.chain_forward", chain_forward)
 case("chunks.chain_train", chain_train)
 case("chunks.gpt_train", gpt_train)
+case("entry.chain_forward", lambda: same(chain(300), {"x": rng.standard_normal((8, 16)).astype(np.float32)}, [],
+                                         "entry"))
+case("entry.chain_train", lambda: same(chain(200), {"x": rng.standard_normal((8, 16)).astype(np.float32)},
+                                       ["--train"], "entry"))
+case("entry.gpt_train", lambda: gpt_train("entry"))
