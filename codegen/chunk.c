@@ -415,3 +415,52 @@ int cg_chunk_inline(MlirModule m) {
   free(cc.calls.v);
   return rc;
 }
+
+/* ---- the constants' globals, made in a fixed order ------------------------ */
+
+typedef struct globals_ctx {
+  MlirModule m;
+  MlirOperation anchor; /* the module's first op: the globals go before it, in order */
+  cg_ptrmap made;       /* value attribute -> 1 */
+  int n;
+} globals_ctx;
+
+static MlirWalkResult globals_cb(MlirOperation op, void *ud) {
+  globals_ctx *g = ud;
+  if (!cg_op_is(op, "arith.constant")) return MlirWalkResultAdvance;
+  MlirType t = mlirValueGetType(mlirOperationGetResult(op, 0));
+  MlirAttribute v = mlirOperationGetAttributeByName(op, nova_str("value"));
+  if (!mlirTypeIsARankedTensor(t) || !mlirShapedTypeHasStaticShape(t) || mlirAttributeIsNull(v) ||
+      !mlirAttributeIsAElements(v) || cg_ptrmap_get(&g->made, v.ptr) >= 0)
+    return MlirWalkResultAdvance;
+  cg_ptrmap_put(&g->made, v.ptr, 1);
+  MlirContext ctx = mlirOperationGetContext(op);
+  intptr_t rank = mlirShapedTypeGetRank(t);
+  int64_t shape[16];
+  if (rank > 16) return MlirWalkResultAdvance;
+  for (intptr_t i = 0; i < rank; i++) shape[i] = mlirShapedTypeGetDimSize(t, i);
+  MlirType mt = mlirMemRefTypeContiguousGet(mlirShapedTypeGetElementType(t), rank, shape, mlirAttributeGetNull());
+  char name[48];
+  snprintf(name, sizeof name, "__nova_const_%d", g->n++);
+  MlirNamedAttribute a[6] = {
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("sym_name")), mlirStringAttrGet(ctx, nova_str(name))),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("sym_visibility")), mlirStringAttrGet(ctx, nova_str("private"))),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("type")), mlirTypeAttrGet(mt)),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("initial_value")), v),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("constant")), mlirUnitAttrGet(ctx)),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("alignment")),
+                            mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), CG_BUFFER_ALIGNMENT))};
+  MlirOperationState s = mlirOperationStateGet(nova_str("memref.global"), mlirOperationGetLocation(op));
+  mlirOperationStateAddAttributes(&s, 6, a);
+  mlirBlockInsertOwnedOperationBefore(mlirModuleGetBody(g->m), g->anchor, mlirOperationCreate(&s));
+  return MlirWalkResultAdvance;
+}
+
+void cg_constant_globals(MlirModule m) {
+  size_t n = 0;
+  mlirOperationWalk(mlirModuleGetOperation(m), count_cb, &n, MlirWalkPreOrder);
+  globals_ctx g = {m, mlirBlockGetFirstOperation(mlirModuleGetBody(m)), {0}, 0};
+  cg_ptrmap_init(&g.made, n);
+  mlirOperationWalk(mlirModuleGetOperation(m), globals_cb, &g, MlirWalkPreOrder);
+  cg_ptrmap_free(&g.made);
+}

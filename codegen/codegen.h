@@ -18,6 +18,13 @@ void cg_unshare_destinations(MlirModule m);
  * it (0 or -1). */
 int cg_chunk_split(MlirModule m);
 int cg_chunk_inline(MlirModule m);
+/* Before one-shot bufferization: a memref.global for each distinct tensor
+ * constant, in the module's order.  Bufferization reuses a global of the
+ * same value; making them itself, it would name and order them by the
+ * order it visits the functions (the pieces: not fixed), and two compiles
+ * of one model would give different step.so files. */
+#define CG_BUFFER_ALIGNMENT 64 /* one-shot-bufferize's buffer-alignment (its default) */
+void cg_constant_globals(MlirModule m);
 MlirOperation cg_entry_func(MlirModule m);
 /* Renames every function M defines (llvm.func or func.func with a body,
  * the entry included) to PREFIX + its name, uses included, so that its
@@ -43,6 +50,13 @@ void cg_ptrmap_init(cg_ptrmap *h, size_t n);
 void cg_ptrmap_put(cg_ptrmap *h, const void *p, int v);
 int cg_ptrmap_get(const cg_ptrmap *h, const void *p);
 void cg_ptrmap_free(cg_ptrmap *h);
+/* OP's structure as tokens (*TOK, malloc'd, *N of them): equal sequences,
+ * equal ops but for locations (and a func.func's own name).  The ops and
+ * blocks within OP are numbered in walk order; attributes and types are
+ * identified by their uniqued pointers; a value from outside OP is
+ * OUTSIDE(v, UD) (NULL: all alike). */
+typedef uint64_t (*cg_outside_fn)(MlirValue v, void *ud);
+void cg_fingerprint(MlirOperation op, cg_outside_fn outside, void *ud, uint64_t **tok, size_t *n);
 /* A private func.func @NAME (NIN arguments, NOUT results) whose entry
  * block holds only a func.return without operands (*RET; the caller sets
  * them), not yet in a module. */

@@ -145,6 +145,7 @@ int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
     nv_error_plain(c->diag, "out of memory cutting the step for bufferization");
     return -1;
   }
+  cg_constant_globals(m);
   int rc = cg_run_pipeline(c, m,
                            "builtin.module(one-shot-bufferize{bufferize-function-boundaries=1 "
                            "function-boundary-type-conversion=identity-layout-map})",
@@ -157,10 +158,12 @@ int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
   }
   distinct_results(c, m);
   /* canonicalize: loops that carry a buffer unchanged (tiled code) return it
-   * directly, which the memory plan and the in-place updates rely on */
+   * directly, which the memory plan and the in-place updates rely on (the
+   * region simplification, a third of the time on a long step, finds
+   * nothing here: bufferized straight-line code has no blocks to merge) */
   nv_sb_printf(&p,
                "builtin.module(buffer-results-to-out-params{hoist-static-allocs=1 modify-public-functions=1}%s,"
-               "func.func(canonicalize))",
+               "func.func(canonicalize{region-simplify=disabled}))",
                dealloc ? ",buffer-deallocation-pipeline" : "");
   rc = p.oom ? -1 : cg_run_pipeline(c, m, p.s, "bufferization");
   nv_sb_free(&p);

@@ -654,13 +654,18 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
     if (getenv("NOVAC_DEBUG_PIPELINES"))
       fprintf(stderr, "novac: %8.1f ms  (tiling: %zu ops, %d distinct kernels)\n", cg_now_ms() - t0, mk.marked.n,
               cg_kernels_count(ks));
+    t0 = cg_now_ms();
     if (script.oom || apply_script(c, km, script.s, &cap)) {
       restore(m, snap);
       nv_note(c->diag, (nv_loc){0}, "cpu tiling skipped, the step uses scalar loops: %s",
               script.oom ? "out of memory" : cap.first);
     } else {
+      double t1 = cg_now_ms();
       cg_kernels_join(ks, km);
       mlirOperationDestroy(snap);
+      if (getenv("NOVAC_DEBUG_PIPELINES"))
+        fprintf(stderr, "novac: %8.1f ms  (tiling: the script)\nnovac: %8.1f ms  (tiling: copies in place)\n", t1 - t0,
+                cg_now_ms() - t1);
     }
     mlirModuleDestroy(km);
     cg_kernels_free(ks);

@@ -126,3 +126,113 @@ void cg_ptrmap_free(cg_ptrmap *h) {
   h->key = NULL;
   h->val = NULL;
 }
+
+/* ---- an op's structure as a token sequence ---------------------------------
+ * Equal sequences, equal functions but for their names and locations: each
+ * op in walk order gives its name, attributes and types (uniqued by the
+ * context: the pointers identify them), its operands as (op index, result)
+ * or (block index, argument), its regions' blocks with their argument
+ * types, and its successors; every list is preceded by its length. */
+
+typedef struct tokens {
+  uint64_t *v;
+  size_t n, cap;
+  cg_ptrmap ops, blocks;
+  int nops, nblocks;
+  MlirIdentifier sym_name;
+  cg_outside_fn outside;
+  void *ud;
+} tokens;
+
+static void tok(tokens *t, uint64_t x) {
+  if (t->n == t->cap) {
+    t->cap = t->cap ? 2 * t->cap : 256;
+    t->v = nv_xrealloc(t->v, t->cap * sizeof *t->v);
+  }
+  t->v[t->n++] = x;
+}
+
+static void tok_block(tokens *t, MlirBlock b) {
+  int k = cg_ptrmap_get(&t->blocks, b.ptr);
+  tok(t, k < 0 ? UINT64_MAX : (uint64_t)k);
+}
+
+static MlirWalkResult tok_cb(MlirOperation op, void *ud) {
+  tokens *t = ud;
+  cg_ptrmap_put(&t->ops, op.ptr, t->nops++);
+  tok(t, (uint64_t)(uintptr_t)mlirOperationGetName(op).ptr);
+  intptr_t na = mlirOperationGetNumAttributes(op);
+  tok(t, (uint64_t)na);
+  for (intptr_t i = 0; i < na; i++) {
+    MlirNamedAttribute a = mlirOperationGetAttribute(op, i);
+    bool own_name = mlirIdentifierEqual(a.name, t->sym_name) && cg_op_is(op, "func.func");
+    tok(t, (uint64_t)(uintptr_t)a.name.ptr);
+    tok(t, own_name ? 0 : (uint64_t)(uintptr_t)a.attribute.ptr);
+  }
+  intptr_t nr = mlirOperationGetNumResults(op);
+  tok(t, (uint64_t)nr);
+  for (intptr_t i = 0; i < nr; i++) tok(t, (uint64_t)(uintptr_t)mlirValueGetType(mlirOperationGetResult(op, i)).ptr);
+  intptr_t no = mlirOperationGetNumOperands(op);
+  tok(t, (uint64_t)no);
+  for (intptr_t i = 0; i < no; i++) {
+    MlirValue v = mlirOperationGetOperand(op, i);
+    int k = mlirValueIsAOpResult(v) ? cg_ptrmap_get(&t->ops, mlirOpResultGetOwner(v).ptr)
+                                    : cg_ptrmap_get(&t->blocks, mlirBlockArgumentGetOwner(v).ptr);
+    if (k < 0) { /* from outside the op */
+      tok(t, UINT64_MAX);
+      tok(t, t->outside ? t->outside(v, t->ud) : UINT64_MAX);
+    } else if (mlirValueIsAOpResult(v)) {
+      tok(t, (uint64_t)k << 1);
+      tok(t, (uint64_t)mlirOpResultGetResultNumber(v));
+    } else {
+      tok(t, (uint64_t)k << 1 | 1);
+      tok(t, (uint64_t)mlirBlockArgumentGetArgNumber(v));
+    }
+  }
+  intptr_t ng = mlirOperationGetNumRegions(op);
+  tok(t, (uint64_t)ng);
+  for (intptr_t g = 0; g < ng; g++) {
+    size_t at = t->n;
+    tok(t, 0);
+    uint64_t nb = 0;
+    for (MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, g)); !mlirBlockIsNull(b);
+         b = mlirBlockGetNextInRegion(b), nb++) {
+      cg_ptrmap_put(&t->blocks, b.ptr, t->nblocks++);
+      intptr_t nargs = mlirBlockGetNumArguments(b);
+      tok(t, (uint64_t)nargs);
+      for (intptr_t i = 0; i < nargs; i++) tok(t, (uint64_t)(uintptr_t)mlirValueGetType(mlirBlockGetArgument(b, i)).ptr);
+    }
+    t->v[at] = nb;
+  }
+  intptr_t ns = mlirOperationGetNumSuccessors(op);
+  tok(t, (uint64_t)ns);
+  for (intptr_t i = 0; i < ns; i++) tok_block(t, mlirOperationGetSuccessor(op, i));
+  return MlirWalkResultAdvance;
+}
+
+static MlirWalkResult count_one(MlirOperation op, void *ud) {
+  (void)op;
+  ++*(size_t *)ud;
+  return MlirWalkResultAdvance;
+}
+
+static size_t count_ops(MlirOperation fn) {
+  size_t n = 0;
+  mlirOperationWalk(fn, count_one, &n, MlirWalkPreOrder);
+  return n;
+}
+
+void cg_fingerprint(MlirOperation op, cg_outside_fn outside, void *ud, uint64_t **tokv, size_t *ntok) {
+  size_t n = count_ops(op);
+  tokens t = {.sym_name = mlirIdentifierGet(mlirOperationGetContext(op), mlirSymbolTableGetSymbolAttributeName()),
+              .outside = outside,
+              .ud = ud};
+  cg_ptrmap_init(&t.ops, n);
+  cg_ptrmap_init(&t.blocks, 2 * n); /* at most a few blocks an op */
+  mlirOperationWalk(op, tok_cb, &t, MlirWalkPreOrder);
+  cg_ptrmap_free(&t.ops);
+  cg_ptrmap_free(&t.blocks);
+  *tokv = t.v;
+  *ntok = t.n;
+}
+

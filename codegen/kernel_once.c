@@ -7,11 +7,11 @@
  * each time (six times), which grew faster than the function (N^1.3).
  *
  * Requires: tensor IR, each op to tile marked nova.tile (cpu_tile.c).
- * Does (cg_kernels_split): gives each marked op a key, its text printed
- * in local scope (operands as placeholders, no locations) followed by what
- * its outside values are: a repeat of an earlier one, a constant (its
- * attribute, uniqued by the context), an empty tensor (its type), or
- * another value (its type).  Ops with equal keys compute the same
+ * Does (cg_kernels_split): gives each marked op a key, its structure
+ * (cg_fingerprint: ops, attributes, types, its values from outside
+ * numbered in the order it reads them) followed by what each outside value
+ * is: a constant (its attribute, uniqued by the context), an empty tensor,
+ * or another value, with its type.  Ops with equal keys compute the same
  * function of their outside values.  The first op of each key is cloned
  * into a function of its own in a new module (outside values as
  * arguments, constants and empty tensors cloned in); the script then
@@ -94,26 +94,33 @@ static bool cloned_in(MlirValue v) {
          (cg_op_is(d, "tensor.empty") && mlirOperationGetNumOperands(d) == 0);
 }
 
-static void key_print(MlirStringRef s, void *ud) { nv_sb_printf(ud, "%.*s", (int)s.length, s.data); }
+static uint64_t outside_index(MlirValue v, void *ud) { return (uint64_t)vlist_find(ud, v); }
 
-/* FN (a kernel's function, not in a module yet) printed, then what its
- * cloned-in constants are (large ones are elided in the text). */
-static void key_of(MlirOperation fn, const vlist *outside, MlirOpPrintingFlags flags, nv_sbuf *key) {
-  key->len = 0;
-  if (key->s) key->s[0] = 0;
-  mlirOperationPrintWithFlags(fn, flags, key_print, key);
+/* OP's structure (cg_fingerprint, its outside values numbered in walk
+ * order), then what each outside value is. */
+static void key_of(MlirOperation op, vlist *outside, uint64_t **key, size_t *n) {
+  cg_fingerprint(op, outside_index, outside, key, n);
+  *key = nv_xrealloc(*key, (*n + 3 * (size_t)outside->n + 1) * sizeof **key);
   for (int i = 0; i < outside->n; i++) {
     MlirValue v = outside->v[i];
-    if (!cloned_in(v)) continue;
-    MlirAttribute a = mlirOperationGetAttributeByName(mlirOpResultGetOwner(v), nova_str("value"));
-    nv_sb_printf(key, "|%p", mlirAttributeIsNull(a) ? NULL : a.ptr);
+    uint64_t kind = 0, attr = 0;
+    if (cloned_in(v)) {
+      MlirOperation d = mlirOpResultGetOwner(v);
+      MlirAttribute a = mlirOperationGetAttributeByName(d, nova_str("value"));
+      kind = 1 + (uint64_t)cg_op_is(d, "tensor.empty") + 2 * (uint64_t)cg_op_is(d, "ub.poison");
+      attr = mlirAttributeIsNull(a) ? 0 : (uint64_t)(uintptr_t)a.ptr;
+    }
+    (*key)[(*n)++] = kind;
+    (*key)[(*n)++] = attr;
+    (*key)[(*n)++] = (uint64_t)(uintptr_t)mlirValueGetType(v).ptr;
   }
 }
 
 /* ---- keys -> kernels ------------------------------------------------------- */
 
 typedef struct kernel {
-  char *key;
+  uint64_t *key;
+  size_t nkey;
   uint64_t hash;
   MlirOperation fn; /* in the kernels' module */
 } kernel;
@@ -127,12 +134,6 @@ struct cg_kernels {
   int *of;
   size_t nmember;
 };
-
-static uint64_t fnv(const char *s, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-  return h;
-}
 
 static void grow_slots(cg_kernels *ks) {
   size_t n = ks->nslot ? 2 * ks->nslot : 256;
@@ -148,12 +149,12 @@ static void grow_slots(cg_kernels *ks) {
 }
 
 /* The kernel of KEY, or -1 with *SLOT where a new one goes. */
-static int find_kernel(cg_kernels *ks, const nv_sbuf *key, uint64_t h, size_t *slot) {
+static int find_kernel(cg_kernels *ks, const uint64_t *key, size_t nkey, uint64_t h, size_t *slot) {
   if ((size_t)(ks->n + 1) * 2 > ks->nslot) grow_slots(ks);
   size_t j = h & (ks->nslot - 1);
   for (; ks->slot[j]; j = (j + 1) & (ks->nslot - 1)) {
     const kernel *k = &ks->k[ks->slot[j] - 1];
-    if (k->hash == h && !strcmp(k->key, key->s)) return (int)(ks->slot[j] - 1);
+    if (k->hash == h && k->nkey == nkey && !memcmp(k->key, key, nkey * sizeof *key)) return (int)(ks->slot[j] - 1);
   }
   *slot = j;
   return -1;
@@ -225,21 +226,18 @@ MlirModule cg_kernels_split(MlirModule m, const cg_op_list *marked, cg_kernels *
   ks->member = nv_xcalloc(marked->n + 1, sizeof *ks->member);
   ks->of = nv_xcalloc(marked->n + 1, sizeof *ks->of);
   ks->nmember = marked->n;
-  MlirOpPrintingFlags flags = mlirOpPrintingFlagsCreate();
-  mlirOpPrintingFlagsElideLargeElementsAttrs(flags, 16);
-  nv_sbuf key = {0};
   vlist outside = {0};
   for (size_t i = 0; i < marked->n; i++) {
     MlirOperation op = marked->v[i];
     outside_values(op, &outside);
-    MlirOperation fn = kernel_func(op, &outside, "k");
-    key_of(fn, &outside, flags, &key);
-    if (getenv("NOVAC_DEBUG_KERNELS")) fprintf(stderr, "// key %zu: %s\n", i, key.s);
-    uint64_t h = fnv(key.s, key.len);
+    uint64_t *key;
+    size_t nkey;
+    key_of(op, &outside, &key, &nkey);
+    uint64_t h = nv_fnv1a64(1469598103934665603ull, key, nkey * sizeof *key);
     size_t slot = 0;
-    int k = find_kernel(ks, &key, h, &slot);
+    int k = find_kernel(ks, key, nkey, h, &slot);
     if (k >= 0) {
-      mlirOperationDestroy(fn);
+      free(key);
     } else {
       if (ks->n == ks->cap) {
         ks->cap = ks->cap ? 2 * ks->cap : 64;
@@ -247,19 +245,16 @@ MlirModule cg_kernels_split(MlirModule m, const cg_op_list *marked, cg_kernels *
       }
       char name[48];
       snprintf(name, sizeof name, KERNEL_PREFIX "%d", ks->n);
-      mlirOperationSetAttributeByName(fn, mlirSymbolTableGetSymbolAttributeName(),
-                                      mlirStringAttrGet(mlirOperationGetContext(fn), nova_str(name)));
+      MlirOperation fn = kernel_func(op, &outside, name);
       mlirBlockAppendOwnedOperation(mlirModuleGetBody(km), fn);
       k = ks->n++;
-      ks->k[k] = (kernel){nv_xstrdup(key.s), h, fn};
+      ks->k[k] = (kernel){key, nkey, h, fn};
       ks->slot[slot] = (size_t)k + 1;
     }
     ks->member[i] = op;
     ks->of[i] = k;
   }
-  nv_sb_free(&key);
   free(outside.v);
-  mlirOpPrintingFlagsDestroy(flags);
   *out = ks;
   return km;
 }
