@@ -1,7 +1,8 @@
 #!/bin/sh
 # kill_compile.sh NOVAC MODEL WORK SIGNAL [WAIT_FOR]: compiles MODEL with a
 # private TMPDIR, sends SIGNAL once a temporary folder named WAIT_FOR*
-# (default novac-cg: code generation under way) exists, and prints the exit
+# (default novac-cg: code generation under way) exists (waiting up to a
+# minute: a loaded machine reaches code generation late), and prints the exit
 # status, what is left in TMPDIR and beside the output, and whether any
 # process of that compile survived.
 novac=$1 model=$2 w=$3 sig=$4 what=${5:-novac-cg}
@@ -9,8 +10,8 @@ rm -rf "$w" && mkdir -p "$w/tmp" "$w/out"
 TMPDIR="$w/tmp" NOVAC_JOBS=2 "$novac" "$model" --dim=batch=8 --train -o "$w/out/k.so" 2>/dev/null &
 pid=$!
 i=0
-while [ $i -lt 400 ] && ! ls "$w/tmp" | grep -q "^$what"; do sleep 0.02; i=$((i + 1)); done
-[ $i -lt 400 ] || echo "no $what folder appeared"
+while [ $i -lt 3000 ] && ! ls "$w/tmp" | grep -q "^$what"; do sleep 0.02; i=$((i + 1)); done
+[ $i -lt 3000 ] || echo "no $what folder appeared"
 kill -"$sig" $pid
 wait $pid
 echo "exit $?"
