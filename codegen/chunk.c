@@ -163,20 +163,6 @@ static void replace_uses_outside(MlirValue from, MlirValue to, MlirOperation roo
   }
 }
 
-typedef struct substitute_ctx {
-  const cg_ptrmap *map;
-  const MlirValue *sub;
-} substitute_ctx;
-
-static MlirWalkResult substitute_cb(MlirOperation op, void *ud) {
-  substitute_ctx *c = ud;
-  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
-    int k = cg_ptrmap_get(c->map, mlirOperationGetOperand(op, i).ptr);
-    if (k >= 0) mlirOperationSetOperand(op, i, c->sub[k]);
-  }
-  return MlirWalkResultAdvance;
-}
-
 /* Moves ops [start, end) of B into a new private function @NAME, called
  * where they were. */
 static void split_piece(MlirModule m, body *b, int start, int end, const char *name) {
@@ -230,15 +216,15 @@ static void split_piece(MlirModule m, body *b, int start, int end, const char *n
     cg_ptrmap_put(&seen, in.v[i].ptr, i);
   }
   MlirOperation at = mlirBlockGetFirstOperation(entry);
-  substitute_ctx sc = {&seen, sub};
+  cg_remap sc = {&seen, sub};
   for (int i = 0; i < consts.n; i++) { /* in order: a clone's operands are mapped before it */
     MlirOperation clone = mlirOperationClone(mlirOpResultGetOwner(consts.v[i]));
     mlirBlockInsertOwnedOperationBefore(entry, at, clone);
-    substitute_cb(clone, &sc);
+    cg_remap_cb(clone, &sc);
     sub[in.n + i] = mlirOperationGetResult(clone, mlirOpResultGetResultNumber(consts.v[i]));
     cg_ptrmap_put(&seen, consts.v[i].ptr, in.n + i);
   }
-  for (int i = start; i < end; i++) mlirOperationWalk(b->ops[i], substitute_cb, &sc, MlirWalkPreOrder);
+  for (int i = start; i < end; i++) mlirOperationWalk(b->ops[i], cg_remap_cb, &sc, MlirWalkPreOrder);
   free(sub);
   free(tin);
   free(tout);

@@ -50,6 +50,13 @@ void cg_ptrmap_init(cg_ptrmap *h, size_t n);
 void cg_ptrmap_put(cg_ptrmap *h, const void *p, int v);
 int cg_ptrmap_get(const cg_ptrmap *h, const void *p);
 void cg_ptrmap_free(cg_ptrmap *h);
+/* A walk callback (UD: a cg_remap): each operand V of the op with MAP[V] =
+ * k >= 0 becomes TO[k]. */
+typedef struct cg_remap {
+  const cg_ptrmap *map;
+  const MlirValue *to;
+} cg_remap;
+MlirWalkResult cg_remap_cb(MlirOperation op, void *ud);
 /* OP's structure as tokens (*TOK, malloc'd, *N of them): equal sequences,
  * equal ops but for locations (and a func.func's own name).  The ops and
  * blocks within OP are numbered in walk order; attributes and types are

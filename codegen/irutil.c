@@ -236,3 +236,12 @@ void cg_fingerprint(MlirOperation op, cg_outside_fn outside, void *ud, uint64_t 
   *ntok = t.n;
 }
 
+
+MlirWalkResult cg_remap_cb(MlirOperation op, void *ud) {
+  const cg_remap *c = ud;
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    int k = cg_ptrmap_get(c->map, mlirOperationGetOperand(op, i).ptr);
+    if (k >= 0) mlirOperationSetOperand(op, i, c->to[k]);
+  }
+  return MlirWalkResultAdvance;
+}

@@ -133,20 +133,6 @@ static MlirWalkResult frees_cb(MlirOperation op, void *ud) {
   return MlirWalkResultAdvance;
 }
 
-typedef struct remap_ctx {
-  const cg_ptrmap *map; /* old value -> index in to */
-  const MlirValue *to;
-} remap_ctx;
-
-static MlirWalkResult remap_cb(MlirOperation op, void *ud) {
-  remap_ctx *c = ud;
-  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
-    int k = cg_ptrmap_get(c->map, mlirOperationGetOperand(op, i).ptr);
-    if (k >= 0) mlirOperationSetOperand(op, i, c->to[k]);
-  }
-  return MlirWalkResultAdvance;
-}
-
 static MlirWalkResult count_cb(MlirOperation op, void *ud) {
   *(size_t *)ud += (size_t)mlirOperationGetNumOperands(op) + 1;
   return MlirWalkResultAdvance;
@@ -192,11 +178,11 @@ static bool split_piece(MlirModule m, const entry *e, int start, int end, const 
       cg_ptrmap_put(&map, p.in[i].ptr, k);
       to[k++] = mlirBlockGetArgument(body, i);
     }
-    remap_ctx rc = {&map, to};
+    cg_remap rc = {&map, to};
     for (int i = 0; i < p.nre; i++) {
       MlirOperation clone = mlirOperationClone(p.re[i]);
       mlirBlockInsertOwnedOperationBefore(body, ret, clone);
-      remap_cb(clone, &rc);
+      cg_remap_cb(clone, &rc);
       for (intptr_t r = 0; r < mlirOperationGetNumResults(clone); r++) {
         cg_ptrmap_put(&map, mlirOperationGetResult(p.re[i], r).ptr, k);
         to[k++] = mlirOperationGetResult(clone, r);
@@ -204,7 +190,7 @@ static bool split_piece(MlirModule m, const entry *e, int start, int end, const 
     }
     for (int i = start; i < end; i++) {
       mlirOperationMoveBefore(e->ops[i], ret);
-      mlirOperationWalk(e->ops[i], remap_cb, &rc, MlirWalkPreOrder);
+      mlirOperationWalk(e->ops[i], cg_remap_cb, &rc, MlirWalkPreOrder);
     }
     cg_ptrmap_free(&map);
     free(to);
