@@ -75,12 +75,12 @@ MlirOperation cg_make_func(MlirContext ctx, MlirLocation loc, const char *name, 
 void cg_inline_func(MlirOperation fn, MlirOperation at, const MlirValue *args, MlirValue *results);
 /* kernel_once.c: the ops of MARKED (tensor IR, each marked nova.tile), one
  * private function per distinct kernel in a new module (returned; its
- * owner destroys it); cg_kernels_join, once that module is transformed,
- * puts a copy of each kernel's function in place of each of its ops. */
+ * owner destroys it, after cg_kernels_join); cg_kernels_join, once that
+ * module is transformed, puts a copy of each kernel's function in place of each of its ops. */
 typedef struct cg_kernels cg_kernels;
 MlirModule cg_kernels_split(MlirModule m, const cg_op_list *marked, cg_kernels **out);
 int cg_kernels_count(const cg_kernels *ks);
-void cg_kernels_join(cg_kernels *ks, MlirModule km);
+void cg_kernels_join(cg_kernels *ks);
 void cg_kernels_free(cg_kernels *ks);
 
 /* nova -> linalg on tensors, as a new module (null after a diagnostic). */

@@ -661,7 +661,7 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
               script.oom ? "out of memory" : cap.first);
     } else {
       double t1 = cg_now_ms();
-      cg_kernels_join(ks, km);
+      cg_kernels_join(ks);
       mlirOperationDestroy(snap);
       if (getenv("NOVAC_DEBUG_PIPELINES"))
         fprintf(stderr, "novac: %8.1f ms  (tiling: the script)\nnovac: %8.1f ms  (tiling: copies in place)\n", t1 - t0,

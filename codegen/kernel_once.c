@@ -261,8 +261,7 @@ MlirModule cg_kernels_split(MlirModule m, const cg_op_list *marked, cg_kernels *
 
 int cg_kernels_count(const cg_kernels *ks) { return ks->n; }
 
-void cg_kernels_join(cg_kernels *ks, MlirModule km) {
-  (void)km;
+void cg_kernels_join(cg_kernels *ks) {
   vlist outside = {0};
   MlirValue *args = NULL, *res = NULL;
   for (size_t i = 0; i < ks->nmember; i++) {

@@ -99,10 +99,8 @@ static void take(piece *p, MlirValue v) {
   }
   MlirOperation site = mlirValueIsAOpResult(v) ? mlirOpResultGetOwner(v)
                                                : mlirBlockGetParentOperation(mlirBlockArgumentGetOwner(v));
-  int at = pos_of(p->e, site);
-  if (mlirValueIsAOpResult(v) || !mlirBlockEqual(mlirBlockArgumentGetOwner(v), p->e->block)) {
-    if (at >= p->start && at < p->end) return; /* made inside */
-  }
+  int at = pos_of(p->e, site); /* -1 for the entry's own arguments */
+  if (at >= p->start && at < p->end) return; /* made inside */
   if (cg_ptrmap_get(&p->seen, v.ptr) >= 0) return;
   cg_ptrmap_put(&p->seen, v.ptr, 1);
   if (!passable(v)) p->bad = true;
