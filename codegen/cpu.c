@@ -163,7 +163,7 @@ int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
    * nothing here: bufferized straight-line code has no blocks to merge) */
   nv_sb_printf(&p,
                "builtin.module(buffer-results-to-out-params{hoist-static-allocs=1 modify-public-functions=1}%s,"
-               "func.func(canonicalize{region-simplify=disabled}))",
+               "func.func(canonicalize{region-simplify=disabled max-iterations=1}))",
                dealloc ? ",buffer-deallocation-pipeline" : "");
   rc = p.oom ? -1 : cg_run_pipeline(c, m, p.s, "bufferization");
   nv_sb_free(&p);

@@ -140,14 +140,138 @@ static int by_size_desc(const void *a, const void *b) {
 
 static int64_t align_up(int64_t v) { return (v + PLAN_ALIGN - 1) / PLAN_ALIGN * PLAN_ALIGN; }
 
-/* First fit: the lowest offset for B clear of every placed buffer that is
- * live at the same time (placed[0..np) sorted by offset). */
-static int64_t place(const pbuf *b, pbuf **placed, int np) {
+/* The placed buffers by live range: a segment tree over the ranks of the
+ * ranges' ends, each node listing the buffers that have it among their
+ * canonical nodes (cover) and those with one further down (below).  Two
+ * ranges meet iff a canonical node of one is the other's canonical node or
+ * an ancestor or descendant of one, so the buffers live at the same time as
+ * a new one are found in time proportional to their number (a scan of
+ * every placed buffer made planning quadratic in the step). */
+typedef struct ilist {
+  int *v;
+  int n, cap;
+} ilist;
+
+typedef struct itree {
+  int leaves; /* a power of two, at least the number of ranks */
+  ilist *cover, *below;
+  int *ends, nends; /* the distinct range ends, sorted */
+  int *seen, *node_seen, stamp;
+} itree;
+
+static void ilist_push(ilist *l, int v) {
+  if (l->n == l->cap) {
+    l->cap = l->cap ? 2 * l->cap : 4;
+    l->v = nv_xrealloc(l->v, (size_t)l->cap * sizeof *l->v);
+  }
+  l->v[l->n++] = v;
+}
+
+static int by_int(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
+static void itree_init(itree *t, const pbuf *bufs, int nb) {
+  t->ends = nv_xcalloc(2 * (size_t)nb + 1, sizeof *t->ends);
+  for (int i = 0; i < nb; i++) {
+    t->ends[2 * i] = bufs[i].first;
+    t->ends[2 * i + 1] = bufs[i].last;
+  }
+  qsort(t->ends, 2 * (size_t)nb, sizeof *t->ends, by_int);
+  int k = 0;
+  for (int i = 0; i < 2 * nb; i++)
+    if (!k || t->ends[k - 1] != t->ends[i]) t->ends[k++] = t->ends[i];
+  t->nends = k;
+  t->leaves = 1;
+  while (t->leaves < k) t->leaves *= 2;
+  t->cover = nv_xcalloc(2 * (size_t)t->leaves, sizeof *t->cover);
+  t->below = nv_xcalloc(2 * (size_t)t->leaves, sizeof *t->below);
+  t->node_seen = nv_xcalloc(2 * (size_t)t->leaves, sizeof *t->node_seen);
+  t->seen = nv_xcalloc((size_t)nb + 1, sizeof *t->seen);
+  t->stamp = 0;
+}
+
+static void itree_free(itree *t) {
+  for (int i = 0; t->cover && i < 2 * t->leaves; i++) {
+    free(t->cover[i].v);
+    free(t->below[i].v);
+  }
+  free(t->cover);
+  free(t->below);
+  free(t->node_seen);
+  free(t->seen);
+  free(t->ends);
+}
+
+static int itree_rank(const itree *t, int x) {
+  int lo = 0, hi = t->nends - 1;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (t->ends[mid] < x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* The canonical nodes of B's range into out (at most 2 per level). */
+static int itree_nodes(const itree *t, const pbuf *b, int *out) {
+  int n = 0;
+  for (int l = itree_rank(t, b->first) + t->leaves, r = itree_rank(t, b->last) + t->leaves + 1; l < r;
+       l >>= 1, r >>= 1) {
+    if (l & 1) out[n++] = l++;
+    if (r & 1) out[n++] = --r;
+  }
+  return n;
+}
+
+static void itree_add(itree *t, const pbuf *b, int id) {
+  int nodes[128], n = itree_nodes(t, b, nodes);
+  for (int i = 0; i < n; i++) {
+    ilist_push(&t->cover[nodes[i]], id);
+    for (int a = nodes[i] >> 1; a >= 1; a >>= 1) {
+      ilist *l = &t->below[a];
+      if (l->n && l->v[l->n - 1] == id) break; /* and so are the ones above */
+      ilist_push(l, id);
+    }
+  }
+}
+
+static void take(itree *t, const ilist *l, pbuf *bufs, pbuf **out, int *n) {
+  for (int i = 0; i < l->n; i++)
+    if (t->seen[l->v[i]] != t->stamp) {
+      t->seen[l->v[i]] = t->stamp;
+      out[(*n)++] = &bufs[l->v[i]];
+    }
+}
+
+/* The placed buffers live at the same time as B into out; their number. */
+static int itree_meets(itree *t, const pbuf *b, pbuf *bufs, pbuf **out) {
+  int nodes[128], n = itree_nodes(t, b, nodes), k = 0;
+  t->stamp++;
+  for (int i = 0; i < n; i++) {
+    take(t, &t->below[nodes[i]], bufs, out, &k);
+    for (int a = nodes[i]; a >= 1 && t->node_seen[a] != t->stamp; a >>= 1) {
+      t->node_seen[a] = t->stamp;
+      take(t, &t->cover[a], bufs, out, &k);
+    }
+  }
+  return k;
+}
+
+static int by_offset(const void *a, const void *b) {
+  const pbuf *x = *(pbuf *const *)a, *y = *(pbuf *const *)b;
+  return (x->offset > y->offset) - (x->offset < y->offset);
+}
+
+/* First fit: the lowest offset for B clear of every placed buffer live at
+ * the same time (live[0..n), sorted here by offset). */
+static int64_t place(const pbuf *b, pbuf **live, int n) {
+  qsort(live, (size_t)n, sizeof *live, by_offset);
   int64_t off = 0;
-  for (int i = 0; i < np; i++) {
-    const pbuf *p = placed[i];
-    if (p->last < b->first || b->last < p->first) continue;  /* not live together */
-    if (off + align_up(b->bytes) <= p->offset) break;         /* fits in the gap below p */
+  for (int i = 0; i < n; i++) {
+    const pbuf *p = live[i];
+    if (off + align_up(b->bytes) <= p->offset) break; /* fits in the gap below p */
     if (p->offset + align_up(p->bytes) > off) off = p->offset + align_up(p->bytes);
   }
   return off;
@@ -212,9 +336,9 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   int ixrc = index_ops(&ix, fb), n = ix.n;
   MlirOperation *ops = ix.ops;
   pbuf *bufs = nv_xcalloc((size_t)n + 1, sizeof *bufs);
-  pbuf **placed = nv_xcalloc((size_t)n + 1, sizeof *placed);
+  pbuf **live = nv_xcalloc((size_t)n + 1, sizeof *live);
   int nb = 0, rc = -1;
-  if (ixrc || !bufs || !placed) goto out;
+  if (ixrc || !bufs || !live) goto out;
   rc = 1; /* not plannable: the caller keeps heap buffers */
   for (int i = 0; i < n; i++) {
     if (!cg_op_is(ops[i], "memref.alloc")) continue;
@@ -231,15 +355,15 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
     if (cg_op_is(ops[i], "memref.dealloc")) goto out;
   qsort(bufs, (size_t)nb, sizeof *bufs, by_size_desc);
   int64_t peak = 0, total = 0;
+  itree tree = {0};
+  itree_init(&tree, bufs, nb);
   for (int i = 0; i < nb; i++) {
-    bufs[i].offset = place(&bufs[i], placed, i);
-    int at = i; /* kept sorted by offset: inserted, not re-sorted */
-    while (at > 0 && placed[at - 1]->offset > bufs[i].offset) at--;
-    memmove(placed + at + 1, placed + at, (size_t)(i - at) * sizeof *placed);
-    placed[at] = &bufs[i];
+    bufs[i].offset = place(&bufs[i], live, itree_meets(&tree, &bufs[i], bufs, live));
+    itree_add(&tree, &bufs[i], i);
     if (bufs[i].offset + align_up(bufs[i].bytes) > peak) peak = bufs[i].offset + align_up(bufs[i].bytes);
     total += align_up(bufs[i].bytes);
   }
+  itree_free(&tree);
   if (peak < PLAN_ALIGN) peak = PLAN_ALIGN;
   /* the arena argument */
   MlirContext ctx = mlirOperationGetContext(func);
@@ -318,7 +442,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
 out:
   index_free(&ix);
   free(bufs);
-  free(placed);
+  free(live);
   return rc;
 }
 
