@@ -129,7 +129,8 @@ static MlirWalkResult count_linalg(MlirOperation op, void *ud) {
 int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, cg_plan *stats) {
   mlirOperationWalk(mlirModuleGetOperation(m), count_linalg, &stats->ops_before_fusion, MlirWalkPreOrder);
   if (opt_level > 0 &&
-      cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize,cse,linalg-fuse-elementwise-ops,canonicalize))",
+      cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize{region-simplify=disabled max-iterations=1},cse,"
+                      "linalg-fuse-elementwise-ops,canonicalize{region-simplify=disabled max-iterations=1}))",
                       "fusion"))
     return -1;
   mlirOperationWalk(mlirModuleGetOperation(m), count_linalg, &stats->ops_after_fusion, MlirWalkPreOrder);

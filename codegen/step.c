@@ -93,7 +93,7 @@ int cg_prepare_inplace(nova_ctx *c, const nv_graph *g, MlirModule m) {
   int *pa = NULL, *ua = NULL;
   int rc = update_pairs(g, &pa, &ua);
   if (!rc) rc = cg_mark_writable(m, pa, g->noutputs);
-  if (!rc) rc = cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize))", "in-place updates");
+  if (!rc) rc = cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize{region-simplify=disabled max-iterations=1}))", "in-place updates");
   free(pa);
   free(ua);
   return rc;
