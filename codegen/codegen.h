@@ -153,6 +153,10 @@ int cg_fusion_groups(nova_ctx *c, MlirModule nova, int opt_level);
 /* Elementwise fusion over the whole linalg module (at -O1 and above),
  * counting the linalg ops before and after into STATS. */
 int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, cg_plan *stats);
+/* fusion_cap.c: a second use (a call) of the producers that would make a
+ * fused body pass the cap; their number.  Then the calls removed. */
+int cg_fusion_barriers(MlirModule m);
+void cg_drop_fusion_barriers(MlirModule m);
 
 /* Plans the intermediates of a bufferized module (see memplan.c): 0 when
  * planned (the entry then takes the arena as one more argument), 1 when

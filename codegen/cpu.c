@@ -128,11 +128,18 @@ static MlirWalkResult count_linalg(MlirOperation op, void *ud) {
 
 int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, cg_plan *stats) {
   mlirOperationWalk(mlirModuleGetOperation(m), count_linalg, &stats->ops_before_fusion, MlirWalkPreOrder);
-  if (opt_level > 0 &&
-      cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize{region-simplify=disabled max-iterations=1},cse,"
-                      "linalg-fuse-elementwise-ops,canonicalize{region-simplify=disabled max-iterations=1}))",
-                      "fusion"))
-    return -1;
+  if (opt_level > 0) {
+    if (cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize{region-simplify=disabled max-iterations=1},cse))",
+                        "fusion"))
+      return -1;
+    int barriers = cg_fusion_barriers(m);
+    if (barriers && getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: %d fusion barriers\n", barriers);
+    int rc = cg_run_pipeline(c, m, "builtin.module(func.func(linalg-fuse-elementwise-ops))", "fusion");
+    if (barriers) cg_drop_fusion_barriers(m);
+    if (rc || cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize{region-simplify=disabled max-iterations=1}))",
+                              "fusion"))
+      return -1;
+  }
   mlirOperationWalk(mlirModuleGetOperation(m), count_linalg, &stats->ops_after_fusion, MlirWalkPreOrder);
   return 0;
 }

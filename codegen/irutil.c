@@ -37,23 +37,72 @@ bool cg_op_list_push(cg_op_list *l, MlirOperation op) {
   return true;
 }
 
+/* The references to renamed functions, replaced in one walk (symbol
+ * reference attributes are uniqued: the old reference's pointer is the
+ * key).  A walk of the whole module per function, as the symbol table's
+ * replaceAllSymbolUses does, made renaming quadratic in the functions. */
+typedef struct renames {
+  cg_ptrmap map; /* old FlatSymbolRefAttr -> index */
+  MlirAttribute *to;
+} renames;
+
+static MlirAttribute renamed(const renames *r, MlirAttribute a) {
+  int k = mlirAttributeIsAFlatSymbolRef(a) ? cg_ptrmap_get(&r->map, a.ptr) : -1;
+  return k >= 0 ? r->to[k] : mlirAttributeGetNull();
+}
+
+static MlirWalkResult rename_cb(MlirOperation op, void *ud) {
+  const renames *r = ud;
+  for (intptr_t i = 0, n = mlirOperationGetNumAttributes(op); i < n; i++) {
+    MlirNamedAttribute na = mlirOperationGetAttribute(op, i);
+    MlirAttribute to = renamed(r, na.attribute);
+    if (mlirAttributeIsAArray(na.attribute)) { /* e.g. a list of constructors */
+      intptr_t ne = mlirArrayAttrGetNumElements(na.attribute);
+      bool any = false;
+      for (intptr_t e = 0; e < ne && !any; e++) any = !mlirAttributeIsNull(renamed(r, mlirArrayAttrGetElement(na.attribute, e)));
+      if (any) {
+        MlirAttribute *el = nv_xcalloc((size_t)ne + 1, sizeof *el);
+        for (intptr_t e = 0; e < ne; e++) {
+          MlirAttribute x = mlirArrayAttrGetElement(na.attribute, e), y = renamed(r, x);
+          el[e] = mlirAttributeIsNull(y) ? x : y;
+        }
+        to = mlirArrayAttrGet(mlirOperationGetContext(op), ne, el);
+        free(el);
+      }
+    }
+    if (!mlirAttributeIsNull(to)) mlirOperationSetAttributeByName(op, mlirIdentifierStr(na.name), to);
+  }
+  return MlirWalkResultAdvance;
+}
+
 int cg_prefix_symbols(MlirModule m, const char *prefix) {
-  MlirOperation top = mlirModuleGetOperation(m);
   MlirStringRef symattr = mlirSymbolTableGetSymbolAttributeName();
+  MlirContext ctx = mlirModuleGetContext(m);
+  size_t nf = 0;
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f))
+    nf++;
+  renames r = {.to = nv_xcalloc(nf + 1, sizeof *r.to)};
+  cg_ptrmap_init(&r.map, nf);
+  int k = 0;
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f)) {
     if (!cg_op_is(f, "llvm.func") && !cg_op_is(f, "func.func")) continue;
-    MlirRegion r = mlirOperationGetRegion(f, 0);
-    if (mlirRegionIsNull(r) || mlirBlockIsNull(mlirRegionGetFirstBlock(r))) continue; /* a declaration */
+    MlirRegion reg = mlirOperationGetRegion(f, 0);
+    if (mlirRegionIsNull(reg) || mlirBlockIsNull(mlirRegionGetFirstBlock(reg))) continue; /* a declaration */
     MlirAttribute name = mlirOperationGetAttributeByName(f, symattr);
     if (mlirAttributeIsNull(name) || !mlirAttributeIsAString(name)) continue;
     MlirStringRef old = mlirStringAttrGetValue(name);
     char buf[512];
     snprintf(buf, sizeof buf, "%s%.*s", prefix, (int)old.length, old.data);
     MlirStringRef nw = mlirStringRefCreateFromCString(buf);
-    if (mlirLogicalResultIsFailure(mlirSymbolTableReplaceAllSymbolUses(old, nw, top))) return -1;
-    mlirOperationSetAttributeByName(f, symattr, mlirStringAttrGet(mlirOperationGetContext(f), nw));
+    cg_ptrmap_put(&r.map, mlirFlatSymbolRefAttrGet(ctx, old).ptr, k);
+    r.to[k++] = mlirFlatSymbolRefAttrGet(ctx, nw);
+    mlirOperationSetAttributeByName(f, symattr, mlirStringAttrGet(ctx, nw));
   }
+  mlirOperationWalk(mlirModuleGetOperation(m), rename_cb, &r, MlirWalkPreOrder);
+  cg_ptrmap_free(&r.map);
+  free(r.to);
   return 0;
 }
 

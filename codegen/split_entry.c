@@ -10,7 +10,8 @@
  * before the lowering to LLVM).
  * Does: moves the views and constants that depend only on the entry's
  * arguments (and on each other) to its top; then cuts the rest into
- * consecutive pieces of about CG_PIECE_OPS ops where nothing a piece
+ * consecutive pieces of about CG_PIECE_OPS ops (fewer where a piece would
+ * take more than CG_PIECE_ARGS values from before it) where nothing a piece
  * defines is used after it, and moves each piece into a private noinline
  * function @__nova_seg_K called in its place.  A piece recomputes the
  * views and constants it uses (from the entry's arguments it receives);
@@ -29,6 +30,11 @@
 #include "codegen.h"
 
 #define CG_PIECE_OPS 256
+/* a call passes its arguments past the sixth on the stack, and LLVM's
+ * instruction scheduler takes time quadratic in the stores of one call
+ * (a 2,000-statement training chain with a weight each: pieces of 500
+ * arguments, 5.3 s of code generation) */
+#define CG_PIECE_ARGS 64
 #define SEG_PREFIX "__nova_seg_"
 
 static bool movable_kind(MlirOperation op) {
@@ -251,17 +257,34 @@ int cg_split_entry(nova_ctx *c, MlirModule m) {
         if (j > last[i]) last[i] = j;
       }
   }
-  int pieces = 0, start = 0, reach = -1;
+  /* the values each piece takes from before it, counted as it grows */
+  size_t nuses = 0;
+  for (int i = 0; i < n; i++) nuses += (size_t)mlirOperationGetNumOperands(e.ops[i]);
+  cg_ptrmap taken;
+  cg_ptrmap_init(&taken, nuses);
+  int pieces = 0, start = 0, reach = -1, args = 0;
   for (int i = 0; i <= n; i++) {
-    if (i - start >= CG_PIECE_OPS && reach < i && (n - i >= CG_PIECE_OPS / 4 || i == n)) {
+    if ((i - start >= CG_PIECE_OPS || args >= CG_PIECE_ARGS) && reach < i &&
+        (n - i >= CG_PIECE_OPS / 4 || i == n)) {
       char name[48];
       snprintf(name, sizeof name, SEG_PREFIX "%d", pieces);
       if (split_piece(m, &e, start, i, name)) pieces++;
       start = i;
       reach = -1;
+      args = 0;
     }
-    if (i < n && last[i] > reach) reach = last[i];
+    if (i == n) break;
+    if (last[i] > reach) reach = last[i];
+    for (intptr_t k = 0; k < mlirOperationGetNumOperands(e.ops[i]); k++) {
+      MlirValue v = mlirOperationGetOperand(e.ops[i], k);
+      int d = mlirValueIsAOpResult(v) ? pos_of(&e, mlirOpResultGetOwner(v)) : -1;
+      if (d < start && cg_ptrmap_get(&taken, v.ptr) != start) {
+        cg_ptrmap_put(&taken, v.ptr, start);
+        args++;
+      }
+    }
   }
+  cg_ptrmap_free(&taken);
   if (getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: the entry in %d pieces\n", pieces);
   free(last);
   free(e.ops);

@@ -8,7 +8,9 @@ compiled whole:
   (reference: NOVAC_NO_SPLIT_ENTRY=1).
 Each on the outputs of a long chain sharing one weight (the case that
 made bufferization quadratic), and the loss, gradients and updated
-parameters of a multi-layer GPT training step."""
+parameters of a multi-layer GPT training step.
+Also the cap on elementwise fusion (codegen/fusion_cap.c), on a flat sum
+of 1,500 terms against numpy."""
 import os
 import re
 import shutil
@@ -145,3 +147,52 @@ def deterministic():
 
 
 case("chunks.deterministic", deterministic)
+
+
+def flat_sum(train):
+    """A flat sum of 1,500 terms (x * c_0 + x * c_1 + ...): elementwise fusion
+    is capped (codegen/fusion_cap.c; merging the whole chain into one loop
+    nest took time quadratic in it), and the sum, now in several loop nests,
+    is still numpy's in float64: the loss, and with --train the updated
+    weight (one SGD step)."""
+    text, _ = bench_compile.flat_sum(1500)
+    text = text.replace("normal(0.1)", "ones")
+    cs = np.array([float(v) for v in re.findall(r"x \* ([0-9.e+-]+)", text)])
+    if len(cs) != 1500:
+        raise Failure("the generated sum has %d terms" % len(cs))
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    lr = 1e-7
+    d = tempfile.mkdtemp(prefix="nova-chunks-")
+    try:
+        src, so = os.path.join(d, "m.nova"), os.path.join(d, "m.so")
+        with open(src, "w") as f:
+            f.write(text)
+        flags = ["--train", "--optimizer=sgd", "--lr=%g" % lr] if train else []
+        p = subprocess.run([NOVAC, src, "-o", so] + flags, env=dict(os.environ, NOVAC_DEBUG_PIPELINES="1"),
+                           capture_output=True, text=True, timeout=600)
+        if p.returncode:
+            raise Failure("novac exited %d\n%s" % (p.returncode, p.stderr))
+        if not re.search(r"novac: ([1-9]\d*) fusion barriers", p.stderr):
+            raise Failure("fusion was not capped: the test checks nothing")
+        os.mkdir(os.path.join(d, "in"))
+        write_pb(os.path.join(d, "in", "x.pb"), x, "x")
+        cmd = [NOVARUN, so, "--inputs", os.path.join(d, "in"), "--outputs", os.path.join(d, "out"),
+               "--dump", os.path.join(d, "dump"), "-q"] + (["--steps", "1"] if train else [])
+        run(cmd)
+        s = x.astype(np.float64) * cs.sum()  # every term is x times a constant
+        y = s * 1.0
+        want = np.sum(y * y)
+        got = float(read_pb(os.path.join(d, "dump", "loss.pb") if train else os.path.join(d, "out", "output_0.pb")))
+        if abs(got - want) > 1e-3 * abs(want):
+            raise Failure("loss %r, numpy (float64) %r" % (got, want))
+        if train:
+            w = read_pb(os.path.join(d, "dump", "param.w.pb")).astype(np.float64)
+            w_want = 1.0 - lr * np.sum(2 * y * s, axis=0)
+            if not np.allclose(w, w_want, rtol=1e-3, atol=1e-6):
+                raise Failure("updated w %s, numpy %s" % (w[:4], w_want[:4]))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+case("fusion.flat_sum", lambda: flat_sum(False))
+case("fusion.flat_sum_train", lambda: flat_sum(True))

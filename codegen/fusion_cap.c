@@ -1,0 +1,174 @@
+/* fusion_cap.c: a bound on how much elementwise fusion merges into one op.
+ *
+ * linalg-fuse-elementwise-ops merges a producer into its consumer by
+ * copying both bodies into a new op.  Along a chain (a flat sum of N terms,
+ * ((t0 + t1) + t2) + ...) each merge copies the body grown so far, so the
+ * pass took time quadratic in the chain (279 s for 10,000 terms), and the
+ * one loop nest it built held the whole chain.
+ *
+ * The pass fuses a producer only when its result has one use.  Before it
+ * runs, cg_fusion_barriers estimates the body each linalg.generic would end
+ * with (its own ops plus those of the single-use, all-parallel producers
+ * fused into it, recursively, in program order) and, where that passes
+ * CG_FUSION_CAP ops, gives the largest such producers a second use, a call
+ * of an empty private function (@__nova_fusion_barrier_K, one per type),
+ * until the estimate is under the cap.  cg_drop_fusion_barriers erases the
+ * calls and the functions afterwards.  Steps whose fused bodies stay under
+ * the cap (every model in the zoo) are fused exactly as without it.
+ */
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../driver/util.h"
+#include "codegen.h"
+
+#define CG_FUSION_CAP 128
+#define BARRIER_PREFIX "__nova_fusion_barrier_"
+
+typedef struct cap_state {
+  MlirModule m;
+  cg_ptrmap size; /* linalg.generic -> index into est */
+  int64_t *est;
+  int n, cap;
+  MlirAttribute parallel; /* #linalg.iterator_type<parallel> */
+  MlirType *types;        /* the barrier functions made so far, by operand type */
+  int ntypes;
+} cap_state;
+
+static bool all_parallel(const cap_state *s, MlirOperation op) {
+  MlirAttribute it = mlirOperationGetAttributeByName(op, nova_str("iterator_types"));
+  if (mlirAttributeIsNull(it) || !mlirAttributeIsAArray(it)) return false;
+  for (intptr_t i = 0; i < mlirArrayAttrGetNumElements(it); i++)
+    if (!mlirAttributeEqual(mlirArrayAttrGetElement(it, i), s->parallel)) return false;
+  return true;
+}
+
+static int64_t body_ops(MlirOperation op) {
+  int64_t n = 0;
+  MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  for (MlirOperation o = mlirBlockGetFirstOperation(b); !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) n++;
+  return n > 1 ? n - 1 : 1; /* not the yield */
+}
+
+/* The producer of operand I of OP that fusion would merge into it, or null. */
+static MlirOperation fusable_producer(const cap_state *s, MlirOperation op, intptr_t i) {
+  MlirValue v = mlirOperationGetOperand(op, i);
+  if (!mlirValueIsAOpResult(v)) return (MlirOperation){NULL};
+  MlirOperation p = mlirOpResultGetOwner(v);
+  if (!cg_op_is(p, "linalg.generic") || mlirOperationGetNumResults(p) != 1) return (MlirOperation){NULL};
+  MlirOpOperand u = mlirValueGetFirstUse(v);
+  if (mlirOpOperandIsNull(u) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u))) return (MlirOperation){NULL};
+  return all_parallel(s, p) ? p : (MlirOperation){NULL};
+}
+
+static int64_t estimate(cap_state *s, MlirOperation op) {
+  int k = cg_ptrmap_get(&s->size, op.ptr);
+  return k >= 0 ? s->est[k] : body_ops(op);
+}
+
+/* A second use of V: a call of the barrier function of its type. */
+static void add_barrier(cap_state *s, MlirValue v, MlirOperation before) {
+  MlirContext ctx = mlirModuleGetContext(s->m);
+  MlirType t = mlirValueGetType(v);
+  int k = 0;
+  while (k < s->ntypes && !mlirTypeEqual(s->types[k], t)) k++;
+  char name[64];
+  snprintf(name, sizeof name, BARRIER_PREFIX "%d", k);
+  if (k == s->ntypes) {
+    s->types = nv_xrealloc(s->types, (size_t)(k + 1) * sizeof *s->types);
+    s->types[s->ntypes++] = t;
+    MlirOperation ret;
+    MlirOperation f = cg_make_func(ctx, mlirLocationUnknownGet(ctx), name, 1, &t, 0, NULL, &ret);
+    mlirBlockAppendOwnedOperation(mlirModuleGetBody(s->m), f);
+  }
+  MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), mlirOperationGetLocation(before));
+  MlirNamedAttribute callee =
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("callee")), mlirFlatSymbolRefAttrGet(ctx, nova_str(name)));
+  mlirOperationStateAddAttributes(&cs, 1, &callee);
+  mlirOperationStateAddOperands(&cs, 1, &v);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(before), before, mlirOperationCreate(&cs));
+}
+
+static void visit(cap_state *s, MlirOperation op, int *barriers) {
+  intptr_t n = mlirOperationGetNumOperands(op);
+  int64_t total = body_ops(op);
+  for (intptr_t i = 0; i < n; i++) {
+    MlirOperation p = fusable_producer(s, op, i);
+    if (!mlirOperationIsNull(p)) total += estimate(s, p);
+  }
+  while (total > CG_FUSION_CAP) { /* cut off the largest producer left */
+    intptr_t best = -1;
+    int64_t bs = 0;
+    for (intptr_t i = 0; i < n; i++) {
+      MlirOperation p = fusable_producer(s, op, i);
+      if (!mlirOperationIsNull(p) && estimate(s, p) > bs) {
+        bs = estimate(s, p);
+        best = i;
+      }
+    }
+    if (best < 0) break;
+    add_barrier(s, mlirOperationGetOperand(op, best), op);
+    total -= bs;
+    ++*barriers;
+  }
+  if (s->n == s->cap) {
+    s->cap = s->cap ? 2 * s->cap : 256;
+    s->est = nv_xrealloc(s->est, (size_t)s->cap * sizeof *s->est);
+  }
+  s->est[s->n] = total;
+  cg_ptrmap_put(&s->size, op.ptr, s->n++);
+}
+
+int cg_fusion_barriers(MlirModule m) {
+  MlirContext ctx = mlirModuleGetContext(m);
+  cap_state s = {.m = m, .parallel = mlirAttributeParseGet(ctx, nova_str("#linalg.iterator_type<parallel>"))};
+  int barriers = 0, nops = 0;
+  MlirBlock mb = mlirModuleGetBody(m);
+  for (MlirOperation f = mlirBlockGetFirstOperation(mb); !mlirOperationIsNull(f); f = mlirOperationGetNextInBlock(f)) {
+    MlirRegion r = mlirOperationGetFirstRegion(f);
+    if (!cg_op_is(f, "func.func") || mlirRegionIsNull(r) || mlirBlockIsNull(mlirRegionGetFirstBlock(r))) continue;
+    for (MlirOperation op = mlirBlockGetFirstOperation(mlirRegionGetFirstBlock(r)); !mlirOperationIsNull(op);
+         op = mlirOperationGetNextInBlock(op))
+      nops++;
+  }
+  cg_ptrmap_init(&s.size, 2 * (size_t)nops + 1);
+  for (MlirOperation f = mlirBlockGetFirstOperation(mb); !mlirOperationIsNull(f); f = mlirOperationGetNextInBlock(f)) {
+    MlirRegion r = mlirOperationGetFirstRegion(f);
+    if (!cg_op_is(f, "func.func") || mlirRegionIsNull(r) || mlirBlockIsNull(mlirRegionGetFirstBlock(r))) continue;
+    for (MlirOperation op = mlirBlockGetFirstOperation(mlirRegionGetFirstBlock(r)); !mlirOperationIsNull(op);
+         op = mlirOperationGetNextInBlock(op))
+      if (cg_op_is(op, "linalg.generic")) visit(&s, op, &barriers);
+  }
+  cg_ptrmap_free(&s.size);
+  free(s.est);
+  free(s.types);
+  return barriers;
+}
+
+static MlirWalkResult drop_calls(MlirOperation op, void *ud) {
+  cg_op_list *calls = ud;
+  if (!cg_op_is(op, "func.call")) return MlirWalkResultAdvance;
+  MlirStringRef callee = mlirFlatSymbolRefAttrGetValue(mlirOperationGetAttributeByName(op, nova_str("callee")));
+  if (callee.length > strlen(BARRIER_PREFIX) && !memcmp(callee.data, BARRIER_PREFIX, strlen(BARRIER_PREFIX)))
+    cg_op_list_push(calls, op);
+  return MlirWalkResultAdvance;
+}
+
+void cg_drop_fusion_barriers(MlirModule m) {
+  cg_op_list calls = {0};
+  mlirOperationWalk(mlirModuleGetOperation(m), drop_calls, &calls, MlirWalkPreOrder);
+  for (size_t i = 0; i < calls.n; i++) mlirOperationDestroy(calls.v[i]);
+  free(calls.v);
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);) {
+    MlirOperation next = mlirOperationGetNextInBlock(f);
+    MlirAttribute name = mlirOperationGetAttributeByName(f, nova_str("sym_name"));
+    MlirStringRef s = mlirAttributeIsNull(name) ? (MlirStringRef){"", 0} : mlirStringAttrGetValue(name);
+    if (cg_op_is(f, "func.func") && s.length > strlen(BARRIER_PREFIX) &&
+        !memcmp(s.data, BARRIER_PREFIX, strlen(BARRIER_PREFIX)))
+      mlirOperationDestroy(f);
+    f = next;
+  }
+}
