@@ -11,6 +11,9 @@ made bufferization quadratic), and the loss, gradients and updated
 parameters of a multi-layer GPT training step.
 Also the cap on elementwise fusion (codegen/fusion_cap.c), on a flat sum
 of 1,500 terms against numpy."""
+import bisect
+import heapq
+import json
 import os
 import re
 import shutil
@@ -37,8 +40,12 @@ def chain(n):
     return "\n".join(s) + "\n"
 
 
+manifests = []  # (knob on, manifest) of the steps compiled
+
+
 # what each check turns off for its reference, and what novac says when it is on
 KNOBS = {"chunks": ("NOVAC_NO_CHUNKS", r"bufferized in (\d+) pieces"),
+         "sweep": ("NOVAC_PLAN_FIRST_FIT", r"memory plan: (\d+) buffers in time order"),
          "entry": ("NOVAC_NO_SPLIT_ENTRY", r"the entry in ([1-9]\d*) pieces")}
 
 
@@ -61,6 +68,8 @@ def compile_run(text, inputs, flags, knob, on):
         pieces = re.findall(said, p.stderr)
         if on and not pieces:
             raise Failure("the step was not cut into pieces: the test checks nothing")
+        with open(so[:-3] + ".json") as f:
+            manifests.append((on, json.load(f)))
         os.mkdir(os.path.join(d, "in"))
         for k, v in inputs.items():
             write_pb(os.path.join(d, "in", k + ".pb"), v, k)
@@ -194,5 +203,37 @@ def flat_sum(train):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def sweep_plan():
+    """A training chain of 2,500 statements: 20,000 intermediates, planned
+    in time order (codegen/memplan.c's sweep; first fit largest first
+    lists every buffer live with each new one, quadratic here).  The plan
+    is checked from outside (no two buffers live at the same time share a
+    byte: a sweep over time, each buffer against its neighbours by
+    offset), and the trained values equal those with the largest-first
+    plan, bit for bit."""
+    del manifests[:]
+    same(chain(2500), {"x": rng.standard_normal((8, 16)).astype(np.float32)}, ["--train"], "sweep")
+    mem = [m for on, m in manifests if on][-1]["memory"]
+    ref = [m for on, m in manifests if not on][-1]["memory"]
+    plan, arena = mem["plan"], mem["arena_bytes"]
+    if len(plan) <= 16384:
+        raise Failure("only %d buffers planned" % len(plan))
+    active, ends = [], []  # (offset, end, last) by offset, of the buffers live now; a heap by last
+    for e in sorted(plan, key=lambda e: e["live"][0]):
+        if e["offset"] % 64 or e["offset"] + e["bytes"] > arena:
+            raise Failure("buffer %r misaligned or outside the %d-byte arena" % (e, arena))
+        while ends and ends[0][0] < e["live"][0]:
+            active.pop(bisect.bisect_left(active, heapq.heappop(ends)[1]))
+        a = (e["offset"], e["offset"] + e["bytes"], e["live"][1])
+        k = bisect.bisect_left(active, a)
+        if (k > 0 and active[k - 1][1] > a[0]) or (k < len(active) and active[k][0] < a[1]):
+            raise Failure("buffers live at the same time overlap: %r and its neighbour by offset" % e)
+        active.insert(k, a)
+        heapq.heappush(ends, (a[2], a))
+    if arena > 1.02 * ref["arena_bytes"]:
+        raise Failure("the arena takes %d bytes, the largest-first plan's %d" % (arena, ref["arena_bytes"]))
+
+
+case("memplan.sweep_train_chain", sweep_plan)
 case("fusion.flat_sum", lambda: flat_sum(False))
 case("fusion.flat_sum_train", lambda: flat_sum(True))
