@@ -9,10 +9,10 @@
  * Requires: tensor IR (after tiling and cg_unshare_destinations).
  * Does (cg_chunk_split): cuts the straight-line body of each public
  * function longer than CG_CHUNK_OPS top-level ops into consecutive pieces
- * of about that many ops (more in a very long function), each moved into a private function
- * (@__nova_chunk_K) called in its place; the values a piece uses from
- * before are its arguments (constants, and slices of whole tensors, are
- * cloned into it), the values used after it its results.  A cut
+ * of about that many ops (more in a very long function), each moved into
+ * a private function (@__nova_chunk_K) called in its place; the values a
+ * piece uses from before are its arguments (constants, and slices of whole
+ * tensors, are cloned into it), the values used after it its results.  A cut
  * is placed where no view (a tensor-dialect result other than
  * tensor.empty) and nothing but tensors and scalars is live across it,
  * so that bufferization passes only whole buffers of identity layout at
@@ -285,7 +285,7 @@ static void split_func(MlirModule m, MlirOperation f, int *counter) {
    * pieces of 100 ops took 4.7 times as long as 600 of 400): beyond 160,000
    * ops, pieces of sqrt(n) ops (a 50,000-statement chain, 750,000 ops:
    * 12.0 s in 1,876 pieces of 400, 7.5 s in 867 of 866) */
-  int per = (int)sqrt((double)n) > CG_CHUNK_OPS ? (int)sqrt((double)n) : CG_CHUNK_OPS;
+  int root = (int)sqrt((double)n), per = root > CG_CHUNK_OPS ? root : CG_CHUNK_OPS;
   b.ops = nv_xcalloc((size_t)n, sizeof *b.ops);
   cg_ptrmap_init(&b.idx, 2 * (size_t)n + 1); /* the ops, and a call per piece */
   char *cut = nv_xcalloc((size_t)n + 1, 1);

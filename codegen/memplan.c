@@ -341,11 +341,11 @@ static void sweep(pbuf *bufs, int nb) {
     for (; dead < nb && byl[dead]->last < b->first; dead++) /* placed: they start before b */
       gap_free_range(&g, byl[dead]->offset, byl[dead]->offset + align_up(byl[dead]->bytes));
     int64_t sz = align_up(b->bytes);
-    int k = -1; /* the tightest gap that fits; else the last one, grown at the top */
+    int k = -1; /* the tightest gap that fits; else the last one if it reaches the top (grown there) */
     for (int j = 0; j < g.n; j++)
       if (g.v[j].hi - g.v[j].lo >= sz && (k < 0 || g.v[j].hi - g.v[j].lo < g.v[k].hi - g.v[k].lo)) k = j;
     if (k < 0 && g.n && g.v[g.n - 1].hi == top) k = g.n - 1;
-    if (k >= 0) { /* a gap that fits, or the last one, grown at the top */
+    if (k >= 0) {
       b->offset = g.v[k].lo;
       g.v[k].lo += sz;
       if (b->offset + sz > top) top = b->offset + sz;
