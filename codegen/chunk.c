@@ -456,3 +456,86 @@ void cg_constant_globals(MlirModule m) {
   mlirOperationWalk(mlirModuleGetOperation(m), globals_cb, &g, MlirWalkPreOrder);
   cg_ptrmap_free(&g.made);
 }
+
+/* The entry's tensor arguments as buffers (see codegen.h).  One-shot
+ * bufferization drops bufferization.writable from each argument of a
+ * function one at a time, and every removal makes a new arg_attrs array
+ * of all of them, kept by the context: with one argument per weight, time
+ * and memory quadratic in their number (a chain of 8,000 weights: 480 MB). */
+static bool is_writable_attr(MlirNamedAttribute x) {
+  MlirStringRef nm = mlirIdentifierStr(x.name);
+  return nm.length == strlen("bufferization.writable") && !memcmp(nm.data, "bufferization.writable", nm.length);
+}
+
+int cg_entry_args_as_buffers(MlirModule m) {
+  MlirOperation func = cg_entry_func(m);
+  if (mlirOperationIsNull(func)) return 0;
+  MlirContext ctx = mlirOperationGetContext(func);
+  MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
+  MlirType ft = mlirTypeAttrGetValue(mlirOperationGetAttributeByName(func, nova_str("function_type")));
+  intptr_t na = mlirBlockGetNumArguments(fb), nr = mlirFunctionTypeGetNumResults(ft);
+  if (na == 0 || mlirFunctionTypeGetNumInputs(ft) != na) return 0;
+  MlirAttribute aa = mlirOperationGetAttributeByName(func, nova_str("arg_attrs"));
+  if (!mlirAttributeIsNull(aa) && (!mlirAttributeIsAArray(aa) || mlirArrayAttrGetNumElements(aa) != na)) return 0;
+  intptr_t most = 0; /* the longest argument dictionary */
+  for (intptr_t i = 0; !mlirAttributeIsNull(aa) && i < na; i++) {
+    MlirAttribute d = mlirArrayAttrGetElement(aa, i);
+    if (mlirAttributeIsADictionary(d) && mlirDictionaryAttrGetNumElements(d) > most)
+      most = mlirDictionaryAttrGetNumElements(d);
+  }
+  MlirType *in = nv_xcalloc((size_t)(na + nr), sizeof *in);
+  MlirAttribute *el = nv_xcalloc((size_t)na, sizeof *el);
+  MlirNamedAttribute *ent = nv_xcalloc((size_t)most + 1, sizeof *ent);
+  if (!in || !el || !ent) {
+    free(in);
+    free(el);
+    free(ent);
+    return -1;
+  }
+  for (intptr_t i = 0; i < nr; i++) in[na + i] = mlirFunctionTypeGetResult(ft, i);
+  MlirOperation first = mlirBlockGetFirstOperation(fb);
+  MlirLocation loc = mlirOperationGetLocation(func);
+  for (intptr_t i = 0; i < na; i++) {
+    MlirValue arg = mlirBlockGetArgument(fb, i);
+    MlirType t = mlirValueGetType(arg);
+    in[i] = t;
+    bool writable = true; /* one-shot's default for an argument */
+    MlirAttribute d = mlirAttributeIsNull(aa) ? aa : mlirArrayAttrGetElement(aa, i);
+    el[i] = d;
+    if (!mlirAttributeIsNull(d) && mlirAttributeIsADictionary(d)) {
+      intptr_t ne = mlirDictionaryAttrGetNumElements(d), k = 0;
+      for (intptr_t e = 0; e < ne; e++) {
+        MlirNamedAttribute x = mlirDictionaryAttrGetElement(d, e);
+        if (!is_writable_attr(x)) ent[k++] = x;
+        else if (mlirAttributeIsABool(x.attribute)) writable = mlirBoolAttrGetValue(x.attribute);
+      }
+      if (k != ne) el[i] = mlirDictionaryAttrGet(ctx, k, ent);
+    }
+    if (!mlirTypeIsARankedTensor(t)) continue;
+    intptr_t rank = mlirShapedTypeGetRank(t);
+    int64_t shape[16];
+    if (rank > 16) continue;
+    for (intptr_t k = 0; k < rank; k++) shape[k] = mlirShapedTypeGetDimSize(t, k);
+    MlirType mt = mlirMemRefTypeContiguousGet(mlirShapedTypeGetElementType(t), rank, shape, mlirAttributeGetNull());
+    in[i] = mt;
+    mlirValueSetType(arg, mt);
+    MlirOperationState st = mlirOperationStateGet(nova_str("bufferization.to_tensor"), loc);
+    MlirNamedAttribute at[2] = {
+        mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("restrict")), mlirUnitAttrGet(ctx)),
+        mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("writable")), mlirUnitAttrGet(ctx))};
+    mlirOperationStateAddOperands(&st, 1, &arg);
+    mlirOperationStateAddResults(&st, 1, &t);
+    mlirOperationStateAddAttributes(&st, writable ? 2 : 1, at);
+    MlirOperation tt = mlirOperationCreate(&st);
+    if (mlirOperationIsNull(first)) mlirBlockAppendOwnedOperation(fb, tt);
+    else mlirBlockInsertOwnedOperationBefore(fb, first, tt);
+    mlirValueReplaceAllUsesExcept(arg, mlirOperationGetResult(tt, 0), 1, &tt);
+  }
+  mlirOperationSetAttributeByName(func, nova_str("function_type"),
+                                  mlirTypeAttrGet(mlirFunctionTypeGet(ctx, na, in, nr, in + na)));
+  if (!mlirAttributeIsNull(aa)) mlirOperationSetAttributeByName(func, nova_str("arg_attrs"), mlirArrayAttrGet(ctx, na, el));
+  free(in);
+  free(el);
+  free(ent);
+  return 0;
+}

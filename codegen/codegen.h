@@ -26,6 +26,11 @@ int cg_chunk_inline(MlirModule m);
 #define CG_BUFFER_ALIGNMENT 64 /* one-shot-bufferize's buffer-alignment (its default) */
 void cg_constant_globals(MlirModule m);
 MlirOperation cg_entry_func(MlirModule m);
+/* chunk.c, before one-shot bufferization: the entry's ranked tensor
+ * arguments become buffers of identity layout, each read through a
+ * bufferization.to_tensor (restrict, and writable unless the argument was
+ * marked bufferization.writable = false, a mark then dropped); 0 or -1. */
+int cg_entry_args_as_buffers(MlirModule m);
 /* Renames every function M defines (llvm.func or func.func with a body,
  * the entry included) to PREFIX + its name, uses included, so that its
  * object links with another step's (the evaluation entry, next to the
@@ -255,6 +260,11 @@ int cg_parallel_calls(nova_ctx *c, MlirModule m, int *count);
  * (LLVM's time grows faster than a function's size); 0 (pieces that cannot
  * be cut are left in place). */
 int cg_split_entry(nova_ctx *c, MlirModule m);
+/* pack_entry.c: after the lowering to the LLVM dialect, the entry NAME
+ * takes one pointer, to the array of its former (pointer) parameters:
+ * `void NAME(void **a)`, the CPU step's calling convention; 0, or -1 with
+ * a diagnostic. */
+int cg_pack_entry(nova_ctx *c, MlirModule m, const char *name);
 int cg_parallel_thunks(nova_ctx *c, MlirModule m);
 /* The second half of cg_lower_to_llvm: a bufferized module to the LLVM
  * dialect (*PARALLEL: the loop functions shared out between threads;

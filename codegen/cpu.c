@@ -1,9 +1,10 @@
 /* cpu.c: linalg on tensors -> LLVM dialect -> LLVM IR -> native object.
  *
  * Requires: a verified linalg module with func @forward over static tensors.
- * After cg_lower_to_llvm, @forward takes one bare pointer per argument and
- * then one per result (results become caller-provided out-buffers), which is
- * the calling convention the runtime's descriptor uses.
+ * After cg_lower_to_llvm, @forward takes one pointer, to an array of one
+ * bare pointer per argument and then one per result (results become
+ * caller-provided out-buffers), which is the calling convention the
+ * runtime's descriptor uses (pack_entry.c).
  */
 #include <llvm-c/Analysis.h>
 #include <llvm-c/Core.h>
@@ -15,6 +16,7 @@
 #include <mlir-c/Target/LLVMIR.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -41,6 +43,14 @@ double cg_now_ms(void) {
   const char *e = getenv("NOVAC_DEBUG_PIPELINES");
   clock_gettime(e && !strcmp(e, "cpu") ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The process's peak resident size so far, in MiB (NOVAC_DEBUG_PIPELINES
+ * prints it beside each stage's time: a stage that makes it jump holds what
+ * it built). */
+static double peak_rss_mib(void) {
+  struct rusage ru;
+  return getrusage(RUSAGE_SELF, &ru) ? 0 : ru.ru_maxrss / 1024.0;
 }
 
 /* Runs a textual pipeline on m; 0 on success (NOVAC_DEBUG_PIPELINES: its
@@ -75,7 +85,8 @@ int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char 
     nv_error_plain(c->diag, "%s failed (see the messages above)", stage);
     rc = -1;
   }
-  if (getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: %8.1f ms  %.200s\n", cg_now_ms() - t0, pipeline);
+  if (getenv("NOVAC_DEBUG_PIPELINES"))
+    fprintf(stderr, "novac: %8.1f ms %6.0f MiB  %.200s\n", cg_now_ms() - t0, peak_rss_mib(), pipeline);
   nv_sb_free(&err);
   mlirPassManagerDestroy(pm);
   return rc;
@@ -154,6 +165,10 @@ int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
     return -1;
   }
   cg_constant_globals(m);
+  if (cg_entry_args_as_buffers(m)) {
+    nv_error_plain(c->diag, "out of memory preparing the step for bufferization");
+    return -1;
+  }
   int rc = cg_run_pipeline(c, m,
                            "builtin.module(one-shot-bufferize{bufferize-function-boundaries=1 "
                            "function-boundary-type-conversion=identity-layout-map})",
@@ -188,7 +203,8 @@ typedef struct cpu_plan_args {
 /* NOVAC_DEBUG_PIPELINES: the time of a stage that is not a pass pipeline. */
 static int timed(int rc, double *t, const char *what) {
   double t1 = cg_now_ms();
-  if (getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: %8.1f ms  (%s)\n", t1 - *t, what);
+  if (getenv("NOVAC_DEBUG_PIPELINES"))
+    fprintf(stderr, "novac: %8.1f ms %6.0f MiB  (%s)\n", t1 - *t, peak_rss_mib(), what);
   *t = t1;
   return rc;
 }
@@ -248,6 +264,14 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
   /* outlined first: the lowering to loops then runs once per distinct nest */
   int npar = 0;
   double t = cg_now_ms();
+  char entry[256] = ""; /* its name, for cg_pack_entry after the lowering */
+  MlirOperation ef = cg_entry_func(m);
+  MlirAttribute en = mlirAttributeGetNull();
+  if (!mlirOperationIsNull(ef)) en = mlirOperationGetAttributeByName(ef, nova_str("sym_name"));
+  if (!mlirAttributeIsNull(en)) {
+    MlirStringRef s = mlirStringAttrGetValue(en);
+    snprintf(entry, sizeof entry, "%.*s", (int)s.length, s.data);
+  }
   if (timed(cg_outline_nests(c, m), &t, "outlining")) return -1;
   /* one function per distinct nest from here: the function-level passes
    * run on several threads (stopped again before code generation forks) */
@@ -255,8 +279,7 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
   int rc = cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-loops,convert-vector-to-scf{full-unroll=1}))",
                            "lowering to loops") ||
            (parallel && cg_parallel_calls(c, m, &npar)) || timed(cg_split_entry(c, m), &t, "entry in pieces") ||
-           cg_run_pipeline(c, m, pipe,
-                           "lowering to LLVM");
+           cg_run_pipeline(c, m, pipe, "lowering to LLVM") || cg_pack_entry(c, m, entry);
   mlirContextEnableMultithreading(c->ctx, false);
   if (rc) return -1;
   if (parallel) *parallel = npar;

@@ -186,14 +186,11 @@ static int eval_args(nova_ctx *c, const nv_graph *e, const step_tensor *t, int n
 }
 
 /* The descriptor's evaluation fields (after arena_bytes). */
-static void desc_eval(nv_sbuf *b, const cg_options *o, const int32_t *ea, int na) {
-  int64_t arena = o->eval_plan && o->eval_plan->planned ? o->eval_plan->arena_bytes : 0;
-  if (!ea) return;
-  nv_sb_printf(b, "extern void " CG_EVAL_PREFIX "forward(");
-  for (int i = 0; i < na + (arena > 0); i++) nv_sb_printf(b, "%svoid *", i ? ", " : "");
-  nv_sb_printf(b, ");\nstatic void eval_entry(void **a) { " CG_EVAL_PREFIX "forward(");
-  for (int i = 0; i < na + (arena > 0); i++) nv_sb_printf(b, "%sa[%d]", i ? ", " : "", i);
-  nv_sb_printf(b, "); }\nstatic const int32_t eval_args[] = {");
+static void desc_eval(nv_sbuf *b, const int32_t *ea, int na) {
+  if (!ea) return; /* the entry takes its buffers' array, the arena last (cg_pack_entry) */
+  nv_sb_printf(b, "extern void " CG_EVAL_PREFIX "forward(void **);\n"
+                  "static void eval_entry(void **a) { " CG_EVAL_PREFIX "forward(a); }\n"
+                  "static const int32_t eval_args[] = {");
   for (int i = 0; i < na; i++) nv_sb_printf(b, "%s%d", i ? ", " : "", (int)ea[i]);
   nv_sb_printf(b, "%s};\n\n", na ? "" : "0");
 }
@@ -217,11 +214,8 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
     free(rank);
     free(shape);
   } else {
-    nv_sb_printf(&b, "extern void %s(", entry);
-    for (int i = 0; i < na; i++) nv_sb_printf(&b, "%svoid *", i ? ", " : "");
-    nv_sb_printf(&b, ");\nstatic void entry(void **a) { %s(", entry);
-    for (int i = 0; i < na; i++) nv_sb_printf(&b, "%sa[%d]", i ? ", " : "", i);
-    nv_sb_printf(&b, "); }\n\n");
+    /* the entry takes the array of its buffers (cg_pack_entry) */
+    nv_sb_printf(&b, "extern void %s(void **);\nstatic void entry(void **a) { %s(a); }\n\n", entry, entry);
   }
   if (init_size > 0)
     nv_sb_printf(&b, "__asm__(\".section .rodata\\n.balign 64\\n.globl nova_init_data\\n.hidden nova_init_data\\n"
@@ -248,7 +242,7 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
     nv_sb_printf(&b, ", %lluull},\n", (unsigned long long)(t[i].init_kind ? rt_init_seed(x->name, g->seed) : 0));
   }
   nv_sb_printf(&b, "};\n");
-  desc_eval(&b, o, ea, nea);
+  desc_eval(&b, ea, nea);
   nv_sb_printf(&b, "static const int32_t args[] = {");
   for (int i = 0; i < n; i++) nv_sb_printf(&b, "%s%d", i ? ", " : "", i);
   nv_sb_printf(&b, "};\n\nconst rt_graph nova_rt_graph = {NOVA_STEP_ABI_VERSION, \"" NOVAC_VERSION "\", \"%s\",\n"
