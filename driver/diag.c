@@ -16,6 +16,7 @@ struct nv_diag {
   int nerr;
   int nsrc, capsrc;
   nv_source *src;
+  nv_strmap index; /* name -> position in src (a node of a model is one name each) */
 };
 
 nv_diag *nv_diag_create(FILE *out) {
@@ -32,13 +33,13 @@ void nv_diag_destroy(nv_diag *d) {
     free(d->src[i].text);
   }
   free(d->src);
+  nv_strmap_free(&d->index);
   free(d);
 }
 
 static nv_source *find_source(nv_diag *d, const char *name) {
-  for (int i = 0; i < d->nsrc; i++)
-    if (d->src[i].name == name || strcmp(d->src[i].name, name) == 0) return &d->src[i];
-  return NULL;
+  int i = nv_strmap_get(&d->index, name);
+  return i >= 0 ? &d->src[i] : NULL;
 }
 
 static nv_source *add(nv_diag *d, const char *name) {
@@ -51,9 +52,14 @@ static nv_source *add(nv_diag *d, const char *name) {
     d->src = n;
     d->capsrc = cap;
   }
-  s = &d->src[d->nsrc++];
+  s = &d->src[d->nsrc];
   memset(s, 0, sizeof *s);
   s->name = nv_xstrdup(name);
+  if (!s->name || nv_strmap_put(&d->index, s->name, d->nsrc)) {
+    free(s->name);
+    return NULL;
+  }
+  d->nsrc++;
   return s;
 }
 

@@ -348,6 +348,53 @@ uint64_t nv_fnv1a64(uint64_t h, const void *data, size_t len) {
   return h;
 }
 
+static size_t strmap_slot(const char *const *key, size_t cap, const char *k) {
+  size_t i = (size_t)nv_fnv1a64(NV_FNV_INIT, k, strlen(k)) & (cap - 1);
+  while (key[i] && strcmp(key[i], k)) i = (i + 1) & (cap - 1);
+  return i;
+}
+
+int nv_strmap_put(nv_strmap *m, const char *key, int val) {
+  if (2 * (m->n + 1) > m->cap) {
+    size_t cap = m->cap ? 2 * m->cap : 64;
+    const char **nk = nv_xcalloc(cap, sizeof *nk);
+    int *nvl = nv_xcalloc(cap, sizeof *nvl);
+    if (!nk || !nvl) {
+      free(nk);
+      free(nvl);
+      return -1;
+    }
+    for (size_t i = 0; i < m->cap; i++)
+      if (m->key[i]) {
+        size_t j = strmap_slot(nk, cap, m->key[i]);
+        nk[j] = m->key[i];
+        nvl[j] = m->val[i];
+      }
+    free(m->key);
+    free(m->val);
+    m->key = nk;
+    m->val = nvl;
+    m->cap = cap;
+  }
+  size_t i = strmap_slot(m->key, m->cap, key);
+  if (!m->key[i]) m->n++;
+  m->key[i] = key;
+  m->val[i] = val;
+  return 0;
+}
+
+int nv_strmap_get(const nv_strmap *m, const char *key) {
+  if (!m->cap) return -1;
+  size_t i = strmap_slot(m->key, m->cap, key);
+  return m->key[i] ? m->val[i] : -1;
+}
+
+void nv_strmap_free(nv_strmap *m) {
+  free(m->key);
+  free(m->val);
+  memset(m, 0, sizeof *m);
+}
+
 int nv_file_fnv(const char *path, uint64_t *size, uint64_t *hash) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;

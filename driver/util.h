@@ -95,6 +95,18 @@ int nv_close_stdout(void);
 /* FNV-1a, 64 bits, of LEN bytes continuing from H (start: NV_FNV_INIT). */
 #define NV_FNV_INIT 0xcbf29ce484222325ull
 uint64_t nv_fnv1a64(uint64_t h, const void *data, size_t len);
+/* A map from strings to ints, open addressing on FNV-1a.  The keys are
+ * not copied: each must outlive the map.  put: 0, or -1 out of memory
+ * (the map as it was); a key already there gets the new value.  get: the
+ * value, or -1 if absent. */
+typedef struct nv_strmap {
+  const char **key;
+  int *val;
+  size_t cap, n;
+} nv_strmap;
+int nv_strmap_put(nv_strmap *m, const char *key, int val);
+int nv_strmap_get(const nv_strmap *m, const char *key);
+void nv_strmap_free(nv_strmap *m);
 /* Size and FNV-1a of a whole file. */
 int nv_file_fnv(const char *path, uint64_t *size, uint64_t *hash);
 

@@ -473,24 +473,18 @@ static nv_node *make_input(ox_ctx *x, const Onnx__ValueInfoProto *vi) {
   return fe_graph_leaf(x->g, x->d, NV_OP_INPUT, name, dt, (int)tt->shape->n_dim, shape, x->loc);
 }
 
-static bool is_initializer(const Onnx__GraphProto *gr, const char *name) {
-  for (size_t i = 0; i < gr->n_initializer; i++)
-    if (gr->initializer[i]->name && !strcmp(gr->initializer[i]->name, name)) return true;
-  return false;
-}
-
-bool ox_used_by_nodes(const Onnx__GraphProto *gr, const char *name) {
+int ox_used_names(const Onnx__GraphProto *gr, nv_strmap *used) {
   for (size_t i = 0; i < gr->n_node; i++) {
     for (size_t j = 0; j < gr->node[i]->n_input; j++)
-      if (gr->node[i]->input[j] && !strcmp(gr->node[i]->input[j], name)) return true;
+      if (gr->node[i]->input[j] && nv_strmap_put(used, gr->node[i]->input[j], 1)) return -1;
     for (size_t a = 0; a < gr->node[i]->n_attribute; a++) { /* the subgraphs of If and Scan see it too */
       const Onnx__AttributeProto *at = gr->node[i]->attribute[a];
-      if (at->g && ox_used_by_nodes(at->g, name)) return true;
+      if (at->g && ox_used_names(at->g, used)) return -1;
     }
   }
   for (size_t i = 0; i < gr->n_output; i++)
-    if (gr->output[i]->name && !strcmp(gr->output[i]->name, name)) return true;
-  return false;
+    if (gr->output[i]->name && nv_strmap_put(used, gr->output[i]->name, 1)) return -1;
+  return 0;
 }
 
 /* A graph output declared, or computed, as something else than a tensor. */
@@ -720,6 +714,10 @@ static int import_graph(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_rol
   int rc = -1;
   if (!tab.e) return -1;
   x->loc = (nv_loc){x->file, 0, 0};
+  nv_strmap init_names = {0}; /* a name -> hash lookup each, not a scan (a weight per node: quadratic) */
+  for (size_t i = 0; i < gr->n_initializer; i++)
+    if (gr->initializer[i]->name && nv_strmap_put(&init_names, gr->initializer[i]->name, 1)) goto out;
+  if (ox_used_names(gr, &x->used)) goto out;
   if (roles && ox_roles_decide(x, m, roles)) goto out;
   /* graph inputs that are not initializers, in order */
   for (size_t i = 0; i < gr->n_input; i++) {
@@ -728,7 +726,7 @@ static int import_graph(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_rol
       ox_err(x, "graph input %zu has no name", i);
       goto out;
     }
-    if (is_initializer(gr, name)) continue;
+    if (nv_strmap_get(&init_names, name) >= 0) continue;
     nv_node *n = make_input(x, gr->input[i]);
     if (!n || tab_put(&tab, name, (ox_val){.node = n, .present = true})) goto out;
   }
@@ -739,7 +737,7 @@ static int import_graph(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_rol
       ox_err(x, "initializer %zu has no name", i);
       goto out;
     }
-    if (!ox_used_by_nodes(gr, tp->name)) continue;
+    if (nv_strmap_get(&x->used, tp->name) < 0) continue;
     ox_tensor *t = decode_tensor(x, tp, basedir);
     if (!t) goto out;
     ox_val v = {.k = t, .present = true};
@@ -787,6 +785,9 @@ static int import_graph(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_rol
   rc = 0;
 out:
   tab_free(&tab);
+  nv_strmap_free(&init_names);
+  nv_strmap_free(&x->used);
+  nv_strmap_free(&x->inits);
   return rc;
 }
 

@@ -52,6 +52,8 @@ typedef struct ox_ctx {
   fe_dim_binding *dims;
   int ndims;
   int depth;                  /* If branches being imported */
+  nv_strmap used;             /* the names the main graph's nodes and outputs read */
+  nv_strmap inits;            /* g->inits: name -> index */
 } ox_ctx;
 
 /* ---- known tensors (onnx.c) ---- */
@@ -70,8 +72,9 @@ void ox_set(ox_tensor *t, int64_t i, double f, int64_t v); /* v for integer dtyp
 /* A TensorProto attribute as a known tensor (NULL after a diagnostic). */
 ox_tensor *ox_decode_tensor(ox_ctx *x, const Onnx__TensorProto *tp);
 
-/* Whether a node of gr (or of its If/Scan subgraphs) or a graph output reads NAME. */
-bool ox_used_by_nodes(const Onnx__GraphProto *gr, const char *name);
+/* Adds to USED (value 1) every name that a node of GR (or of its If/Scan
+ * subgraphs) or a graph output reads; 0, or -1 out of memory. */
+int ox_used_names(const Onnx__GraphProto *gr, nv_strmap *used);
 
 /* ---- errors ---- */
 /* Records "model.onnx: node 'X' (Op): error: ..." and returns -1. */

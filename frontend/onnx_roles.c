@@ -52,18 +52,59 @@ static bool bn_training(const Onnx__NodeProto *n) {
   return false;
 }
 
-static void find_bn(const Onnx__GraphProto *gr, const char *name, facts *f) {
-  for (size_t i = 0; i < gr->n_node; i++) {
+/* What the facts of each initializer are looked up in: a scan of the
+ * nodes, inputs and value_infos per initializer was quadratic in a model
+ * with a weight per node. */
+typedef struct roles_index {
+  nv_strmap bn;     /* name -> 2 * (node index * 2 + input k - 3) + training */
+  nv_strmap vinfo;  /* name -> its value_info (the last of the name) */
+  nv_strmap input;  /* name -> its graph input (the last of the name) */
+  nv_strmap bound;  /* names in a training_info update_binding */
+  nv_strmap reach;  /* fe_train_roles.reach */
+} roles_index;
+
+static void index_free(roles_index *ix) {
+  nv_strmap_free(&ix->bn);
+  nv_strmap_free(&ix->vinfo);
+  nv_strmap_free(&ix->input);
+  nv_strmap_free(&ix->bound);
+  nv_strmap_free(&ix->reach);
+}
+
+static int index_build(const Onnx__ModelProto *m, const fe_train_roles *r, roles_index *ix) {
+  const Onnx__GraphProto *gr = m->graph;
+  for (size_t i = 0; i < gr->n_node; i++) { /* a node in training mode wins, else the last node */
     const Onnx__NodeProto *n = gr->node[i];
-    if (!str_eq(n->op_type, "BatchNormalization")) continue;
-    for (size_t k = 3; k < 5 && k < n->n_input; k++)
-      if (str_eq(n->input[k], name)) {
-        f->bn_node = n->name && *n->name ? n->name : "?";
-        f->bn_input = (int)k + 1;
-        f->bn_train = bn_training(n);
-        if (f->bn_train) return;
-      }
+    if (!str_eq(n->op_type, "BatchNormalization") || i > INT32_MAX / 8) continue;
+    bool train = bn_training(n);
+    for (size_t k = 3; k < 5 && k < n->n_input; k++) {
+      if (!n->input[k]) continue;
+      int was = nv_strmap_get(&ix->bn, n->input[k]);
+      if ((was < 0 || !(was & 1)) && nv_strmap_put(&ix->bn, n->input[k], (int)(2 * (i * 2 + (k - 3)) + train)))
+        return -1;
+    }
   }
+  for (size_t i = 0; i < gr->n_value_info && i < INT32_MAX; i++)
+    if (gr->value_info[i]->name && nv_strmap_put(&ix->vinfo, gr->value_info[i]->name, (int)i)) return -1;
+  for (size_t i = 0; i < gr->n_input && i < INT32_MAX; i++)
+    if (gr->input[i]->name && nv_strmap_put(&ix->input, gr->input[i]->name, (int)i)) return -1;
+  for (size_t t = 0; t < m->n_training_info; t++)
+    for (size_t i = 0; i < m->training_info[t]->n_update_binding; i++) {
+      const char *k = m->training_info[t]->update_binding[i]->key;
+      if (k && nv_strmap_put(&ix->bound, k, 1)) return -1;
+    }
+  for (int i = 0; i < r->nreach; i++)
+    if (r->reach[i] && nv_strmap_put(&ix->reach, r->reach[i], 1)) return -1;
+  return 0;
+}
+
+static void find_bn(const Onnx__GraphProto *gr, const roles_index *ix, const char *name, facts *f) {
+  int b = nv_strmap_get(&ix->bn, name);
+  if (b < 0) return;
+  const Onnx__NodeProto *n = gr->node[b / 4];
+  f->bn_node = n->name && *n->name ? n->name : "?";
+  f->bn_input = b / 2 % 2 + 4;
+  f->bn_train = b & 1;
 }
 
 /* A varint at p[0..len); its value and size, or 0 if malformed. */
@@ -95,18 +136,15 @@ static void torch_kind(const Onnx__ValueInfoProto *vi, facts *f) {
   }
 }
 
-static void gather_facts(const Onnx__ModelProto *m, const char *name, const fe_train_roles *r, facts *f) {
+static void gather_facts(const Onnx__ModelProto *m, const roles_index *ix, const char *name, const fe_train_roles *r,
+                         facts *f) {
   const Onnx__GraphProto *gr = m->graph;
-  find_bn(gr, name, f);
-  for (size_t i = 0; i < gr->n_value_info; i++)
-    if (str_eq(gr->value_info[i]->name, name)) torch_kind(gr->value_info[i], f);
-  for (size_t i = 0; i < gr->n_input; i++)
-    if (str_eq(gr->input[i]->name, name)) torch_kind(gr->input[i], f);
-  for (size_t t = 0; t < m->n_training_info; t++)
-    for (size_t i = 0; i < m->training_info[t]->n_update_binding; i++)
-      if (str_eq(m->training_info[t]->update_binding[i]->key, name)) f->ti_bound = true;
-  f->reached = r->nreach < 0;
-  for (int i = 0; i < r->nreach && !f->reached; i++) f->reached = str_eq(r->reach[i], name);
+  find_bn(gr, ix, name, f);
+  int v = nv_strmap_get(&ix->vinfo, name), in = nv_strmap_get(&ix->input, name);
+  if (v >= 0) torch_kind(gr->value_info[v], f);
+  if (in >= 0) torch_kind(gr->input[in], f);
+  f->ti_bound = nv_strmap_get(&ix->bound, name) >= 0;
+  f->reached = r->nreach < 0 || nv_strmap_get(&ix->reach, name) >= 0;
 }
 
 /* Rule 8: the PyTorch buffer name it looks like, or NULL. */
@@ -159,8 +197,8 @@ static int64_t numel_of(const Onnx__TensorProto *tp) {
 }
 
 /* One initializer's entry of g->inits. */
-static int classify(ox_ctx *x, const Onnx__ModelProto *m, const Onnx__TensorProto *tp, const fe_train_roles *r,
-                    bool *fm, bool *tm, nv_initializer *out) {
+static int classify(ox_ctx *x, const Onnx__ModelProto *m, const roles_index *ix, const Onnx__TensorProto *tp,
+                    const fe_train_roles *r, bool *fm, bool *tm, nv_initializer *out) {
   char why[400];
   facts f = {0};
   bool updated = false;
@@ -170,7 +208,7 @@ static int classify(ox_ctx *x, const Onnx__ModelProto *m, const Onnx__TensorProt
     snprintf(why, sizeof why, "probe");
     role = NV_IROLE_PARAM;
   } else {
-    gather_facts(m, tp->name, r, &f);
+    gather_facts(m, ix, tp->name, r, &f);
     role = decide(m, tp->name, r, &f, fm, tm, &updated, why, sizeof why);
     if (role == NV_IROLE_PARAM && !f.reached) {
       size_t k = strlen(why);
@@ -199,21 +237,26 @@ int ox_roles_decide(ox_ctx *x, const Onnx__ModelProto *m, const fe_train_roles *
   bool fm[64] = {0}, tm[64] = {0};
   nv_graph *g = x->g;
   g->inits = nv_xcalloc(gr->n_initializer + 1, sizeof *g->inits);
-  if (!g->inits) return -1;
-  for (size_t i = 0; i < gr->n_initializer; i++) {
+  if (!g->inits || gr->n_initializer > INT32_MAX) return -1;
+  roles_index ix = {0};
+  int rc = index_build(m, r, &ix);
+  for (size_t i = 0; !rc && i < gr->n_initializer; i++) {
     const Onnx__TensorProto *tp = gr->initializer[i];
-    if (!tp->name || !*tp->name || !ox_used_by_nodes(gr, tp->name)) continue;
-    if (classify(x, m, tp, r, fm, tm, &g->inits[g->ninits++])) return -1;
+    if (!tp->name || !*tp->name || nv_strmap_get(&x->used, tp->name) < 0) continue;
+    int k = g->ninits++; /* counted even when it fails: the graph frees what it holds */
+    rc = classify(x, m, &ix, tp, r, fm, tm, &g->inits[k]);
+    if (!rc && nv_strmap_get(&x->inits, tp->name) < 0) rc = nv_strmap_put(&x->inits, g->inits[k].name, k);
   }
+  index_free(&ix);
+  if (rc) return -1;
   if (!r->probe && (check_globs(x, "--freeze", r->freeze, fm) || check_globs(x, "--train-only", r->train_only, tm)))
     return -1;
   return 0;
 }
 
 const nv_initializer *ox_init_role(const ox_ctx *x, const char *name) {
-  for (int i = 0; i < x->g->ninits; i++)
-    if (!strcmp(x->g->inits[i].name, name)) return &x->g->inits[i];
-  return NULL;
+  int i = nv_strmap_get(&x->inits, name);
+  return i >= 0 ? &x->g->inits[i] : NULL;
 }
 
 int ox_state_update(ox_ctx *x, ox_val v, nv_node *value) {
