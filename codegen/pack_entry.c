@@ -12,7 +12,8 @@
  * pointer parameters only (bare-pointer memrefs) and no result.
  * Does: the entry takes a single pointer, to an array of the former
  * parameters in their order (`void entry(void **a)`); its body loads
- * a[i] before each operation that read parameter i.  The runtime calls it with that array.
+ * a[i] before each operation that read parameter i.  The runtime calls
+ * it with that array.
  */
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
