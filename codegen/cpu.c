@@ -277,12 +277,15 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
    * run on several threads (stopped again before code generation forks) */
   if (!getenv("NOVAC_JOBS") || atoi(getenv("NOVAC_JOBS")) > 1) mlirContextEnableMultithreading(c->ctx, true);
   int rc = cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-loops,convert-vector-to-scf{full-unroll=1}))",
-                           "lowering to loops") ||
-           (parallel && cg_parallel_calls(c, m, &npar)) || timed(cg_split_entry(c, m), &t, "entry in pieces") ||
-           cg_run_pipeline(c, m, pipe, "lowering to LLVM") || cg_pack_entry(c, m, entry);
+                           "lowering to loops");
+  t = cg_now_ms(); /* each pipeline reports its own time, and each stage only its own */
+  rc = rc || (parallel && timed(cg_parallel_calls(c, m, &npar), &t, "parallel calls")) ||
+       timed(cg_split_entry(c, m), &t, "entry in pieces") || cg_run_pipeline(c, m, pipe, "lowering to LLVM") ||
+       cg_pack_entry(c, m, entry);
   mlirContextEnableMultithreading(c->ctx, false);
   if (rc) return -1;
   if (parallel) *parallel = npar;
+  t = cg_now_ms();
   return npar > 0 ? timed(cg_parallel_thunks(c, m), &t, "parallel thunks") : 0;
 }
 
