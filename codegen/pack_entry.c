@@ -18,21 +18,9 @@
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
 #include <mlir-c/Dialect/LLVM.h>
-#include <string.h>
 
 #include "../driver/util.h"
 #include "codegen.h"
-
-static MlirOperation find_llvm_func(MlirModule m, const char *name) {
-  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
-       f = mlirOperationGetNextInBlock(f)) {
-    if (!cg_op_is(f, "llvm.func")) continue;
-    MlirAttribute s = mlirOperationGetAttributeByName(f, nova_str("sym_name"));
-    MlirStringRef v = mlirAttributeIsNull(s) ? (MlirStringRef){"", 0} : mlirStringAttrGetValue(s);
-    if (v.length == strlen(name) && !memcmp(v.data, name, v.length)) return f;
-  }
-  return (MlirOperation){NULL};
-}
 
 /* The element I of the pointer array A, inserted before AT. */
 static MlirValue load_slot(MlirContext ctx, MlirLocation loc, MlirBlock b, MlirOperation at, MlirValue a, int32_t i) {
@@ -84,8 +72,11 @@ static MlirValue inserted_arg(MlirOperation ex, MlirBlock b) {
 }
 
 int cg_pack_entry(nova_ctx *c, MlirModule m, const char *name) {
-  MlirOperation f = find_llvm_func(m, name);
-  MlirBlock b = mlirOperationIsNull(f) ? (MlirBlock){NULL} : mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
+  MlirSymbolTable st = mlirSymbolTableCreate(mlirModuleGetOperation(m));
+  MlirOperation f = mlirSymbolTableLookup(st, nova_str(name));
+  mlirSymbolTableDestroy(st);
+  bool fn = !mlirOperationIsNull(f) && cg_op_is(f, "llvm.func");
+  MlirBlock b = fn ? mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0)) : (MlirBlock){NULL};
   if (mlirBlockIsNull(b)) {
     nv_error_plain(c->diag, "internal: the entry @%s is not in the lowered module", name);
     return -1;

@@ -56,7 +56,7 @@ static bool bn_training(const Onnx__NodeProto *n) {
  * nodes, inputs and value_infos per initializer was quadratic in a model
  * with a weight per node. */
 typedef struct roles_index {
-  nv_strmap bn;     /* name -> 2 * (node index * 2 + input k - 3) + training */
+  nv_strmap bn;     /* name -> 4 * node index + 2 * (input k - 3) + training (0 or 1) */
   nv_strmap vinfo;  /* name -> its value_info (the last of the name) */
   nv_strmap input;  /* name -> its graph input (the last of the name) */
   nv_strmap bound;  /* names in a training_info update_binding */
@@ -80,7 +80,7 @@ static int index_build(const Onnx__ModelProto *m, const fe_train_roles *r, roles
     for (size_t k = 3; k < 5 && k < n->n_input; k++) {
       if (!n->input[k]) continue;
       int was = nv_strmap_get(&ix->bn, n->input[k]);
-      if ((was < 0 || !(was & 1)) && nv_strmap_put(&ix->bn, n->input[k], (int)(2 * (i * 2 + (k - 3)) + train)))
+      if ((was < 0 || !(was & 1)) && nv_strmap_put(&ix->bn, n->input[k], (int)(4 * i + 2 * (k - 3) + train)))
         return -1;
     }
   }
