@@ -60,7 +60,7 @@ static int def_index(const body *b, MlirValue v) {
 
 /* Whether a function boundary can carry V unchanged: a scalar, or a tensor
  * that is not a view of another. */
-static bool passes_whole(MlirValue v) {
+bool cg_passes_whole(MlirValue v) {
   MlirType t = mlirValueGetType(v);
   if (mlirTypeIsAIndex(t) || mlirTypeIsAInteger(t) || mlirTypeIsAFloat(t)) return true;
   if (!mlirTypeIsARankedTensor(t)) return false;
@@ -68,8 +68,8 @@ static bool passes_whole(MlirValue v) {
   MlirOperation d = mlirOpResultGetOwner(v);
   /* a reshape of a whole tensor is whole (identity layout after bufferization) */
   if (cg_op_is(d, "tensor.expand_shape") || cg_op_is(d, "tensor.collapse_shape"))
-    return passes_whole(mlirOperationGetOperand(d, 0));
-  if (cg_op_is(d, "tensor.insert_slice")) return passes_whole(mlirOperationGetOperand(d, 1)); /* its destination */
+    return cg_passes_whole(mlirOperationGetOperand(d, 0));
+  if (cg_op_is(d, "tensor.insert_slice")) return cg_passes_whole(mlirOperationGetOperand(d, 1)); /* its destination */
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(d));
   return !(name.length > 7 && !memcmp(name.data, "tensor.", 7)) || cg_op_is(d, "tensor.empty");
 }
@@ -116,7 +116,7 @@ static bool recomputable_at(MlirValue v, int depth) {
     return false;
   for (intptr_t i = 0; i < mlirOperationGetNumOperands(d); i++) {
     MlirValue o = mlirOperationGetOperand(d, i);
-    if (!passes_whole(o) && !is_constant(o) && !recomputable_at(o, depth + 1)) return false;
+    if (!cg_passes_whole(o) && !is_constant(o) && !recomputable_at(o, depth + 1)) return false;
   }
   return true;
 }
@@ -237,13 +237,13 @@ static void split_piece(MlirModule m, body *b, int start, int end, const char *n
 
 /* Where the pieces of B end: CUT[k] = 1 before ops[k] for a cut there (CUT
  * comes zeroed, b->n + 1 bytes).
- * No cut where a value that passes_whole refuses is live. */
+ * No cut where a value that cg_passes_whole refuses is live. */
 static void plan_cuts(const body *b, int max_ops, char *cut) {
   int *live = nv_xcalloc((size_t)b->n + 2, sizeof *live); /* difference array of blocked cut positions */
   for (int i = 0; i < b->n; i++)
     for (intptr_t r = 0; r < mlirOperationGetNumResults(b->ops[i]); r++) {
       MlirValue v = mlirOperationGetResult(b->ops[i], r);
-      if (passes_whole(v) || is_constant(v) || recomputable(v)) continue; /* the last two are cloned into pieces */
+      if (cg_passes_whole(v) || is_constant(v) || recomputable(v)) continue; /* the last two are cloned into pieces */
       int last = i;
       for (MlirOpOperand u = mlirValueGetFirstUse(v); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u)) {
         int k = top_index(b, mlirOpOperandGetOwner(u));

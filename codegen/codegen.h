@@ -18,6 +18,9 @@ void cg_unshare_destinations(MlirModule m);
  * it (0 or -1). */
 int cg_chunk_split(MlirModule m);
 int cg_chunk_inline(MlirModule m);
+/* Whether a function boundary carries V unchanged: a scalar, or a tensor
+ * that is not a view of another (identity layout once bufferized). */
+bool cg_passes_whole(MlirValue v);
 /* Before one-shot bufferization: a memref.global for each distinct tensor
  * constant, in the module's order.  Bufferization reuses a global of the
  * same value; making them itself, it would name and order them by the
@@ -85,8 +88,25 @@ void cg_inline_func(MlirOperation fn, MlirOperation at, const MlirValue *args, M
 typedef struct cg_kernels cg_kernels;
 MlirModule cg_kernels_split(MlirModule m, const cg_op_list *marked, cg_kernels **out);
 int cg_kernels_count(const cg_kernels *ks);
+/* after cg_kernels_join: how many ops became calls */
+size_t cg_kernels_called(const cg_kernels *ks);
 void cg_kernels_join(cg_kernels *ks);
 void cg_kernels_free(cg_kernels *ks);
+/* The tiled kernels that cg_kernels_join left called (@__nova_tiled_K,
+ * a large step's): after one-shot bufferization, cg_tiled_results drops
+ * each result that is one of the kernel's arguments (written in place),
+ * its calls reading that argument instead; after
+ * buffer-results-to-out-params, cg_tiled_settle inlines a kernel that
+ * still allocates (the memory plan covers the entry's buffers only);
+ * outlining (cg_outline_nests) outlines each kernel's loop nests once and
+ * cg_tiled_inline_all then puts the kernel's remaining body (the calls of
+ * those nests) in place of each call. */
+bool cg_is_tiled_kernel(MlirOperation f);
+/* Whether OP is a func.call of a tiled kernel (which may write any tensor it is given). */
+bool cg_calls_tiled_kernel(MlirOperation op);
+void cg_tiled_results(MlirModule m);
+void cg_tiled_settle(MlirModule m);
+void cg_tiled_inline_all(MlirModule m);
 
 /* nova -> linalg on tensors, as a new module (null after a diagnostic). */
 MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule nova);

@@ -179,6 +179,7 @@ int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
     nv_error_plain(c->diag, "internal: the bufferized pieces of the step do not fit back together");
     return -1;
   }
+  cg_tiled_results(m);
   distinct_results(c, m);
   /* canonicalize: loops that carry a buffer unchanged (tiled code) return it
    * directly, which the memory plan and the in-place updates rely on (the
@@ -190,6 +191,7 @@ int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
                dealloc ? ",buffer-deallocation-pipeline" : "");
   rc = p.oom ? -1 : cg_run_pipeline(c, m, p.s, "bufferization");
   nv_sb_free(&p);
+  if (!rc) cg_tiled_settle(m);
   return rc;
 }
 

@@ -664,8 +664,10 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
       cg_kernels_join(ks);
       mlirOperationDestroy(snap);
       if (getenv("NOVAC_DEBUG_PIPELINES"))
-        fprintf(stderr, "novac: %8.1f ms  (tiling: the script)\nnovac: %8.1f ms  (tiling: copies in place)\n", t1 - t0,
-                cg_now_ms() - t1);
+        fprintf(stderr,
+                "novac: %8.1f ms  (tiling: the script)\nnovac: %8.1f ms  (tiling: kernels in place)\n"
+                "novac: tiling: %zu ops, %d distinct kernels, %zu called\n",
+                t1 - t0, cg_now_ms() - t1, mk.marked.n, cg_kernels_count(ks), cg_kernels_called(ks));
     }
     mlirModuleDestroy(km);
     cg_kernels_free(ks);

@@ -17,7 +17,18 @@
  * arguments, constants and empty tensors cloned in); the script then
  * tiles that module, one small function per distinct kernel.
  * cg_kernels_join puts a copy of the tiled function in place of every op
- * of its key, its arguments bound to that op's outside values.
+ * of its key, its arguments bound to that op's outside values; or, in a
+ * large step (CG_CALL_MIN_OPS kernel ops, NOVAC_KERNEL_CALLS), moves the
+ * tiled function into the step as @__nova_tiled_K and makes each op of
+ * its key a func.call of it, where every value passed is a scalar or a
+ * whole tensor (else the op gets its copy).  One-shot bufferization then
+ * bufferizes each kernel once, across the function boundary (it writes
+ * into the tensors it is given where its analysis allows, and
+ * cg_unshare_destinations gives each call its own empty or filled
+ * destination); the calls stay calls through the memory plan, and
+ * outlining makes the kernel's loop nests functions once and puts what is
+ * left of the kernel (calls of them) in place of each call, so the entry
+ * ends as it would with copies.
  */
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
@@ -30,6 +41,12 @@
 #include "codegen.h"
 
 #define KERNEL_PREFIX "__nova_kernel_"
+#define CG_TILED_PREFIX "__nova_tiled_"
+/* kernel ops from which a step calls its kernels (cg_kernels_join): a
+ * copy per op costs every later stage its size (an 8,000-statement chain:
+ * 40 ops of tiled code per matmul, bufferized, outlined and deduplicated
+ * again one by one) */
+#define CG_CALL_MIN_OPS 2048
 
 typedef struct vlist {
   MlirValue *v;
@@ -123,6 +140,7 @@ typedef struct kernel {
   size_t nkey;
   uint64_t hash;
   MlirOperation fn; /* in the kernels' module */
+  char name[48];    /* its copy's in the step's module, once called ("" before) */
 } kernel;
 
 struct cg_kernels {
@@ -133,6 +151,8 @@ struct cg_kernels {
   MlirOperation *member; /* the marked ops, and the kernel of each */
   int *of;
   size_t nmember;
+  MlirModule host; /* the step's module */
+  size_t called;   /* ops that cg_kernels_join made calls */
 };
 
 static void grow_slots(cg_kernels *ks) {
@@ -214,6 +234,7 @@ static MlirOperation kernel_func(MlirOperation op, const vlist *outside, const c
 
 MlirModule cg_kernels_split(MlirModule m, const cg_op_list *marked, cg_kernels **out) {
   cg_kernels *ks = nv_xcalloc(1, sizeof *ks);
+  ks->host = m;
   MlirOperation mop = mlirModuleGetOperation(m);
   MlirModule km = mlirModuleCreateEmpty(mlirOperationGetLocation(mop));
   /* what the kernels may refer to: the declarations */
@@ -248,7 +269,7 @@ MlirModule cg_kernels_split(MlirModule m, const cg_op_list *marked, cg_kernels *
       MlirOperation fn = kernel_func(op, &outside, name);
       mlirBlockAppendOwnedOperation(mlirModuleGetBody(km), fn);
       k = ks->n++;
-      ks->k[k] = (kernel){key, nkey, h, fn};
+      ks->k[k] = (kernel){key, nkey, h, fn, ""};
       ks->slot[slot] = (size_t)k + 1;
     }
     ks->member[i] = op;
@@ -261,9 +282,45 @@ MlirModule cg_kernels_split(MlirModule m, const cg_op_list *marked, cg_kernels *
 
 int cg_kernels_count(const cg_kernels *ks) { return ks->n; }
 
+size_t cg_kernels_called(const cg_kernels *ks) { return ks->called; }
+
+/* Whether the ops of kernel K are called rather than copied: see
+ * cg_kernels_join.  NOVAC_KERNEL_CALLS=0 / 1 forces either way. */
+static bool wants_calls(const cg_kernels *ks) {
+  const char *e = getenv("NOVAC_KERNEL_CALLS");
+  if (e && *e) return strcmp(e, "0") != 0;
+  return ks->nmember >= CG_CALL_MIN_OPS;
+}
+
+/* Whether a call can pass ARGS: one tensor at least (a kernel of
+ * constants alone, a fill, stays a copy that cg_unshare_destinations can
+ * recompute for each writer), and each a scalar or a whole tensor. */
+static bool callable(const MlirValue *args, int n) {
+  bool tensor = false;
+  for (int i = 0; i < n; i++) {
+    if (!cg_passes_whole(args[i])) return false;
+    tensor |= mlirTypeIsARankedTensor(mlirValueGetType(args[i]));
+  }
+  return tensor;
+}
+
+/* Kernel K's tiled function, moved into the step's module the first time. */
+static MlirStringRef placed(cg_kernels *ks, int k) {
+  kernel *kn = &ks->k[k];
+  if (!kn->name[0]) {
+    snprintf(kn->name, sizeof kn->name, CG_TILED_PREFIX "%d", k);
+    MlirOperation fn = mlirOperationClone(kn->fn);
+    MlirContext ctx = mlirOperationGetContext(fn);
+    mlirOperationSetAttributeByName(fn, nova_str("sym_name"), mlirStringAttrGet(ctx, nova_str(kn->name)));
+    mlirBlockAppendOwnedOperation(mlirModuleGetBody(ks->host), fn);
+  }
+  return nova_str(kn->name);
+}
+
 void cg_kernels_join(cg_kernels *ks) {
   vlist outside = {0};
   MlirValue *args = NULL, *res = NULL;
+  bool calls = wants_calls(ks);
   for (size_t i = 0; i < ks->nmember; i++) {
     MlirOperation op = ks->member[i];
     outside_values(op, &outside);
@@ -273,9 +330,27 @@ void cg_kernels_join(cg_kernels *ks) {
     int nin = 0;
     for (int a = 0; a < outside.n; a++)
       if (!cloned_in(outside.v[a])) args[nin++] = outside.v[a];
-    MlirOperation fn = mlirOperationClone(ks->k[ks->of[i]].fn);
-    cg_inline_func(fn, op, args, res);
-    mlirOperationDestroy(fn);
+    if (calls && callable(args, nin)) {
+      MlirContext ctx = mlirOperationGetContext(op);
+      MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), mlirOperationGetLocation(op));
+      MlirNamedAttribute callee = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("callee")),
+                                                        mlirFlatSymbolRefAttrGet(ctx, placed(ks, ks->of[i])));
+      for (intptr_t r = 0; r < nres; r++) res[r] = (MlirValue){NULL};
+      MlirType *rt = nv_xcalloc((size_t)nres + 1, sizeof *rt);
+      for (intptr_t r = 0; r < nres; r++) rt[r] = mlirValueGetType(mlirOperationGetResult(op, r));
+      mlirOperationStateAddOperands(&cs, nin, args);
+      mlirOperationStateAddResults(&cs, nres, rt);
+      mlirOperationStateAddAttributes(&cs, 1, &callee);
+      MlirOperation call = mlirOperationCreate(&cs);
+      free(rt);
+      mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(op), op, call);
+      for (intptr_t r = 0; r < nres; r++) res[r] = mlirOperationGetResult(call, r);
+      ks->called++;
+    } else {
+      MlirOperation fn = mlirOperationClone(ks->k[ks->of[i]].fn);
+      cg_inline_func(fn, op, args, res);
+      mlirOperationDestroy(fn);
+    }
     for (intptr_t r = 0; r < nres; r++) mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(op, r), res[r]);
     mlirOperationDestroy(op);
   }
@@ -283,6 +358,224 @@ void cg_kernels_join(cg_kernels *ks) {
   free(args);
   free(res);
 }
+
+/* ---- the called kernels, after bufferization ------------------------------- */
+
+/* K of a name @__nova_tiled_K, or -1. */
+static int tiled_number(MlirStringRef n) {
+  size_t p = strlen(CG_TILED_PREFIX);
+  if (n.length <= p || n.length > p + 9 || memcmp(n.data, CG_TILED_PREFIX, p)) return -1;
+  int k = 0;
+  for (size_t i = p; i < n.length; i++) {
+    if (n.data[i] < '0' || n.data[i] > '9') return -1;
+    k = 10 * k + (n.data[i] - '0');
+  }
+  return k;
+}
+
+static int kernel_number(MlirOperation f) {
+  MlirAttribute a = mlirOperationGetAttributeByName(f, nova_str("sym_name"));
+  return mlirAttributeIsNull(a) || !mlirAttributeIsAString(a) ? -1 : tiled_number(mlirStringAttrGetValue(a));
+}
+
+/* a pointer-map key for the number K */
+static const void *num_key(int k) { return (const void *)(uintptr_t)((size_t)k + 1); }
+
+bool cg_is_tiled_kernel(MlirOperation f) { return cg_op_is(f, "func.func") && kernel_number(f) >= 0; }
+
+bool cg_calls_tiled_kernel(MlirOperation op) {
+  if (!cg_op_is(op, "func.call")) return false;
+  MlirAttribute c = mlirOperationGetAttributeByName(op, nova_str("callee"));
+  return !mlirAttributeIsNull(c) && tiled_number(mlirFlatSymbolRefAttrGetValue(c)) >= 0;
+}
+
+static MlirBlock func_body(MlirOperation f) { return mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0)); }
+
+/* The kernel a func.call calls (in TAB), or null. */
+static MlirOperation callee_of(MlirOperation call, const cg_ptrmap *tab, MlirOperation *funcs) {
+  if (!cg_op_is(call, "func.call")) return (MlirOperation){NULL};
+  MlirAttribute c = mlirOperationGetAttributeByName(call, nova_str("callee"));
+  if (mlirAttributeIsNull(c)) return (MlirOperation){NULL};
+  int t = tiled_number(mlirFlatSymbolRefAttrGetValue(c));
+  int k = t < 0 ? -1 : cg_ptrmap_get(tab, num_key(t));
+  return k < 0 ? (MlirOperation){NULL} : funcs[k];
+}
+
+/* The step's tiled kernels: *FUNCS (their number returned), TAB from the
+ * name's characters (uniqued by the context) to the index. */
+static int tiled_funcs(MlirModule m, MlirOperation **funcs, cg_ptrmap *tab) {
+  int n = 0, cap = 0;
+  *funcs = NULL;
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f))
+    if (cg_is_tiled_kernel(f) && !mlirBlockIsNull(func_body(f))) {
+      if (n == cap) *funcs = nv_xrealloc(*funcs, sizeof **funcs * (size_t)(cap = cap ? 2 * cap : 16));
+      (*funcs)[n++] = f;
+    }
+  cg_ptrmap_init(tab, (size_t)n);
+  for (int i = 0; i < n; i++) cg_ptrmap_put(tab, num_key(kernel_number((*funcs)[i])), i);
+  return n;
+}
+
+/* The calls of the kernels in the entry, each given to FN. */
+static void each_call(MlirModule m, MlirOperation *funcs, const cg_ptrmap *tab,
+                      void (*fn)(MlirOperation call, MlirOperation kernel, void *ud), void *ud) {
+  MlirOperation entry = cg_entry_func(m);
+  if (mlirOperationIsNull(entry)) return;
+  for (MlirOperation op = mlirBlockGetFirstOperation(func_body(entry)), next; !mlirOperationIsNull(op); op = next) {
+    next = mlirOperationGetNextInBlock(op);
+    MlirOperation k = callee_of(op, tab, funcs);
+    if (!mlirOperationIsNull(k)) fn(op, k, ud);
+  }
+}
+
+/* Kernel K's result R is its argument drop[K][R] (-1: a result of its own). */
+typedef struct dropped {
+  const cg_ptrmap *tab;
+  int **drop;
+} dropped;
+
+static void reread_arg(MlirOperation call, MlirOperation kfn, void *ud) {
+  const dropped *d = ud;
+  int k = cg_ptrmap_get(d->tab, num_key(kernel_number(kfn)));
+  const int *drop = d->drop[k];
+  if (!drop) return;
+  intptr_t nres = mlirOperationGetNumResults(call), kept = 0;
+  MlirType *rt = nv_xcalloc((size_t)nres + 1, sizeof *rt);
+  for (intptr_t r = 0; r < nres; r++)
+    if (drop[r] < 0) rt[kept++] = mlirValueGetType(mlirOperationGetResult(call, r));
+  intptr_t nops = mlirOperationGetNumOperands(call);
+  MlirValue *ops = nv_xcalloc((size_t)nops + 1, sizeof *ops);
+  for (intptr_t i = 0; i < nops; i++) ops[i] = mlirOperationGetOperand(call, i);
+  MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), mlirOperationGetLocation(call));
+  MlirNamedAttribute callee = mlirNamedAttributeGet(mlirIdentifierGet(mlirOperationGetContext(call), nova_str("callee")),
+                                                    mlirOperationGetAttributeByName(call, nova_str("callee")));
+  mlirOperationStateAddOperands(&cs, nops, ops);
+  mlirOperationStateAddResults(&cs, kept, rt);
+  mlirOperationStateAddAttributes(&cs, 1, &callee);
+  MlirOperation nc = mlirOperationCreate(&cs);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(call), call, nc);
+  for (intptr_t r = 0, j = 0; r < nres; r++)
+    mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(call, r),
+                                  drop[r] < 0 ? mlirOperationGetResult(nc, j++) : ops[drop[r]]);
+  mlirOperationDestroy(call);
+  free(rt);
+  free(ops);
+}
+
+/* What V is once the loops that carry a buffer unchanged are seen
+ * through (a result of scf.for whose body yields its iteration argument
+ * is that argument's initial value): the buffer a kernel returns, for
+ * buffer-results-to-out-params to recognize its allocation (it copies
+ * a loop's result into the out-parameter instead). */
+static MlirValue through_loops(MlirValue v, int depth) {
+  for (; depth < 64 && mlirValueIsAOpResult(v); depth++) {
+    MlirOperation loop = mlirOpResultGetOwner(v);
+    if (!cg_op_is(loop, "scf.for")) break;
+    intptr_t r = mlirOpResultGetResultNumber(v);
+    MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(loop, 0));
+    MlirOperation y = mlirBlockGetTerminator(body);
+    /* the body yields its argument, perhaps through inner loops */
+    if (r >= mlirOperationGetNumOperands(y) ||
+        !mlirValueEqual(through_loops(mlirOperationGetOperand(y, r), depth + 1), mlirBlockGetArgument(body, r + 1)))
+      break;
+    v = mlirOperationGetOperand(loop, 3 + r);
+  }
+  return v;
+}
+
+void cg_tiled_results(MlirModule m) {
+  MlirOperation *funcs;
+  cg_ptrmap tab;
+  int n = tiled_funcs(m, &funcs, &tab);
+  int **drop = nv_xcalloc((size_t)n + 1, sizeof *drop);
+  for (int k = 0; k < n; k++) {
+    MlirBlock b = func_body(funcs[k]);
+    MlirOperation ret = mlirBlockGetTerminator(b);
+    intptr_t nres = mlirOperationGetNumOperands(ret), kept = 0;
+    int *d = nv_xcalloc((size_t)nres + 1, sizeof *d);
+    MlirValue *keep = nv_xcalloc((size_t)nres + 1, sizeof *keep);
+    MlirType *rt = nv_xcalloc((size_t)nres + 1, sizeof *rt);
+    bool any = false;
+    for (intptr_t r = 0; r < nres; r++) {
+      MlirValue v = through_loops(mlirOperationGetOperand(ret, r), 0);
+      bool arg = mlirValueIsABlockArgument(v) && mlirBlockEqual(mlirBlockArgumentGetOwner(v), b);
+      d[r] = arg ? (int)mlirBlockArgumentGetArgNumber(v) : -1;
+      any |= arg;
+      if (!arg) keep[kept] = v, rt[kept++] = mlirValueGetType(v);
+    }
+    mlirOperationSetOperands(ret, kept, keep);
+    if (any) {
+      MlirContext ctx = mlirOperationGetContext(ret);
+      intptr_t na = mlirBlockGetNumArguments(b);
+      MlirType *at = nv_xcalloc((size_t)na + 1, sizeof *at);
+      for (intptr_t a = 0; a < na; a++) at[a] = mlirValueGetType(mlirBlockGetArgument(b, a));
+      mlirOperationSetAttributeByName(funcs[k], nova_str("function_type"),
+                                      mlirTypeAttrGet(mlirFunctionTypeGet(ctx, na, at, kept, rt)));
+      free(at);
+      drop[k] = d;
+    } else {
+      free(d);
+    }
+    free(keep);
+    free(rt);
+  }
+  dropped dd = {&tab, drop};
+  each_call(m, funcs, &tab, reread_arg, &dd);
+  for (int k = 0; k < n; k++) free(drop[k]);
+  free(drop);
+  free(funcs);
+  cg_ptrmap_free(&tab);
+}
+
+/* A copy of the kernel KFN's body in place of CALL. */
+static void inline_call(MlirOperation call, MlirOperation kfn, void *ud) {
+  (void)ud;
+  intptr_t nops = mlirOperationGetNumOperands(call), nres = mlirOperationGetNumResults(call);
+  MlirValue *ops = nv_xcalloc((size_t)nops + 1, sizeof *ops), *res = nv_xcalloc((size_t)nres + 1, sizeof *res);
+  for (intptr_t i = 0; i < nops; i++) ops[i] = mlirOperationGetOperand(call, i);
+  MlirOperation fn = mlirOperationClone(kfn);
+  cg_inline_func(fn, call, ops, res);
+  mlirOperationDestroy(fn);
+  for (intptr_t r = 0; r < nres; r++) mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(call, r), res[r]);
+  mlirOperationDestroy(call);
+  free(ops);
+  free(res);
+}
+
+static MlirWalkResult find_alloc(MlirOperation op, void *ud) {
+  if (cg_op_is(op, "memref.alloc") || cg_op_is(op, "memref.alloca") || cg_op_is(op, "memref.dealloc")) {
+    *(bool *)ud = true;
+    return MlirWalkResultInterrupt;
+  }
+  return MlirWalkResultAdvance;
+}
+
+/* The kernels that ALL says (all, or those that allocate) inlined at
+ * their calls and erased. */
+static void inline_kernels(MlirModule m, bool all) {
+  MlirOperation *funcs;
+  cg_ptrmap tab, pick;
+  int n = tiled_funcs(m, &funcs, &tab), np = 0;
+  MlirOperation *chosen = nv_xcalloc((size_t)n + 1, sizeof *chosen);
+  for (int k = 0; k < n; k++) {
+    bool allocates = false;
+    if (!all) mlirOperationWalk(funcs[k], find_alloc, &allocates, MlirWalkPreOrder);
+    if (all || allocates) chosen[np++] = funcs[k];
+  }
+  cg_ptrmap_init(&pick, (size_t)np);
+  for (int i = 0; i < np; i++) cg_ptrmap_put(&pick, num_key(kernel_number(chosen[i])), i);
+  if (np) each_call(m, chosen, &pick, inline_call, NULL);
+  for (int i = 0; i < np; i++) mlirOperationDestroy(chosen[i]);
+  free(chosen);
+  free(funcs);
+  cg_ptrmap_free(&tab);
+  cg_ptrmap_free(&pick);
+}
+
+void cg_tiled_settle(MlirModule m) { inline_kernels(m, false); }
+
+void cg_tiled_inline_all(MlirModule m) { inline_kernels(m, true); }
 
 void cg_kernels_free(cg_kernels *ks) {
   if (!ks) return;

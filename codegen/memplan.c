@@ -411,10 +411,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   plan->entries = NULL;
   plan->n = 0;
   plan->planned = false;
-  MlirOperation func = {NULL};
-  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
-       f = mlirOperationGetNextInBlock(f))
-    if (cg_op_is(f, "func.func") && !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0)))) func = f;
+  MlirOperation func = cg_entry_func(m); /* not the called kernels (kernel_once.c) */
   if (mlirOperationIsNull(func)) return 1;
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(func, 0));
   plan->forwarded = forward_output_copies(func, fb);

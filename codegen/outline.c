@@ -270,6 +270,7 @@ static void dedupe(MlirContext ctx, part *p, int n) {
       first[h] = i + 1;
       continue;
     }
+    if (mlirOperationIsNull(p[i].call)) continue; /* its calls are not known here: kept */
     const part *q = &p[first[h] - 1];
     mlirOperationSetAttributeByName(p[i].call, nova_str("callee"), mlirFlatSymbolRefAttrGet(ctx, nova_str(q->name)));
     mlirOperationDestroy(p[i].fn);
@@ -354,48 +355,78 @@ static void wrap_runs(MlirBlock b) {
   }
 }
 
-int cg_outline_nests(nova_ctx *c, MlirModule m) {
-  MlirOperation entry = cg_entry_func(m);
-  if (mlirOperationIsNull(entry)) return 0;
-  capture *cap = nv_xmalloc(sizeof *cap), *args = nv_xmalloc(sizeof *args);
-  vmap *vm = nv_xmalloc(sizeof *vm);
-  int rc = cap && args && vm ? 0 : -1, k = 0, np = 0, cp = 0;
-  part *parts = NULL;
-  MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(entry, 0));
+typedef struct outliner {
+  MlirModule m;
+  capture *cap, *args;
+  vmap *vm;
+  part *parts;
+  int np, cp, k;
+} outliner;
+
+/* The nests of FN's body outlined (parts appended to O); 0 or -1. */
+static int outline_func(nova_ctx *c, outliner *o, MlirOperation fn) {
+  MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(fn, 0));
   wrap_runs(fb);
-  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !rc && !mlirOperationIsNull(op);) {
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);) {
     MlirOperation next = mlirOperationGetNextInBlock(op);
     if (mlirOperationGetNumRegions(op) > 0 && mlirOperationGetNumResults(op) == 0) {
-      if (np == cp) {
-        part *q = nv_xrealloc(parts, sizeof *q * (size_t)(cp = cp ? 2 * cp : 64));
-        if (!q) {
-          rc = -1;
-          break;
-        }
-        parts = q;
-      }
-      part *pt = &parts[np];
+      if (o->np == o->cp) o->parts = nv_xrealloc(o->parts, sizeof *o->parts * (size_t)(o->cp = o->cp ? 2 * o->cp : 64));
+      part *pt = &o->parts[o->np];
       memset(pt, 0, sizeof *pt);
-      snprintf(pt->name, sizeof pt->name, "nova_part_%d", k++);
+      snprintf(pt->name, sizeof pt->name, "nova_part_%d", o->k++);
       if (getenv("NOVAC_DEBUG_OUTLINE")) { /* which source op each function computes (for perf) */
         nv_sbuf l = {0};
         mlirLocationPrint(mlirOperationGetLocation(op), cg_print_to_sbuf, &l);
         fprintf(stderr, "novac: %s: %s\n", pt->name, l.s ? l.s : "?");
         nv_sb_free(&l);
       }
-      if (outline_one(m, op, pt->name, cap, args, vm, &pt->fn, &pt->call)) {
-        nv_error_plain(c->diag, "internal: cannot outline loop nest %d of the step", k - 1);
-        rc = -1;
-      } else {
-        np++;
+      if (outline_one(o->m, op, pt->name, o->cap, o->args, o->vm, &pt->fn, &pt->call)) {
+        nv_error_plain(c->diag, "internal: cannot outline loop nest %d of the step", o->k - 1);
+        return -1;
       }
+      o->np++;
     }
     op = next;
   }
-  if (!rc && !getenv("NOVAC_NO_DEDUPE")) dedupe(mlirOperationGetContext(entry), parts, np);
-  free(parts);
-  free(cap);
-  free(args);
-  free(vm);
+  return 0;
+}
+
+/* The parts that dedupe kept (a function of their own), first N of O's. */
+static int kept_parts(outliner *o, int n) {
+  int j = 0;
+  for (int i = 0; i < n; i++)
+    if (!mlirOperationIsNull(o->parts[i].fn)) o->parts[j++] = o->parts[i];
+  memmove(&o->parts[j], &o->parts[n], sizeof *o->parts * (size_t)(o->np - n));
+  o->np -= n - j;
+  return j;
+}
+
+int cg_outline_nests(nova_ctx *c, MlirModule m) {
+  MlirOperation entry = cg_entry_func(m);
+  if (mlirOperationIsNull(entry)) return 0;
+  outliner o = {m, nv_xmalloc(sizeof *o.cap), nv_xmalloc(sizeof *o.args), nv_xmalloc(sizeof *o.vm), NULL, 0, 0, 0};
+  MlirContext ctx = mlirOperationGetContext(entry);
+  bool dedup = !getenv("NOVAC_NO_DEDUPE");
+  int rc = 0;
+  /* the nests of each called kernel (kernel_once.c) once; their calls,
+   * deduplicated, are then what each call of the kernel becomes; then
+   * the entry's own nests.  The kernels' parts are deduplicated again with
+   * the entry's, their calls gone with the kernels (null). */
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !rc && !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f))
+    if (cg_is_tiled_kernel(f)) rc = outline_func(c, &o, f);
+  int nk = o.np;
+  if (!rc && nk) {
+    if (dedup) dedupe(ctx, o.parts, nk);
+    cg_tiled_inline_all(m);
+    nk = kept_parts(&o, nk);
+    for (int i = 0; i < nk; i++) o.parts[i].call = (MlirOperation){NULL};
+  }
+  if (!rc) rc = outline_func(c, &o, entry);
+  if (!rc && dedup) dedupe(ctx, o.parts, o.np);
+  free(o.parts);
+  free(o.cap);
+  free(o.args);
+  free(o.vm);
   return rc;
 }

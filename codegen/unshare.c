@@ -119,6 +119,10 @@ static bool written(MlirOperation op, intptr_t *first, intptr_t *n) {
     *first = 3, *n = nops - 3;
     return nops > 3;
   }
+  if (cg_calls_tiled_kernel(op)) { /* a kernel may write any tensor it is given */
+    *first = 0, *n = nops;
+    return nops > 0;
+  }
   MlirStringRef name = mlirIdentifierStr(mlirOperationGetName(op));
   MlirAttribute seg = mlirOperationGetAttributeByName(op, nova_str("operandSegmentSizes"));
   if (name.length > 7 && !memcmp(name.data, "linalg.", 7) && !mlirAttributeIsNull(seg) &&

@@ -5,7 +5,10 @@ compiled whole:
   back together after it (reference: NOVAC_NO_CHUNKS=1);
 - the entry in pieces (codegen/split_entry.c): after outlining, the
   entry's straight-line body is cut into private functions called in turn
-  (reference: NOVAC_NO_SPLIT_ENTRY=1).
+  (reference: NOVAC_NO_SPLIT_ENTRY=1);
+- kernels called rather than copied (codegen/kernel_once.c): each distinct
+  tiled kernel a function that every op of it calls, through bufferization
+  and the memory plan (reference: NOVAC_KERNEL_CALLS=0).
 Each on the outputs of a long chain sharing one weight (the case that
 made bufferization quadratic), and the loss, gradients and updated
 parameters of a multi-layer GPT training step.
@@ -44,17 +47,22 @@ manifests = []  # (knob on, manifest) of the steps compiled
 
 
 # what each check turns off for its reference, and what novac says when it is on
-KNOBS = {"chunks": ("NOVAC_NO_CHUNKS", r"bufferized in (\d+) pieces"),
-         "sweep": ("NOVAC_PLAN_FIRST_FIT", r"memory plan: (\d+) buffers in time order"),
-         "entry": ("NOVAC_NO_SPLIT_ENTRY", r"the entry in ([1-9]\d*) pieces")}
+# (the variable, its value for the reference, its value for the check or None: unset)
+KNOBS = {"chunks": ("NOVAC_NO_CHUNKS", "1", None, r"bufferized in (\d+) pieces"),
+         "sweep": ("NOVAC_PLAN_FIRST_FIT", "1", None, r"memory plan: (\d+) buffers in time order"),
+         "entry": ("NOVAC_NO_SPLIT_ENTRY", "1", None, r"the entry in ([1-9]\d*) pieces"),
+         # kernels called, not copied (kernel_once.c: by default in steps of 2,048 kernel ops and more)
+         "calls": ("NOVAC_KERNEL_CALLS", "0", "1", r"tiling: \d+ ops, \d+ distinct kernels, ([1-9]\d*) called")}
 
 
 def compile_run(text, inputs, flags, knob, on):
     d = tempfile.mkdtemp(prefix="nova-chunks-")
     env = dict(os.environ)
-    off, said = KNOBS[knob]
+    off, ref_value, on_value, said = KNOBS[knob]
     if not on:
-        env[off] = "1"
+        env[off] = ref_value
+    elif on_value is not None:
+        env[off] = on_value
     env["NOVAC_DEBUG_PIPELINES"] = "1"
     try:
         with open(os.path.join(d, "m.nova"), "w") as f:
@@ -64,7 +72,7 @@ def compile_run(text, inputs, flags, knob, on):
         p = subprocess.run([NOVAC, os.path.join(d, "m.nova"), "-o", so] + flags, env=env, capture_output=True,
                            text=True, timeout=600)
         if p.returncode:
-            raise Failure("novac exited %d%s\n%s" % (p.returncode, "" if on else " (%s=1)" % off, p.stderr))
+            raise Failure("novac exited %d%s\n%s" % (p.returncode, "" if on else " (%s=%s)" % (off, ref_value), p.stderr))
         pieces = re.findall(said, p.stderr)
         if on and not pieces:
             raise Failure("the step was not cut into pieces: the test checks nothing")
@@ -126,6 +134,15 @@ case("entry.chain_forward", lambda: same(chain(300), {"x": rng.standard_normal((
 case("entry.chain_train", lambda: same(chain(200), {"x": rng.standard_normal((8, 16)).astype(np.float32)},
                                        ["--train"], "entry"))
 case("entry.gpt_train", lambda: gpt_train("entry"))
+case("calls.chain_forward", lambda: same(chain(300), {"x": rng.standard_normal((8, 16)).astype(np.float32)}, [],
+                                         "calls"))
+case("calls.chain_train", lambda: same(chain(200), {"x": rng.standard_normal((8, 16)).astype(np.float32)},
+                                       ["--train"], "calls"))
+# a weight per statement: every kernel call reads a buffer of its own
+case("calls.weights_train", lambda: same(bench_compile.chain(150, True)[0],
+                                         {"x": rng.standard_normal((8, 16)).astype(np.float32)},
+                                         ["--train", "--optimizer=momentum"], "calls"))
+case("calls.gpt_train", lambda: gpt_train("calls"))
 
 
 def deterministic():
