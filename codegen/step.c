@@ -629,11 +629,11 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
     nv_error_plain(c->diag, "cannot create a temporary folder in %s: %s", tmpbase ? tmpbase : "/tmp", strerror(errno));
     return -1;
   }
+  int slot = nv_temp_add(dir, 1); /* first: an allocation that fails removes it */
   step_tensor *t = NULL;
   int64_t init_size = 0;
   int n = collect(g, &t, &init_size), rc = -1;
   char path[4200], hash[17], cpu[128] = "", rtlib[4200], rtinc[4200];
-  int slot = nv_temp_add(dir, 1);
   cg_graph_hash(g, hash);
   if (n < 0) goto out;
   snprintf(path, sizeof path, "%s/step.o", dir);
