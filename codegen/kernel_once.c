@@ -313,6 +313,21 @@ static bool callable(const MlirValue *args, int n) {
   return tensor;
 }
 
+/* A func.call of CALLEE (a symbol reference attribute) with OPS and
+ * result types RT, inserted before AT. */
+static MlirOperation insert_call(MlirOperation at, MlirAttribute callee, intptr_t nops, const MlirValue *ops,
+                                 intptr_t nres, const MlirType *rt) {
+  MlirContext ctx = mlirOperationGetContext(at);
+  MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), mlirOperationGetLocation(at));
+  MlirNamedAttribute c = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("callee")), callee);
+  mlirOperationStateAddOperands(&cs, nops, ops);
+  mlirOperationStateAddResults(&cs, nres, rt);
+  mlirOperationStateAddAttributes(&cs, 1, &c);
+  MlirOperation call = mlirOperationCreate(&cs);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(at), at, call);
+  return call;
+}
+
 /* Kernel K's tiled function, moved into the step's module the first time. */
 static MlirStringRef placed(cg_kernels *ks, int k) {
   kernel *kn = &ks->k[k];
@@ -340,19 +355,11 @@ void cg_kernels_join(cg_kernels *ks) {
     for (int a = 0; a < outside.n; a++)
       if (!cloned_in(outside.v[a])) args[nin++] = outside.v[a];
     if (calls && callable(args, nin)) {
-      MlirContext ctx = mlirOperationGetContext(op);
-      MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), mlirOperationGetLocation(op));
-      MlirNamedAttribute callee = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("callee")),
-                                                        mlirFlatSymbolRefAttrGet(ctx, placed(ks, ks->of[i])));
-      for (intptr_t r = 0; r < nres; r++) res[r] = (MlirValue){NULL};
       MlirType *rt = nv_xcalloc((size_t)nres + 1, sizeof *rt);
       for (intptr_t r = 0; r < nres; r++) rt[r] = mlirValueGetType(mlirOperationGetResult(op, r));
-      mlirOperationStateAddOperands(&cs, nin, args);
-      mlirOperationStateAddResults(&cs, nres, rt);
-      mlirOperationStateAddAttributes(&cs, 1, &callee);
-      MlirOperation call = mlirOperationCreate(&cs);
+      MlirAttribute callee = mlirFlatSymbolRefAttrGet(mlirOperationGetContext(op), placed(ks, ks->of[i]));
+      MlirOperation call = insert_call(op, callee, nin, args, nres, rt);
       free(rt);
-      mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(op), op, call);
       for (intptr_t r = 0; r < nres; r++) res[r] = mlirOperationGetResult(call, r);
       ks->called++;
     } else {
@@ -392,26 +399,26 @@ static const void *num_key(int k) { return (const void *)(uintptr_t)((size_t)k +
 
 bool cg_is_tiled_kernel(MlirOperation f) { return cg_op_is(f, "func.func") && kernel_number(f) >= 0; }
 
-bool cg_calls_tiled_kernel(MlirOperation op) {
-  if (!cg_op_is(op, "func.call")) return false;
+/* K of a func.call of @__nova_tiled_K, or -1. */
+static int called_number(MlirOperation op) {
+  if (!cg_op_is(op, "func.call")) return -1;
   MlirAttribute c = mlirOperationGetAttributeByName(op, nova_str("callee"));
-  return !mlirAttributeIsNull(c) && tiled_number(mlirFlatSymbolRefAttrGetValue(c)) >= 0;
+  return mlirAttributeIsNull(c) ? -1 : tiled_number(mlirFlatSymbolRefAttrGetValue(c));
 }
+
+bool cg_calls_tiled_kernel(MlirOperation op) { return called_number(op) >= 0; }
 
 static MlirBlock func_body(MlirOperation f) { return mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0)); }
 
 /* The kernel a func.call calls (in TAB), or null. */
 static MlirOperation callee_of(MlirOperation call, const cg_ptrmap *tab, MlirOperation *funcs) {
-  if (!cg_op_is(call, "func.call")) return (MlirOperation){NULL};
-  MlirAttribute c = mlirOperationGetAttributeByName(call, nova_str("callee"));
-  if (mlirAttributeIsNull(c)) return (MlirOperation){NULL};
-  int t = tiled_number(mlirFlatSymbolRefAttrGetValue(c));
+  int t = called_number(call);
   int k = t < 0 ? -1 : cg_ptrmap_get(tab, num_key(t));
   return k < 0 ? (MlirOperation){NULL} : funcs[k];
 }
 
-/* The step's tiled kernels: *FUNCS (their number returned), TAB from the
- * name's characters (uniqued by the context) to the index. */
+/* The step's tiled kernels: *FUNCS (their number returned), TAB from
+ * each one's K (num_key) to its index in *FUNCS. */
 static int tiled_funcs(MlirModule m, MlirOperation **funcs, cg_ptrmap *tab) {
   int n = 0, cap = 0;
   *funcs = NULL;
@@ -456,14 +463,7 @@ static void reread_arg(MlirOperation call, MlirOperation kfn, void *ud) {
   intptr_t nops = mlirOperationGetNumOperands(call);
   MlirValue *ops = nv_xcalloc((size_t)nops + 1, sizeof *ops);
   for (intptr_t i = 0; i < nops; i++) ops[i] = mlirOperationGetOperand(call, i);
-  MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), mlirOperationGetLocation(call));
-  MlirNamedAttribute callee = mlirNamedAttributeGet(mlirIdentifierGet(mlirOperationGetContext(call), nova_str("callee")),
-                                                    mlirOperationGetAttributeByName(call, nova_str("callee")));
-  mlirOperationStateAddOperands(&cs, nops, ops);
-  mlirOperationStateAddResults(&cs, kept, rt);
-  mlirOperationStateAddAttributes(&cs, 1, &callee);
-  MlirOperation nc = mlirOperationCreate(&cs);
-  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(call), call, nc);
+  MlirOperation nc = insert_call(call, mlirOperationGetAttributeByName(call, nova_str("callee")), nops, ops, kept, rt);
   for (intptr_t r = 0, j = 0; r < nres; r++)
     mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(call, r),
                                   drop[r] < 0 ? mlirOperationGetResult(nc, j++) : ops[drop[r]]);
