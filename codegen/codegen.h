@@ -280,6 +280,11 @@ int cg_parallel_calls(nova_ctx *c, MlirModule m, int *count);
  * (LLVM's time grows faster than a function's size); 0 (pieces that cannot
  * be cut are left in place). */
 int cg_split_entry(nova_ctx *c, MlirModule m);
+#define CG_SEG_PREFIX "__nova_seg_" /* the pieces' names */
+/* pack_entry.c: after the lowering to the LLVM dialect, the pieces'
+ * memref descriptors folded away (a field read back from a descriptor is
+ * the value put in it; the dead descriptors erased). */
+void cg_fold_piece_descriptors(MlirModule m);
 /* pack_entry.c: after the lowering to the LLVM dialect, the entry NAME
  * takes one pointer, to the array of its former (pointer) parameters:
  * `void NAME(void **a)`, the CPU step's calling convention; 0, or -1 with

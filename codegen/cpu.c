@@ -284,6 +284,7 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
   rc = rc || (parallel && timed(cg_parallel_calls(c, m, &npar), &t, "parallel calls")) ||
        timed(cg_split_entry(c, m), &t, "entry in pieces") || cg_run_pipeline(c, m, pipe, "lowering to LLVM") ||
        cg_pack_entry(c, m, entry);
+  if (!rc) cg_fold_piece_descriptors(m);
   mlirContextEnableMultithreading(c->ctx, false);
   if (rc) return -1;
   if (parallel) *parallel = npar;

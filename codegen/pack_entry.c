@@ -20,6 +20,7 @@
 #include <mlir-c/Dialect/LLVM.h>
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "../driver/util.h"
 #include "codegen.h"
@@ -48,29 +49,77 @@ static MlirValue load_slot(MlirContext ctx, MlirLocation loc, MlirBlock b, MlirO
   return mlirOperationGetResult(ld, 0);
 }
 
-static int64_t single_position(MlirOperation op) {
+/* The field an llvm.insertvalue / extractvalue OP names: its position's
+ * first index; *DEPTH: the position's length (-1 if it has none). */
+static int64_t position(MlirOperation op, intptr_t *depth) {
   MlirAttribute p = mlirOperationGetAttributeByName(op, nova_str("position"));
-  return !mlirAttributeIsNull(p) && mlirAttributeIsADenseI64Array(p) && mlirDenseArrayGetNumElements(p) == 1
-             ? mlirDenseI64ArrayGetElement(p, 0)
-             : -1;
+  *depth = !mlirAttributeIsNull(p) && mlirAttributeIsADenseI64Array(p) ? mlirDenseArrayGetNumElements(p) : 0;
+  return *depth > 0 ? mlirDenseI64ArrayGetElement(p, 0) : -1;
 }
 
-/* The parameter of the entry block B that the llvm.extractvalue EX reads
- * (a pointer field of a descriptor built by insertvalues), or null. */
-static MlirValue inserted_arg(MlirOperation ex, MlirBlock b) {
-  int64_t pos = single_position(ex);
+/* The value the llvm.extractvalue EX reads when a chain of insertvalues
+ * below it set that field, or null. */
+static MlirValue inserted(MlirOperation ex) {
+  intptr_t d;
+  int64_t pos = position(ex, &d);
+  if (d != 1) return (MlirValue){NULL};
   MlirValue v = mlirOperationGetOperand(ex, 0);
-  for (int steps = 0; pos >= 0 && steps < 64 && mlirValueIsAOpResult(v); steps++) {
+  for (int steps = 0; steps < 64 && mlirValueIsAOpResult(v); steps++) {
     MlirOperation in = mlirOpResultGetOwner(v);
     if (!cg_op_is(in, "llvm.insertvalue")) break;
-    if (single_position(in) == pos) {
-      MlirValue x = mlirOperationGetOperand(in, 1);
-      bool arg = mlirValueIsABlockArgument(x) && mlirBlockEqual(mlirBlockArgumentGetOwner(x), b);
-      return arg ? x : (MlirValue){NULL};
-    }
+    intptr_t din;
+    int64_t at = position(in, &din);
+    if (at == pos) return din == 1 ? mlirOperationGetOperand(in, 1) : (MlirValue){NULL}; /* [pos, j]: a part of it */
+    if (at < 0) break;
     v = mlirOperationGetOperand(in, 0);
   }
   return (MlirValue){NULL};
+}
+
+static bool dead_pure(MlirOperation op) {
+  bool pure = cg_op_is(op, "llvm.insertvalue") || cg_op_is(op, "llvm.extractvalue") ||
+              cg_op_is(op, "llvm.mlir.poison") || cg_op_is(op, "llvm.mlir.undef") || cg_op_is(op, "llvm.mlir.constant");
+  return pure && mlirOperationGetNumResults(op) == 1 && mlirOpOperandIsNull(mlirValueGetFirstUse(mlirOperationGetResult(op, 0)));
+}
+
+/* The lowering builds a memref descriptor for each pointer parameter and
+ * each view, and reads a field back at each use: an extraction from such a
+ * chain is replaced by the field, and the descriptors left without uses are
+ * erased (the last insertvalue of a chain first, which frees the one
+ * before it).  An 8,000-weight chain's entry was four fifths dead
+ * descriptors, each translated and then deleted by LLVM; its pieces
+ * (split_entry.c) were half. */
+static void fold_descriptors(MlirBlock b) {
+  size_t nops = 0, cap = 0;
+  MlirOperation *ops = NULL;
+  for (MlirOperation op = mlirBlockGetFirstOperation(b), next; !mlirOperationIsNull(op); op = next) {
+    next = mlirOperationGetNextInBlock(op);
+    MlirValue x = cg_op_is(op, "llvm.extractvalue") ? inserted(op) : (MlirValue){NULL};
+    if (!mlirValueIsNull(x)) {
+      mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(op, 0), x);
+      mlirOperationDestroy(op);
+      continue;
+    }
+    if (nops == cap) ops = nv_xrealloc(ops, sizeof *ops * (cap = cap ? 2 * cap : 4096));
+    ops[nops++] = op;
+  }
+  while (nops-- > 0)
+    if (dead_pure(ops[nops])) mlirOperationDestroy(ops[nops]);
+  free(ops);
+}
+
+void cg_fold_piece_descriptors(MlirModule m) {
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f)) {
+    if (!cg_op_is(f, "llvm.func")) continue;
+    MlirAttribute nm = mlirOperationGetAttributeByName(f, nova_str("sym_name"));
+    MlirStringRef s = mlirAttributeIsNull(nm) ? (MlirStringRef){"", 0} : mlirStringAttrGetValue(nm);
+    MlirRegion r = mlirOperationGetRegion(f, 0);
+    if (s.length > strlen(CG_SEG_PREFIX) && !memcmp(s.data, CG_SEG_PREFIX, strlen(CG_SEG_PREFIX)) &&
+        !mlirBlockIsNull(mlirRegionGetFirstBlock(r)))
+      for (MlirBlock b = mlirRegionGetFirstBlock(r); !mlirBlockIsNull(b); b = mlirBlockGetNextInRegion(b))
+        fold_descriptors(b);
+  }
 }
 
 int cg_pack_entry(nova_ctx *c, MlirModule m, const char *name) {
@@ -100,36 +149,9 @@ int cg_pack_entry(nova_ctx *c, MlirModule m, const char *name) {
    * the lowering builds each argument's memref descriptor, thousands of
    * them would be live across the whole entry (and LLVM's scheduler
    * clusters loads from one base quadratically: 1.4 -> 3.5 s of code
-   * generation for a chain of 4,000 weights).  So a pointer extracted
-   * from a descriptor is loaded in place of the extraction ... */
-  for (MlirOperation op = mlirBlockGetFirstOperation(b), next; !mlirOperationIsNull(op); op = next) {
-    next = mlirOperationGetNextInBlock(op);
-    MlirValue arg = cg_op_is(op, "llvm.extractvalue") ? inserted_arg(op, b) : (MlirValue){NULL};
-    if (mlirValueIsNull(arg)) continue;
-    mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(op, 0),
-                                  load_slot(ctx, loc, b, op, a, (int32_t)mlirBlockArgumentGetArgNumber(arg)));
-    mlirOperationDestroy(op);
-  }
-  /* ... the descriptors left without uses are erased (the last
-   * insertvalue of a chain first, which frees the one before it: an
-   * 8,000-weight chain's entry was four fifths dead descriptors, each
-   * translated and then deleted by LLVM) ... */
-  size_t nops = 0, cap = 0;
-  MlirOperation *ops = NULL;
-  for (MlirOperation op = mlirBlockGetFirstOperation(b); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op)) {
-    if (nops == cap) ops = nv_xrealloc(ops, sizeof *ops * (cap = cap ? 2 * cap : 4096));
-    ops[nops++] = op;
-  }
-  while (nops-- > 0) {
-    MlirOperation op = ops[nops];
-    bool pure = cg_op_is(op, "llvm.insertvalue") || cg_op_is(op, "llvm.mlir.poison") ||
-                cg_op_is(op, "llvm.mlir.undef") || cg_op_is(op, "llvm.mlir.constant");
-    if (pure && mlirOperationGetNumResults(op) == 1 && mlirOpOperandIsNull(mlirValueGetFirstUse(mlirOperationGetResult(op, 0))))
-      mlirOperationDestroy(op);
-  }
-  free(ops);
-  /* ... and any other use of a parameter (a view of a descriptor) gets a
-   * load of its own */
+   * generation for a chain of 4,000 weights).  So the descriptors go ... */
+  fold_descriptors(b);
+  /* ... and each use of a parameter gets a load of its own */
   for (intptr_t i = 0; i < n; i++) {
     MlirValue old = mlirBlockGetArgument(b, i);
     for (MlirOpOperand u; !mlirOpOperandIsNull(u = mlirValueGetFirstUse(old));) {

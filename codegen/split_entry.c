@@ -9,16 +9,16 @@
  * Requires: the entry after outlining and cg_parallel_calls (memref IR,
  * before the lowering to LLVM).
  * Does: moves the views and constants that depend only on the entry's
- * arguments (and on each other) to its top; then cuts the rest into
- * consecutive pieces of about CG_PIECE_OPS ops (fewer where a piece would
- * take more than CG_PIECE_ARGS values from before it) where nothing a piece
- * defines is used after it, and moves each piece into a private noinline
- * function @__nova_seg_K called in its place.  A piece recomputes the
- * views and constants it uses (from the entry's arguments it receives);
- * every other value it uses is passed, which the bare-pointer convention
- * allows for scalars and identity-layout memrefs only: a piece that would
- * need another is left in the entry, as is one that frees a buffer it is
- * passed.
+ * arguments (and on each other) to its top, one of each alike kind; then
+ * cuts the rest into consecutive pieces of about CG_PIECE_OPS ops (fewer
+ * where a piece would take more than CG_PIECE_ARGS values from before it)
+ * where nothing a piece defines is used after it, and moves each piece
+ * into a private noinline function @__nova_seg_K called in its place.  A
+ * piece recomputes the views and constants it uses (from the entry's
+ * arguments it receives); every other value it uses is passed, which the
+ * bare-pointer convention allows for scalars and identity-layout memrefs
+ * only: a piece that would need another is left in the entry, as is one
+ * that frees a buffer it is passed.
  */
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
@@ -35,7 +35,6 @@
  * (a 2,000-statement training chain with a weight each: pieces of 500
  * arguments, 5.3 s of code generation) */
 #define CG_PIECE_ARGS 64
-#define SEG_PREFIX "__nova_seg_"
 
 static bool movable_kind(MlirOperation op) {
   return mlirOperationGetNumRegions(op) == 0 &&
@@ -208,6 +207,67 @@ static bool split_piece(MlirModule m, const entry *e, int start, int end, const 
 
 /* ---- the entry ---------------------------------------------------------- */
 
+/* ---- alike hoisted ops -----------------------------------------------------
+ * The memory plan gives each use of a buffer its own view of the arena: a
+ * chain's entry holds two views per statement of the same two offsets.
+ * Hoisted ops are pure, so two of the same name, operands, attributes and
+ * result types are one value: the later is replaced by the earlier (which
+ * is above it), and each piece recomputes a few views instead of one per
+ * use (a 16,000-statement chain: 348,000 of 630,000 lines of LLVM IR were
+ * the views' descriptors). */
+
+static uint64_t mix(uint64_t h, const void *p) {
+  h ^= (uint64_t)(uintptr_t)p;
+  return h * 0x100000001b3ull;
+}
+
+static uint64_t alike_key(MlirOperation op) {
+  uint64_t h = mix(0xcbf29ce484222325ull, mlirOperationGetName(op).ptr);
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) h = mix(h, mlirOperationGetOperand(op, i).ptr);
+  for (intptr_t i = 0; i < mlirOperationGetNumResults(op); i++)
+    h = mix(h, mlirValueGetType(mlirOperationGetResult(op, i)).ptr);
+  for (intptr_t i = 0; i < mlirOperationGetNumAttributes(op); i++) {
+    MlirNamedAttribute a = mlirOperationGetAttribute(op, i);
+    h = mix(mix(h, a.name.ptr), a.attribute.ptr);
+  }
+  return h | 1; /* never the empty key */
+}
+
+static bool alike(MlirOperation a, MlirOperation b) {
+  intptr_t n = mlirOperationGetNumOperands(a), r = mlirOperationGetNumResults(a), k = mlirOperationGetNumAttributes(a);
+  if (!mlirIdentifierEqual(mlirOperationGetName(a), mlirOperationGetName(b)) || n != mlirOperationGetNumOperands(b) ||
+      r != mlirOperationGetNumResults(b) || k != mlirOperationGetNumAttributes(b))
+    return false;
+  for (intptr_t i = 0; i < n; i++)
+    if (!mlirValueEqual(mlirOperationGetOperand(a, i), mlirOperationGetOperand(b, i))) return false;
+  for (intptr_t i = 0; i < r; i++)
+    if (!mlirTypeEqual(mlirValueGetType(mlirOperationGetResult(a, i)), mlirValueGetType(mlirOperationGetResult(b, i))))
+      return false;
+  for (intptr_t i = 0; i < k; i++) {
+    MlirNamedAttribute x = mlirOperationGetAttribute(a, i), y = mlirOperationGetAttribute(b, i);
+    if (!mlirIdentifierEqual(x.name, y.name) || !mlirAttributeEqual(x.attribute, y.attribute)) return false;
+  }
+  return true;
+}
+
+/* OP is hoisted: the earlier alike op in *FIRST (by key, into OPS) takes its
+ * uses and OP is erased (true), or OP is recorded. */
+static bool merge_alike(cg_ptrmap *first, MlirOperation *ops, int *nops, MlirOperation op) {
+  const void *key = (const void *)(uintptr_t)alike_key(op);
+  int at = cg_ptrmap_get(first, key);
+  if (at >= 0 && alike(ops[at], op)) {
+    for (intptr_t i = 0; i < mlirOperationGetNumResults(op); i++)
+      mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(op, i), mlirOperationGetResult(ops[at], i));
+    mlirOperationDestroy(op);
+    return true;
+  }
+  if (at < 0) { /* a key taken by an unlike op (a collision) keeps that one */
+    cg_ptrmap_put(first, key, *nops);
+    ops[(*nops)++] = op;
+  }
+  return false;
+}
+
 static bool operands_hoisted(const entry *e, MlirOperation op) {
   for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
     MlirValue v = mlirOperationGetOperand(op, i);
@@ -232,14 +292,25 @@ int cg_split_entry(nova_ctx *c, MlirModule m) {
   e.ops = nv_xcalloc(total + 1, sizeof *e.ops);
   /* views and constants of the arguments to the top, in order */
   MlirOperation anchor = mlirBlockGetFirstOperation(e.block);
+  cg_ptrmap first;
+  cg_ptrmap_init(&first, total);
+  MlirOperation *kept = nv_xcalloc(total + 1, sizeof *kept);
+  int nkept = 0;
   for (MlirOperation op = anchor, next; !mlirOperationIsNull(op); op = next) {
     next = mlirOperationGetNextInBlock(op);
     if (movable_kind(op) && operands_hoisted(&e, op)) {
+      bool was_anchor = mlirOperationEqual(op, anchor);
+      if (merge_alike(&first, kept, &nkept, op)) {
+        if (was_anchor) anchor = next;
+        continue;
+      }
       cg_ptrmap_put(&e.hoisted, op.ptr, 1);
-      if (mlirOperationEqual(op, anchor)) anchor = next;
+      if (was_anchor) anchor = next;
       else mlirOperationMoveBefore(op, anchor);
     }
   }
+  cg_ptrmap_free(&first);
+  free(kept);
   for (MlirOperation op = anchor; !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op)) {
     cg_ptrmap_put(&e.pos, op.ptr, e.n);
     e.ops[e.n++] = op;
@@ -267,7 +338,7 @@ int cg_split_entry(nova_ctx *c, MlirModule m) {
     if ((i - start >= CG_PIECE_OPS || args >= CG_PIECE_ARGS) && reach < i &&
         (n - i >= CG_PIECE_OPS / 4 || i == n)) {
       char name[48];
-      snprintf(name, sizeof name, SEG_PREFIX "%d", pieces);
+      snprintf(name, sizeof name, CG_SEG_PREFIX "%d", pieces);
       if (split_piece(m, &e, start, i, name)) pieces++;
       start = i;
       reach = -1;
