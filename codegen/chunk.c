@@ -105,12 +105,28 @@ typedef struct inputs_ctx {
   cg_ptrmap *seen; /* values already taken (keyed by the value pointer) */
 } inputs_ctx;
 
-/* A slice of a whole tensor (or a reshape of one), made by top-level ops:
- * recomputed in each piece that reads it (from the tensor, passed whole)
- * rather than passed. */
+static bool recomputable_at(MlirValue v, int depth);
+
+/* An empty tensor of a static shape, or one filled with a constant. */
+static bool fresh(MlirOperation d, int depth) {
+  if (cg_op_is(d, "tensor.empty")) return mlirOperationGetNumOperands(d) == 0;
+  return cg_op_is(d, "linalg.fill") && mlirOperationGetNumOperands(d) == 2 && mlirOperationGetNumResults(d) == 1 &&
+         is_constant(mlirOperationGetOperand(d, 0)) && mlirValueIsAOpResult(mlirOperationGetOperand(d, 1)) &&
+         cg_op_is(mlirOpResultGetOwner(mlirOperationGetOperand(d, 1)), "tensor.empty") &&
+         recomputable_at(mlirOperationGetOperand(d, 1), depth + 1);
+}
+
+/* A slice of a whole tensor (or a reshape of one), made by top-level ops,
+ * or a fresh tensor: recomputed in each piece that reads it (from the
+ * tensor, passed whole) rather than passed.  (The destinations that
+ * unshare.c gives a run of writes from one source op stand at the run's
+ * start: a training step's non-finite check, one reduction per gradient,
+ * passed a thousand zero fills to a piece, and the analysis of the piece
+ * grew with the square of its length.) */
 static bool recomputable_at(MlirValue v, int depth) {
   if (!mlirValueIsAOpResult(v) || depth > 8) return false;
   MlirOperation d = mlirOpResultGetOwner(v);
+  if (fresh(d, depth)) return true;
   if (!cg_op_is(d, "tensor.extract_slice") && !cg_op_is(d, "tensor.expand_shape") &&
       !cg_op_is(d, "tensor.collapse_shape"))
     return false;
@@ -310,6 +326,17 @@ static void split_func(MlirModule m, MlirOperation f, int *counter) {
   free(cut);
 }
 
+/* The fresh tensors of B's top level left without uses (the pieces read
+ * clones of them) erased, the fills before their empties. */
+static void erase_dead_fresh(MlirBlock b) {
+  cg_op_list ops = {0};
+  for (MlirOperation op = mlirBlockGetFirstOperation(b); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op))
+    if (fresh(op, 0) || cg_op_is(op, "tensor.empty")) cg_op_list_push(&ops, op);
+  for (size_t i = ops.n; i-- > 0 && !ops.oom;)
+    if (mlirOpOperandIsNull(mlirValueGetFirstUse(mlirOperationGetResult(ops.v[i], 0)))) mlirOperationDestroy(ops.v[i]);
+  free(ops.v);
+}
+
 int cg_chunk_split(MlirModule m) {
   int counter = 0;
   cg_op_list funcs = {0};
@@ -325,6 +352,14 @@ int cg_chunk_split(MlirModule m) {
         !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0))))
       cg_op_list_push(&funcs, f);
   for (size_t i = 0; i < funcs.n && !funcs.oom; i++) split_func(m, funcs.v[i], &counter);
+  if (counter) { /* the pieces first: their clones may leave the originals dead */
+    MlirStringRef name;
+    for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+         f = mlirOperationGetNextInBlock(f))
+      if (is_piece(f, &name)) erase_dead_fresh(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0)));
+    for (size_t i = 0; i < funcs.n && !funcs.oom; i++)
+      erase_dead_fresh(mlirRegionGetFirstBlock(mlirOperationGetRegion(funcs.v[i], 0)));
+  }
   free(funcs.v);
   return funcs.oom ? -1 : counter;
 }
