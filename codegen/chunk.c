@@ -212,14 +212,7 @@ static void split_piece(MlirModule m, body *b, int start, int end, const char *n
   MlirBlock entry = mlirRegionGetFirstBlock(mlirOperationGetRegion(fn, 0));
   mlirBlockAppendOwnedOperation(mlirModuleGetBody(m), fn);
 
-  MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), loc);
-  mlirOperationStateAddOperands(&cs, in.n, in.v);
-  mlirOperationStateAddResults(&cs, out.n, tout);
-  MlirNamedAttribute callee = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("callee")),
-                                                    mlirFlatSymbolRefAttrGet(ctx, nova_str(name)));
-  mlirOperationStateAddAttributes(&cs, 1, &callee);
-  MlirOperation call = mlirOperationCreate(&cs);
-  mlirBlockInsertOwnedOperationBefore(b->block, first, call);
+  MlirOperation call = cg_insert_call(first, loc, mlirFlatSymbolRefAttrGet(ctx, nova_str(name)), in.n, in.v, out.n, tout);
   cg_ptrmap_put(&b->idx, call.ptr, start); /* an earlier piece's values it reads are used at `start` */
 
   for (int i = start; i < end; i++) mlirOperationMoveBefore(b->ops[i], ret);

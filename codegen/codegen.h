@@ -77,6 +77,11 @@ void cg_fingerprint(MlirOperation op, cg_outside_fn outside, void *ud, uint64_t 
  * them), not yet in a module. */
 MlirOperation cg_make_func(MlirContext ctx, MlirLocation loc, const char *name, int nin, const MlirType *tin, int nout,
                            const MlirType *tout, MlirOperation *ret);
+/* A func.call of CALLEE (a symbol reference attribute) with the NOPS
+ * operands OPS and NRES results of the types RT, at LOC, inserted before
+ * AT. */
+MlirOperation cg_insert_call(MlirOperation at, MlirLocation loc, MlirAttribute callee, intptr_t nops, const MlirValue *ops,
+                             intptr_t nres, const MlirType *rt);
 /* Moves the body of FN's entry block before AT, its arguments replaced by
  * ARGS (one per argument); RESULTS[i]: the value it returned i-th.  FN is
  * left with only its return (the caller destroys it). */

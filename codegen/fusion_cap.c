@@ -84,12 +84,7 @@ static void add_barrier(cap_state *s, MlirValue v, MlirOperation before) {
     MlirOperation f = cg_make_func(ctx, mlirLocationUnknownGet(ctx), name, 1, &t, 0, NULL, &ret);
     mlirBlockAppendOwnedOperation(mlirModuleGetBody(s->m), f);
   }
-  MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), mlirOperationGetLocation(before));
-  MlirNamedAttribute callee =
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("callee")), mlirFlatSymbolRefAttrGet(ctx, nova_str(name)));
-  mlirOperationStateAddAttributes(&cs, 1, &callee);
-  mlirOperationStateAddOperands(&cs, 1, &v);
-  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(before), before, mlirOperationCreate(&cs));
+  cg_insert_call(before, mlirOperationGetLocation(before), mlirFlatSymbolRefAttrGet(ctx, nova_str(name)), 1, &v, 0, NULL);
 }
 
 static void visit(cap_state *s, MlirOperation op, int *barriers) {

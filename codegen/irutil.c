@@ -128,6 +128,19 @@ MlirOperation cg_make_func(MlirContext ctx, MlirLocation loc, const char *name, 
   return mlirOperationCreate(&fs);
 }
 
+MlirOperation cg_insert_call(MlirOperation at, MlirLocation loc, MlirAttribute callee, intptr_t nops, const MlirValue *ops,
+                             intptr_t nres, const MlirType *rt) {
+  MlirContext ctx = mlirOperationGetContext(at);
+  MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), loc);
+  MlirNamedAttribute c = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("callee")), callee);
+  mlirOperationStateAddOperands(&cs, nops, ops);
+  mlirOperationStateAddResults(&cs, nres, rt);
+  mlirOperationStateAddAttributes(&cs, 1, &c);
+  MlirOperation call = mlirOperationCreate(&cs);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(at), at, call);
+  return call;
+}
+
 void cg_inline_func(MlirOperation fn, MlirOperation at, const MlirValue *args, MlirValue *results) {
   MlirBlock entry = mlirRegionGetFirstBlock(mlirOperationGetRegion(fn, 0));
   MlirOperation ret = mlirBlockGetTerminator(entry);

@@ -313,21 +313,6 @@ static bool callable(const MlirValue *args, int n) {
   return tensor;
 }
 
-/* A func.call of CALLEE (a symbol reference attribute) with OPS and
- * result types RT, inserted before AT. */
-static MlirOperation insert_call(MlirOperation at, MlirAttribute callee, intptr_t nops, const MlirValue *ops,
-                                 intptr_t nres, const MlirType *rt) {
-  MlirContext ctx = mlirOperationGetContext(at);
-  MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), mlirOperationGetLocation(at));
-  MlirNamedAttribute c = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("callee")), callee);
-  mlirOperationStateAddOperands(&cs, nops, ops);
-  mlirOperationStateAddResults(&cs, nres, rt);
-  mlirOperationStateAddAttributes(&cs, 1, &c);
-  MlirOperation call = mlirOperationCreate(&cs);
-  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(at), at, call);
-  return call;
-}
-
 /* Kernel K's tiled function, moved into the step's module the first time. */
 static MlirStringRef placed(cg_kernels *ks, int k) {
   kernel *kn = &ks->k[k];
@@ -358,7 +343,7 @@ void cg_kernels_join(cg_kernels *ks) {
       MlirType *rt = nv_xcalloc((size_t)nres + 1, sizeof *rt);
       for (intptr_t r = 0; r < nres; r++) rt[r] = mlirValueGetType(mlirOperationGetResult(op, r));
       MlirAttribute callee = mlirFlatSymbolRefAttrGet(mlirOperationGetContext(op), placed(ks, ks->of[i]));
-      MlirOperation call = insert_call(op, callee, nin, args, nres, rt);
+      MlirOperation call = cg_insert_call(op, mlirOperationGetLocation(op), callee, nin, args, nres, rt);
       free(rt);
       for (intptr_t r = 0; r < nres; r++) res[r] = mlirOperationGetResult(call, r);
       ks->called++;
@@ -463,7 +448,8 @@ static void reread_arg(MlirOperation call, MlirOperation kfn, void *ud) {
   intptr_t nops = mlirOperationGetNumOperands(call);
   MlirValue *ops = nv_xcalloc((size_t)nops + 1, sizeof *ops);
   for (intptr_t i = 0; i < nops; i++) ops[i] = mlirOperationGetOperand(call, i);
-  MlirOperation nc = insert_call(call, mlirOperationGetAttributeByName(call, nova_str("callee")), nops, ops, kept, rt);
+  MlirOperation nc = cg_insert_call(call, mlirOperationGetLocation(call), mlirOperationGetAttributeByName(call, nova_str("callee")), nops,
+                                    ops, kept, rt);
   for (intptr_t r = 0, j = 0; r < nres; r++)
     mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(call, r),
                                   drop[r] < 0 ? mlirOperationGetResult(nc, j++) : ops[drop[r]]);

@@ -209,13 +209,7 @@ static int outline_one(MlirModule m, MlirOperation nest, const char *name, captu
     mlirOperationSetDiscardableAttributeByName(fn, nova_str("nova.parallel"), mlirUnitAttrGet(ctx));
   mlirBlockAppendOwnedOperation(mlirModuleGetBody(m), fn);
   /* the call, where the nest was */
-  MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), loc);
-  mlirOperationStateAddOperands(&cs, args->n, args->v);
-  MlirNamedAttribute callee = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("callee")),
-                                                    mlirFlatSymbolRefAttrGet(ctx, nova_str(name)));
-  mlirOperationStateAddAttributes(&cs, 1, &callee);
-  MlirOperation call = mlirOperationCreate(&cs);
-  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(nest), nest, call);
+  MlirOperation call = cg_insert_call(nest, loc, mlirFlatSymbolRefAttrGet(ctx, nova_str(name)), args->n, args->v, 0, NULL);
   *fn_out = fn;
   *call_out = call;
   /* the nest, its outside values mapped to arguments and clones */

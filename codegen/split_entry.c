@@ -164,12 +164,7 @@ static bool split_piece(MlirModule m, const entry *e, int start, int end, const 
     mlirOperationSetAttributeByName(fn, nova_str("passthrough"), noinline);
     mlirBlockAppendOwnedOperation(mlirModuleGetBody(m), fn);
     MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(fn, 0));
-    MlirOperationState cs = mlirOperationStateGet(nova_str("func.call"), loc);
-    mlirOperationStateAddOperands(&cs, p.nin, p.in);
-    MlirNamedAttribute callee = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("callee")),
-                                                      mlirFlatSymbolRefAttrGet(ctx, nova_str(name)));
-    mlirOperationStateAddAttributes(&cs, 1, &callee);
-    mlirBlockInsertOwnedOperationBefore(e->block, first, mlirOperationCreate(&cs));
+    cg_insert_call(first, loc, mlirFlatSymbolRefAttrGet(ctx, nova_str(name)), p.nin, p.in, 0, NULL);
     /* inside: the arguments, then clones of the hoisted ops, then the piece */
     size_t nmap = (size_t)p.nin;
     for (int i = 0; i < p.nre; i++) nmap += (size_t)mlirOperationGetNumResults(p.re[i]);
