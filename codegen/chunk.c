@@ -11,8 +11,9 @@
  * function longer than CG_CHUNK_OPS top-level ops into consecutive pieces
  * of about that many ops (more in a very long function), each moved into
  * a private function (@__nova_chunk_K) called in its place; the values a
- * piece uses from before are its arguments (constants, and slices of whole
- * tensors, are cloned into it), the values used after it its results.  A cut
+ * piece uses from before are its arguments (constants, slices of whole
+ * tensors and fresh ones, empty or filled with a constant, are cloned into
+ * it), the values used after it its results.  A cut
  * is placed where no view (a tensor-dialect result other than
  * tensor.empty) and nothing but tensors and scalars is live across it,
  * so that bufferization passes only whole buffers of identity layout at

@@ -13,7 +13,9 @@
  * Does: the entry takes a single pointer, to an array of the former
  * parameters in their order (`void entry(void **a)`); its body loads
  * a[i] before each operation that read parameter i.  The runtime calls
- * it with that array.
+ * it with that array.  The entry and its pieces (cg_fold_piece_descriptors,
+ * the functions split_entry.c made) keep no memref descriptors: a field
+ * read back from one is the value put in.
  */
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
@@ -50,7 +52,7 @@ static MlirValue load_slot(MlirContext ctx, MlirLocation loc, MlirBlock b, MlirO
 }
 
 /* The field an llvm.insertvalue / extractvalue OP names: its position's
- * first index; *DEPTH: the position's length (-1 if it has none). */
+ * first index (-1 if it has none); *DEPTH: the position's length. */
 static int64_t position(MlirOperation op, intptr_t *depth) {
   MlirAttribute p = mlirOperationGetAttributeByName(op, nova_str("position"));
   *depth = !mlirAttributeIsNull(p) && mlirAttributeIsADenseI64Array(p) ? mlirDenseArrayGetNumElements(p) : 0;
