@@ -34,6 +34,8 @@
 #include "codegen.h"
 
 #define CG_CHUNK_OPS 400
+#define CG_CHUNK_ARGS 128
+#define MIN_PIECE 8
 #define CHUNK_PREFIX "__nova_chunk_"
 
 typedef struct body {
@@ -269,11 +271,29 @@ static void plan_cuts(const body *b, int max_ops, char *cut) {
   char *blocked = nv_xcalloc((size_t)b->n + 1, 1);
   for (int k = 0; k <= b->n; k++) blocked[k] = (char)((run += live[k]) > 0);
   free(live);
+  size_t nuses = 0;
+  for (int i = 0; i < b->n; i++) nuses += (size_t)mlirOperationGetNumOperands(b->ops[i]);
+  cg_ptrmap taken; /* value -> 1 + the start of the last piece that counted it */
+  cg_ptrmap_init(&taken, nuses + 1);
   for (int start = 0; start < b->n;) {
-    int end = start + max_ops;
+    int end = start + max_ops < b->n ? start + max_ops : b->n;
+    /* fewer ops where the piece would take more than CG_CHUNK_ARGS values
+     * from before it (at least MIN_PIECE ops: one op may take more) */
+    int args = 0;
+    for (int i = start; i < end && args < CG_CHUNK_ARGS; i++)
+      for (intptr_t k = 0; k < mlirOperationGetNumOperands(b->ops[i]); k++) {
+        MlirValue v = mlirOperationGetOperand(b->ops[i], k);
+        if (def_index(b, v) >= start || is_constant(v) || cg_ptrmap_get(&taken, v.ptr) == start + 1) continue;
+        cg_ptrmap_put(&taken, v.ptr, start + 1);
+        if (++args == CG_CHUNK_ARGS) {
+          int e = i + 1 > start + MIN_PIECE ? i + 1 : start + MIN_PIECE;
+          if (e < end) end = e;
+        }
+      }
+    if (getenv("NOVAC_DEBUG_CHUNKS")) fprintf(stderr, "novac: piece at %d: %d ops, %d values from before\n", start, end - start, args);
     if (end >= b->n) break;
     int k = end;
-    while (k > start + max_ops / 2 && blocked[k]) k--;
+    while (k > start + (end - start) / 2 && blocked[k]) k--;
     if (blocked[k])
       for (k = end; k < b->n && blocked[k]; k++) {
       }
@@ -281,6 +301,7 @@ static void plan_cuts(const body *b, int max_ops, char *cut) {
     cut[k] = 1;
     start = k;
   }
+  cg_ptrmap_free(&taken);
   free(blocked);
 }
 

@@ -18,7 +18,7 @@
  * tiles that module, one small function per distinct kernel.
  * cg_kernels_join puts a copy of the tiled function in place of every op
  * of its key, its arguments bound to that op's outside values; or, in a
- * large inference step (CG_CALL_MIN_OPS kernel ops, NOVAC_KERNEL_CALLS), moves the
+ * large step (CG_CALL_MIN_OPS kernel ops, NOVAC_KERNEL_CALLS), moves the
  * tiled function into the step as @__nova_tiled_K and makes each op of
  * its key a func.call of it, where every value passed is a scalar or a
  * whole tensor (else the op gets its copy).  One-shot bufferization then
@@ -289,16 +289,12 @@ size_t cg_kernels_called(const cg_kernels *ks) { return ks->called; }
 static bool wants_calls(const cg_kernels *ks) {
   const char *e = getenv("NOVAC_KERNEL_CALLS");
   if (e && *e) return strcmp(e, "0") != 0;
-  if (ks->nmember < CG_CALL_MIN_OPS) return false;
-  /* not (yet) in a training step: there one-shot bufferization's analysis
-   * of the calls grows with the square of a piece's length (a 1,000-weight
-   * chain with --train: 0.7 s with copies, 3.6 s with calls in pieces of
-   * CG_CHUNK_OPS ops, 0.9 s in pieces of 100) */
-  MlirOperation entry = cg_entry_func(ks->host);
-  MlirAttribute n = mlirOperationIsNull(entry) ? mlirAttributeGetNull()
-                                               : mlirOperationGetAttributeByName(entry, nova_str("sym_name"));
-  MlirStringRef name = mlirAttributeIsNull(n) ? (MlirStringRef){"", 0} : mlirStringAttrGetValue(n);
-  return !(name.length == 10 && !memcmp(name.data, "train_step", 10));
+  /* in a training step too since chunk.c cuts a piece after CG_CHUNK_ARGS
+   * values from before it: one-shot's aliasing queries at a piece's call
+   * grew with its arguments times its results, all written in place by
+   * the kernels (a 1,000-weight chain with --train: 3.55 s in pieces of
+   * 400 ops, 0.45 s with the cap, 0.67 s with copies) */
+  return ks->nmember >= CG_CALL_MIN_OPS;
 }
 
 /* Whether a call can pass ARGS: one tensor at least (a kernel of
