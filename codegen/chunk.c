@@ -9,12 +9,13 @@
  * Requires: tensor IR (after tiling and cg_unshare_destinations).
  * Does (cg_chunk_split): cuts the straight-line body of each public
  * function longer than CG_CHUNK_OPS top-level ops into consecutive pieces
- * of about that many ops (more in a very long function), each moved into
- * a private function (@__nova_chunk_K) called in its place; the values a
- * piece uses from before are its arguments (constants, slices of whole
- * tensors and fresh ones, empty or filled with a constant, are cloned into
- * it), the values used after it its results.  A cut
- * is placed where no view (a tensor-dialect result other than
+ * of about that many ops (more in a very long function, fewer where a
+ * piece would take more than CG_CHUNK_ARGS values from before it), each
+ * moved into a private function (@__nova_chunk_K) called in its place;
+ * the values a piece uses from before are its arguments (constants,
+ * slices of whole tensors and fresh ones, empty or filled with a constant,
+ * are cloned into it), the values used after it its results.  A cut is
+ * placed where no view (a tensor-dialect result other than
  * tensor.empty) and nothing but tensors and scalars is live across it,
  * so that bufferization passes only whole buffers of identity layout at
  * the calls and copies nothing there.  After bufferization,
