@@ -444,8 +444,8 @@ static void reread_arg(MlirOperation call, MlirOperation kfn, void *ud) {
   intptr_t nops = mlirOperationGetNumOperands(call);
   MlirValue *ops = nv_xcalloc((size_t)nops + 1, sizeof *ops);
   for (intptr_t i = 0; i < nops; i++) ops[i] = mlirOperationGetOperand(call, i);
-  MlirOperation nc = cg_insert_call(call, mlirOperationGetLocation(call), mlirOperationGetAttributeByName(call, nova_str("callee")), nops,
-                                    ops, kept, rt);
+  MlirAttribute callee = mlirOperationGetAttributeByName(call, nova_str("callee"));
+  MlirOperation nc = cg_insert_call(call, mlirOperationGetLocation(call), callee, nops, ops, kept, rt);
   for (intptr_t r = 0, j = 0; r < nres; r++)
     mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(call, r),
                                   drop[r] < 0 ? mlirOperationGetResult(nc, j++) : ops[drop[r]]);
