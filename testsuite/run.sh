@@ -115,7 +115,7 @@ for t in examples onnx_models train_onnx; do
   suite "O0-$t" env NOVA_TEST_FLAGS=-O0 NOVA_TEST_TAG=O0/ python3 "testsuite/e2e/test_$t.py"
 done
 # the whole-model tests again with every tiled kernel called, as in a large
-# inference step (codegen/kernel_once.c; by default from 2,048 kernel ops): the same results
+# step (codegen/kernel_once.c; by default from 2,048 kernel ops): the same results
 suite calls-zoo env NOVAC_KERNEL_CALLS=1 NOVA_TEST_TAG=calls/ python3 testsuite/zoo/test_zoo.py
 for t in grads_onnx batchnorm_train dropout eval; do
   suite "calls-$t" env NOVAC_KERNEL_CALLS=1 NOVA_TEST_TAG=calls/ python3 "testsuite/e2e/test_$t.py"

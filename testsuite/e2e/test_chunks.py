@@ -51,7 +51,7 @@ manifests = []  # (knob on, manifest) of the steps compiled
 KNOBS = {"chunks": ("NOVAC_NO_CHUNKS", "1", None, r"bufferized in (\d+) pieces"),
          "sweep": ("NOVAC_PLAN_FIRST_FIT", "1", None, r"memory plan: (\d+) buffers in time order"),
          "entry": ("NOVAC_NO_SPLIT_ENTRY", "1", None, r"the entry in ([1-9]\d*) pieces"),
-         # kernels called, not copied (kernel_once.c: by default in inference steps of 2,048 kernel ops and more)
+         # kernels called, not copied (kernel_once.c: by default in steps of 2,048 kernel ops and more)
          "calls": ("NOVAC_KERNEL_CALLS", "0", "1", r"tiling: \d+ ops, \d+ distinct kernels, ([1-9]\d*) called")}
 
 
