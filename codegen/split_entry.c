@@ -208,8 +208,8 @@ static bool split_piece(MlirModule m, const entry *e, int start, int end, const 
  * Hoisted ops are pure, so two of the same name, operands, attributes and
  * result types are one value: the later is replaced by the earlier (which
  * is above it), and each piece recomputes a few views instead of one per
- * use (a 16,000-statement chain: 348,000 of 630,000 lines of LLVM IR were
- * the views' descriptors). */
+ * use (a 16,000-statement chain's LLVM IR: 630,000 -> 297,000 lines from
+ * this alone). */
 
 static uint64_t mix(uint64_t h, const void *p) {
   h ^= (uint64_t)(uintptr_t)p;
