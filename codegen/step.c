@@ -403,6 +403,14 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
   cJSON_AddStringToObject(root, "graph_hash", hash);
   cJSON_AddNumberToObject(root, "abi_version", NOVA_STEP_ABI_VERSION);
   cJSON_AddStringToObject(root, "entry", g->train ? "train_step" : "forward");
+  cJSON_AddStringToObject(root, "precision", g->precision[0] ? g->precision : "fp32");
+  if (g->loss_scale > 0) {
+    cJSON *ls = cJSON_AddObjectToObject(root, "loss_scale");
+    cJSON_AddNumberToObject(ls, "initial", g->loss_scale);
+    cJSON_AddNumberToObject(ls, "growth_interval", (double)g->loss_scale_window);
+    cJSON_AddStringToObject(ls, "scale", "amp.loss_scale");
+    cJSON_AddStringToObject(ls, "skipped_steps", "amp.skipped_steps");
+  }
   if (sum) {
     char hex[17];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum->fnv);

@@ -19,6 +19,7 @@
 #include "../codegen/codegen.h"
 #include "../configurator/device.h"
 #include "../frontend/frontend.h"
+#include "../passes/amp.h"
 #include "../passes/autodiff.h"
 #include "diag.h"
 #include "novac_device.h"
@@ -35,6 +36,8 @@ typedef struct opts {
   int gpu_block;
   bool tf32;
   int64_t memory_limit; /* --memory-limit, bytes (0: none) */
+  const char *precision, *policy; /* --precision (NULL: the model's, else fp32), --precision-policy */
+  bool loss_scale_set, window_set;
   ad_options ad;
   bool lr_set, wd_set;
   fe_dim_binding dims[32];
@@ -62,6 +65,15 @@ static void usage(FILE *f) {
         "                        operands (10-bit mantissa; sm_80+); default highest (exact f32)\n"
         "  --gpu-sim             (cuda) run the GPU kernels as CPU loops over their grid and\n"
         "                        block: checks the GPU mapping where there is no GPU\n"
+        "  --precision=fp32|bf16|fp16|tf32  compute precision (default: the model's 'precision', else\n"
+        "                        fp32): bf16/fp16 compute matmuls, convolutions and elementwise\n"
+        "                        chains in 16 bits, reductions, norms, softmax, the loss and the\n"
+        "                        update in f32, parameters kept as f32 masters; tf32 (cuda):\n"
+        "                        f32 matmuls on tensor cores\n"
+        "  --precision-policy=FILE  JSON overrides of the precision policy, per op or name glob\n"
+        "  --loss-scale=F|none   (--train) dynamic loss scaling's initial scale (default 65536 with\n"
+        "                        fp16, none otherwise)\n"
+        "  --loss-scale-window=N (--train) clean steps after which the loss scale doubles (2000)\n"
         "  --cpu=NAME            LLVM CPU to generate code for (default host; e.g. x86-64-v3)\n"
         "  --dim=NAME=N          bind a symbolic dimension\n"
         "  -O0 .. -O3            optimisation level (default -O2)\n"
@@ -238,6 +250,29 @@ static int parse_args(int argc, char **argv, opts *o) {
         return bad_usage("--matmul-precision takes highest or tf32, not '%s'", v);
       o->tf32 = !strcmp(v, "tf32");
       nv_sb_printf(&o->flags, " --matmul-precision=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--precision"))) {
+      if (strcmp(v, "fp32") && strcmp(v, "bf16") && strcmp(v, "fp16") && strcmp(v, "tf32"))
+        return bad_usage("--precision takes fp32, bf16, fp16 or tf32, not '%s'", v);
+      o->precision = v;
+    } else if ((v = opt_value(argc, argv, &i, "--precision-policy"))) {
+      o->policy = v;
+      nv_sb_printf(&o->flags, " --precision-policy=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--loss-scale"))) {
+      o->loss_scale_set = true;
+      if (!strcmp(v, "none")) o->ad.loss_scale = 0;
+      else if (num_value("--loss-scale", v, &o->ad.loss_scale)) return 2;
+      else if (!(o->ad.loss_scale >= 1 && o->ad.loss_scale <= 0x1p64))
+        return bad_usage("--loss-scale takes a number from 1 to 2^64, or none, not '%s'", v);
+      nv_sb_printf(&o->flags, " --loss-scale=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--loss-scale-window"))) {
+      char *end;
+      errno = 0;
+      long long w = strtoll(v, &end, 10);
+      if (!nv_number_token(v) || *end || errno || w < 1 || w > (1LL << 40))
+        return bad_usage("--loss-scale-window takes a positive number of steps, not '%s'", v);
+      o->ad.loss_scale_window = w;
+      o->window_set = true;
+      nv_sb_printf(&o->flags, " --loss-scale-window=%s", v);
     } else if (!strcmp(a, "--gpu-sim")) {
       o->gpu_sim = true;
       nv_sb_printf(&o->flags, " --gpu-sim");
@@ -464,6 +499,49 @@ static int build_eval(nova_ctx *c, const opts *o, const nv_graph *g, nv_graph *g
   return 0;
 }
 
+/* --precision (or the model's 'precision'): the amp pass on G and on GE
+ * (the evaluation entry's graph, or NULL), before autodiff; tf32 turns on
+ * cuda's tensor-core f32 matmuls; fp16 training gets dynamic loss scaling
+ * unless --loss-scale=none.  0, or -1 after a diagnostic. */
+static int apply_precision(nv_diag *d, opts *o, nv_graph *g, nv_graph *ge, bool cuda) {
+  const char *p = o->precision ? o->precision : g->precision[0] ? g->precision : "fp32";
+  snprintf(g->precision, sizeof g->precision, "%s", p);
+  if (strcmp(p, "fp32")) nv_sb_printf(&o->flags, " --precision=%s", p);
+  bool low = !strcmp(p, "bf16") || !strcmp(p, "fp16");
+  if (!strcmp(p, "tf32")) {
+    if (!cuda) {
+      nv_error_plain(d, "--precision=tf32: tf32 is the tensor-core format of NVIDIA GPUs (sm_80 and up); the cpu "
+                        "target has no tf32 arithmetic and computes f32 matmuls exactly (use fp32, or bf16)");
+      return -1;
+    }
+    o->tf32 = true;
+  }
+  if (o->policy && !low) {
+    nv_error_plain(d, "--precision-policy needs --precision=bf16 or fp16 (at %s every op computes in its own dtype)", p);
+    return -1;
+  }
+  if ((o->loss_scale_set || o->window_set) && !o->train) {
+    nv_error_plain(d, "--loss-scale and --loss-scale-window need --train");
+    return -1;
+  }
+  if (!o->loss_scale_set && !strcmp(p, "fp16")) o->ad.loss_scale = 65536; /* torch.amp.GradScaler's */
+  if (!o->window_set) o->ad.loss_scale_window = 2000;
+  if (!low) return 0;
+  amp_policy pol;
+  amp_policy_default(&pol);
+  int rc = o->policy ? amp_policy_load(&pol, d, o->policy) : 0;
+  nova_dtype dt = !strcmp(p, "bf16") ? NOVA_DTYPE_BF16 : NOVA_DTYPE_F16;
+  amp_stats st;
+  if (!rc) rc = amp_apply(g, d, dt, &pol, &st);
+  if (!rc && o->verbose) fprintf(stderr, "novac: --precision=%s: %d ops in %s, %d casts\n", p, st.low_ops, p, st.casts);
+  if (!rc && ge) {
+    snprintf(ge->precision, sizeof ge->precision, "%s", p);
+    rc = amp_apply(ge, o->eval_diag ? o->eval_diag : d, dt, &pol, NULL);
+  }
+  amp_policy_free(&pol);
+  return rc;
+}
+
 static int compile(nv_diag *d, opts *o) {
   timer tm = {o->time_passes, now_ms(), 0};
   bool cuda = !strcmp(o->target, "cuda");
@@ -503,6 +581,11 @@ static int compile(nv_diag *d, opts *o) {
   stage_done(&tm, "frontend");
   if (!g) return -1;
   if (o->emit == EMIT_SO && check_init_bytes(d, g, o->input)) {
+    fe_graph_destroy(g);
+    fe_graph_destroy(ge);
+    return -1;
+  }
+  if (apply_precision(d, o, g, ge, cuda)) {
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
     return -1;

@@ -207,6 +207,10 @@ typedef struct nv_graph {
   bool train;           /* a training step (autodiff ran): entry @train_step */
   bool allow_empty;     /* dimensions may be 0 (ONNX models); the .nova format wants them positive */
   bool eval;            /* built for a training step's evaluation entry (no batch statistics) */
+  char precision[8];    /* fp32, bf16, fp16, tf32: the .nova 'precision' statement, then what
+                           novac compiled with ("": not given, fp32) */
+  double loss_scale;    /* dynamic loss scaling's initial scale (0: none), set by autodiff */
+  int64_t loss_scale_window; /* clean steps after which the scale doubles */
   int ninits;           /* ONNX with --train: every initializer nodes use, in file order */
   nv_initializer *inits;
 } nv_graph;

@@ -3,6 +3,7 @@
  *   file   := { stmt NEWLINE }
  *   stmt   := 'input' NAME ':' type | 'label' NAME ':' type
  *           | 'param' NAME ':' type '=' init | 'const' NAME ':' type '=' init | 'seed' INT
+ *           | 'precision' ('fp32' | 'bf16' | 'fp16' | 'tf32')
  *           | NAME '=' expr | 'output' NAME [ '=' expr ]
  *   type   := DTYPE '[' [ dim { ',' dim } ] ']'      dim := INT | NAME (bound by --dim)
  *   expr   := term { ('+' | '-') term }
@@ -252,7 +253,7 @@ static void index_sym(parser *P, int i) {
 }
 
 static bool reserved(const char *name) {
-  static const char *kw[] = {"input", "label", "param", "const", "output", "seed"};
+  static const char *kw[] = {"input", "label", "param", "const", "output", "seed", "precision"};
   for (size_t i = 0; i < sizeof kw / sizeof kw[0]; i++)
     if (strcmp(kw[i], name) == 0) return true;
   return nv_op_lookup(name) != NV_OP_COUNT || fe_dtype_parse(name) != 0;
@@ -892,6 +893,24 @@ static void parse_stmt(parser *P) {
   }
   if (is_name(P, "param")) {
     parse_decl(P, NV_OP_PARAM, NOVA_ROLE_PARAM);
+    return;
+  }
+  if (is_name(P, "precision")) { /* precision bf16: the default of novac --precision */
+    next(P);
+    nv_loc loc = P->t.loc;
+    char v[256];
+    if (!expect_name(P, v, "after 'precision' (fp32, bf16, fp16 or tf32)")) return;
+    if (strcmp(v, "fp32") && strcmp(v, "bf16") && strcmp(v, "fp16") && strcmp(v, "tf32")) {
+      nv_error(P->d, loc, "unknown precision '%s'; expected fp32, bf16, fp16 or tf32", v);
+      P->failed = true;
+      return;
+    }
+    if (P->g->precision[0]) {
+      nv_error(P->d, loc, "'precision' is given twice");
+      P->failed = true;
+      return;
+    }
+    memcpy(P->g->precision, v, strlen(v) + 1); /* one of the four names above */
     return;
   }
   if (is_name(P, "seed")) {

@@ -33,7 +33,10 @@ typedef struct ad {
 
 /* Gradients flow through f32 and f64 values only (f16 and bf16 params are
  * refused for training: no loss scaling or f32 master weights yet). */
-static bool differentiable(nova_dtype dt) { return dt == NOVA_DTYPE_F32 || dt == NOVA_DTYPE_F64; }
+/* Values gradients flow through: f16 and bf16 too (the ops --precision
+ * makes low); a loss and a trained param are f32 or f64. */
+static bool differentiable(nova_dtype dt) { return fe_dtype_is_float(dt); }
+static bool wide_float(nova_dtype dt) { return dt == NOVA_DTYPE_F32 || dt == NOVA_DTYPE_F64; }
 
 static nv_node *mk(ad *A, nv_op op, int nin, nv_node **in, const nv_node *attrs) {
   for (int i = 0; i < nin; i++)
@@ -714,6 +717,50 @@ static int check_flag_name(nv_graph *g, nv_diag *d) {
   return 0;
 }
 
+/* ---- dynamic loss scaling ------------------------------------------------------ */
+
+/* A scalar of the step's state (role opt_state, initially INIT). */
+static nv_node *scalar_state(ad *A, const char *name, nova_dtype dt, double init) {
+  nv_node *s = fe_graph_leaf(A->g, A->d, NV_OP_PARAM, name, dt, 0, NULL, A->loc);
+  if (!s) {
+    A->failed = true;
+    return NULL;
+  }
+  s->role = NOVA_ROLE_OPT_STATE;
+  s->init = (nv_init){.kind = NV_INIT_CONST, .a = init};
+  return s;
+}
+
+/* The new value of TARGET, written on every step (not guarded by the
+ * finite check: the loss scale changes on a skipped step too). */
+static int scale_state_update(ad *A, nv_node *target, nv_node *value) {
+  char name[600];
+  snprintf(name, sizeof name, "%s.next", target->name);
+  if (!value || fe_graph_add_output(A->g, A->d, name, value, target->loc)) return -1;
+  A->g->outputs[A->g->noutputs - 1].role = NOVA_ROLE_UPDATE;
+  A->g->outputs[A->g->noutputs - 1].updates = target;
+  return 0;
+}
+
+/* GradScaler's rule, once the finite check A->bad is made: on a step with a
+ * NaN or an infinity the scale halves (and the step changes nothing else);
+ * after WINDOW clean steps in a row it doubles (up to 2^64).  The counts of
+ * clean steps since the last change and of skipped steps are state too. */
+static int scale_rule(ad *A, nv_node *scale, int64_t window) {
+  nv_node *good = scalar_state(A, "amp.good_steps", NOVA_DTYPE_I64, 0);
+  nv_node *skipped = scalar_state(A, "amp.skipped_steps", NOVA_DTYPE_I64, 0);
+  if (!good || !skipped) return -1;
+  nv_node *one = konst(A, NOVA_DTYPE_I64, 1), *zero = konst(A, NOVA_DTYPE_I64, 0);
+  nv_node *g1 = add(A, good, one);
+  nv_node *grow = b2(A, NV_OP_GREATER_EQUAL, g1, konst(A, NOVA_DTYPE_I64, (double)window));
+  nv_node *up = b2(A, NV_OP_MINIMUM, mul(A, scale, konst(A, NOVA_DTYPE_F32, 2)), konst(A, NOVA_DTYPE_F32, 0x1p64));
+  nv_node *s1 = w3(A, A->bad, mul(A, scale, konst(A, NOVA_DTYPE_F32, 0.5)), w3(A, grow, up, scale));
+  nv_node *good1 = w3(A, A->bad, zero, w3(A, grow, zero, g1));
+  nv_node *sk1 = w3(A, A->bad, add(A, skipped, one), skipped);
+  return scale_state_update(A, scale, s1) || scale_state_update(A, good, good1) ||
+         scale_state_update(A, skipped, sk1) ? -1 : 0;
+}
+
 /* ---- the pass --------------------------------------------------------------- */
 
 /* The index of the loss among g's outputs, or -1 after a diagnostic. */
@@ -722,7 +769,7 @@ static int find_loss(nv_graph *g, nv_diag *d, const char *name) {
   for (int i = 0; i < g->noutputs; i++) {
     const nv_node *n = g->outputs[i].node;
     if (g->outputs[i].role == NOVA_ROLE_UPDATE) continue; /* state updates the frontend made */
-    if (name ? !strcmp(g->outputs[i].name, name) : (n->rank == 0 && differentiable(n->dtype))) {
+    if (name ? !strcmp(g->outputs[i].name, name) : (n->rank == 0 && wide_float(n->dtype))) {
       if (!name && li >= 0) {
         nv_error(d, g->outputs[i].loc, "--train: outputs '%s' and '%s' are both scalars; choose the loss with --loss=NAME",
                  g->outputs[li].name, g->outputs[i].name);
@@ -737,7 +784,7 @@ static int find_loss(nv_graph *g, nv_diag *d, const char *name) {
     return -1;
   }
   const nv_node *loss = g->outputs[li].node;
-  if (loss->rank != 0 || !differentiable(loss->dtype)) {
+  if (loss->rank != 0 || !wide_float(loss->dtype)) {
     nv_error(d, g->outputs[li].loc, "the loss '%s' must be a scalar f32 or f64, got %s with %d dims",
              g->outputs[li].name, fe_dtype_name(loss->dtype), loss->rank);
     return -1;
@@ -758,10 +805,12 @@ static int propagate_needs(ad *A) {
   return ntrain;
 }
 
-/* The backward pass from LOSS, in reverse topological order. */
-static int backward(ad *A, nv_node *loss) {
+/* The backward pass from LOSS, in reverse topological order, seeded with
+ * SEED (NULL: 1; the loss scale). */
+static int backward(ad *A, nv_node *loss, nv_node *seed) {
   A->loc = loss->loc;
-  A->grad[loss->id] = konst(A, loss->dtype, 1.0);
+  A->grad[loss->id] = !seed ? konst(A, loss->dtype, 1.0)
+                    : seed->dtype == loss->dtype ? seed : mk(A, NV_OP_CAST, 1, &seed, &(nv_node){.to = loss->dtype});
   for (int i = A->nforward - 1; i >= 0 && !A->failed; i--) {
     nv_node *n = A->g->nodes[i];
     if (!A->grad[i] || !A->needs[i]) continue;
@@ -788,7 +837,7 @@ int ad_grad_reach(nv_graph *g, nv_diag *d, const char *loss, bool *reached) {
   for (int i = 0; i < nf; i++) A.needs[i] = trainable(g->nodes[i]);
   propagate_needs(&A);
   nv_node *l = g->outputs[li].node;
-  if (A.needs[l->id] && backward(&A, l)) goto out;
+  if (A.needs[l->id] && backward(&A, l, NULL)) goto out;
   for (int i = 0; i < nf; i++) reached[i] = g->nodes[i]->op == NV_OP_PARAM && A.grad[i];
   rc = 0;
 out:
@@ -817,7 +866,7 @@ static int choose_params(ad *A, const ad_options *o) {
     if (n->op != NV_OP_PARAM) continue;
     bool only = !o->train_only || nv_glob_match(o->train_only, n->name, tm);
     A->needs[i] = trainable(n) && !nv_glob_match(o->freeze, n->name, fm) && only;
-    if (A->needs[i] && !differentiable(n->dtype)) {
+    if (A->needs[i] && !wide_float(n->dtype)) {
       nv_error(A->d, n->loc, "--train: param '%s' is %s; training f16/bf16 parameters is not supported (freeze it with "
                "--freeze=%s)", n->name, fe_dtype_name(n->dtype), n->name);
       return -1;
@@ -845,8 +894,20 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     nv_error(d, g->outputs[li].loc, "the loss '%s' does not depend on any trainable parameter", g->outputs[li].name);
     goto out;
   }
-  if (backward(&A, loss)) goto out;
+  nv_node *scale = NULL, *inv = NULL; /* dynamic loss scaling: the state, 1 / it */
+  if (o->loss_scale > 0) {
+    A.loc = loss->loc;
+    if (!(scale = scalar_state(&A, "amp.loss_scale", NOVA_DTYPE_F32, o->loss_scale))) goto out;
+  }
+  if (backward(&A, loss, scale)) goto out;
   if (finite_check(&A, loss) || A.failed) goto out;
+  if (scale) {
+    A.loc = loss->loc;
+    inv = dvd(&A, konst(&A, NOVA_DTYPE_F32, 1), scale);
+    if (!inv || scale_rule(&A, scale, o->loss_scale_window)) goto out;
+    g->loss_scale = o->loss_scale;
+    g->loss_scale_window = o->loss_scale_window;
+  }
   /* the optimizer */
   nv_node *lr = fe_graph_leaf(g, d, NV_OP_INPUT, "lr", NOVA_DTYPE_F32, 0, NULL, nowhere);
   if (!lr) goto out;
@@ -870,6 +931,8 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
       continue;
     }
     nv_node *gr = A.grad[i];
+    if (inv) /* unscaled before it is reported and used (one multiply, fused into the update) */
+      gr = mul(&A, gr, inv->dtype == gr->dtype ? inv : mk(&A, NV_OP_CAST, 1, &inv, &(nv_node){.to = gr->dtype}));
     char name[600];
     snprintf(name, sizeof name, "%s.grad", p->name);
     if (!gr || fe_graph_add_output(g, d, name, gr, p->loc)) goto out;

@@ -28,6 +28,11 @@ typedef struct ad_options {
   ad_optimizer optimizer;
   double lr, momentum, beta1, beta2, eps, weight_decay;
   bool nesterov;
+  /* dynamic loss scaling (0: none): the backward pass is seeded with the
+   * state amp.loss_scale (initially loss_scale), the gradients unscaled
+   * before they are used; see scale_rule in autodiff.c */
+  double loss_scale;
+  int64_t loss_scale_window;
 } ad_options;
 
 /* Returns 0, or -1 with diagnostics (no loss, a loss no parameter reaches,

@@ -1,5 +1,9 @@
 """Forward numerics of every nova op against numpy (float64 reference).
-f32 models must match within 1e-5 relative error (max-norm), f64 within 1e-12."""
+f32 models must match within 1e-5 relative error (max-norm), f64 within 1e-12.
+The same table runs in f16 and bf16 (16-bit storage, computed in f32 and
+rounded once per op): the reference is float64 on the rounded inputs, the
+tolerance a few units in the last place of the result's largest element
+(2^-11 for f16, 2^-8 for bf16), as a chain of ops rounds once each."""
 import os
 import sys
 
@@ -9,8 +13,13 @@ from harness import Failure, case, check_close, compile_and_run, erf, results
 from refs import attention_ref, conv_ref, pool_ref, rms_norm_ref as rms_norm, rotary_ref as rotary
 
 rng = np.random.default_rng(1234)
-TOL = {"f32": 1e-5, "f64": 1e-12}
-NP = {"f32": np.float32, "f64": np.float64}
+TOL = {"f32": 1e-5, "f64": 1e-12, "f16": 6 * 2.0 ** -11, "bf16": 6 * 2.0 ** -8}
+NP = {"f32": np.float32, "f64": np.float64, "f16": np.float16}
+try:
+    import ml_dtypes
+    NP["bf16"] = ml_dtypes.bfloat16
+except ImportError:  # onnx brings ml_dtypes; without it the bf16 cases are skipped
+    pass
 
 
 def decl(kind, name, arr, dt):
@@ -32,7 +41,8 @@ def op_case(name, body, inputs, ref, dt="f32", files=None, extra=""):
                 text += decl("input", k, v, "i64" if v.dtype == np.int64 else "i32")
         text += extra + body + "\noutput r\n"
         outs, _ = compile_and_run(text, cast, files=files)
-        ref64 = ref(*[(v.astype(np.float64) if v.dtype.kind == "f" else v) for v in cast.values()])
+        # (bfloat16's numpy kind is "V": the kinds are the float64 inputs')
+        ref64 = ref(*[(cast[k].astype(np.float64) if v.dtype.kind == "f" else v) for k, v in inputs.items()])
         check_close(outs[0], ref64, TOL[dt])
     case("%s.%s" % (name, dt), run)
 
@@ -62,7 +72,7 @@ def cross_entropy(logits, labels):
     return np.mean(lse - picked)
 
 
-for dt in ("f32", "f64"):
+for dt in ("f32", "f64") + tuple(t for t in ("f16", "bf16") if t in NP):
     op_case("add_broadcast", "r = a + b", {"a": r(3, 4, 5), "b": r(4, 1)}, lambda a, b: a + b, dt)
     op_case("sub", "r = a - b", {"a": r(3, 5), "b": r(5)}, lambda a, b: a - b, dt)
     op_case("mul", "r = a * b", {"a": r(1, 5), "b": r(4, 1)}, lambda a, b: a * b, dt)
@@ -169,7 +179,7 @@ for dt in ("f32", "f64"):
             "count_include_pad=1, ceil_mode=1)", {"x": r(1, 2, 7, 6)},
             lambda x: pool_ref(x, (2, 3), (2, 2), (0, 1, 1, 1), True, "avg", True), dt)
     c = rng.uniform(-1, 1, (3, 4))
-    op_case("const_file", "r = a * c", {"a": r(3, 4)}, lambda a: a * c.astype(np.float32 if dt == "f32" else np.float64),
+    op_case("const_file", "r = a * c", {"a": r(3, 4)}, lambda a: a * c.astype(NP[dt]).astype(np.float64),
             dt, files={"c.bin": c.astype(NP[dt])}, extra="const c: %s[3, 4] = file(\"c.bin\")\n" % dt)
     op_case("const_causal_mask", "r = a + m", {"a": r(2, 4, 4)}, lambda a: a + np.triu(np.full((4, 4), -7.0), 1),
             dt, extra="const m: %s[4, 4] = causal_mask(-7)\n" % dt)
