@@ -40,7 +40,8 @@
  *     as elementwise, the reduction loops moved inside (the accumulator
  *     stays in a register); innermost dim reduced: one vector per row when
  *     the row is at most CG_TILE_MAX_ROW elements, else left as loops.
- * Ops left alone: dynamic shapes, i1/f16/bf16/index element types, maps
+ * Ops left alone: dynamic shapes, i1/index element types (f16/bf16 but in
+ * elementwise ops), maps
  * that are not projected permutations (convolution windows), bodies with
  * tensor.extract (gathers) or ops outside arith/math.
  * Numerics: the same operations in the same order as the scalar loops,
@@ -104,9 +105,12 @@ static bool name_starts(MlirOperation op, const char *prefix) {
 }
 
 /* Element types the vector code handles like the scalar code: i1 vectors
- * are bit-packed in memory, f16/bf16 are left to the scalar path. */
+ * are bit-packed in memory; f16/bf16 only in elementwise ops (plan_op:
+ * their conversions to and from f32, and data movement). */
+static bool is_half(MlirType t) { return mlirTypeIsAF16(t) || mlirTypeIsABF16(t); }
+
 static bool vec_elem_ok(MlirType t) {
-  if (mlirTypeIsAF32(t) || mlirTypeIsAF64(t)) return true;
+  if (mlirTypeIsAF32(t) || mlirTypeIsAF64(t) || is_half(t)) return true;
   if (mlirTypeIsAInteger(t)) {
     unsigned w = mlirIntegerTypeGetWidth(t);
     return w == 32 || w == 64;
@@ -116,6 +120,7 @@ static bool vec_elem_ok(MlirType t) {
 
 static int elem_bytes(MlirType t) {
   if (mlirTypeIsAF64(t)) return 8;
+  if (is_half(t)) return 2;
   if (mlirTypeIsAInteger(t)) return (int)mlirIntegerTypeGetWidth(t) / 8;
   return 4;
 }
@@ -138,7 +143,7 @@ static MlirWalkResult body_cb(MlirOperation op, void *ud) {
  * shapes; false unless every operand is a static tensor (or a scalar) of a
  * vectorizable element type and every map a projected permutation (dims and
  * the constant 0). */
-static bool read_loops(MlirOperation op, tile_plan *p, int *ebytes) {
+static bool read_loops(MlirOperation op, tile_plan *p, int *ebytes, bool *half) {
   MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
   if (mlirAttributeIsNull(maps) || !mlirAttributeIsAArray(maps)) return false;
   intptr_t nops = mlirOperationGetNumOperands(op), nmaps = mlirArrayAttrGetNumElements(maps);
@@ -162,6 +167,7 @@ static bool read_loops(MlirOperation op, tile_plan *p, int *ebytes) {
      * the condition of each guarded update) is one load and a broadcast */
     bool flag = !out && mlirShapedTypeGetRank(t) == 0 && mlirTypeIsAInteger(et) && mlirIntegerTypeGetWidth(et) == 1;
     if (!mlirShapedTypeHasStaticShape(t) || (!vec_elem_ok(et) && !flag)) return false;
+    *half |= is_half(et);
     if (out) *ebytes = elem_bytes(et);
     intptr_t nr = mlirAffineMapGetNumResults(m);
     if (nr != mlirShapedTypeGetRank(t)) return false;
@@ -204,7 +210,8 @@ static tile_plan plan_op(MlirOperation op, const cfg_device *dev) {
     return p;
   if (mlirOperationGetNumResults(op) != 1) return p;
   int eb;
-  if (!read_loops(op, &p, &eb)) return (tile_plan){.kind = TK_NONE};
+  bool half = false;
+  if (!read_loops(op, &p, &eb, &half)) return (tile_plan){.kind = TK_NONE};
   if (generic) {
     body_check b = {true};
     mlirOperationWalk(op, body_cb, &b, MlirWalkPreOrder);
@@ -213,6 +220,7 @@ static tile_plan plan_op(MlirOperation op, const cfg_device *dev) {
   for (int d = 0; d < p.n; d++) p.inter[d] = d;
   int nred = 0;
   for (int d = 0; d < p.n; d++) nred += p.red[d];
+  if (half && nred) return (tile_plan){.kind = TK_NONE};
   int last = p.n - 1;
   cdims cd;
   if (nred && cg_op_is(op, "linalg.contract") && cg_contraction_dims(op, p.n, &cd)) {

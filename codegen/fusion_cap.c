@@ -87,13 +87,42 @@ static void add_barrier(cap_state *s, MlirValue v, MlirOperation before) {
   cg_insert_call(before, mlirOperationGetLocation(before), mlirFlatSymbolRefAttrGet(ctx, nova_str(name)), 1, &v, 0, NULL);
 }
 
+/* Whether OP reads an f16 or bf16 tensor (a --precision value extended to f32). */
+static bool reads_half(MlirOperation op) {
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    MlirType t = mlirValueGetType(mlirOperationGetOperand(op, i));
+    MlirType et = mlirTypeIsARankedTensor(t) ? mlirShapedTypeGetElementType(t) : t;
+    if (mlirTypeIsAF16(et) || mlirTypeIsABF16(et)) return true;
+  }
+  return false;
+}
+
+/* A contraction or reduction (a generic that is not all parallel, or a
+ * linalg.matmul, which fusion merges producers into too) keeps f32
+ * operands: the producer extending a half operand stays an elementwise op
+ * of its own, with a barrier (the CPU tiler vectorizes f16/bf16 only in
+ * elementwise ops; a contraction reading halves would be scalar loops). */
+static void half_barriers(cap_state *s, MlirOperation op, int *barriers) {
+  intptr_t n = mlirOperationGetNumOperands(op);
+  if (cg_op_is(op, "linalg.generic") && all_parallel(s, op)) return;
+  for (intptr_t i = 0; i < n; i++) {
+    MlirValue v = mlirOperationGetOperand(op, i); /* through reshapes, which fusion propagates */
+    while (mlirValueIsAOpResult(v) && (cg_op_is(mlirOpResultGetOwner(v), "tensor.expand_shape") ||
+                                       cg_op_is(mlirOpResultGetOwner(v), "tensor.collapse_shape")))
+      v = mlirOperationGetOperand(mlirOpResultGetOwner(v), 0);
+    if (!mlirValueIsAOpResult(v)) continue;
+    MlirOperation p = mlirOpResultGetOwner(v);
+    if (cg_op_is(p, "linalg.generic") && mlirOperationGetNumResults(p) == 1 && all_parallel(s, p) && reads_half(p)) {
+      add_barrier(s, v, op);
+      ++*barriers;
+    }
+  }
+}
+
 static void visit(cap_state *s, MlirOperation op, int *barriers) {
   intptr_t n = mlirOperationGetNumOperands(op);
   int64_t total = body_ops(op);
-  for (intptr_t i = 0; i < n; i++) {
-    MlirOperation p = fusable_producer(s, op, i);
-    if (!mlirOperationIsNull(p)) total += estimate(s, p);
-  }
+  half_barriers(s, op, barriers);
   while (total > CG_FUSION_CAP) { /* cut off the largest producer left */
     intptr_t best = -1;
     int64_t bs = 0;
@@ -136,6 +165,7 @@ int cg_fusion_barriers(MlirModule m) {
     for (MlirOperation op = mlirBlockGetFirstOperation(mlirRegionGetFirstBlock(r)); !mlirOperationIsNull(op);
          op = mlirOperationGetNextInBlock(op))
       if (cg_op_is(op, "linalg.generic")) visit(&s, op, &barriers);
+      else if (cg_op_is(op, "linalg.matmul")) half_barriers(&s, op, &barriers);
   }
   cg_ptrmap_free(&s.size);
   free(s.est);

@@ -504,8 +504,9 @@ static int build_eval(nova_ctx *c, const opts *o, const nv_graph *g, nv_graph *g
  * cuda's tensor-core f32 matmuls; fp16 training gets dynamic loss scaling
  * unless --loss-scale=none.  0, or -1 after a diagnostic. */
 static int apply_precision(nv_diag *d, opts *o, nv_graph *g, nv_graph *ge, bool cuda) {
-  const char *p = o->precision ? o->precision : g->precision[0] ? g->precision : "fp32";
-  snprintf(g->precision, sizeof g->precision, "%s", p);
+  char p[sizeof g->precision];
+  snprintf(p, sizeof p, "%s", o->precision ? o->precision : g->precision[0] ? g->precision : "fp32");
+  memcpy(g->precision, p, sizeof p);
   if (strcmp(p, "fp32")) nv_sb_printf(&o->flags, " --precision=%s", p);
   bool low = !strcmp(p, "bf16") || !strcmp(p, "fp16");
   if (!strcmp(p, "tf32")) {

@@ -3,8 +3,8 @@
  * once or trains it for N steps, and reports or writes its outputs.
  *
  *   novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]
- *                   [--skip-nonfinite] [--lr F] [--load FILE] [--save FILE] [--outputs DIR]
- *                   [--dump DIR] [--repeat N] [--print] [--profile] [-q]
+ *                   [--skip-nonfinite] [--max-overflow-steps K] [--lr F] [--load FILE]
+ *                   [--save FILE] [--outputs DIR] [--dump DIR] [--repeat N] [--print] [--profile] [-q]
  *
  * Exit status: 0 success, 1 user error (one `novarun: ...` line on
  * stderr), 2 bad usage.  See man/novarun.1.
@@ -30,8 +30,9 @@
 
 static const char usage_text[] =
     "usage: novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]\n"
-    "                       [--skip-nonfinite] [--lr F] [--load FILE] [--save FILE] [--outputs DIR]\n"
-    "                       [--dump DIR] [--eval] [--repeat N] [--print] [--profile] [-q]\n"
+    "                       [--skip-nonfinite] [--max-overflow-steps K] [--lr F] [--load FILE]\n"
+    "                       [--save FILE] [--outputs DIR] [--dump DIR] [--eval] [--repeat N]\n"
+    "                       [--print] [--profile] [-q]\n"
     "       novarun -h | --help | --version\n"
     "\n"
     "Runs a step compiled by novac once (or N times), or trains it for N steps,\n"
@@ -54,6 +55,10 @@ static const char usage_text[] =
     "  --steps N      train: run a training step N times (a new batch each step with\n"
     "                 --data or --seed), with a progress line (step, loss,\n"
     "                 samples/s, ETA)\n"
+    "  --max-overflow-steps K  with --steps, a step compiled with loss scaling (novac\n"
+    "                 --precision=fp16): a step that overflows is skipped and halves\n"
+    "                 the loss scale; K+1 overflows in a row end the run (exit 1,\n"
+    "                 nothing saved; default 20)\n"
     "  --skip-nonfinite  with --steps: a step whose loss or gradients are NaN or\n"
     "                 infinite (it updates nothing) is counted and skipped, and\n"
     "                 training goes on; without it such a step ends the run (exit 1;\n"
@@ -176,6 +181,14 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
       return nr_usage_error("--steps needs an integer from 1 to %ld, not '%s'", NR_MAX_REPEAT, v);
     return -1;
   }
+  if ((v = nr_option_value(argc, argv, i, "--max-overflow-steps", &missing))) {
+    char *end;
+    errno = 0;
+    o->max_overflow = strtol(v, &end, 10);
+    if (errno || !nv_number_token(v) || end == v || *end || o->max_overflow < 0 || o->max_overflow > NR_MAX_REPEAT)
+      return nr_usage_error("--max-overflow-steps needs an integer from 0 to %ld, not '%s'", NR_MAX_REPEAT, v);
+    return -1;
+  }
   if ((v = nr_option_value(argc, argv, i, "--loss-log", &missing))) {
     o->loss_log = v;
     return -1;
@@ -230,6 +243,7 @@ static int nr_parse_args(int argc, char **argv, nr_options *o) {
   int only_files = 0;
   memset(o, 0, sizeof *o);
   o->repeat = 1;
+  o->max_overflow = 20;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!only_files && !strcmp(a, "--")) {
@@ -420,6 +434,15 @@ static void nr_print_profile(nr_step *s) {
   free(k);
 }
 
+/* The value of the scalar state tensor NAME (f32 or i64), or NAN when the
+ * step has none: the loss scale "amp.loss_scale" of an fp16 step. */
+static double nr_state_scalar(nr_step *s, const char *name) {
+  const void *data;
+  nova_tensor_info info;
+  if (s->api.get(s->step, name, &data, &info) != NOVA_OK || info.rank != 0) return NAN;
+  return info.dtype == NOVA_DTYPE_F32 ? *(const float *)data : info.dtype == NOVA_DTYPE_I64 ? (double)*(const int64_t *)data : NAN;
+}
+
 /* The step's loss, or NULL. */
 static const float *nr_loss(nr_step *s, nova_dtype *dt) {
   nova_tensor_info info;
@@ -469,7 +492,8 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
   FILE *log = o->loss_log ? fopen(o->loss_log, "w") : NULL;
   if (o->loss_log && !log) return nr_error("%s: %s", o->loss_log, strerror(errno));
   double t0 = nr_now(), first = 0, last = 0;
-  long skipped = 0, good = 0;
+  long skipped = 0, good = 0, overflows = 0;
+  int scaled = !isnan(nr_state_scalar(s, "amp.loss_scale")); /* dynamic loss scaling: overflows are skipped */
   for (long k = 1; k <= o->steps; k++) {
     long long step = start + k;
     if (b && nr_batches_bind(b, s, step)) {
@@ -484,6 +508,19 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
     const void *lp = nr_loss(s, &dt);
     double loss = !lp ? 0 : dt == NOVA_DTYPE_F64 ? *(const double *)lp : *(const float *)lp;
     if (log) fprintf(log, "%lld %.9g\n", step, loss);
+    if (st == NOVA_ERR_NONFINITE && scaled) { /* an overflow: the step halved its loss scale */
+      skipped++;
+      *done = step;
+      if (++overflows > o->max_overflow) {
+        if (log) fclose(log);
+        *keep = 0; /* nothing saved over a good checkpoint */
+        return nr_error("step %lld: the loss or gradients overflowed in %ld consecutive steps, down to loss scale %g: "
+                        "not an fp16 range problem (a diverged run, or a NaN in the data?); nothing saved",
+                        step, overflows, nr_state_scalar(s, "amp.loss_scale") * 2);
+      }
+      continue;
+    }
+    overflows = 0;
     if (st == NOVA_ERR_NONFINITE) {
       if (!o->skip_nonfinite) {
         if (log) fclose(log);
@@ -507,8 +544,10 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
     }
     if (!o->quiet && (tty || k == 1 || k % every == 0 || k == o->steps)) {
       double el = nr_now() - t0, rate = el > 0 ? (double)k * (double)(batch ? batch : 1) / el : 0;
-      fprintf(stderr, "%sstep %lld/%lld  loss %.6f  %.0f samples/s  ETA %.1f s%s", tty ? "\r" : "", step,
-              start + o->steps, loss, rate, el / (double)k * (double)(o->steps - k), tty ? "   " : "\n");
+      char sc[48] = "";
+      if (scaled) snprintf(sc, sizeof sc, "  scale %g", nr_state_scalar(s, "amp.loss_scale"));
+      fprintf(stderr, "%sstep %lld/%lld  loss %.6f%s  %.0f samples/s  ETA %.1f s%s", tty ? "\r" : "", step,
+              start + o->steps, loss, sc, rate, el / (double)k * (double)(o->steps - k), tty ? "   " : "\n");
     }
   }
   double el = nr_now() - t0;
@@ -516,7 +555,10 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
   if (!o->quiet)
     fprintf(stderr, "%snovarun: %ld steps in %.3f s (%.3f ms/step): loss %.6f -> %.6f\n", tty ? "\n" : "", o->steps, el,
             el * 1e3 / (double)o->steps, first, last);
-  if (o->skip_nonfinite && (skipped || !o->quiet)) /* -q: only when steps were skipped */
+  if (scaled && (skipped || !o->quiet))
+    fprintf(stderr, "novarun: %ld of %ld steps skipped on fp16 overflow; loss scale now %g\n", skipped, o->steps,
+            nr_state_scalar(s, "amp.loss_scale"));
+  else if (o->skip_nonfinite && (skipped || !o->quiet)) /* -q: only when steps were skipped */
     fprintf(stderr, "novarun: %ld of %ld steps skipped (non-finite loss or gradients)\n", skipped, o->steps);
   return 0;
 }

@@ -6,6 +6,7 @@
  * dtype is inferred and checked again), after the casts its compute dtype
  * needs.  A value's low and f32 forms are each made at most once. */
 #include <cjson/cJSON.h>
+#include <fnmatch.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,7 +106,7 @@ static amp_class class_of(const amp_policy *p, const nv_node *n) {
   char buf[256];
   const char *name = p->nrules ? node_name(n, buf, sizeof buf) : NULL;
   for (int i = 0; name && i < p->nrules; i++)
-    if (nv_glob_match(p->rules[i].glob, name, NULL)) return p->rules[i].cls;
+    if (fnmatch(p->rules[i].glob, name, 0) == 0) return p->rules[i].cls;
   return p->op[n->op];
 }
 

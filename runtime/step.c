@@ -365,6 +365,14 @@ static nova_status rt_check_nonfinite(nova_step *step) {
   if (!*flag) return NOVA_OK;
   const rt_graph *g = step->graph;
   const char *unchanged = "the step updated nothing: parameters and optimizer state are unchanged";
+  char scaled[160];
+  for (int i = 0; i < g->ntensors; i++) /* dynamic loss scaling: the scale, halved by this step */
+    if (g->tensors[i].role == NOVA_ROLE_OPT_STATE && !strcmp(g->tensors[i].name, "amp.loss_scale")) {
+      const float *sc = rt_host(step, i);
+      snprintf(scaled, sizeof scaled, "loss scale overflow: the step updated only its loss scale, now %g (parameters "
+               "and optimizer state are unchanged)", sc ? (double)*sc : 0.0);
+      unchanged = scaled;
+    }
   size_t at;
   double v;
   for (int i = 0; i < g->ntensors; i++)

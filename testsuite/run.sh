@@ -57,7 +57,7 @@ if [ "${NOVA_SUITES:-all}" = gpu ]; then
   # NOVA_GPU_LOG_DIR: keep each suite's output there (written as it runs)
   gdir=${NOVA_GPU_LOG_DIR:-$(mktemp -d)}
   mkdir -p "$gdir"
-  for t in ops grads gemm examples onnx_models train_onnx checkpoint; do
+  for t in ops grads gemm examples onnx_models train_onnx checkpoint amp; do
     env NOVA_TEST_FLAGS="$GF" NOVA_TEST_TAG=gpu/ PYTHONUNBUFFERED=1 python3 "testsuite/e2e/test_$t.py" \
       > "$gdir/gpu-$t" 2>&1 &
   done
@@ -108,6 +108,7 @@ suite e2e-train-roles python3 testsuite/e2e/test_train_roles.py
 suite e2e-batchnorm-train python3 testsuite/e2e/test_batchnorm_train.py
 suite e2e-eval python3 testsuite/e2e/test_eval.py
 suite e2e-dropout python3 testsuite/e2e/test_dropout.py
+suite e2e-amp python3 testsuite/e2e/test_amp.py
 # the whole-model numeric tests again with every optimization off (-O0: no
 # fusion, plan, in-place updates, tiling, threads): the same results
 suite O0-zoo env NOVA_TEST_FLAGS=-O0 NOVA_TEST_TAG=O0/ python3 testsuite/zoo/test_zoo.py
@@ -134,7 +135,7 @@ done
 # the GPU mapping (kernels, launches, copies, constants) checked on the CPU:
 # the same numeric tests with every kernel run as loops over its grid and block
 SIM="--target=cuda --device=h100 --gpu-sim"
-for t in ops grads gemm examples onnx_models train_onnx qlinear; do
+for t in ops grads gemm examples onnx_models train_onnx qlinear amp; do
   suite "gpu-sim-$t" env NOVA_TEST_FLAGS="$SIM" NOVA_TEST_TAG=gpu-sim/ python3 "testsuite/e2e/test_$t.py"
 done
 # the tensor-core GEMM (mma.sync fragments emulated per warp)
