@@ -24,8 +24,8 @@ MLIR_LIBS := -lMLIRCAPIRegisterEverything -lMLIRCAPITransforms -lMLIRCAPITarget 
   -lMLIR -lLLVM -lstdc++
 NOVAC_LDLIBS := -L$(LLVM_LIB) $(MLIR_LIBS) -Wl,-rpath,$(LLVM_LIB) -lcjson -lprotobuf-c -lm -lpthread -ldl
 
-NOVAC_SRC  := $(wildcard driver/novac*.c driver/diag.c driver/util.c driver/json.c frontend/*.c passes/*.c codegen/*.c configurator/*.c)
-NOVARUN_SRC := $(wildcard driver/novarun*.c driver/tensor_pb.c driver/util.c driver/json.c)
+NOVAC_SRC  := $(wildcard driver/novac*.c driver/pipeline.c support/diag.c support/util.c support/json.c frontend/*.c passes/*.c codegen/*.c configurator/*.c)
+NOVARUN_SRC := $(wildcard driver/novarun*.c driver/tensor_pb.c support/util.c support/json.c)
 RT_SRC     := $(wildcard runtime/*.c)
 GEN_ONNX   := $(B)/gen/onnx.pb-c.c
 
@@ -154,7 +154,7 @@ check-onnx: all
 # libFuzzer harness for the ONNX loader (needs clang); links only what
 # fe_parse_onnx needs.  Run: build-fuzz/fuzz_onnx -max_len=65536 DIR testsuite/fuzz/corpus_onnx
 FUZZ_ONNX_SRC := testsuite/fuzz/fuzz_onnx.c frontend/graph.c frontend/onnx.c frontend/onnx_ops.c frontend/onnx_math.c frontend/onnx_index.c frontend/onnx_eval.c frontend/onnx_nn.c frontend/onnx_resize.c frontend/onnx_einsum.c frontend/onnx_rnn.c frontend/onnx_dft.c frontend/onnx_seq.c frontend/onnx_qlinear.c \
-  frontend/onnx_fold.c frontend/onnx_roles.c frontend/onnx_wire.c driver/diag.c driver/util.c $(GEN_ONNX)
+  frontend/onnx_fold.c frontend/onnx_roles.c frontend/onnx_wire.c support/diag.c support/util.c $(GEN_ONNX)
 fuzz-onnx: build-fuzz/fuzz_onnx
 build-fuzz/fuzz_onnx: $(FUZZ_ONNX_SRC) $(wildcard frontend/*.h driver/*.h)
 	@mkdir -p $(dir $@)
@@ -164,9 +164,9 @@ build-fuzz/fuzz_onnx: $(FUZZ_ONNX_SRC) $(wildcard frontend/*.h driver/*.h)
 # The other parsers' harnesses, built the same way (testsuite/fuzz/README.md):
 # the .nova text parser, novarun's safetensors reader, its TensorProto reader.
 FUZZ_CC := clang -fsanitize=fuzzer,address,undefined -g -O1 -std=c11 -D_GNU_SOURCE $(CPPFLAGS_ALL)
-FUZZ_NOVA_SRC := testsuite/fuzz/fuzz_nova.c frontend/text.c frontend/graph.c driver/diag.c driver/util.c
-FUZZ_ST_SRC := testsuite/fuzz/fuzz_st.c driver/novarun_st.c driver/json.c driver/util.c
-FUZZ_PB_SRC := testsuite/fuzz/fuzz_pb.c driver/tensor_pb.c driver/util.c $(GEN_ONNX)
+FUZZ_NOVA_SRC := testsuite/fuzz/fuzz_nova.c frontend/text.c frontend/graph.c support/diag.c support/util.c
+FUZZ_ST_SRC := testsuite/fuzz/fuzz_st.c driver/novarun_st.c support/json.c support/util.c
+FUZZ_PB_SRC := testsuite/fuzz/fuzz_pb.c driver/tensor_pb.c support/util.c $(GEN_ONNX)
 fuzz: fuzz-onnx fuzz-nova fuzz-st fuzz-pb
 fuzz-nova: build-fuzz/fuzz_nova
 fuzz-st: build-fuzz/fuzz_st

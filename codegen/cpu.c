@@ -1,7 +1,7 @@
 /* cpu.c: linalg on tensors -> LLVM dialect -> LLVM IR -> native object.
  *
  * Requires: a verified linalg module with func @forward over static tensors.
- * After cg_lower_to_llvm, @forward takes one pointer, to an array of one
+ * After the last stage (cg_lower_loops_to_llvm), @forward takes one pointer, to an array of one
  * bare pointer per argument and then one per result (results become
  * caller-provided out-buffers), which is the calling convention the
  * runtime's descriptor uses (pack_entry.c).
@@ -28,69 +28,8 @@
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "codegen.h"
-
-static void err_cb(MlirStringRef s, void *ud) { nv_sb_printf(ud, "%.*s", (int)s.length, s.data); }
-
-static pthread_once_t passes_once = PTHREAD_ONCE_INIT;
-static void register_passes(void) { mlirRegisterAllPasses(); }
-
-/* Wall time; NOVAC_DEBUG_PIPELINES=cpu: the process's CPU time (steadier on
- * a busy machine; with NOVAC_JOBS=1, one thread's). */
-double cg_now_ms(void) {
-  struct timespec ts;
-  const char *e = getenv("NOVAC_DEBUG_PIPELINES");
-  clock_gettime(e && !strcmp(e, "cpu") ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-/* The process's peak resident size so far, in MiB (NOVAC_DEBUG_PIPELINES
- * prints it beside each stage's time: a stage that makes it jump holds what
- * it built). */
-static double peak_rss_mib(void) {
-  struct rusage ru;
-  return getrusage(RUSAGE_SELF, &ru) ? 0 : ru.ru_maxrss / 1024.0;
-}
-
-/* Runs a textual pipeline on m; 0 on success (NOVAC_DEBUG_PIPELINES: its
- * time on stderr). */
-int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char *stage) {
-  pthread_once(&passes_once, register_passes);
-  MlirPassManager pm = mlirPassManagerCreate(c->ctx);
-  /* the IR is verified at the end of each stage (nova_verify); verifying
-   * after every pass as well costs a tenth of a large step's compile time */
-  if (!getenv("NOVAC_VERIFY_EACH_PASS")) mlirPassManagerEnableVerifier(pm, false);
-  if (getenv("NOVAC_DEBUG_PASS_TIMING")) mlirPassManagerEnableTiming(pm); /* a report per pipeline, on stderr */
-  nv_sbuf err = {0};
-  int rc = 0;
-  const char *dump = getenv("NOVAC_DEBUG_IR_BEFORE"); /* a stage name: the module it starts from, on stderr */
-  static bool dumped; /* the first pipeline of that stage only */
-  if (dump && !strcmp(dump, stage) && !dumped) {
-    dumped = true;
-    MlirOpPrintingFlags fl = mlirOpPrintingFlagsCreate();
-    mlirOpPrintingFlagsEnableDebugInfo(fl, true, false);
-    nv_sbuf b = {0};
-    mlirOperationPrintWithFlags(mlirModuleGetOperation(m), fl, cg_print_to_sbuf, &b);
-    fputs(b.s ? b.s : "", stderr);
-    nv_sb_free(&b);
-    mlirOpPrintingFlagsDestroy(fl);
-  }
-  double t0 = cg_now_ms();
-  if (mlirLogicalResultIsFailure(mlirParsePassPipeline(mlirPassManagerGetAsOpPassManager(pm),
-                                                       nova_str(pipeline), err_cb, &err))) {
-    nv_error_plain(c->diag, "internal: bad %s pipeline: %s", stage, err.s ? err.s : "");
-    rc = -1;
-  } else if (mlirLogicalResultIsFailure(mlirPassManagerRunOnOp(pm, mlirModuleGetOperation(m)))) {
-    nv_error_plain(c->diag, "%s failed (see the messages above)", stage);
-    rc = -1;
-  }
-  if (getenv("NOVAC_DEBUG_PIPELINES"))
-    fprintf(stderr, "novac: %8.1f ms %6.0f MiB  %.200s\n", cg_now_ms() - t0, peak_rss_mib(), pipeline);
-  nv_sb_free(&err);
-  mlirPassManagerDestroy(pm);
-  return rc;
-}
 
 /* After bufferization a function may return one buffer twice (two outputs
  * with the same value), which buffer-results-to-out-params does not handle:
@@ -127,32 +66,6 @@ static void distinct_results(nova_ctx *c, MlirModule m) {
         break;
       }
   }
-}
-
-static MlirWalkResult count_linalg(MlirOperation op, void *ud) {
-  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
-  if (s.length > 7 && !memcmp(s.data, "linalg.", 7) && (s.length != 12 || memcmp(s.data, "linalg.yield", 12)) &&
-      (s.length != 12 || memcmp(s.data, "linalg.index", 12)))
-    ++*(int *)ud;
-  return MlirWalkResultAdvance;
-}
-
-int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, cg_plan *stats) {
-  mlirOperationWalk(mlirModuleGetOperation(m), count_linalg, &stats->ops_before_fusion, MlirWalkPreOrder);
-  if (opt_level > 0) {
-    if (cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize{region-simplify=disabled max-iterations=1},cse))",
-                        "fusion"))
-      return -1;
-    int barriers = cg_fusion_barriers(m);
-    if (barriers && getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: %d fusion barriers\n", barriers);
-    int rc = cg_run_pipeline(c, m, "builtin.module(func.func(linalg-fuse-elementwise-ops))", "fusion");
-    if (barriers) cg_drop_fusion_barriers(m);
-    if (rc || cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize{region-simplify=disabled max-iterations=1}))",
-                              "fusion"))
-      return -1;
-  }
-  mlirOperationWalk(mlirModuleGetOperation(m), count_linalg, &stats->ops_after_fusion, MlirWalkPreOrder);
-  return 0;
 }
 
 int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
@@ -195,47 +108,13 @@ int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc) {
   return rc;
 }
 
-typedef struct cpu_plan_args {
-  const cfg_device *cpu;
-  int opt_level;
-} cpu_plan_args;
-
-/* The CPU pipeline from the fused module to the memory plan (-O1 and up):
- * 0 planned, 1 not plannable, -1 error. */
 /* NOVAC_DEBUG_PIPELINES: the time of a stage that is not a pass pipeline. */
 static int timed(int rc, double *t, const char *what) {
   double t1 = cg_now_ms();
   if (getenv("NOVAC_DEBUG_PIPELINES"))
-    fprintf(stderr, "novac: %8.1f ms %6.0f MiB  (%s)\n", t1 - *t, peak_rss_mib(), what);
+    fprintf(stderr, "novac: %8.1f ms %6.0f MiB  (%s)\n", t1 - *t, cg_peak_rss_mib(), what);
   *t = t1;
   return rc;
-}
-
-static int plan_cpu(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan *plan, void *ud) {
-  const cpu_plan_args *a = ud;
-  double t = cg_now_ms();
-  if (timed(cg_prepare_inplace(c, g, m), &t, "in-place updates") || timed(cg_fast_math(c, m), &t, "fast math") ||
-      timed(cg_cpu_tile(c, m, a->cpu, a->opt_level), &t, "tiling") || cg_bufferize(c, m, a->opt_level, false) ||
-      timed(cg_plan_inplace(g, m, plan), &t, "bufferization, in-place plan"))
-    return -1;
-  return timed(cg_memplan(c, m, plan), &t, "memory plan");
-}
-
-int cg_lower_to_llvm(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_device *cpu, int opt_level,
-                     cg_plan *plan) {
-  if (cg_fuse(c, m, opt_level, plan)) return -1;
-  int rc = 1;
-  if (opt_level > 0) {
-    cpu_plan_args a = {cpu, opt_level};
-    if (plan->memory_limit > 0 && cg_fit_memory(c, g, m, plan_cpu, &a, plan)) return -1;
-    rc = plan_cpu(c, g, m, plan, &a);
-  } else if (cg_bufferize(c, m, opt_level, false)) {
-    return -1;
-  }
-  if (rc < 0) return -1;
-  if (rc == 1 && cg_run_pipeline(c, m, "builtin.module(buffer-deallocation-pipeline)", "buffer deallocation"))
-    return -1;
-  return cg_lower_loops_to_llvm(c, m, opt_level > 0 ? &plan->parallel_loops : NULL);
 }
 
 static MlirWalkResult find_bf16(MlirOperation op, void *ud) {
@@ -303,7 +182,7 @@ static void drop_nova_arg_attrs(MlirModule m) {
     MlirAttribute a = mlirOperationGetAttributeByName(f, nova_str("arg_attrs"));
     if (mlirAttributeIsNull(a)) continue;
     nv_sbuf sb = {0};
-    mlirAttributePrint(a, err_cb, &sb);
+    mlirAttributePrint(a, cg_print_to_sbuf, &sb);
     if (sb.s && !sb.oom && !strstr(sb.s, "llvm.")) mlirOperationRemoveAttributeByName(f, nova_str("arg_attrs"));
     nv_sb_free(&sb);
   }
@@ -446,7 +325,7 @@ static int split_module(MlirModule m, int nparts, parts *pt) {
     if (nm.length == 16 && !memcmp(nm.data, "llvm.mlir.global", 16)) {
       nv_sbuf sb = {0};
       MlirAttribute l = mlirOperationGetAttributeByName(f, nova_str("linkage"));
-      if (!mlirAttributeIsNull(l)) mlirAttributePrint(l, err_cb, &sb);
+      if (!mlirAttributeIsNull(l)) mlirAttributePrint(l, cg_print_to_sbuf, &sb);
       bool priv = sb.s && (strstr(sb.s, "private") || strstr(sb.s, "internal"));
       nv_sb_free(&sb);
       if (!priv) goto whole;

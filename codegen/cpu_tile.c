@@ -71,7 +71,7 @@
 
 #include "../configurator/gemm.h"
 #include "../configurator/kernel.h"
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "codegen.h"
 #include "cpu_tile.h"
 

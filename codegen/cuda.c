@@ -27,7 +27,7 @@
 
 #include "../configurator/gemm.h"
 #include "../configurator/kernel.h"
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "codegen.h"
 
 #define MAX_LOOP_RANK 8
@@ -87,8 +87,6 @@ static bool const_index(MlirValue v, int64_t *out) {
   *out = mlirIntegerAttrGetValueInt(a);
   return true;
 }
-
-void cg_print_to_sbuf(MlirStringRef s, void *ud) { nv_sb_printf(ud, "%.*s", (int)s.length, s.data); }
 
 /* Fills K's source op name and location from LOC: the linalg lowering
  * gives each loop nest the location of the linalg op (wrapped in a name

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "../configurator/gemm.h"
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "codegen.h"
 
 typedef struct gemm_gen {

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "codegen.h"
 
 static MlirBlock entry_block(MlirModule m) {

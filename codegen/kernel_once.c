@@ -37,7 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "codegen.h"
 
 #define KERNEL_PREFIX "__nova_kernel_"

@@ -6,7 +6,7 @@
 
 #include <mlir-c/IR.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "codegen.h"
 
 typedef struct tv { /* a tensor value in the emitted text */

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "lower_internal.h"
 
 /* ---- value map ------------------------------------------------------ */

@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "codegen.h"
 
 #define MAX_CAPTURE 4096

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "codegen.h"
 
 /* The element I of the pointer array A, inserted before AT. */

@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "codegen.h"
 
 #define PAR_PREFIX "nova_par_"

@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "codegen.h"
 #include "rt_init.h"
 
@@ -69,46 +69,6 @@ static int collect(const nv_graph *g, step_tensor **out, int64_t *init_size) {
   *out = t;
   *init_size = off;
   return n;
-}
-
-/* For each output j of G: the entry argument of the param it updates
- * (PA[j], -1: none) and its own out-parameter argument (UA[j]). */
-static int update_pairs(const nv_graph *g, int **pa, int **ua) {
-  step_tensor *t;
-  int64_t init;
-  int n = collect(g, &t, &init);
-  if (n < 0) return -1;
-  int nargs = n - g->noutputs;
-  *pa = nv_xcalloc((size_t)g->noutputs + 1, sizeof **pa);
-  *ua = nv_xcalloc((size_t)g->noutputs + 1, sizeof **ua);
-  for (int j = 0; *pa && *ua && j < g->noutputs; j++) {
-    (*pa)[j] = t[nargs + j].updates; /* -1: not an update */
-    (*ua)[j] = (*pa)[j] >= 0 ? nargs + j : -1;
-  }
-  free(t);
-  return *pa && *ua ? 0 : -1;
-}
-
-int cg_prepare_inplace(nova_ctx *c, const nv_graph *g, MlirModule m) {
-  int *pa = NULL, *ua = NULL;
-  int rc = update_pairs(g, &pa, &ua);
-  if (!rc) rc = cg_mark_writable(m, pa, g->noutputs);
-  if (!rc) rc = cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize{region-simplify=disabled max-iterations=1}))", "in-place updates");
-  free(pa);
-  free(ua);
-  return rc;
-}
-
-int cg_plan_inplace(const nv_graph *g, MlirModule m, cg_plan *plan) {
-  int *pa = NULL, *ua = NULL;
-  free(plan->inplace);
-  plan->inplace = nv_xcalloc((size_t)g->noutputs + 1, sizeof *plan->inplace);
-  plan->noutputs = g->noutputs;
-  int rc = plan->inplace ? update_pairs(g, &pa, &ua) : -1;
-  if (!rc) rc = cg_inplace(m, pa, ua, g->noutputs, plan->inplace);
-  free(pa);
-  free(ua);
-  return rc;
 }
 
 static int write_init(nova_ctx *c, const nv_graph *g, const step_tensor *t, int n, int64_t size,
@@ -273,52 +233,6 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
 #define NOVA_RT_SANITIZE ""
 #endif
 
-int cg_run_tool(nova_ctx *c, const char *dir, char *const argv[], bool verbose, const char *what) {
-  if (verbose) {
-    fprintf(stderr, "novac: (cd %s &&", dir);
-    for (int i = 0; argv[i]; i++) fprintf(stderr, " %s", argv[i]);
-    fprintf(stderr, ")\n");
-  }
-  char log[4096];
-  snprintf(log, sizeof log, "%s/tool.log", dir);
-  pid_t parent = getpid(), pid = fork();
-  if (pid < 0) {
-    nv_error_plain(c->diag, "cannot start %s: %s", argv[0], strerror(errno));
-    return -1;
-  }
-  if (pid == 0) {
-    nv_child_dies_with_parent(parent);
-    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    if (chdir(dir) == 0) execvp(argv[0], argv);
-    fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
-    _exit(127);
-  }
-  int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
-  /* the tool's whole message (the linker's first line rarely names the
-     cause), up to 16 KiB of it */
-  size_t len = 0, cap = 16384;
-  char *out = nv_read_file(log, &len, 1 << 20);
-  size_t shown = out ? strlen(out) : 0;
-  while (shown && (out[shown - 1] == '\n' || out[shown - 1] == ' ')) shown--;
-  const char *more = shown > cap ? "\n(... cut)" : "";
-  if (shown > cap) shown = cap;
-  char how[64] = "failed";
-  if (WIFSIGNALED(st)) snprintf(how, sizeof how, "was killed by signal %d", WTERMSIG(st));
-  if (shown)
-    nv_error_plain(c->diag, "%s %s while building the step:\n%.*s%s", what ? what : argv[0], how, (int)shown, out, more);
-  else
-    nv_error_plain(c->diag, "%s %s while building the step: (no output)", what ? what : argv[0], how);
-  free(out);
-  return -1;
-}
-
 /* ---- manifest -------------------------------------------------------- */
 
 static const char *role_name(nova_role r) {
@@ -339,16 +253,6 @@ static int nargs_of(const step_tensor *t, int n) {
 static bool in_place(const cg_plan *plan, const step_tensor *t, int n, int i) {
   int oi = i - nargs_of(t, n);
   return plan && plan->inplace && oi >= 0 && oi < plan->noutputs && plan->inplace[oi];
-}
-
-int64_t cg_io_bytes(const nv_graph *g, const cg_plan *plan) {
-  step_tensor *t;
-  int64_t init, io = 0;
-  int n = collect(g, &t, &init);
-  for (int i = 0; i < n; i++) /* an update in place takes its param's memory */
-    if (!in_place(plan, t, n, i)) io += fe_numel(t[i].node) * (int64_t)fe_dtype_size(t[i].node->dtype);
-  free(n >= 0 ? t : NULL);
-  return io;
 }
 
 /* "initializers": what --train made of each initializer of an ONNX model. */

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "codegen.h"
 
 /* The ptxas to use, written to OUT; 0, or -1 with a diagnostic. */

@@ -21,9 +21,10 @@
 #include "../frontend/frontend.h"
 #include "../passes/amp.h"
 #include "../passes/autodiff.h"
-#include "diag.h"
+#include "../support/diag.h"
 #include "novac_device.h"
-#include "util.h"
+#include "pipeline.h"
+#include "../support/util.h"
 
 typedef enum emit_kind { EMIT_SO, EMIT_OBJ, EMIT_NOVA, EMIT_LINALG, EMIT_LLVM, EMIT_PTX, EMIT_MANIFEST } emit_kind;
 static const char *const emit_names[] = {"so", "obj", "nova", "linalg", "llvm", "ptx", "manifest"};
@@ -80,7 +81,9 @@ static void usage(FILE *f) {
         "  --memory-limit=BYTES  (-O1 and up) recompute cheap activations in the backward pass\n"
         "                        until the planned peak fits BYTES (suffix K, M or G: KiB,\n"
         "                        MiB, GiB), or fail with the smallest peak reached\n"
-        "  --dump-after=STAGE    print the IR after STAGE (frontend, linalg, llvm) to stderr\n"
+        "  --dump-after=STAGE    print the IR after STAGE to stderr: amp, autodiff, frontend, linalg,\n"
+        "                        fusion, remat, inplace, fastmath, tiling, bufferization,\n"
+        "                        inplace-plan, memplan, dealloc, llvm\n"
         "  --time-passes         report the time of each stage\n"
         "  --train               compile a training step: forward, backward and optimizer update\n"
         "  --loss=NAME           the loss output (default: the one scalar float output)\n"
@@ -344,6 +347,33 @@ static int close_text_out(nv_diag *d, nv_out *out, int rc) {
   return rc;
 }
 
+/* --dump-after's stages before the cpu target's list (pipeline.c):
+ * frontend is the nova IR as built (after autodiff, with --train); amp and
+ * autodiff print the graph after that pass, as nova IR. */
+static const char *const graph_stages[] = {"amp", "autodiff", "frontend", "linalg", NULL};
+
+static bool known_stage(const char *s) {
+  for (int i = 0; graph_stages[i]; i++)
+    if (!strcmp(graph_stages[i], s)) return true;
+  return np_stage_index(s) >= 0;
+}
+
+/* With --dump-after=STAGE (amp, autodiff): the graph G as nova IR, on stderr. */
+static int dump_graph(const opts *o, const char *stage, nv_diag *d, const nv_graph *g) {
+  if (!o->dump_after || strcmp(o->dump_after, stage)) return 0;
+  nova_ctx c;
+  if (nova_ctx_init(&c, d)) return -1;
+  MlirModule m = nova_build_module(&c, g);
+  int rc = mlirModuleIsNull(m) ? -1 : 0;
+  if (!rc) {
+    fprintf(stderr, "// ----- IR after %s -----\n", stage);
+    nova_print_op(mlirModuleGetOperation(m), stderr);
+    mlirModuleDestroy(m);
+  }
+  nova_ctx_dispose(&c);
+  return rc;
+}
+
 static int dump_if(const opts *o, const char *stage, MlirModule m) {
   if (o->dump_after && !strcmp(o->dump_after, stage)) {
     fprintf(stderr, "// ----- IR after %s -----\n", stage);
@@ -489,9 +519,8 @@ static int build_eval(nova_ctx *c, const opts *o, const nv_graph *g, nv_graph *g
   if (mlirModuleIsNull(*nova) || nova_verify(c, *nova, "the evaluation entry")) return -1;
   *lin = cg_lower_to_linalg(c, *nova);
   if (mlirModuleIsNull(*lin) || nova_verify(c, *lin, "lowering the evaluation entry to linalg")) return -1;
-  if (cg_lower_to_llvm(c, ge, *lin, dev, o->opt_level, plan) ||
-      nova_verify(c, *lin, "lowering the evaluation entry to LLVM"))
-    return -1;
+  np_run r = {c, dev, o->opt_level, NULL, false, 0};
+  if (np_lower_cpu(&r, ge, *lin, plan)) return -1;
   if (cg_prefix_symbols(*lin, CG_EVAL_PREFIX)) {
     nv_error_plain(c->diag, "internal: the evaluation entry's functions could not be renamed");
     return -1;
@@ -572,9 +601,12 @@ static int compile(nv_diag *d, opts *o) {
   }
   cfg_device dev;
   if (nd_device(d, cuda, o->device, &dev)) return -1;
-  if (o->dump_after && strcmp(o->dump_after, "frontend") && strcmp(o->dump_after, "linalg") &&
-      strcmp(o->dump_after, "llvm")) {
-    nv_error_plain(d, "unknown --dump-after stage '%s'; stages: frontend, linalg, llvm", o->dump_after);
+  if (o->dump_after && !known_stage(o->dump_after)) {
+    nv_sbuf names = {0};
+    for (int i = 0; graph_stages[i]; i++) nv_sb_printf(&names, "%s, ", graph_stages[i]);
+    for (int i = 0; np_stage_name(i); i++) nv_sb_printf(&names, "%s%s", np_stage_name(i), np_stage_name(i + 1) ? ", " : "");
+    nv_error_plain(d, "unknown --dump-after stage '%s'; stages: %s", o->dump_after, names.s ? names.s : "");
+    nv_sb_free(&names);
     return -1;
   }
   nv_graph *ge = NULL; /* the evaluation entry's graph (a cpu training step.so) */
@@ -586,13 +618,13 @@ static int compile(nv_diag *d, opts *o) {
     fe_graph_destroy(ge);
     return -1;
   }
-  if (apply_precision(d, o, g, ge, cuda)) {
+  if (apply_precision(d, o, g, ge, cuda) || dump_graph(o, "amp", d, g)) {
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
     return -1;
   }
   if (o->train) {
-    if (ad_train(g, d, &o->ad)) {
+    if (ad_train(g, d, &o->ad) || dump_graph(o, "autodiff", d, g)) {
       fe_graph_destroy(g);
       fe_graph_destroy(ge);
       return -1;
@@ -659,7 +691,8 @@ static int compile(nv_diag *d, opts *o) {
     stage_done(&tm, "bufferize + GPU kernels + PTX");
     if (nd_check_memory(d, &dev, g, &gpu)) goto out;
   } else if (o->emit != EMIT_MANIFEST) {
-    if (cg_lower_to_llvm(&c, g, lin, &dev, o->opt_level, &plan) || nova_verify(&c, lin, "lowering to LLVM")) goto out;
+    np_run r = {&c, &dev, o->opt_level, o->dump_after, o->time_passes, 0};
+    if (np_lower_cpu(&r, g, lin, &plan)) goto out;
     co.plan = &plan;
     stage_done(&tm, "bufferize + to LLVM");
     if (o->train && o->emit == EMIT_SO) {
@@ -685,7 +718,7 @@ static int compile(nv_diag *d, opts *o) {
     rc = close_text_out(d, &to, 0);
     goto out;
   }
-  dump_if(o, "llvm", lin);
+  if (cuda) dump_if(o, "llvm", lin); /* (the cpu target's stages print their own) */
   if (o->emit == EMIT_LLVM) {
     nv_out to;
     FILE *f = open_text_out(d, &to, o->output);

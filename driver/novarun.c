@@ -22,7 +22,7 @@
 #include <cjson/cJSON.h>
 
 #include "novarun.h"
-#include "util.h"
+#include "../support/util.h"
 
 #ifndef NOVAC_VERSION
 #define NOVAC_VERSION "unknown"

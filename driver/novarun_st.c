@@ -19,7 +19,7 @@
 #include <cjson/cJSON.h>
 
 #include "novarun.h"
-#include "util.h"
+#include "../support/util.h"
 #include "rt_dtype.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

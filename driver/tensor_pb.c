@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "onnx.pb-c.h"
-#include "util.h"
+#include "../support/util.h"
 #include "rt_dtype.h"
 
 /* raw_data is little-endian by the ONNX spec and is copied as is. */

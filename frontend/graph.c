@@ -1,7 +1,7 @@
 /* graph.c: graph construction with dtype and shape inference per op.
  * Each op's rule checks its operands and says what was expected, naming the
  * shapes involved. */
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "graph.h"
 #include "rt_init.h"
 

@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../driver/diag.h"
+#include "../support/diag.h"
 #include "nova/step.h"
 
 /* The op list.  X(ENUM, "name", min operands, max operands (-1: any)).

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "onnx.h"
 
 /* ---- known tensors -------------------------------------------------- */

@@ -14,7 +14,7 @@
 #ifndef NOVA_ONNX_H
 #define NOVA_ONNX_H
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "frontend.h"
 #include "onnx.pb-c.h"
 

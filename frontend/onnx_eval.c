@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "onnx.h"
 
 #define EVAL_MAX (INT64_C(1) << 20)

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "onnx.h"
 
 #define CV(name) static int name(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout)

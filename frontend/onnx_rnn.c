@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "onnx.h"
 
 enum { CELL_RNN, CELL_GRU, CELL_LSTM };

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "onnx.h"
 
 #define OX_KIND_KEY "pkg.torch.export.graph_signature.InputSpec.kind"

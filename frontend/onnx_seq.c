@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "onnx.h"
 
 /* Longest sequence novac builds (each element is a value of its own). */

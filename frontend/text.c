@@ -16,7 +16,7 @@
  * a comment.  A recursive-descent parser over a one-token lookahead lexer;
  * every node gets the location of its operator or call.
  */
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "frontend.h"
 
 #include <ctype.h>

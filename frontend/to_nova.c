@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "../passes/nova_ir.h"
 
 /* Constants live in the IR as dense attributes; larger data belongs in params. */

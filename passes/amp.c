@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "amp.h"
-#include "../driver/util.h"
+#include "../support/util.h"
 
 void amp_policy_default(amp_policy *p) {
   *p = (amp_policy){0};

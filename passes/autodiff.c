@@ -10,7 +10,7 @@
  */
 #include "autodiff.h"
 
-#include "../driver/util.h"
+#include "../support/util.h"
 
 #include <assert.h>
 #include <fnmatch.h>

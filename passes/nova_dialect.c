@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
+#include "../support/util.h"
 #include "nova_ir.h"
 
 static const char *const op_attrs[] = {

@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../../driver/diag.h"
+#include "../../support/diag.h"
 #include "../../frontend/frontend.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -86,7 +86,7 @@ if build parallel.build $CC $CFLAGS $SAN $INC "$here/test_parallel.c" "$root/run
   if NOVA_NUM_THREADS=3 timeout 120 "$T/test_parallel" >"$T/par.out" 2>&1 && grep -q "parallel: ok" "$T/par.out"
   then pass parallel.every_iteration_once; else fail parallel.every_iteration_once "$(cat "$T/par.out")"; fi
 fi
-PB_SRC="$root/driver/tensor_pb.c $root/driver/util.c $B/obj/gen/onnx.pb-c.o -lprotobuf-c"
+PB_SRC="$root/driver/tensor_pb.c $root/support/util.c $B/obj/gen/onnx.pb-c.o -lprotobuf-c"
 if build tensor_pb.build $CC $CFLAGS $SAN $INC "$here/test_tensor_pb.c" $PB_SRC -o "$T/test_tensor_pb"; then
   unit tensor_pb.exit "$T/test_tensor_pb" "$T"
   [ -n "$VALGRIND" ] && under_valgrind tensor_pb.valgrind "$T/test_tensor_pb" "$T"

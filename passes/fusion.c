@@ -1,4 +1,15 @@
-/* fusion_cap.c: a bound on how much elementwise fusion merges into one op.
+/* fusion.c: elementwise fusion of the whole step (cg_fuse).
+ *
+ * Requires: the step in linalg on tensors (cg_lower_to_linalg), -O1 and up.
+ * Changes: producers merged into their consumers by MLIR's
+ * linalg-fuse-elementwise-ops, after canonicalize and CSE, within two bounds
+ * set by barriers (calls that give a producer a second use, removed
+ * afterwards): the size of a fused body (below), and contractions and
+ * reductions keep f32 operands where a producer extends an f16/bf16 value
+ * (--precision: the CPU tiler vectorizes 16-bit types in elementwise ops
+ * only).  The counts of linalg ops before and after go to the manifest.
+ *
+ * The cap: a bound on how much elementwise fusion merges into one op.
  *
  * linalg-fuse-elementwise-ops merges a producer into its consumer by
  * copying both bodies into a new op.  Along a chain (a flat sum of N terms,
@@ -22,8 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
-#include "codegen.h"
+#include "../support/util.h"
+#include "passes.h"
 
 #define CG_FUSION_CAP 128
 #define BARRIER_PREFIX "__nova_fusion_barrier_"
@@ -196,4 +207,32 @@ void cg_drop_fusion_barriers(MlirModule m) {
       mlirOperationDestroy(f);
     f = next;
   }
+}
+
+/* ---- the pass ---- */
+
+static MlirWalkResult count_linalg(MlirOperation op, void *ud) {
+  MlirStringRef s = mlirIdentifierStr(mlirOperationGetName(op));
+  if (s.length > 7 && !memcmp(s.data, "linalg.", 7) && (s.length != 12 || memcmp(s.data, "linalg.yield", 12)) &&
+      (s.length != 12 || memcmp(s.data, "linalg.index", 12)))
+    ++*(int *)ud;
+  return MlirWalkResultAdvance;
+}
+
+int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, cg_plan *stats) {
+  mlirOperationWalk(mlirModuleGetOperation(m), count_linalg, &stats->ops_before_fusion, MlirWalkPreOrder);
+  if (opt_level > 0) {
+    if (cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize{region-simplify=disabled max-iterations=1},cse))",
+                        "fusion"))
+      return -1;
+    int barriers = cg_fusion_barriers(m);
+    if (barriers && getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: %d fusion barriers\n", barriers);
+    int rc = cg_run_pipeline(c, m, "builtin.module(func.func(linalg-fuse-elementwise-ops))", "fusion");
+    if (barriers) cg_drop_fusion_barriers(m);
+    if (rc || cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize{region-simplify=disabled max-iterations=1}))",
+                              "fusion"))
+      return -1;
+  }
+  mlirOperationWalk(mlirModuleGetOperation(m), count_linalg, &stats->ops_after_fusion, MlirWalkPreOrder);
+  return 0;
 }

@@ -1,5 +1,10 @@
 /* memplan.c: static memory planning of a bufferized step.
  *
+ * Requires: the step bufferized, results as out-parameters, the in-place
+ * updates planned (inplace.c).
+ * Changes: every static alloc of the entry becomes a view of one arena
+ * (a new last argument of the entry); the plan in cg_plan.
+ *
  * After bufferization (results already out-parameters), every buffer the
  * step computes into is a memref.alloc of static shape in the entry
  * function's body.  The plan gives each one an offset in one arena:
@@ -29,8 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
-#include "codegen.h"
+#include "../support/util.h"
+#include "passes.h"
 
 #define PLAN_ALIGN 64
 
@@ -543,4 +548,15 @@ void cg_plan_free(cg_plan *p) {
   p->entries = NULL;
   p->n = 0;
   p->planned = false;
+}
+
+int64_t cg_io_bytes(const nv_graph *g, const cg_plan *plan) {
+  int64_t io = 0;
+  for (int i = 0; i < g->nnodes; i++) /* the entry's arguments: inputs and params */
+    if (g->nodes[i]->op == NV_OP_INPUT || g->nodes[i]->op == NV_OP_PARAM)
+      io += fe_numel(g->nodes[i]) * (int64_t)fe_dtype_size(g->nodes[i]->dtype);
+  for (int j = 0; j < g->noutputs; j++) /* an update in place takes its param's memory */
+    if (!(plan && plan->inplace && j < plan->noutputs && plan->inplace[j]))
+      io += fe_numel(g->outputs[j].node) * (int64_t)fe_dtype_size(g->outputs[j].node->dtype);
+  return io;
 }

@@ -124,7 +124,7 @@ int nv_tempdir_create(char *dir, size_t n, const char *prefix, int *lock);
 void nv_tempdir_keep(const char *dir, int lock);
 void nv_tempdir_sweep(void);
 
-/* ---- cJSON's allocations (driver/json.c) ----------------------------------
+/* ---- cJSON's allocations (support/json.c) ----------------------------------
  * nv_json_init, once in main: cJSON allocates through a wrapper that notes a
  * failure; nv_json_oom_take: whether one failed since the last call (and
  * forgets it). */

@@ -1,5 +1,10 @@
 /* remat.c: rematerialization under --memory-limit.
  *
+ * Requires: the fused step in linalg on tensors, a memory limit, and the
+ * target's pipeline up to the memory plan (a callback).
+ * Changes: cheap activations recomputed before their backward uses, until
+ * the measured plan fits; cg_plan's remat fields.
+ *
  * In the one train_step function an activation lives from the forward op
  * that computes it to its last use in the backward pass.  A cheap one (an
  * elementwise linalg.generic after fusion: gelu's pieces, a scaled or
@@ -26,8 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
-#include "codegen.h"
+#include "../support/util.h"
+#include "passes.h"
 
 #define REMAT_DEPTH 4
 

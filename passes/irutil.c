@@ -1,10 +1,16 @@
-/* irutil.c: small queries on MLIR operations shared by the code generators. */
+/* irutil.c: small queries on MLIR operations, and the runner of pass
+ * pipelines, shared by the passes and the code generators. */
+#include <mlir-c/Pass.h>
+#include <mlir-c/RegisterEverything.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 
-#include "../driver/util.h"
-#include "codegen.h"
+#include "../support/util.h"
+#include "passes.h"
 #include "mlir-c/BuiltinAttributes.h"
 #include "mlir-c/BuiltinTypes.h"
 
@@ -306,4 +312,69 @@ MlirWalkResult cg_remap_cb(MlirOperation op, void *ud) {
     if (k >= 0) mlirOperationSetOperand(op, i, c->to[k]);
   }
   return MlirWalkResultAdvance;
+}
+
+void cg_print_to_sbuf(MlirStringRef s, void *ud) { nv_sb_printf(ud, "%.*s", (int)s.length, s.data); }
+
+/* ---- running pass pipelines ---- */
+
+static void err_cb(MlirStringRef s, void *ud) { nv_sb_printf(ud, "%.*s", (int)s.length, s.data); }
+
+static pthread_once_t passes_once = PTHREAD_ONCE_INIT;
+static void register_passes(void) { mlirRegisterAllPasses(); }
+
+/* Wall time; NOVAC_DEBUG_PIPELINES=cpu: the process's CPU time (steadier on
+ * a busy machine; with NOVAC_JOBS=1, one thread's). */
+double cg_now_ms(void) {
+  struct timespec ts;
+  const char *e = getenv("NOVAC_DEBUG_PIPELINES");
+  clock_gettime(e && !strcmp(e, "cpu") ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The process's peak resident size so far, in MiB (NOVAC_DEBUG_PIPELINES
+ * prints it beside each stage's time: a stage that makes it jump holds what
+ * it built). */
+double cg_peak_rss_mib(void) {
+  struct rusage ru;
+  return getrusage(RUSAGE_SELF, &ru) ? 0 : ru.ru_maxrss / 1024.0;
+}
+
+/* Runs a textual pipeline on m; 0 on success (NOVAC_DEBUG_PIPELINES: its
+ * time on stderr). */
+int cg_run_pipeline(nova_ctx *c, MlirModule m, const char *pipeline, const char *stage) {
+  pthread_once(&passes_once, register_passes);
+  MlirPassManager pm = mlirPassManagerCreate(c->ctx);
+  /* the IR is verified at the end of each stage (nova_verify); verifying
+   * after every pass as well costs a tenth of a large step's compile time */
+  if (!getenv("NOVAC_VERIFY_EACH_PASS")) mlirPassManagerEnableVerifier(pm, false);
+  if (getenv("NOVAC_DEBUG_PASS_TIMING")) mlirPassManagerEnableTiming(pm); /* a report per pipeline, on stderr */
+  nv_sbuf err = {0};
+  int rc = 0;
+  const char *dump = getenv("NOVAC_DEBUG_IR_BEFORE"); /* a stage name: the module it starts from, on stderr */
+  static bool dumped; /* the first pipeline of that stage only */
+  if (dump && !strcmp(dump, stage) && !dumped) {
+    dumped = true;
+    MlirOpPrintingFlags fl = mlirOpPrintingFlagsCreate();
+    mlirOpPrintingFlagsEnableDebugInfo(fl, true, false);
+    nv_sbuf b = {0};
+    mlirOperationPrintWithFlags(mlirModuleGetOperation(m), fl, cg_print_to_sbuf, &b);
+    fputs(b.s ? b.s : "", stderr);
+    nv_sb_free(&b);
+    mlirOpPrintingFlagsDestroy(fl);
+  }
+  double t0 = cg_now_ms();
+  if (mlirLogicalResultIsFailure(mlirParsePassPipeline(mlirPassManagerGetAsOpPassManager(pm),
+                                                       nova_str(pipeline), err_cb, &err))) {
+    nv_error_plain(c->diag, "internal: bad %s pipeline: %s", stage, err.s ? err.s : "");
+    rc = -1;
+  } else if (mlirLogicalResultIsFailure(mlirPassManagerRunOnOp(pm, mlirModuleGetOperation(m)))) {
+    nv_error_plain(c->diag, "%s failed (see the messages above)", stage);
+    rc = -1;
+  }
+  if (getenv("NOVAC_DEBUG_PIPELINES"))
+    fprintf(stderr, "novac: %8.1f ms %6.0f MiB  %.200s\n", cg_now_ms() - t0, cg_peak_rss_mib(), pipeline);
+  nv_sb_free(&err);
+  mlirPassManagerDestroy(pm);
+  return rc;
 }

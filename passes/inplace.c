@@ -1,5 +1,11 @@
 /* inplace.c: parameter and optimizer-state updates computed in place.
  *
+ * Requires: a training step in linalg on tensors (cg_prepare_inplace,
+ * before one-shot bufferization), then bufferized (cg_plan_inplace).
+ * Changes: update destinations and writable arguments; after bufferization
+ * the copies of in-place updates removed, and which updates are in place
+ * (cg_plan.inplace, for the runtime's descriptors and the manifest).
+ *
  * A training step returns each new parameter (and optimizer state) as an
  * output of role update; the runtime would copy it over the old value
  * after the run, so both live at once.  Instead:
@@ -22,8 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../driver/util.h"
-#include "codegen.h"
+#include "../support/util.h"
+#include "passes.h"
 
 /* If the value RESULT (an update of the argument P) comes from an
  * all-parallel linalg.generic with a tensor.empty destination that reads P
@@ -129,4 +135,53 @@ int cg_inplace(MlirModule m, const int *param_arg, const int *update_arg, int n,
     ok[j] = true;
   }
   return 0;
+}
+
+/* ---- the step's pairs ---- */
+
+/* For each output j of G: the entry argument of the param it updates
+ * (PA[j], -1: none) and its own out-parameter argument (UA[j]).  The
+ * entry's arguments are the inputs, then the params, each in node order,
+ * then one out-parameter per output (nova_build_module's order, and
+ * step.c's). */
+static int update_pairs(const nv_graph *g, int **pa, int **ua) {
+  int *arg = nv_xcalloc((size_t)g->nnodes + 1, sizeof *arg), nargs = 0;
+  *pa = nv_xcalloc((size_t)g->noutputs + 1, sizeof **pa);
+  *ua = nv_xcalloc((size_t)g->noutputs + 1, sizeof **ua);
+  if (!arg || !*pa || !*ua) {
+    free(arg);
+    return -1;
+  }
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < g->nnodes; i++)
+      if (g->nodes[i]->op == (pass ? NV_OP_PARAM : NV_OP_INPUT)) arg[i] = nargs++;
+  for (int j = 0; j < g->noutputs; j++) {
+    const nv_node *u = g->outputs[j].updates;
+    (*pa)[j] = u ? arg[u->id] : -1;
+    (*ua)[j] = u ? nargs + j : -1;
+  }
+  free(arg);
+  return 0;
+}
+
+int cg_prepare_inplace(nova_ctx *c, const nv_graph *g, MlirModule m) {
+  int *pa = NULL, *ua = NULL;
+  int rc = update_pairs(g, &pa, &ua);
+  if (!rc) rc = cg_mark_writable(m, pa, g->noutputs);
+  if (!rc) rc = cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize{region-simplify=disabled max-iterations=1}))", "in-place updates");
+  free(pa);
+  free(ua);
+  return rc;
+}
+
+int cg_plan_inplace(const nv_graph *g, MlirModule m, cg_plan *plan) {
+  int *pa = NULL, *ua = NULL;
+  free(plan->inplace);
+  plan->inplace = nv_xcalloc((size_t)g->noutputs + 1, sizeof *plan->inplace);
+  plan->noutputs = g->noutputs;
+  int rc = plan->inplace ? update_pairs(g, &pa, &ua) : -1;
+  if (!rc) rc = cg_inplace(m, pa, ua, g->noutputs, plan->inplace);
+  free(pa);
+  free(ua);
+  return rc;
 }

@@ -1,0 +1,135 @@
+/* pipeline.c: the cpu target's passes from linalg on tensors to the LLVM
+ * dialect, in order, as one flat list.
+ *
+ * Each stage is a whole-step pass (passes/) or a target step (codegen/);
+ * the list is the only place that orders them.  After each stage of the
+ * main run the module is verified (a failure names the stage), timed
+ * (--time-passes), and printed when it is the --dump-after stage.  A stage
+ * with min_opt 1 is skipped at -O0.  remat runs the stages from inplace to
+ * memplan again on copies of the module, to measure the peak each set of
+ * recomputed values gives (passes/remat.c), without verifying or printing.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../support/util.h"
+#include "pipeline.h"
+
+typedef struct np_stage {
+  const char *name;
+  int min_opt;
+  int (*run)(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan);
+} np_stage;
+
+static int st_fusion(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)g;
+  return cg_fuse(r->c, m, r->opt_level, plan);
+}
+
+static int run_range(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan, int from, int to, bool main);
+
+/* cg_plan_fn for remat: the stages inplace .. memplan on a copy. */
+static int trial_plan(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan *plan, void *ud) {
+  np_run r = *(np_run *)ud;
+  r.c = c;
+  r.planned = 0;
+  int from = np_stage_index("inplace"), to = np_stage_index("memplan");
+  int rc = run_range(&r, g, m, plan, from, to, false);
+  return rc < 0 ? -1 : r.planned ? 0 : 1;
+}
+
+static int st_remat(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  return plan->memory_limit > 0 ? cg_fit_memory(r->c, g, m, trial_plan, r, plan) : 0;
+}
+
+static int st_inplace(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)plan;
+  return cg_prepare_inplace(r->c, g, m);
+}
+
+static int st_fastmath(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)g, (void)plan;
+  return cg_fast_math(r->c, m);
+}
+
+static int st_tiling(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)g, (void)plan;
+  return cg_cpu_tile(r->c, m, r->dev, r->opt_level);
+}
+
+static int st_bufferize(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)g, (void)plan;
+  return cg_bufferize(r->c, m, r->opt_level, false);
+}
+
+static int st_plan_inplace(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)r;
+  return cg_plan_inplace(g, m, plan);
+}
+
+static int st_memplan(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)g;
+  int rc = cg_memplan(r->c, m, plan); /* 1: not plannable (intermediates stay on the heap) */
+  r->planned = rc == 0;
+  return rc < 0 ? -1 : 0;
+}
+
+static int st_dealloc(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)g, (void)plan;
+  return r->planned ? 0 : cg_run_pipeline(r->c, m, "builtin.module(buffer-deallocation-pipeline)", "buffer deallocation");
+}
+
+static int st_llvm(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)g;
+  return cg_lower_loops_to_llvm(r->c, m, r->opt_level > 0 ? &plan->parallel_loops : NULL);
+}
+
+static const np_stage stages[] = {
+    {"fusion", 0, st_fusion},              /* passes/fusion.c */
+    {"remat", 1, st_remat},                /* passes/remat.c: with --memory-limit */
+    {"inplace", 1, st_inplace},            /* passes/inplace.c: update destinations */
+    {"fastmath", 1, st_fastmath},          /* codegen/fastmath.c */
+    {"tiling", 1, st_tiling},              /* codegen/cpu_tile.c */
+    {"bufferization", 0, st_bufferize},    /* codegen/cpu.c (one-shot, in pieces: chunk.c) */
+    {"inplace-plan", 1, st_plan_inplace},  /* passes/inplace.c: copies of in-place updates removed */
+    {"memplan", 1, st_memplan},            /* passes/memplan.c */
+    {"dealloc", 0, st_dealloc},            /* unplanned steps: frees on the heap */
+    {"llvm", 0, st_llvm},                  /* codegen/cpu.c: loops, threads, entry packing, LLVM dialect */
+};
+#define NSTAGES ((int)(sizeof stages / sizeof *stages))
+
+int np_stage_index(const char *name) {
+  for (int i = 0; i < NSTAGES; i++)
+    if (!strcmp(stages[i].name, name)) return i;
+  return -1;
+}
+
+const char *np_stage_name(int i) { return i >= 0 && i < NSTAGES ? stages[i].name : NULL; }
+
+static int run_range(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan, int from, int to, bool main) {
+  for (int i = from; i <= to; i++) {
+    const np_stage *s = &stages[i];
+    if (r->opt_level < s->min_opt) continue;
+    double t0 = cg_now_ms();
+    if (s->run(r, g, m, plan)) return -1;
+    if (getenv("NOVAC_DEBUG_PIPELINES"))
+      fprintf(stderr, "novac: %8.1f ms %6.0f MiB  (%s%s)\n", cg_now_ms() - t0, cg_peak_rss_mib(), s->name,
+              main ? "" : ", a trial plan");
+    if (!main) continue;
+    char what[64];
+    snprintf(what, sizeof what, "the %s stage", s->name);
+    if (nova_verify(r->c, m, what)) return -1;
+    if (r->time_passes) fprintf(stderr, "novac:   %-20s %9.2f ms\n", s->name, cg_now_ms() - t0);
+    if (r->dump_after && !strcmp(r->dump_after, s->name)) {
+      fprintf(stderr, "// ----- IR after %s -----\n", s->name);
+      nova_print_op(mlirModuleGetOperation(m), stderr);
+    }
+  }
+  return 0;
+}
+
+int np_lower_cpu(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  r->planned = 0;
+  return run_range(r, g, m, plan, 0, NSTAGES - 1, true);
+}
