@@ -556,17 +556,23 @@ static int apply_precision(nv_diag *d, opts *o, nv_graph *g, nv_graph *ge, bool 
   }
   if (!o->loss_scale_set && !strcmp(p, "fp16")) o->ad.loss_scale = 65536; /* torch.amp.GradScaler's */
   if (!o->window_set) o->ad.loss_scale_window = 2000;
-  if (!low) return 0;
+  bool half_params = false; /* trained 16-bit params get f32 masters at every precision */
+  for (int i = 0; o->train && i < g->nnodes && !half_params; i++)
+    half_params = g->nodes[i]->op == NV_OP_PARAM && fe_dtype_is_half(g->nodes[i]->dtype);
+  if (!low && !half_params) return 0;
   amp_policy pol;
   amp_policy_default(&pol);
   int rc = o->policy ? amp_policy_load(&pol, d, o->policy) : 0;
-  nova_dtype dt = !strcmp(p, "bf16") ? NOVA_DTYPE_BF16 : NOVA_DTYPE_F16;
+  amp_options ao = {.low = !low ? (nova_dtype)0 : !strcmp(p, "bf16") ? NOVA_DTYPE_BF16 : NOVA_DTYPE_F16,
+                    .policy = &pol, .masters = o->train, .freeze = o->ad.freeze, .train_only = o->ad.train_only};
   amp_stats st;
-  if (!rc) rc = amp_apply(g, d, dt, &pol, &st);
-  if (!rc && o->verbose) fprintf(stderr, "novac: --precision=%s: %d ops in %s, %d casts\n", p, st.low_ops, p, st.casts);
+  if (!rc) rc = amp_apply(g, d, &ao, &st);
+  if (!rc && o->verbose)
+    fprintf(stderr, "novac: --precision=%s: %d ops in %s, %d casts, %d f32 masters\n", p, st.low_ops, p, st.casts,
+            st.masters);
   if (!rc && ge) {
     snprintf(ge->precision, sizeof ge->precision, "%s", p);
-    rc = amp_apply(ge, o->eval_diag ? o->eval_diag : d, dt, &pol, NULL);
+    rc = amp_apply(ge, o->eval_diag ? o->eval_diag : d, &ao, NULL);
   }
   amp_policy_free(&pol);
   return rc;

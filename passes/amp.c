@@ -113,18 +113,20 @@ static amp_class class_of(const amp_policy *p, const nv_node *n) {
 typedef struct amp {
   nv_graph *g, *out;      /* the graph and the one being built */
   nv_diag *d;
-  nova_dtype low;
+  nova_dtype low;         /* 0: no policy (masters only) */
   nv_node **map;          /* old id -> its value in OUT (possibly in the low precision) */
-  nv_node **as_low, **as_f32; /* old id -> its cast, when made */
+  nv_node **as_low, **as_f32, **as_orig; /* old id -> its cast, when made */
+  nova_dtype *orig;       /* old id -> its dtype before this pass (a master's: f16 or bf16) */
   bool *weight;           /* old id -> computed from params and constants only */
   amp_stats *st;
 } amp;
 
-/* Old node N's value in OUT in dtype DT (N was f32): the mapped value or its cast. */
+/* Old node N's value in OUT in dtype DT (its own, f32 or the low
+ * precision): the mapped value or its cast. */
 static nv_node *in_dtype(amp *A, const nv_node *n, nova_dtype dt) {
   nv_node *v = A->map[n->id];
   if (v->dtype == dt) return v;
-  nv_node **slot = dt == A->low ? &A->as_low[n->id] : &A->as_f32[n->id];
+  nv_node **slot = dt == NOVA_DTYPE_F32 ? &A->as_f32[n->id] : dt == A->low ? &A->as_low[n->id] : &A->as_orig[n->id];
   if (!*slot) {
     *slot = fe_graph_add(A->out, A->d, NV_OP_CAST, 1, &v, &(nv_node){.to = dt}, n->loc);
     A->st->casts += *slot != NULL;
@@ -134,24 +136,57 @@ static nv_node *in_dtype(amp *A, const nv_node *n, nova_dtype dt) {
 
 /* The dtype N's f32 operands are given, by its class. */
 static nova_dtype compute_dtype(amp *A, const nv_node *n, amp_class c) {
+  if (!A->low) return NOVA_DTYPE_F32;
   if (c != AMP_FOLLOW) return c == AMP_LOW ? A->low : NOVA_DTYPE_F32;
   bool low = false;
   for (int i = 0; i < n->nin; i++) {
     const nv_node *x = n->in[i];
-    if (x->dtype != NOVA_DTYPE_F32) continue;
+    if (A->orig[x->id] != NOVA_DTYPE_F32) continue;
     if (A->map[x->id]->dtype == A->low) low = true;
     else if (!A->weight[x->id]) return NOVA_DTYPE_F32; /* an f32 activation: promote */
   }
   return low ? A->low : NOVA_DTYPE_F32;
 }
 
-static int rebuild(amp *A, const amp_policy *p) {
+/* Whether N is a trained f16/bf16 param, of which the step keeps an f32 master. */
+static bool wants_master(const amp_options *o, const nv_node *n) {
+  return o->masters && n->op == NV_OP_PARAM && n->role == NOVA_ROLE_PARAM && !n->frozen && fe_dtype_is_half(n->dtype) &&
+         !nv_glob_match(o->freeze, n->name, (bool[64]){0}) && (!o->train_only || nv_glob_match(o->train_only, n->name, (bool[64]){0}));
+}
+
+/* N (a param) becomes its own f32 master: its initial value converted
+ * (exactly) from the 16-bit one, which a recipe (normal, ...) draws in f32
+ * directly.  0, or -1 after a diagnostic. */
+static int make_master(amp *A, nv_node *n) {
+  if (fe_init_is_bytes(n)) {
+    int64_t k = fe_numel(n);
+    uint16_t *h = nv_xmalloc((size_t)k * 2 + 2);
+    float *f = nv_xmalloc((size_t)k * 4 + 4);
+    if (!h || !f || fe_init_fill(A->g, A->d, n, h)) {
+      free(h);
+      free(f);
+      return -1;
+    }
+    for (int64_t j = 0; j < k; j++) f[j] = (float)fe_half_to_double(n->dtype, h[j]);
+    free(h);
+    free(n->init.path);
+    free(n->init.data);
+    n->init = (nv_init){.kind = NV_INIT_DATA, .data = f};
+  }
+  n->dtype = NOVA_DTYPE_F32;
+  A->st->masters++;
+  return 0;
+}
+
+static int rebuild(amp *A, const amp_policy *p, const amp_options *o) {
   nv_graph *g = A->g;
+  for (int i = 0; i < g->nnodes; i++) A->orig[i] = g->nodes[i]->dtype;
   for (int i = 0; i < g->nnodes; i++) {
     nv_node *n = g->nodes[i];
     if (!n->nin) {
       A->weight[i] = n->op != NV_OP_INPUT;
       A->map[i] = n; /* placed first, when the rest is built */
+      if (wants_master(o, n) && make_master(A, n)) return -1;
       continue;
     }
     nova_dtype dt = compute_dtype(A, n, class_of(p, n));
@@ -160,10 +195,11 @@ static int rebuild(amp *A, const amp_policy *p) {
     bool weight = true, low = false;
     for (int k = 0; k < n->nin; k++) {
       const nv_node *x = n->in[k];
+      nova_dtype was = A->orig[x->id];
       weight &= A->weight[x->id];
-      in[k] = x->dtype == NOVA_DTYPE_F32 && n->op != NV_OP_CAST ? in_dtype(A, x, dt) : A->map[x->id];
+      in[k] = was == NOVA_DTYPE_F32 && n->op != NV_OP_CAST ? in_dtype(A, x, dt) : in_dtype(A, x, was);
       if (!in[k]) return -1;
-      low |= in[k]->dtype == A->low && x->dtype == NOVA_DTYPE_F32;
+      low |= in[k]->dtype == A->low && was == NOVA_DTYPE_F32;
     }
     nv_node *m = fe_graph_add(A->out, A->d, n->op, n->nin, in, n, n->loc);
     if (!m) {
@@ -173,7 +209,7 @@ static int rebuild(amp *A, const amp_policy *p) {
     }
     A->map[i] = m;
     A->weight[i] = weight;
-    A->st->low_ops += low || (m->dtype == A->low && n->dtype == NOVA_DTYPE_F32);
+    A->st->low_ops += low || (A->low && m->dtype == A->low && n->dtype == NOVA_DTYPE_F32);
   }
   /* commit: the leaves in their order, then the rebuilt nodes; the
    * outputs and names move over (nothing is changed before this point) */
@@ -182,7 +218,7 @@ static int rebuild(amp *A, const amp_policy *p) {
   nv_node **outs = nv_xcalloc((size_t)g->noutputs + 1, sizeof *outs);
   nv_node **all = nv_xmalloc(((size_t)nl + (size_t)A->out->nnodes + 1) * sizeof *all);
   for (int i = 0; outs && all && i < g->noutputs; i++) /* the interface keeps its dtypes */
-    if (!(outs[i] = in_dtype(A, g->outputs[i].node, g->outputs[i].node->dtype))) break;
+    if (!(outs[i] = in_dtype(A, g->outputs[i].node, A->orig[g->outputs[i].node->id]))) break;
   if (!outs || !all || (g->noutputs && !outs[g->noutputs - 1])) {
     free(outs);
     free(all);
@@ -211,20 +247,22 @@ static int rebuild(amp *A, const amp_policy *p) {
   return 0;
 }
 
-int amp_apply(nv_graph *g, nv_diag *d, nova_dtype low, const amp_policy *p, amp_stats *st) {
+int amp_apply(nv_graph *g, nv_diag *d, const amp_options *o, amp_stats *st) {
   size_t n = (size_t)g->nnodes + 1;
   amp_stats none;
-  amp A = {.g = g, .d = d, .low = low, .st = st ? st : &none};
+  amp A = {.g = g, .d = d, .low = o->low, .st = st ? st : &none};
   *A.st = (amp_stats){0};
   A.out = fe_graph_create();
   A.map = nv_xcalloc(n, sizeof *A.map);
   A.as_low = nv_xcalloc(n, sizeof *A.as_low);
   A.as_f32 = nv_xcalloc(n, sizeof *A.as_f32);
+  A.as_orig = nv_xcalloc(n, sizeof *A.as_orig);
+  A.orig = nv_xcalloc(n, sizeof *A.orig);
   A.weight = nv_xcalloc(n, sizeof *A.weight);
   int rc = -1;
-  if (A.out && A.map && A.as_low && A.as_f32 && A.weight) {
+  if (A.out && A.map && A.as_low && A.as_f32 && A.as_orig && A.orig && A.weight) {
     A.out->allow_empty = g->allow_empty;
-    rc = rebuild(&A, p);
+    rc = rebuild(&A, o->policy, o);
   }
   if (A.out) { /* on a failure, what was built goes and G is as it was */
     for (int i = 0; i < A.out->nnodes; i++) free(A.out->nodes[i]->in), free(A.out->nodes[i]);
@@ -234,6 +272,8 @@ int amp_apply(nv_graph *g, nv_diag *d, nova_dtype low, const amp_policy *p, amp_
   free(A.map);
   free(A.as_low);
   free(A.as_f32);
+  free(A.as_orig);
+  free(A.orig);
   free(A.weight);
   return rc;
 }

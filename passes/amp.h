@@ -59,11 +59,24 @@ void amp_policy_free(amp_policy *p);
 typedef struct amp_stats {
   int low_ops;    /* ops computed in the low precision */
   int casts;      /* casts inserted */
+  int masters;    /* f16/bf16 params given an f32 master */
 } amp_stats;
 
-/* Applies the policy with low precision LOW (NOVA_DTYPE_BF16 or F16) to G.
- * Returns 0, or -1 after a diagnostic (an op that cannot take the dtypes
- * the policy gives it: the policy file's op is named). */
-int amp_apply(nv_graph *g, nv_diag *d, nova_dtype low, const amp_policy *p, amp_stats *st);
+typedef struct amp_options {
+  nova_dtype low;             /* NOVA_DTYPE_BF16 or F16; 0: no policy (masters only) */
+  const amp_policy *policy;   /* with LOW */
+  /* --train: each trained f16/bf16 param (role param, not frozen, not
+   * matched by FREEZE, matched by TRAIN_ONLY when given; comma-separated
+   * globs) becomes an f32 master, cast to its own dtype where it is read:
+   * the optimizer updates the master, the forward pass reads the rounded
+   * copy (a 16-bit model trains as PyTorch's master-weight recipes do) */
+  bool masters;
+  const char *freeze, *train_only;
+} amp_options;
+
+/* Applies the policy (and the masters) to G.  Returns 0, or -1 after a
+ * diagnostic (an op that cannot take the dtypes the policy gives it: the
+ * policy file's op is named). */
+int amp_apply(nv_graph *g, nv_diag *d, const amp_options *o, amp_stats *st);
 
 #endif

@@ -34,7 +34,8 @@ typedef struct ad {
 /* Gradients flow through f32 and f64 values only (f16 and bf16 params are
  * refused for training: no loss scaling or f32 master weights yet). */
 /* Values gradients flow through: f16 and bf16 too (the ops --precision
- * makes low); a loss and a trained param are f32 or f64. */
+ * makes low, a 16-bit model's loss); a trained param is f32 or f64 (a
+ * 16-bit one has an f32 master, passes/amp.c). */
 static bool differentiable(nova_dtype dt) { return fe_dtype_is_float(dt); }
 static bool wide_float(nova_dtype dt) { return dt == NOVA_DTYPE_F32 || dt == NOVA_DTYPE_F64; }
 
@@ -769,7 +770,7 @@ static int find_loss(nv_graph *g, nv_diag *d, const char *name) {
   for (int i = 0; i < g->noutputs; i++) {
     const nv_node *n = g->outputs[i].node;
     if (g->outputs[i].role == NOVA_ROLE_UPDATE) continue; /* state updates the frontend made */
-    if (name ? !strcmp(g->outputs[i].name, name) : (n->rank == 0 && wide_float(n->dtype))) {
+    if (name ? !strcmp(g->outputs[i].name, name) : (n->rank == 0 && differentiable(n->dtype))) {
       if (!name && li >= 0) {
         nv_error(d, g->outputs[i].loc, "--train: outputs '%s' and '%s' are both scalars; choose the loss with --loss=NAME",
                  g->outputs[li].name, g->outputs[i].name);
@@ -784,8 +785,8 @@ static int find_loss(nv_graph *g, nv_diag *d, const char *name) {
     return -1;
   }
   const nv_node *loss = g->outputs[li].node;
-  if (loss->rank != 0 || !wide_float(loss->dtype)) {
-    nv_error(d, g->outputs[li].loc, "the loss '%s' must be a scalar f32 or f64, got %s with %d dims",
+  if (loss->rank != 0 || !differentiable(loss->dtype)) {
+    nv_error(d, g->outputs[li].loc, "the loss '%s' must be a floating-point scalar, got %s with %d dims",
              g->outputs[li].name, fe_dtype_name(loss->dtype), loss->rank);
     return -1;
   }

@@ -134,6 +134,10 @@ static void visit(cap_state *s, MlirOperation op, int *barriers) {
   intptr_t n = mlirOperationGetNumOperands(op);
   int64_t total = body_ops(op);
   half_barriers(s, op, barriers);
+  for (intptr_t i = 0; i < n; i++) {
+    MlirOperation p = fusable_producer(s, op, i);
+    if (!mlirOperationIsNull(p)) total += estimate(s, p);
+  }
   while (total > CG_FUSION_CAP) { /* cut off the largest producer left */
     intptr_t best = -1;
     int64_t bs = 0;

@@ -209,6 +209,42 @@ def inference_keeps_interface():
 case("inference_outputs_keep_dtype", inference_keeps_interface, suite="amp")
 
 
+def fp16_onnx_masters():
+    """An fp16 ONNX model (inputs, initializers, outputs, loss in float16)
+    trains with f32 masters: the params are f32 tensors of the step, their
+    gradients those of the f16 computation, and an SGD step moves them by
+    less than an f16 ulp where it must (kept in f32, not rounded back)."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-1, 1, (8, 16)).astype(np.float16)
+    w = rng.uniform(-1, 1, (16, 4)).astype(np.float16)
+    b = np.zeros(4, np.float16)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"]),
+         helper.make_node("Mul", ["y", "y"], ["sq"]), helper.make_node("ReduceMean", ["sq"], ["loss"], keepdims=0)],
+        "f16", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [8, 16])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT16, [])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    lr = 1e-4
+    grads, params, loss = compile_and_train(model, {"x": x}, flags=["--optimizer=sgd", "--lr=%g" % lr])
+    X, W = x.astype(np.float64), w.astype(np.float64)
+    y = X @ W
+    gw = X.T @ (2 * y / y.size)
+    e = rel_err(grads["w"], gw)
+    if not e <= 1e-2:
+        raise Failure("w.grad: relative error %.3g against float64 (f16 computation: within 1e-2)" % e)
+    if params["w"].dtype != np.float32:
+        raise Failure("the master of w is %s, expected float32" % params["w"].dtype)
+    if not np.allclose(params["w"].astype(np.float64), W - lr * grads["w"].astype(np.float64), rtol=0, atol=1e-6):
+        raise Failure("the updated master is not w - lr * grad in f32")
+    if np.array_equal(params["w"].astype(np.float16).astype(np.float32), params["w"]):
+        raise Failure("every updated master value is an f16 value: the update was rounded to f16")
+
+
+case("fp16_onnx_model_trains_with_f32_masters", fp16_onnx_masters, suite="amp")
+
+
 def bad(flags, text, want, rc=1, files=None):
     def run_case():
         d = tempfile.mkdtemp(prefix="nova-amp-")
