@@ -11,6 +11,7 @@ typedef struct np_run {
   const char *dump_after; /* --dump-after: print the module after this stage (NULL: none) */
   bool time_passes;       /* --time-passes: each stage's time on stderr */
   int planned;            /* set by the memplan stage: the intermediates got an arena */
+  bool idle;              /* set by a stage that had nothing to do (remat without a limit, ...) */
 } np_run;
 
 /* Lowers the linalg module M of the step of G to the LLVM dialect through
