@@ -2,6 +2,7 @@
 bf16 and fp16 against PyTorch's CPU autocast (data/amp_gpt_block, written by
 data/make_amp_torch.py), the policy file, dynamic loss scaling, the manifest,
 and the errors of bad precision input."""
+import contextlib
 import json
 import os
 import shutil
@@ -70,6 +71,21 @@ vs_torch("bf16", 2e-2)  # max-norm against PyTorch's own bf16 gradients
 vs_torch("fp16", 5e-3)
 
 
+@contextlib.contextmanager
+def block_dir():
+    """A temporary folder holding the block (m.nova) and its params' files: (folder, model path)."""
+    d = tempfile.mkdtemp(prefix="nova-amp-")
+    try:
+        for k, v in FILES.items():
+            v.tofile(os.path.join(d, k))
+        model = os.path.join(d, "m.nova")
+        with open(model, "w") as f:
+            f.write(TEXT)
+        yield d, model
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def with_policy(policy, flags, check):
     d = tempfile.mkdtemp(prefix="nova-amp-")
     try:
@@ -94,18 +110,7 @@ def policy_matmul_f32():
 
 def policy_names():
     """A name glob wins over the op's class: the head's matmul (logits) kept f32."""
-    def check(flags):
-        p = run([NOVAC, os.path.join(DATA, "model.nova"), "--emit=nova", "-o", "-"] + flags, expect_rc=None)
-        if p.returncode:  # the params' files are not beside model.nova here: compile in a temp dir instead
-            raise Failure(p.stderr)
-        return p.stdout
-    d = tempfile.mkdtemp(prefix="nova-amp-")
-    try:
-        for k, v in FILES.items():
-            v.tofile(os.path.join(d, k))
-        model = os.path.join(d, "m.nova")
-        with open(model, "w") as f:
-            f.write(TEXT)
+    with block_dir() as (d, model):
         pol = os.path.join(d, "p.json")
         with open(pol, "w") as f:
             json.dump({"names": {"logits": "f32"}}, f)
@@ -116,8 +121,6 @@ def policy_names():
         if not (low(base) == len(mm(base)) and low(named) == len(mm(named)) - 1):
             raise Failure("bf16 matmuls: %d of %d by default, %d of %d with logits f32" %
                           (low(base), len(mm(base)), low(named), len(mm(named))))
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 case("policy_matmul_f32", policy_matmul_f32, suite="amp")
@@ -138,13 +141,8 @@ def loss_scaling():
     step is skipped (parameters unchanged) and the scale halves until they
     fit; after WINDOW clean steps it doubles.  novarun trains through it and
     the checkpoint keeps the scale and the counts."""
-    d = tempfile.mkdtemp(prefix="nova-amp-")
-    try:
-        for k, v in FILES.items():
-            v.tofile(os.path.join(d, k))
-        model, so = os.path.join(d, "m.nova"), os.path.join(d, "m.so")
-        with open(model, "w") as f:
-            f.write(TEXT)
+    with block_dir() as (d, model):
+        so = os.path.join(d, "m.so")
         run([NOVAC, model, "--train", "--precision=fp16", "--loss-scale=16777216", "--loss-scale-window=5",
              "-o", so])
         man = json.load(open(os.path.join(d, "m.json")))
@@ -166,27 +164,18 @@ def loss_scaling():
         if not (sk >= 2 and sc == 2.0 ** 24 * 2.0 ** (-sk + (40 - sk - good) // 5) and "skipped on fp16 overflow" in
                 p.stderr):
             raise Failure("after 40 steps: %d skipped, scale %g, %d clean since\n%s" % (sk, sc, good, p.stderr))
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def overflow_limit():
     """An overflow that persists: a run stops after K+1 in a row, exit 1, and
     --save writes nothing."""
-    d = tempfile.mkdtemp(prefix="nova-amp-")
-    try:
-        for k, v in FILES.items():
-            v.tofile(os.path.join(d, k))
-        model, so = os.path.join(d, "m.nova"), os.path.join(d, "m.so")
-        with open(model, "w") as f:
-            f.write(TEXT)
+    with block_dir() as (d, model):
+        so = os.path.join(d, "m.so")
         run([NOVAC, model, "--train", "--precision=fp16", "--loss-scale=1e18", "-o", so])
         ck = os.path.join(d, "ck.st")
         p = run([NOVARUN, so, "--seed", "1", "--steps", "50", "--max-overflow-steps", "3", "--save", ck], expect_rc=1)
         if "overflowed in 4 consecutive steps" not in p.stderr or os.path.exists(ck):
             raise Failure("expected a stop after 4 overflows and no checkpoint:\n" + p.stderr)
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 case("fp16_dynamic_loss_scaling", loss_scaling, suite="amp")
