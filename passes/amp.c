@@ -197,7 +197,9 @@ static int rebuild(amp *A, const amp_policy *p, const amp_options *o) {
       const nv_node *x = n->in[k];
       nova_dtype was = A->orig[x->id];
       weight &= A->weight[x->id];
-      in[k] = was == NOVA_DTYPE_F32 && n->op != NV_OP_CAST ? in_dtype(A, x, dt) : in_dtype(A, x, was);
+      in[k] = was != NOVA_DTYPE_F32 ? in_dtype(A, x, was) /* as it was (a master: rounded) */
+            : n->op == NV_OP_CAST ? A->map[x->id]      /* an explicit cast takes any dtype */
+            : in_dtype(A, x, dt);
       if (!in[k]) return -1;
       low |= in[k]->dtype == A->low && was == NOVA_DTYPE_F32;
     }
@@ -212,7 +214,7 @@ static int rebuild(amp *A, const amp_policy *p, const amp_options *o) {
     A->st->low_ops += low || (A->low && m->dtype == A->low && n->dtype == NOVA_DTYPE_F32);
   }
   /* commit: the leaves in their order, then the rebuilt nodes; the
-   * outputs and names move over (nothing is changed before this point) */
+   * outputs and names move over (before this point only masters changed) */
   int nl = 0;
   for (int i = 0; i < g->nnodes; i++) nl += !g->nodes[i]->nin;
   nv_node **outs = nv_xcalloc((size_t)g->noutputs + 1, sizeof *outs);
@@ -264,7 +266,7 @@ int amp_apply(nv_graph *g, nv_diag *d, const amp_options *o, amp_stats *st) {
     A.out->allow_empty = g->allow_empty;
     rc = rebuild(&A, o->policy, o);
   }
-  if (A.out) { /* on a failure, what was built goes and G is as it was */
+  if (A.out) { /* on a failure, what was built goes (G keeps its nodes; the compile stops) */
     for (int i = 0; i < A.out->nnodes; i++) free(A.out->nodes[i]->in), free(A.out->nodes[i]);
     free(A.out->nodes);
     free(A.out);
