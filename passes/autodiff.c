@@ -31,8 +31,6 @@ typedef struct ad {
 
 /* ---- node constructors ------------------------------------------------ */
 
-/* Gradients flow through f32 and f64 values only (f16 and bf16 params are
- * refused for training: no loss scaling or f32 master weights yet). */
 /* Values gradients flow through: f16 and bf16 too (the ops --precision
  * makes low, a 16-bit model's loss); a trained param is f32 or f64 (a
  * 16-bit one has an f32 master, passes/amp.c). */
@@ -807,7 +805,8 @@ static int propagate_needs(ad *A) {
 }
 
 /* The backward pass from LOSS, in reverse topological order, seeded with
- * SEED (NULL: 1; the loss scale). */
+ * SEED (NULL: 1; the loss scale, in the loss's dtype: an f16 loss's seed of
+ * 65536 is +inf, and that first step halves the scale like any overflow). */
 static int backward(ad *A, nv_node *loss, nv_node *seed) {
   A->loc = loss->loc;
   A->grad[loss->id] = !seed ? konst(A, loss->dtype, 1.0)
