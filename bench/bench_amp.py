@@ -21,7 +21,6 @@ system runs with N threads (default 1), pinned by taskset to CPUs 0..N-1.
 """
 import argparse
 import json
-import math
 import os
 import platform
 import re

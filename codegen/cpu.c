@@ -11,14 +11,10 @@
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
-#include <mlir-c/Pass.h>
-#include <mlir-c/RegisterEverything.h>
 #include <mlir-c/Target/LLVMIR.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/resource.h>
 #include <poll.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "amp.h"
+#include "autodiff.h"
 #include "../support/util.h"
 
 void amp_policy_default(amp_policy *p) {
@@ -150,8 +151,8 @@ static nova_dtype compute_dtype(amp *A, const nv_node *n, amp_class c) {
 
 /* Whether N is a trained f16/bf16 param, of which the step keeps an f32 master. */
 static bool wants_master(const amp_options *o, const nv_node *n) {
-  return o->masters && n->op == NV_OP_PARAM && n->role == NOVA_ROLE_PARAM && !n->frozen && fe_dtype_is_half(n->dtype) &&
-         !nv_glob_match(o->freeze, n->name, (bool[64]){0}) && (!o->train_only || nv_glob_match(o->train_only, n->name, (bool[64]){0}));
+  bool fm[NV_MAX_GLOBS], tm[NV_MAX_GLOBS];
+  return o->masters && fe_dtype_is_half(n->dtype) && ad_trains(n, o->freeze, o->train_only, fm, tm);
 }
 
 /* N (a param) becomes its own f32 master: its initial value converted
@@ -178,7 +179,7 @@ static int make_master(amp *A, nv_node *n) {
   return 0;
 }
 
-static int rebuild(amp *A, const amp_policy *p, const amp_options *o) {
+static int rebuild(amp *A, const amp_options *o) {
   nv_graph *g = A->g;
   for (int i = 0; i < g->nnodes; i++) A->orig[i] = g->nodes[i]->dtype;
   for (int i = 0; i < g->nnodes; i++) {
@@ -189,7 +190,7 @@ static int rebuild(amp *A, const amp_policy *p, const amp_options *o) {
       if (wants_master(o, n) && make_master(A, n)) return -1;
       continue;
     }
-    nova_dtype dt = compute_dtype(A, n, class_of(p, n));
+    nova_dtype dt = compute_dtype(A, n, A->low ? class_of(o->policy, n) : AMP_FOLLOW);
     nv_node *in[64];
     if (n->nin > 64) return -1;
     bool weight = true, low = false;
@@ -264,7 +265,7 @@ int amp_apply(nv_graph *g, nv_diag *d, const amp_options *o, amp_stats *st) {
   int rc = -1;
   if (A.out && A.map && A.as_low && A.as_f32 && A.as_orig && A.orig && A.weight) {
     A.out->allow_empty = g->allow_empty;
-    rc = rebuild(&A, o->policy, o);
+    rc = rebuild(&A, o);
   }
   if (A.out) { /* on a failure, what was built goes (G keeps its nodes; the compile stops) */
     for (int i = 0; i < A.out->nnodes; i++) free(A.out->nodes[i]->in), free(A.out->nodes[i]);

@@ -7,7 +7,8 @@
  * Changes (in place): each op is given a compute dtype, f32 or the low
  * precision (bf16 or f16), by a policy, and casts are inserted where a
  * value's dtype differs from what its user computes in.  Only f32 values
- * change: f64, integer and already-half values are left as they are.
+ * change (f64, integer and 16-bit values are left as they are), but for
+ * the f32 masters of trained 16-bit params (amp_options.masters).
  * Inputs, parameters and constants keep their dtype (parameters stay f32
  * masters, cast where a low-precision op reads them: one cast per value
  * and dtype, so a weight's low copy is made once per step); every output
@@ -64,7 +65,7 @@ typedef struct amp_stats {
 
 typedef struct amp_options {
   nova_dtype low;             /* NOVA_DTYPE_BF16 or F16; 0: no policy (masters only) */
-  const amp_policy *policy;   /* with LOW */
+  const amp_policy *policy;   /* with LOW (unread without) */
   /* --train: each trained f16/bf16 param (role param, not frozen, not
    * matched by FREEZE, matched by TRAIN_ONLY when given; comma-separated
    * globs) becomes an f32 master, cast to its own dtype where it is read:

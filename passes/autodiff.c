@@ -827,6 +827,11 @@ static bool trainable(const nv_node *n) {
   return n->op == NV_OP_PARAM && n->role == NOVA_ROLE_PARAM && !n->frozen && fe_dtype_is_float(n->dtype);
 }
 
+bool ad_trains(const nv_node *n, const char *freeze, const char *train_only, bool *fm, bool *tm) {
+  bool only = !train_only || nv_glob_match(train_only, n->name, tm); /* evaluated first: marks TM */
+  return trainable(n) && !nv_glob_match(freeze, n->name, fm) && only;
+}
+
 int ad_grad_reach(nv_graph *g, nv_diag *d, const char *loss, bool *reached) {
   int li = find_loss(g, d, loss), nf = g->nnodes, rc = -1;
   if (li < 0) return -1;
@@ -864,8 +869,7 @@ static int choose_params(ad *A, const ad_options *o) {
   for (int i = 0; i < A->nforward; i++) {
     const nv_node *n = A->g->nodes[i];
     if (n->op != NV_OP_PARAM) continue;
-    bool only = !o->train_only || nv_glob_match(o->train_only, n->name, tm);
-    A->needs[i] = trainable(n) && !nv_glob_match(o->freeze, n->name, fm) && only;
+    A->needs[i] = ad_trains(n, o->freeze, o->train_only, fm, tm);
     if (A->needs[i] && !wide_float(n->dtype)) {
       nv_error(A->d, n->loc, "--train: param '%s' is %s; training f16/bf16 parameters is not supported (freeze it with "
                "--freeze=%s)", n->name, fe_dtype_name(n->dtype), n->name);

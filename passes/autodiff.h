@@ -35,6 +35,11 @@ typedef struct ad_options {
   int64_t loss_scale_window;
 } ad_options;
 
+/* Whether param N is trained: role param, float, not frozen, not matched
+ * by FREEZE, matched by TRAIN_ONLY when given (comma-separated globs; FM
+ * and TM, NV_MAX_GLOBS entries, mark the patterns that matched). */
+bool ad_trains(const nv_node *n, const char *freeze, const char *train_only, bool *fm, bool *tm);
+
 /* Returns 0, or -1 with diagnostics (no loss, a loss no parameter reaches,
  * an op without a backward rule on the way, a freeze pattern that matches
  * nothing). */

@@ -186,7 +186,7 @@ def inference_keeps_interface():
     """Without --train the pass runs too; outputs keep their dtype (f32)."""
     text = "input x: f32[4, 8]\nparam w: f32[8, 3] = normal(1)\noutput y = gelu(x @ w) + 1\n"
     x = np.random.default_rng(3).uniform(-1, 1, (4, 8)).astype(np.float32)
-    o32, p = compile_and_run(text, {"x": x}, dump=True)
+    o32, _ = compile_and_run(text, {"x": x})
     o16, _ = compile_and_run(text, {"x": x}, flags=["--precision=bf16"])
     if o16[0].dtype != np.float32:
         raise Failure("output dtype %s, expected float32" % o16[0].dtype)
