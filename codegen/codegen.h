@@ -131,6 +131,16 @@ typedef struct cg_options {
  * 0 does nothing.  An op it cannot transform stays as it was (scalar loops);
  * 0, or -1 after a diagnostic. */
 int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level);
+/* cpu_ukernel.c: on a host with bf16 dot products (HOST->has_bf16_dot),
+ * each f32 contraction of two bf16 extensions reads the bf16 tensors
+ * instead (linalg on tensors, before cg_cpu_tile; *COUNT of them); after
+ * outlining, cg_cpu_contract_calls makes each such contraction a call of
+ * the runtime's kernel (runtime/rt_contract.c).  0, or -1 after a
+ * diagnostic.  cg_cpu_bf16_dot: whether it applies (fusion keeps the bf16
+ * operands for it). */
+bool cg_cpu_bf16_dot(const cfg_device *host, int opt_level);
+int cg_cpu_bf16_contractions(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level, int *count);
+int cg_cpu_contract_calls(nova_ctx *c, MlirModule m);
 /* Bufferizes a linalg module in place: results become out-parameters
  * (identity layouts); with DEALLOC, buffer deallocation is inserted. */
 int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc);

@@ -149,7 +149,8 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
     MlirStringRef s = mlirStringAttrGetValue(en);
     snprintf(entry, sizeof entry, "%.*s", (int)s.length, s.data);
   }
-  if (timed(cg_outline_nests(c, m), &t, "outlining")) return -1;
+  if (timed(cg_outline_nests(c, m), &t, "outlining") || timed(cg_cpu_contract_calls(c, m), &t, "kernel calls"))
+    return -1;
   /* one function per distinct nest from here: the function-level passes
    * run on several threads (stopped again before code generation forks) */
   if (!getenv("NOVAC_JOBS") || atoi(getenv("NOVAC_JOBS")) > 1) mlirContextEnableMultithreading(c->ctx, true);

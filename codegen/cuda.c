@@ -723,7 +723,7 @@ int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_devi
     return -1;
   }
   gpu_ctx G = {c, c->ctx, dev, out, sim, NULL, 0, 0, o->block, o->tf32, 0};
-  if (cg_fuse(c, m, opt_level, &out->plan)) return -1;
+  if (cg_fuse(c, m, opt_level, false, &out->plan)) return -1;
   int prc = 1;
   if (opt_level > 0) {
     if (out->plan.memory_limit > 0 && cg_fit_memory(c, g, m, plan_gpu, NULL, &out->plan)) return -1;

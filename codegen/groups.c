@@ -89,7 +89,7 @@ int cg_fusion_groups(nova_ctx *c, MlirModule nova, int opt_level) {
   bool *had = nv_xcalloc((size_t)nops + 1, sizeof *had);
   int rc = !L.k || !L.n || !L.cap || !had ? -1 : 0;
   if (!rc) scan(lin, nops, NULL, had); /* which ops have loops of their own before fusion */
-  if (!rc && cg_fuse(c, lin, opt_level, &stats)) rc = -1;
+  if (!rc && cg_fuse(c, lin, opt_level, false, &stats)) rc = -1;
   if (!rc) scan(lin, nops, &L, NULL);
   mlirModuleDestroy(lin);
   /* An op that had loops but is named by no loop nest after fusion was

@@ -246,6 +246,7 @@ int cfg_device_host(cfg_device *out, char *err, size_t n)
     if (__builtin_cpu_supports("avx512f")) {
         out->vector_bits = 512;
         out->vector_regs = 32; /* AVX-512: 32 zmm registers */
+        out->has_bf16_dot = __builtin_cpu_supports("avx512bf16");
     } else if (__builtin_cpu_supports("avx2")) {
         out->vector_bits = 256;
     }
@@ -425,6 +426,7 @@ int cfg_device_load(const char *path, cfg_device *out, char *err, size_t n)
         CFG_I64("l1d_bytes", 1024, big, out->l1d_bytes);
         CFG_I64("l3_bytes", 0, big, out->l3_bytes);
         CFG_INT("fma_units", 1, 16, out->fma_units);
+        if (cJSON_GetObjectItemCaseSensitive(root, "has_bf16_dot")) CFG_BOOL("has_bf16_dot", out->has_bf16_dot);
     }
     cJSON_Delete(root);
     if (cfg_device_validate(out, err, n)) return -1;
@@ -478,8 +480,8 @@ const char *cfg_device_summary(const cfg_device *d, char *buf, size_t n)
             cfg_fmt_bytes(c, sizeof c, d->l3_bytes);
             snprintf(l3, sizeof l3, ", L3 %s", c);
         }
-        snprintf(buf, n, "%s: %d core%s, %d-bit vectors, L1d %s, L2 %s%s%s", d->name, d->cores,
-                 d->cores == 1 ? "" : "s", d->vector_bits, a, b, l3, bw);
+        snprintf(buf, n, "%s: %d core%s, %d-bit vectors%s, L1d %s, L2 %s%s%s", d->name, d->cores,
+                 d->cores == 1 ? "" : "s", d->vector_bits, d->has_bf16_dot ? " (bf16 dot)" : "", a, b, l3, bw);
     }
     return buf;
 }

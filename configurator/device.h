@@ -46,6 +46,8 @@ typedef struct cfg_device {
     int64_t l1d_bytes;
     int64_t l3_bytes;            /* 0 = no L3 */
     int fma_units;               /* FMA pipes per core */
+    bool has_bf16_dot;           /* bf16 pair dot products into f32 (AVX-512 BF16 vdpbf16ps);
+                                    optional in JSON, false when absent */
 } cfg_device;
 
 /* Built-in table lookup by exact name ("h100", "a100-80gb", ...); NULL if unknown. */

@@ -25,7 +25,7 @@ typedef struct np_stage {
 
 static int st_fusion(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
   (void)g;
-  return cg_fuse(r->c, m, r->opt_level, plan);
+  return cg_fuse(r->c, m, r->opt_level, cg_cpu_bf16_dot(r->dev, r->opt_level), plan);
 }
 
 static int run_range(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan, int from, int to, bool main);
@@ -53,6 +53,14 @@ static int st_inplace(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan)
 static int st_fastmath(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
   (void)g, (void)plan;
   return cg_fast_math(r->c, m);
+}
+
+static int st_ukernels(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)g, (void)plan;
+  int n = 0;
+  int rc = cg_cpu_bf16_contractions(r->c, m, r->dev, r->opt_level, &n);
+  r->idle = !n;
+  return rc;
 }
 
 static int st_tiling(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
@@ -93,6 +101,7 @@ static const np_stage stages[] = {
     {"remat", 1, st_remat},                /* passes/remat.c: with --memory-limit */
     {"inplace", 1, st_inplace},            /* passes/inplace.c: update destinations */
     {"fastmath", 1, st_fastmath},          /* codegen/fastmath.c */
+    {"ukernels", 1, st_ukernels},          /* codegen/cpu_ukernel.c: bf16 contractions (AVX-512 BF16) */
     {"tiling", 1, st_tiling},              /* codegen/cpu_tile.c */
     {"bufferization", 0, st_bufferize},    /* codegen/cpu.c (one-shot, in pieces: chunk.c) */
     {"inplace-plan", 1, st_plan_inplace},  /* passes/inplace.c: copies of in-place updates removed */

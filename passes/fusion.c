@@ -7,7 +7,10 @@
  * afterwards): the size of a fused body (below), and contractions and
  * reductions keep f32 operands where a producer extends an f16/bf16 value
  * (--precision: the CPU tiler vectorizes 16-bit types in elementwise ops
- * only).  The counts of linalg ops before and after go to the manifest.
+ * only).  Where the target's contractions read bf16 operands themselves
+ * (HALF_CONTRACTIONS: codegen/cpu_ukernel.c), the bf16 values such an
+ * extension reads stay tensors too, not fused into it.  The counts of
+ * linalg ops before and after go to the manifest.
  *
  * The cap: a bound on how much elementwise fusion merges into one op.
  *
@@ -47,6 +50,7 @@ typedef struct cap_state {
   MlirAttribute parallel; /* #linalg.iterator_type<parallel> */
   MlirType *types;        /* the barrier functions made so far, by operand type */
   int ntypes;
+  bool half_contractions; /* the target's contractions read 16-bit operands themselves */
 } cap_state;
 
 static bool all_parallel(const cap_state *s, MlirOperation op) {
@@ -108,6 +112,23 @@ static bool reads_half(MlirOperation op) {
   return false;
 }
 
+/* The 16-bit operands of the extension P that single-use elementwise ops
+ * make (a rounding of f32 to bf16) stay tensors of their own, with a
+ * barrier: a contraction that reads 16-bit operands (codegen/cpu_ukernel.c)
+ * then reads them instead of P's f32 copy. */
+static void keep_half_operands(cap_state *s, MlirOperation p, int *barriers) {
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(p); i++) {
+    MlirValue v = mlirOperationGetOperand(p, i);
+    MlirType t = mlirValueGetType(v);
+    if (!mlirTypeIsARankedTensor(t) || !(mlirTypeIsAF16(mlirShapedTypeGetElementType(t)) ||
+                                         mlirTypeIsABF16(mlirShapedTypeGetElementType(t))))
+      continue;
+    if (mlirOperationIsNull(fusable_producer(s, p, i))) continue;
+    add_barrier(s, v, p);
+    ++*barriers;
+  }
+}
+
 /* A contraction or reduction (a generic that is not all parallel, or a
  * linalg.matmul, which fusion merges producers into too) keeps f32
  * operands: the producer extending a half operand stays an elementwise op
@@ -126,6 +147,7 @@ static void half_barriers(cap_state *s, MlirOperation op, int *barriers) {
     if (cg_op_is(p, "linalg.generic") && mlirOperationGetNumResults(p) == 1 && all_parallel(s, p) && reads_half(p)) {
       add_barrier(s, v, op);
       ++*barriers;
+      if (s->half_contractions) keep_half_operands(s, p, barriers);
     }
   }
 }
@@ -161,9 +183,10 @@ static void visit(cap_state *s, MlirOperation op, int *barriers) {
   cg_ptrmap_put(&s->size, op.ptr, s->n++);
 }
 
-int cg_fusion_barriers(MlirModule m) {
+int cg_fusion_barriers(MlirModule m, bool half_contractions) {
   MlirContext ctx = mlirModuleGetContext(m);
-  cap_state s = {.m = m, .parallel = mlirAttributeParseGet(ctx, nova_str("#linalg.iterator_type<parallel>"))};
+  cap_state s = {.m = m, .parallel = mlirAttributeParseGet(ctx, nova_str("#linalg.iterator_type<parallel>")),
+                 .half_contractions = half_contractions};
   int barriers = 0, nops = 0;
   MlirBlock mb = mlirModuleGetBody(m);
   for (MlirOperation f = mlirBlockGetFirstOperation(mb); !mlirOperationIsNull(f); f = mlirOperationGetNextInBlock(f)) {
@@ -223,13 +246,13 @@ static MlirWalkResult count_linalg(MlirOperation op, void *ud) {
   return MlirWalkResultAdvance;
 }
 
-int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, cg_plan *stats) {
+int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, bool half_contractions, cg_plan *stats) {
   mlirOperationWalk(mlirModuleGetOperation(m), count_linalg, &stats->ops_before_fusion, MlirWalkPreOrder);
   if (opt_level > 0) {
     if (cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize{region-simplify=disabled max-iterations=1},cse))",
                         "fusion"))
       return -1;
-    int barriers = cg_fusion_barriers(m);
+    int barriers = cg_fusion_barriers(m, half_contractions);
     if (barriers && getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: %d fusion barriers\n", barriers);
     int rc = cg_run_pipeline(c, m, "builtin.module(func.func(linalg-fuse-elementwise-ops))", "fusion");
     if (barriers) cg_drop_fusion_barriers(m);

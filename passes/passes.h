@@ -134,10 +134,10 @@ int cg_plan_inplace(const nv_graph *g, MlirModule m, cg_plan *plan);
 
 /* Elementwise fusion over the whole linalg module (at -O1 and above),
  * counting the linalg ops before and after into STATS. */
-int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, cg_plan *stats);
+int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, bool half_contractions, cg_plan *stats);
 /* fusion_cap.c: a second use (a call) of the producers that would make a
  * fused body pass the cap; their number.  Then the calls removed. */
-int cg_fusion_barriers(MlirModule m);
+int cg_fusion_barriers(MlirModule m, bool half_contractions);
 void cg_drop_fusion_barriers(MlirModule m);
 
 /* Plans the intermediates of a bufferized module (see memplan.c): 0 when

@@ -86,6 +86,14 @@ if build parallel.build $CC $CFLAGS $SAN $INC "$here/test_parallel.c" "$root/run
   if NOVA_NUM_THREADS=3 timeout 120 "$T/test_parallel" >"$T/par.out" 2>&1 && grep -q "parallel: ok" "$T/par.out"
   then pass parallel.every_iteration_once; else fail parallel.every_iteration_once "$(cat "$T/par.out")"; fi
 fi
+if build contract.build $CC $CFLAGS $SAN $INC "$here/test_contract.c" "$root/runtime/rt_contract.c" \
+  "$root/runtime/rt_parallel.c" -lpthread -lm -o "$T/test_contract"; then
+  for plain in 0 1; do
+    if NOVA_NUM_THREADS=3 NOVA_CONTRACT_PLAIN=$plain timeout 120 "$T/test_contract" >"$T/con.out" 2>&1 &&
+      grep -q "contract: ok" "$T/con.out"
+    then pass contract.bf16_plain_$plain; else fail contract.bf16_plain_$plain "$(cat "$T/con.out")"; fi
+  done
+fi
 PB_SRC="$root/driver/tensor_pb.c $root/support/util.c $B/obj/gen/onnx.pb-c.o -lprotobuf-c"
 if build tensor_pb.build $CC $CFLAGS $SAN $INC "$here/test_tensor_pb.c" $PB_SRC -o "$T/test_tensor_pb"; then
   unit tensor_pb.exit "$T/test_tensor_pb" "$T"
