@@ -14,8 +14,10 @@
  * linalg.contract, cpu_contract.c) whose A and B are both extensions of
  * bf16 tensors (an all-parallel generic whose body is one arith.extf, maybe
  * reshaped by tensor.expand_shape/collapse_shape) into a linalg.contract of
- * the bf16 tensors with an f32 C.  The extensions that nothing else reads
- * are erased: their f32 copies are never made.  The tiler leaves the op
+ * the bf16 tensors with an f32 C; a bf16 operand that is a linalg.transpose
+ * is read in place through the composed indexing map.  The extensions (and
+ * transposes) that nothing else reads are erased: their copies are never
+ * made.  The tiler leaves the op
  * alone (it tiles 16-bit operands only in elementwise ops); its cache
  * blocks (mc, nc, kc from cfg_gemm_cpu) go with it as nova.ukernel.
  *
@@ -122,11 +124,35 @@ static MlirValue bf16_source(MlirValue v, bool build) {
 static void erase_unused(MlirValue v) {
   while (mlirValueIsAOpResult(v) && mlirOpOperandIsNull(mlirValueGetFirstUse(v))) {
     MlirOperation op = mlirOpResultGetOwner(v);
-    if (!is_reshape(op) && !is_extension(op)) return;
+    if (!is_reshape(op) && !is_extension(op) && !cg_op_is(op, "linalg.transpose")) return;
     MlirValue in = mlirOperationGetOperand(op, 0);
     mlirOperationDestroy(op);
     v = in;
   }
+}
+
+/* V made by a linalg.transpose: V becomes the transpose's input and MAP
+ * (V's indexing map in a contraction) the map that reads it in place, so
+ * that the transposed copy is not made (the kernel reads any strides). */
+static void fold_transpose(MlirContext ctx, MlirValue *v, MlirAttribute *map) {
+  if (!mlirValueIsAOpResult(*v)) return;
+  MlirOperation t = mlirOpResultGetOwner(*v);
+  if (!cg_op_is(t, "linalg.transpose")) return;
+  MlirAttribute perm = mlirOperationGetAttributeByName(t, nova_str("permutation"));
+  MlirAffineMap m = mlirAffineMapAttrGetValue(*map);
+  intptr_t rank = mlirAffineMapGetNumResults(m);
+  if (mlirAttributeIsNull(perm) || !mlirAttributeIsADenseI64Array(perm) || mlirDenseArrayGetNumElements(perm) != rank ||
+      rank > UK_MAXL)
+    return;
+  /* out[x] = in[y] with y[perm[i]] = x[i]: result r of the new map is result inv[r] of the old */
+  MlirAffineExpr e[UK_MAXL];
+  for (intptr_t i = 0; i < rank; i++) {
+    int64_t r = mlirDenseI64ArrayGetElement(perm, i);
+    if (r < 0 || r >= rank) return;
+    e[r] = mlirAffineMapGetResult(m, i);
+  }
+  *map = mlirAffineMapAttrGet(mlirAffineMapGet(ctx, mlirAffineMapGetNumDims(m), 0, rank, e));
+  *v = mlirOperationGetOperand(t, 0);
 }
 
 /* The static size of each of OP's NL loops, from its operands' shapes and
@@ -166,13 +192,18 @@ static MlirOperation contract_bf16(MlirContext ctx, MlirOperation lc, const cfg_
   cdims cd;
   MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(lc);
   int nl = (int)mlirAffineMapGetNumDims(mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 0)));
+  MlirAttribute nm[3] = {mlirArrayAttrGetElement(maps, 0), mlirArrayAttrGetElement(maps, 1),
+                         mlirArrayAttrGetElement(maps, 2)};
+  fold_transpose(ctx, &ops[0], &nm[0]);
+  fold_transpose(ctx, &ops[1], &nm[1]);
+  MlirAttribute newmaps = mlirArrayAttrGet(ctx, 3, nm);
   if (nl > UK_MAXL || !cg_contraction_dims(lc, nl, &cd)) return lc;
   int64_t size[UK_MAXL];
   if (!loop_sizes(lc, nl, size)) return lc;
   cfg_gemm_cpu_schedule s = cfg_gemm_cpu(host, size[cd.m_inner], size[cd.n], size[cd.k_inner], 2);
   int64_t blocks[3] = {s.ok ? s.mc : 0, s.ok ? s.nc : 0, s.ok ? s.kc : 0};
   int32_t seg[2] = {2, 1};
-  MlirNamedAttribute na[3] = {nattr(ctx, "indexing_maps", maps),
+  MlirNamedAttribute na[3] = {nattr(ctx, "indexing_maps", newmaps),
                               nattr(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 2, seg)),
                               nattr(ctx, UK_ATTR, mlirDenseI64ArrayGet(ctx, 3, blocks))};
   MlirOperationState st = mlirOperationStateGet(nova_str("linalg.contract"), mlirOperationGetLocation(lc));
@@ -192,7 +223,7 @@ static MlirOperation contract_bf16(MlirContext ctx, MlirOperation lc, const cfg_
   }
   mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(lc, 0), mlirOperationGetResult(nc, 0));
   mlirOperationDestroy(lc);
-  erase_unused(olda), erase_unused(oldb);
+  erase_unused(olda), erase_unused(oldb); /* a folded transpose with them */
   return nc;
 }
 
@@ -306,14 +337,27 @@ static MlirWalkResult find_cb(MlirOperation op, void *ud) {
 static bool emit_call(MlirContext ctx, MlirOperation op) {
   MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
   int nl = (int)mlirAffineMapGetNumDims(mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 0)));
-  cdims cd;
-  if (nl > UK_MAXL || !cg_contraction_dims(op, nl, &cd)) return false;
-  int nk = 0;
-  for (int d = 0; d < nl; d++) nk += cd.k[d];
-  if (nk != 1) return false;
+  if (nl > UK_MAXL) return false;
   int64_t size[UK_MAXL];
   int dim_of[3][UK_MAXL];
   if (!loop_sizes_of(op, nl, size, dim_of)) return false;
+  /* k: the one loop C does not have; n: C's last, read by B and not A; m:
+   * C's innermost other loop read by A and not B (the rest are outer) */
+  bool in[3][UK_MAXL] = {{0}};
+  int rank[3];
+  for (int i = 0; i < 3; i++) {
+    rank[i] = (int)mlirShapedTypeGetRank(mlirValueGetType(mlirOperationGetOperand(op, i)));
+    for (int r = 0; r < rank[i]; r++)
+      if (dim_of[i][r] >= 0) in[i][dim_of[i][r]] = true;
+  }
+  int lk = -1, nk = 0, ln = rank[2] ? dim_of[2][rank[2] - 1] : -1, lm = -1;
+  for (int d = 0; d < nl; d++)
+    if (!in[2][d]) lk = d, nk++;
+  for (int r = rank[2] - 2; r >= 0 && lm < 0; r--) {
+    int d = dim_of[2][r];
+    if (d >= 0 && in[0][d] && !in[1][d]) lm = d;
+  }
+  if (nk != 1 || !in[0][lk] || !in[1][lk] || ln < 0 || in[0][ln] || !in[1][ln] || lm < 0) return false;
   MlirAttribute blk = mlirOperationGetDiscardableAttributeByName(op, nova_str(UK_ATTR));
   int64_t blocks[3] = {0, 0, 0};
   if (!mlirAttributeIsNull(blk) && mlirAttributeIsADenseI64Array(blk) && mlirDenseArrayGetNumElements(blk) == 3)
@@ -328,7 +372,7 @@ static bool emit_call(MlirContext ctx, MlirOperation op) {
   MlirType dt = mlirMemRefTypeGet(i64, 1, &shape, mlirAttributeGetNull(), mlirAttributeGetNull());
   MlirNamedAttribute seg = nattr(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 2, (int32_t[]){0, 0}));
   MlirValue desc = mlirOperationGetResult(make(&b, "memref.alloca", 0, NULL, 1, &dt, 1, &seg), 0);
-  int64_t head[7] = {nl, cd.m_inner, cd.n, cd.k_inner, blocks[0], blocks[1], blocks[2]};
+  int64_t head[7] = {nl, lm, ln, lk, blocks[0], blocks[1], blocks[2]};
   for (int j = 0; j < nd; j++) {
     MlirValue v;
     if (j < 7) v = cst(&b, i64, head[j]);

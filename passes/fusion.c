@@ -183,6 +183,45 @@ static void visit(cap_state *s, MlirOperation op, int *barriers) {
   cg_ptrmap_put(&s->size, op.ptr, s->n++);
 }
 
+/* Whether OP is an all-parallel generic whose body only extends its one
+ * 16-bit input to f32. */
+static bool is_half_extension(const cap_state *s, MlirOperation op) {
+  if (!cg_op_is(op, "linalg.generic") || mlirOperationGetNumOperands(op) != 2 || mlirOperationGetNumResults(op) != 1 ||
+      !all_parallel(s, op) || !reads_half(op))
+    return false;
+  MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  MlirOperation e = mlirBlockGetFirstOperation(b);
+  if (mlirOperationIsNull(e) || !cg_op_is(e, "arith.extf")) return false;
+  MlirOperation y = mlirOperationGetNextInBlock(e);
+  return !mlirOperationIsNull(y) && cg_op_is(y, "linalg.yield") && mlirOperationIsNull(mlirOperationGetNextInBlock(y));
+}
+
+/* A 16-bit value read by several f32 ops is extended once (amp.c casts
+ * each value once, and CSE merges alike casts); fusion would then merge
+ * its producer into the extension and keep the f32 copy, twice the bytes,
+ * alive for every reader (the backward pass's among them).  Each reader
+ * after the first gets an extension of its own instead, which fusion
+ * merges into it: the value is kept in 16 bits. */
+static void split_extensions(const cap_state *s, MlirBlock body) {
+  for (MlirOperation op = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(op);
+       op = mlirOperationGetNextInBlock(op)) {
+    if (!is_half_extension(s, op)) continue;
+    MlirValue v = mlirOperationGetResult(op, 0);
+    MlirOpOperand u = mlirValueGetFirstUse(v);
+    if (mlirOpOperandIsNull(u)) continue;
+    for (MlirOpOperand next = mlirOpOperandGetNextUse(u); !mlirOpOperandIsNull(next);) {
+      MlirOpOperand after = mlirOpOperandGetNextUse(next);
+      MlirOperation user = mlirOpOperandGetOwner(next);
+      if (cg_op_is(user, "linalg.generic")) {
+        MlirOperation c = mlirOperationClone(op);
+        mlirBlockInsertOwnedOperationAfter(body, op, c);
+        mlirOperationSetOperand(user, (intptr_t)mlirOpOperandGetOperandNumber(next), mlirOperationGetResult(c, 0));
+      }
+      next = after;
+    }
+  }
+}
+
 int cg_fusion_barriers(MlirModule m, bool half_contractions) {
   MlirContext ctx = mlirModuleGetContext(m);
   cap_state s = {.m = m, .parallel = mlirAttributeParseGet(ctx, nova_str("#linalg.iterator_type<parallel>")),
@@ -196,7 +235,12 @@ int cg_fusion_barriers(MlirModule m, bool half_contractions) {
          op = mlirOperationGetNextInBlock(op))
       nops++;
   }
-  cg_ptrmap_init(&s.size, 2 * (size_t)nops + 1);
+  for (MlirOperation f = mlirBlockGetFirstOperation(mb); !mlirOperationIsNull(f); f = mlirOperationGetNextInBlock(f)) {
+    MlirRegion r = mlirOperationGetFirstRegion(f);
+    if (cg_op_is(f, "func.func") && !mlirRegionIsNull(r) && !mlirBlockIsNull(mlirRegionGetFirstBlock(r)))
+      split_extensions(&s, mlirRegionGetFirstBlock(r));
+  }
+  cg_ptrmap_init(&s.size, 4 * (size_t)nops + 1);
   for (MlirOperation f = mlirBlockGetFirstOperation(mb); !mlirOperationIsNull(f); f = mlirOperationGetNextInBlock(f)) {
     MlirRegion r = mlirOperationGetFirstRegion(f);
     if (!cg_op_is(f, "func.func") || mlirRegionIsNull(r) || mlirBlockIsNull(mlirRegionGetFirstBlock(r))) continue;

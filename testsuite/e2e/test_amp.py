@@ -44,9 +44,24 @@ def worst_l2(g, prec):
     return max((l2(g[k], REF["%s.grad.%s" % (prec, k)]), k) for k in PARAMS)
 
 
-def vs_torch(prec, tol):
+@contextlib.contextmanager
+def environ(env):
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def vs_torch(prec, tol, env=None, tag=""):
     def run_case():
-        g, loss = grads([] if prec == "fp32" else ["--precision=" + prec])
+        with environ(env or {}):
+            g, loss = grads([] if prec == "fp32" else ["--precision=" + prec])
         ref_loss = float(REF[prec + ".loss"])
         if not abs(loss - ref_loss) <= 2e-3 * abs(ref_loss):
             raise Failure("loss %r, PyTorch %s %r" % (loss, prec, ref_loss))
@@ -63,12 +78,16 @@ def vs_torch(prec, tol):
             raise Failure("%s.grad: 2-norm relative error %.3g from the fp32 gradients, PyTorch %s's %.3g (expected "
                           "above 1e-4, the low precision used, and at most 1.25 times PyTorch's)" %
                           (ours[1], ours[0], prec, torch))
-    case("gpt_block_grads_vs_torch_%s" % prec, run_case, suite="amp")
+    case("gpt_block_grads_vs_torch_%s%s" % (prec, tag), run_case, suite="amp")
 
 
 vs_torch("fp32", 1e-4)
 vs_torch("bf16", 2e-2)  # max-norm against PyTorch's own bf16 gradients
 vs_torch("fp16", 5e-3)
+# the bf16 contractions of a host with AVX-512 BF16 (codegen/cpu_ukernel.c) and the two other
+# ways: f32 copies of the operands (NOVAC_UKERNEL=0), the runtime kernel's path for other CPUs
+vs_torch("bf16", 2e-2, {"NOVAC_UKERNEL": "0"}, "_f32_contractions")
+vs_torch("bf16", 2e-2, {"NOVA_CONTRACT_PLAIN": "1"}, "_plain_kernel")
 
 
 @contextlib.contextmanager
