@@ -47,6 +47,8 @@
 #define UK_ATTR "nova.ukernel"
 #define UK_FUNC "nova_rt_contract_bf16"
 #define UK_MAXL 8 /* runtime/rt_contract.c's RT_CONTRACT_MAXL */
+#define UK_MR 12  /* and its register tile, MR x NR */
+#define UK_NR 32
 
 static MlirNamedAttribute nattr(MlirContext ctx, const char *name, MlirAttribute a) {
   return mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str(name)), a);
@@ -200,7 +202,19 @@ static MlirOperation contract_bf16(MlirContext ctx, MlirOperation lc, const cfg_
   if (nl > UK_MAXL || !cg_contraction_dims(lc, nl, &cd)) return lc;
   int64_t size[UK_MAXL];
   if (!loop_sizes(lc, nl, size)) return lc;
-  cfg_gemm_cpu_schedule s = cfg_gemm_cpu(host, size[cd.m_inner], size[cd.n], size[cd.k_inner], 2);
+  /* the rows: C's loops that B does not have (the runtime joins those that continue m) */
+  int64_t rows = 1;
+  MlirAffineMap bm = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 1));
+  MlirAffineMap cm = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 2));
+  for (intptr_t r = 0; r < mlirAffineMapGetNumResults(cm); r++) {
+    MlirAffineExpr e = mlirAffineMapGetResult(cm, r);
+    if (!mlirAffineExprIsADim(e)) continue;
+    bool in_b = false;
+    for (intptr_t q = 0; q < mlirAffineMapGetNumResults(bm); q++)
+      in_b |= mlirAffineExprEqual(mlirAffineMapGetResult(bm, q), e);
+    if (!in_b) rows *= size[mlirAffineDimExprGetPosition(e)];
+  }
+  cfg_gemm_cpu_schedule s = cfg_gemm_cpu_tile(host, rows, size[cd.n], size[cd.k_inner], 2, UK_MR, UK_NR);
   int64_t blocks[3] = {s.ok ? s.mc : 0, s.ok ? s.nc : 0, s.ok ? s.kc : 0};
   int32_t seg[2] = {2, 1};
   MlirNamedAttribute na[3] = {nattr(ctx, "indexing_maps", newmaps),

@@ -175,20 +175,32 @@ cfg_gemm_schedule cfg_gemm(const cfg_device *d, int64_t M, int64_t N, int64_t K,
 
 cfg_gemm_cpu_schedule cfg_gemm_cpu(const cfg_device *d, int64_t M, int64_t N, int64_t K, int b)
 {
+    if (!d || d->kind != CFG_DEV_CPU || (b != 2 && b != 4 && b != 8)) return cfg_gemm_cpu_tile(d, M, N, K, b, 1, 1);
+    /* Register block: nr = 2 vectors wide; mr rows so that mr*2 accumulators
+     * + 2 B vectors + 1 A broadcast fit the vector registers. */
+    const int nr_v = 2, lanes = d->vector_bits / 8 / b;
+    int mr = (d->vector_regs - nr_v - 1) / nr_v;
+    if (mr < 1) mr = 1;
+    if (mr > 16) mr = 16;
+    cfg_gemm_cpu_schedule s = cfg_gemm_cpu_tile(d, M, N, K, b, mr, nr_v * lanes);
+    if (s.ok)
+        snprintf(s.reason, sizeof s.reason, "mr x nr = %d x %d from %d %d-bit registers; kc from L1, mc from L2, nc from %s",
+                 s.mr, s.nr, d->vector_regs, d->vector_bits, d->l3_bytes > 0 ? "L3" : "L2");
+    return s;
+}
+
+cfg_gemm_cpu_schedule cfg_gemm_cpu_tile(const cfg_device *d, int64_t M, int64_t N, int64_t K, int b, int mr, int nr)
+{
     cfg_gemm_cpu_schedule s;
     memset(&s, 0, sizeof s);
     if (!d || d->kind != CFG_DEV_CPU) { snprintf(s.reason, sizeof s.reason, "not a CPU device"); return s; }
     if (M < 1 || N < 1 || K < 1) { snprintf(s.reason, sizeof s.reason, "M, N, K must be >= 1"); return s; }
     if (b != 2 && b != 4 && b != 8) { snprintf(s.reason, sizeof s.reason, "dtype_bytes must be 2, 4 or 8"); return s; }
+    if (mr < 1 || nr < 1) { snprintf(s.reason, sizeof s.reason, "mr, nr must be >= 1"); return s; }
     s.arith_intensity = cfg_intensity(M, N, K, b);
     s.lanes = d->vector_bits / 8 / b;
-    /* Register block: nr = 2 vectors wide; mr rows so that mr*2 accumulators
-     * + 2 B vectors + 1 A broadcast fit the vector registers. */
-    const int nr_v = 2;
-    s.nr = nr_v * s.lanes;
-    s.mr = (d->vector_regs - nr_v - 1) / nr_v;
-    if (s.mr < 1) s.mr = 1;
-    if (s.mr > 16) s.mr = 16;
+    s.mr = mr;
+    s.nr = nr;
     /* KC: a kc x max(mr,nr) micro-panel takes at most half of L1. */
     int64_t wide = s.mr > s.nr ? s.mr : s.nr;
     int64_t kc = d->l1d_bytes / 2 / (wide * b);
@@ -210,8 +222,8 @@ cfg_gemm_cpu_schedule cfg_gemm_cpu(const cfg_device *d, int64_t M, int64_t N, in
     s.l2_use = s.mc * s.kc * b;
     s.l3_use = s.kc * s.nc * b;
     s.threads = d->cores;
-    snprintf(s.reason, sizeof s.reason, "mr x nr = %d x %d from %d %d-bit registers; kc from L1, mc from L2, nc from %s",
-             s.mr, s.nr, d->vector_regs, d->vector_bits, d->l3_bytes > 0 ? "L3" : "L2");
+    snprintf(s.reason, sizeof s.reason, "mr x nr = %d x %d given; kc from L1, mc from L2, nc from %s", s.mr, s.nr,
+             d->l3_bytes > 0 ? "L3" : "L2");
     s.ok = true;
     return s;
 }

@@ -61,6 +61,11 @@ typedef struct cfg_gemm_cpu_schedule {
 cfg_gemm_cpu_schedule cfg_gemm_cpu(const cfg_device *d, int64_t M, int64_t N, int64_t K,
                                    int dtype_bytes);
 
+/* The same cache blocks for a given MR x NR register tile (a packed
+ * kernel's, e.g. the runtime's bf16 kernel). */
+cfg_gemm_cpu_schedule cfg_gemm_cpu_tile(const cfg_device *d, int64_t M, int64_t N, int64_t K, int dtype_bytes, int mr,
+                                        int nr);
+
 const char *cfg_mma_name(cfg_mma m);
 
 /* The SIMT (CUDA-core, exact fp32/fp64) GEMM the cuda code generator emits

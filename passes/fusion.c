@@ -9,7 +9,9 @@
  * (--precision: the CPU tiler vectorizes 16-bit types in elementwise ops
  * only).  Where the target's contractions read bf16 operands themselves
  * (HALF_CONTRACTIONS: codegen/cpu_ukernel.c), the bf16 values such an
- * extension reads stay tensors too, not fused into it.  The counts of
+ * extension reads stay tensors too, not fused into it.  A 16-bit value
+ * that several f32 ops read gets one extension per reader, so that it is
+ * kept in 16 bits, not as a shared f32 copy.  The counts of
  * linalg ops before and after go to the manifest.
  *
  * The cap: a bound on how much elementwise fusion merges into one op.

@@ -293,15 +293,28 @@ void nova_rt_contract_bf16(int64_t a, int64_t b, int64_t c, int64_t desc) {
   contract x = {.a = (const uint16_t *)(intptr_t)a, .b = (const uint16_t *)(intptr_t)b, .c = (float *)(intptr_t)c,
                 .nl = (int)d[0], .lm = (int)d[1], .ln = (int)d[2], .lk = (int)d[3], .mc = d[4], .nc = d[5], .kc = d[6]};
   if (x.nl < 3 || x.nl > RT_CONTRACT_MAXL) abort(); /* written by novac: never */
-  x.nouter = 1;
   for (int l = 0; l < x.nl; l++) {
     x.size[l] = d[7 + l];
     x.sa[l] = d[7 + x.nl + l];
     x.sb[l] = d[7 + 2 * x.nl + l];
     x.sc[l] = d[7 + 3 * x.nl + l];
-    if (l != x.lm && l != x.ln && l != x.lk) x.nouter *= x.size[l];
     if (x.size[l] < 1) return;
   }
+  /* an outer loop that continues m in A and C and that B does not have (a
+   * batch of rows: [batch, T, k] x [k, n]) joins m: one B block serves all */
+  for (int joined = 1; joined;) {
+    joined = 0;
+    for (int l = 0; l < x.nl; l++)
+      if (l != x.lm && l != x.ln && l != x.lk && x.size[l] > 1 && x.sb[l] == 0 &&
+          x.sa[l] == x.sa[x.lm] * x.size[x.lm] && x.sc[l] == x.sc[x.lm] * x.size[x.lm]) {
+        x.size[x.lm] *= x.size[l];
+        x.size[l] = 1;
+        joined = 1;
+      }
+  }
+  x.nouter = 1;
+  for (int l = 0; l < x.nl; l++)
+    if (l != x.lm && l != x.ln && l != x.lk) x.nouter *= x.size[l];
 #if HAVE_BLOCKED
   static int has = -1;
   if (has < 0) {
