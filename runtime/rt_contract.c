@@ -43,10 +43,10 @@
 #define RT_CONTRACT_MAXL 8
 #define MR 12 /* the register tile: MR rows of C by NR columns (two zmm registers) */
 #define NR 32
-#define RT_CONTRACT_TASKS 8 /* for the threads: tasks wanted per call */
 
 typedef void (*rt_task)(void **argv, int64_t lo, int64_t hi);
 void nova_rt_parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int64_t step);
+int nova_rt_threads(void);
 void nova_rt_contract_bf16(int64_t a, int64_t b, int64_t c, int64_t desc);
 
 typedef struct contract {
@@ -55,7 +55,7 @@ typedef struct contract {
   int nl, lm, ln, lk;
   int64_t mc, nc, kc;
   int64_t size[RT_CONTRACT_MAXL], sa[RT_CONTRACT_MAXL], sb[RT_CONTRACT_MAXL], sc[RT_CONTRACT_MAXL];
-  int64_t nouter, mblocks, nblocks, mgroups;
+  int64_t nouter, nblocks, mgroups;
 } contract;
 
 /* Offsets of outer iteration O into A, B and C. */
@@ -195,22 +195,26 @@ TARGET static void tile(const uint16_t *ap, const uint16_t *bp, int64_t kp, floa
   }
 }
 
-/* One task: an outer iteration, an n block and a group of m blocks; k
- * block by block, B's block packed once for the group. */
+/* One task: an outer iteration, an n block and a group of rows (whole
+ * register tiles, mc at a time); k block by block, B's block packed once
+ * for the group. */
 TARGET static void block(const contract *x, int64_t t, uint16_t *pa, uint16_t *pb) {
   int64_t g = t % x->mgroups, nbk = (t / x->mgroups) % x->nblocks, o = t / x->mgroups / x->nblocks;
   int64_t oa, ob, oc;
   outer_offsets(x, o, &oa, &ob, &oc);
   int64_t M = x->size[x->lm], N = x->size[x->ln], K = x->size[x->lk];
-  int64_t per = (x->mblocks + x->mgroups - 1) / x->mgroups;
-  int64_t mlo = g * per * x->mc, mhi = (g + 1) * per * x->mc < M ? (g + 1) * per * x->mc : M;
+  int64_t panels = (M + MR - 1) / MR;
+  int64_t mlo = g * panels / x->mgroups * MR, mhi = (g + 1) * panels / x->mgroups * MR;
+  if (mhi > M) mhi = M;
+  /* blocks of at most mc rows, of one size (whole tiles) */
+  int64_t nblk = (mhi - mlo + x->mc - 1) / x->mc, mc = ((mhi - mlo + nblk - 1) / nblk + MR - 1) / MR * MR;
   int64_t j0 = nbk * x->nc, nb = N - j0 < x->nc ? N - j0 : x->nc;
   int64_t scm = x->sc[x->lm], scn = x->sc[x->ln];
   for (int64_t p0 = 0; p0 < K; p0 += x->kc) {
     int64_t kb = K - p0 < x->kc ? K - p0 : x->kc, kp = (kb + 1) / 2;
     pack_b(x, x->b + ob, p0, kb, j0, nb, pb);
-    for (int64_t i0 = mlo; i0 < mhi; i0 += x->mc) {
-      int64_t mb = mhi - i0 < x->mc ? mhi - i0 : x->mc;
+    for (int64_t i0 = mlo; i0 < mhi; i0 += mc) {
+      int64_t mb = mhi - i0 < mc ? mhi - i0 : mc;
       pack_a(x, x->a + oa, i0, mb, p0, kb, pa);
       for (int64_t jr = 0; jr < nb; jr += NR)
         for (int64_t ir = 0; ir < mb; ir += MR)
@@ -250,11 +254,14 @@ static void run_blocked(contract *x) {
   x->mc = clamp_block(x->mc, MR, M);
   x->nc = clamp_block(x->nc, NR, N);
   x->kc = clamp_block(x->kc, 2, K);
-  x->mblocks = (M + x->mc - 1) / x->mc;
   x->nblocks = (N + x->nc - 1) / x->nc;
-  /* at least RT_CONTRACT_TASKS tasks where the m blocks allow (threads) */
+  /* with several threads, at least two tasks per thread where the rows
+   * allow (whole register tiles each); one thread: the blocks alone */
+  int threads = nova_rt_threads();
+  int64_t want = threads > 1 ? 2 * (int64_t)threads : 1, panels = (M + MR - 1) / MR;
   x->mgroups = 1;
-  while (x->nouter * x->nblocks * x->mgroups < RT_CONTRACT_TASKS && x->mgroups < x->mblocks) x->mgroups++;
+  if (x->nouter * x->nblocks < want) x->mgroups = (want + x->nouter * x->nblocks - 1) / (x->nouter * x->nblocks);
+  if (x->mgroups > panels) x->mgroups = panels;
   int64_t n = x->nouter * x->nblocks * x->mgroups;
   void *argv[1] = {x};
   if (n == 1) run_tasks(argv, 0, 1);

@@ -31,6 +31,7 @@
 
 typedef void (*rt_task)(void **argv, int64_t lo, int64_t hi);
 void nova_rt_parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int64_t step);
+int nova_rt_threads(void);
 
 static struct {
   atomic_bool ready;           /* the pool of this process has started */
@@ -97,6 +98,16 @@ static int threads_wanted(void) {
     n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
   }
   return n < 1 ? 1 : n > RT_MAX_THREADS ? RT_MAX_THREADS : (int)n;
+}
+
+/* The threads the pool has (or will have when it starts): what a caller
+ * sizes its shares of work by. */
+int nova_rt_threads(void) {
+  if (atomic_load_explicit(&pool.ready, memory_order_acquire)) return pool.nthreads;
+  static atomic_int wanted;
+  int n = atomic_load_explicit(&wanted, memory_order_relaxed);
+  if (!n) atomic_store_explicit(&wanted, n = threads_wanted(), memory_order_relaxed);
+  return n;
 }
 
 /* In a child after fork(): only the forking thread exists; the locks may

@@ -88,10 +88,12 @@ if build parallel.build $CC $CFLAGS $SAN $INC "$here/test_parallel.c" "$root/run
 fi
 if build contract.build $CC $CFLAGS $SAN $INC "$here/test_contract.c" "$root/runtime/rt_contract.c" \
   "$root/runtime/rt_parallel.c" -lpthread -lm -o "$T/test_contract"; then
-  for plain in 0 1; do
-    if NOVA_NUM_THREADS=3 NOVA_CONTRACT_PLAIN=$plain timeout 120 "$T/test_contract" >"$T/con.out" 2>&1 &&
+  for run in 0:3 0:1 1:3; do
+    plain=${run%:*} threads=${run#*:}
+    if NOVA_NUM_THREADS=$threads NOVA_CONTRACT_PLAIN=$plain timeout 120 "$T/test_contract" >"$T/con.out" 2>&1 &&
       grep -q "contract: ok" "$T/con.out"
-    then pass contract.bf16_plain_$plain; else fail contract.bf16_plain_$plain "$(cat "$T/con.out")"; fi
+    then pass contract.bf16_plain_${plain}_threads_$threads
+    else fail contract.bf16_plain_${plain}_threads_$threads "$(cat "$T/con.out")"; fi
   done
 fi
 PB_SRC="$root/driver/tensor_pb.c $root/support/util.c $B/obj/gen/onnx.pb-c.o -lprotobuf-c"

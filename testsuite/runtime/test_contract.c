@@ -6,7 +6,7 @@
  * only), and blocks of 0 (the kernel's own).  Each element must be within
  * 1e-5 of the sum of |a*b| over its k (f32 rounding of K sums) of the
  * reference.  Exit 0 and "contract: ok", or 1 with the first bad element.
- * testsuite/runtime/run.sh runs it with NOVA_NUM_THREADS=3, and again with
+ * testsuite/runtime/run.sh runs it with NOVA_NUM_THREADS=3 and 1, and with
  * NOVA_CONTRACT_PLAIN=1 (the path of CPUs without AVX-512 BF16). */
 #include <math.h>
 #include <stdint.h>
