@@ -131,13 +131,27 @@ typedef struct cg_options {
  * 0 does nothing.  An op it cannot transform stays as it was (scalar loops);
  * 0, or -1 after a diagnostic. */
 int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level);
+/* half_contract.c: each f32 contraction of two extensions of 16-bit
+ * tensors of one type (of KINDS) becomes a linalg.contract of the 16-bit
+ * tensors with its f32 C (linalg on tensors, after fusion; *COUNT of
+ * them) where HOOK (may be NULL), called on each with the f32
+ * linalg.contract it replaces (the loops' roles are the same; the layouts
+ * of the operands may differ) and UD, accepts it.  0, or -1 after a
+ * diagnostic.  cg_contract_loop_sizes: the static size of each of a
+ * contraction's NL loops from its operands' shapes and maps; DIM_OF (may
+ * be NULL) gets [operand][result] the loop, -1 for a constant 0. */
+#define CG_HALF_BF16 1u
+#define CG_HALF_F16 2u
+#define CG_CONTRACT_MAXL 8
+typedef bool (*cg_half_hook)(MlirOperation contract, MlirOperation f32_contract, void *ud);
+int cg_half_contractions(nova_ctx *c, MlirModule m, unsigned kinds, cg_half_hook hook, void *ud, int *count);
+bool cg_contract_loop_sizes(MlirOperation op, int nl, int64_t *size, int (*dim_of)[CG_CONTRACT_MAXL]);
 /* cpu_ukernel.c: on a host with bf16 dot products (HOST->has_bf16_dot),
- * each f32 contraction of two bf16 extensions reads the bf16 tensors
- * instead (linalg on tensors, before cg_cpu_tile; *COUNT of them); after
- * outlining, cg_cpu_contract_calls makes each such contraction a call of
- * the runtime's kernel (runtime/rt_contract.c).  0, or -1 after a
- * diagnostic.  cg_cpu_bf16_dot: whether it applies (fusion keeps the bf16
- * operands for it). */
+ * cg_half_contractions for bf16 (the "ukernels" stage); after outlining,
+ * cg_cpu_contract_calls makes each such contraction a call of the
+ * runtime's kernel (runtime/rt_contract.c).  0, or -1 after a diagnostic.
+ * cg_cpu_bf16_dot: whether it applies (fusion keeps the bf16 operands for
+ * it). */
 bool cg_cpu_bf16_dot(const cfg_device *host, int opt_level);
 int cg_cpu_bf16_contractions(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level, int *count);
 int cg_cpu_contract_calls(nova_ctx *c, MlirModule m);
@@ -196,16 +210,21 @@ int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_devi
 void cg_gpu_free(cg_gpu *g);
 /* An MlirStringCallback appending to an nv_sbuf. */
 /* gemm_cuda.c: MLIR text of func.func private @NAME(A, B, C) computing
- * C += A B with the tiled GPU kernel of schedule S (SIM: as CPU loops over
- * the blocks and threads); owned by the caller, NULL when out of memory. */
+ * C += A B (C f32 or f64; A and B of C's type, or bf16/f16 with an f32 C,
+ * each maybe stored transposed) with the tiled GPU kernel of schedule S
+ * (SIM: as CPU loops over the blocks and threads); owned by the caller,
+ * NULL when out of memory. */
+typedef struct cg_gemm_operands {
+  MlirType a, b, c; /* memref types, identity layouts */
+  bool ta, tb;      /* A is stored K x M, B N x K */
+} cg_gemm_operands;
 struct cfg_gemm_simt_schedule;
-char *cg_gemm_text(const char *name, MlirType at, MlirType bt, MlirType ct, const struct cfg_gemm_simt_schedule *s,
-                   bool sim);
-/* The same with tensor cores (mma.sync.m16n8k8, tf32 operands, f32 only)
- * and the tiles of the cfg_gemm schedule S. */
+char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_simt_schedule *s, bool sim);
+/* The same with tensor cores and the tiles of the cfg_gemm schedule S:
+ * mma.sync.m16n8k8 with tf32 operands for f32 ones, m16n8k16 for bf16 and
+ * f16 ones, accumulated in f32. */
 struct cfg_gemm_schedule;
-char *cg_gemm_tc_text(const char *name, MlirType at, MlirType bt, MlirType ct, const struct cfg_gemm_schedule *s,
-                      bool sim);
+char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_schedule *s, bool sim);
 
 /* step_cuda.c: writes DIR/kernels.ptx and assembles DIR/kernels.cubin with
  * ptxas (registers and shared memory per kernel go into GPU's table). */

@@ -1,25 +1,15 @@
 /* cpu_ukernel.c: bf16 contractions on the CPU as calls of the runtime's
  * AVX-512 BF16 kernel (runtime/rt_contract.c).
  *
- * Mixed precision (passes/amp.c) computes a matmul in bf16 as a contraction
- * of f32 values that are extensions of bf16 ones, accumulated in f32; the
- * fusion barriers of passes/fusion.c keep each extension a loop of its own,
- * whose f32 copy the contraction then reads.  On a host whose vector unit
- * multiplies bf16 pairs (vdpbf16ps: twice the multiply-adds of an f32 FMA,
- * half the bytes read) the contraction can read the bf16 values instead.
- *
- * cg_cpu_bf16_contractions (the "ukernels" stage, linalg on tensors, after
- * fusion and before tiling) rewrites each contraction C += A * B over f32
- * (linalg.matmul or a mul-add generic of static shapes, rewritten as
- * linalg.contract, cpu_contract.c) whose A and B are both extensions of
- * bf16 tensors (an all-parallel generic whose body is one arith.extf, maybe
- * reshaped by tensor.expand_shape/collapse_shape) into a linalg.contract of
- * the bf16 tensors with an f32 C; a bf16 operand that is a linalg.transpose
- * is read in place through the composed indexing map.  The extensions (and
- * transposes) that nothing else reads are erased: their copies are never
- * made.  The tiler leaves the op
- * alone (it tiles 16-bit operands only in elementwise ops); its cache
- * blocks (mc, nc, kc from cfg_gemm_cpu) go with it as nova.ukernel.
+ * On a host whose vector unit multiplies bf16 pairs (vdpbf16ps: twice the
+ * multiply-adds of an f32 FMA, half the bytes read), the "ukernels" stage
+ * (cg_cpu_bf16_contractions: linalg on tensors, after fusion and before
+ * tiling) makes each f32 contraction of two bf16 extensions a
+ * linalg.contract of the bf16 tensors (cg_half_contractions,
+ * half_contract.c) and gives it its cache blocks (mc, nc, kc from
+ * cfg_gemm_cpu_tile, for the kernel's 12x32 register tile) as
+ * nova.ukernel.  The tiler leaves the op alone (it tiles 16-bit operands
+ * only in elementwise ops).
  *
  * cg_cpu_contract_calls (in the lowering to LLVM, after outlining, before
  * the lowering to loops) replaces each such linalg.contract on memrefs by
@@ -46,7 +36,7 @@
 
 #define UK_ATTR "nova.ukernel"
 #define UK_FUNC "nova_rt_contract_bf16"
-#define UK_MAXL 8 /* runtime/rt_contract.c's RT_CONTRACT_MAXL */
+#define UK_MAXL CG_CONTRACT_MAXL /* runtime/rt_contract.c's RT_CONTRACT_MAXL */
 #define UK_MR 12  /* and its register tile, MR x NR */
 #define UK_NR 32
 
@@ -59,150 +49,19 @@ static MlirType elem_of(MlirValue v) {
   return mlirTypeIsAShaped(t) ? mlirShapedTypeGetElementType(t) : t;
 }
 
-static bool identity_map(MlirAttribute m) {
-  return mlirAttributeIsAAffineMap(m) && mlirAffineMapIsIdentity(mlirAffineMapAttrGetValue(m));
-}
-
-/* Whether OP is an all-parallel generic Y = extf(X), X bf16, Y f32, both
- * indexed alike (identity maps). */
-static bool is_extension(MlirOperation op) {
-  if (!cg_op_is(op, "linalg.generic") || mlirOperationGetNumOperands(op) != 2 || mlirOperationGetNumResults(op) != 1)
-    return false;
-  MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
-  if (mlirAttributeIsNull(maps) || mlirArrayAttrGetNumElements(maps) != 2 ||
-      !identity_map(mlirArrayAttrGetElement(maps, 0)) || !identity_map(mlirArrayAttrGetElement(maps, 1)))
-    return false;
-  if (!mlirTypeIsABF16(elem_of(mlirOperationGetOperand(op, 0))) ||
-      !mlirTypeIsAF32(elem_of(mlirOperationGetResult(op, 0))))
-    return false;
-  MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
-  MlirOperation ext = mlirBlockIsNull(b) ? (MlirOperation){NULL} : mlirBlockGetFirstOperation(b);
-  if (mlirOperationIsNull(ext) || !cg_op_is(ext, "arith.extf") ||
-      !mlirValueEqual(mlirOperationGetOperand(ext, 0), mlirBlockGetArgument(b, 0)))
-    return false;
-  MlirOperation y = mlirOperationGetNextInBlock(ext);
-  return !mlirOperationIsNull(y) && cg_op_is(y, "linalg.yield") && mlirOperationIsNull(mlirOperationGetNextInBlock(y)) &&
-         mlirValueEqual(mlirOperationGetOperand(y, 0), mlirOperationGetResult(ext, 0));
-}
-
-static bool is_reshape(MlirOperation op) {
-  return cg_op_is(op, "tensor.expand_shape") || cg_op_is(op, "tensor.collapse_shape");
-}
-
-/* The bf16 tensor V extends (through reshapes), or null.  With BUILD, the
- * reshapes are made again on the bf16 values, before the old ones. */
-static MlirValue bf16_source(MlirValue v, bool build) {
-  if (!mlirValueIsAOpResult(v)) return (MlirValue){NULL};
-  MlirOperation op = mlirOpResultGetOwner(v);
-  if (is_extension(op)) return mlirOperationGetOperand(op, 0);
-  if (!is_reshape(op) || mlirOperationGetNumResults(op) != 1) return (MlirValue){NULL};
-  MlirValue s = bf16_source(mlirOperationGetOperand(op, 0), build);
-  if (mlirValueIsNull(s) || !build) return s;
-  MlirType rt = mlirValueGetType(v);
-  int64_t shape[UK_MAXL];
-  intptr_t rank = mlirShapedTypeGetRank(rt);
-  if (rank > UK_MAXL) return (MlirValue){NULL};
-  for (intptr_t i = 0; i < rank; i++) shape[i] = mlirShapedTypeGetDimSize(rt, i);
-  MlirType nt = mlirRankedTensorTypeGet(rank, shape, elem_of(s), mlirAttributeGetNull());
-  MlirOperationState st = mlirOperationStateGet(mlirIdentifierStr(mlirOperationGetName(op)), mlirOperationGetLocation(op));
-  MlirValue ops[UK_MAXL + 1];
-  intptr_t nops = mlirOperationGetNumOperands(op);
-  if (nops > UK_MAXL + 1) return (MlirValue){NULL};
-  ops[0] = s;
-  for (intptr_t i = 1; i < nops; i++) ops[i] = mlirOperationGetOperand(op, i);
-  mlirOperationStateAddOperands(&st, nops, ops);
-  mlirOperationStateAddResults(&st, 1, &nt);
-  for (intptr_t i = 0; i < mlirOperationGetNumAttributes(op); i++) {
-    MlirNamedAttribute a = mlirOperationGetAttribute(op, i);
-    mlirOperationStateAddAttributes(&st, 1, &a);
-  }
-  MlirOperation r = mlirOperationCreate(&st);
-  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(op), op, r);
-  return mlirOperationGetResult(r, 0);
-}
-
-/* Erases V's defining op and, recursively, the reshapes and extensions that
- * fed it, while they have no uses. */
-static void erase_unused(MlirValue v) {
-  while (mlirValueIsAOpResult(v) && mlirOpOperandIsNull(mlirValueGetFirstUse(v))) {
-    MlirOperation op = mlirOpResultGetOwner(v);
-    if (!is_reshape(op) && !is_extension(op) && !cg_op_is(op, "linalg.transpose")) return;
-    MlirValue in = mlirOperationGetOperand(op, 0);
-    mlirOperationDestroy(op);
-    v = in;
-  }
-}
-
-/* V made by a linalg.transpose: V becomes the transpose's input and MAP
- * (V's indexing map in a contraction) the map that reads it in place, so
- * that the transposed copy is not made (the kernel reads any strides). */
-static void fold_transpose(MlirContext ctx, MlirValue *v, MlirAttribute *map) {
-  if (!mlirValueIsAOpResult(*v)) return;
-  MlirOperation t = mlirOpResultGetOwner(*v);
-  if (!cg_op_is(t, "linalg.transpose")) return;
-  MlirAttribute perm = mlirOperationGetAttributeByName(t, nova_str("permutation"));
-  MlirAffineMap m = mlirAffineMapAttrGetValue(*map);
-  intptr_t rank = mlirAffineMapGetNumResults(m);
-  if (mlirAttributeIsNull(perm) || !mlirAttributeIsADenseI64Array(perm) || mlirDenseArrayGetNumElements(perm) != rank ||
-      rank > UK_MAXL)
-    return;
-  /* out[x] = in[y] with y[perm[i]] = x[i]: result r of the new map is result inv[r] of the old */
-  MlirAffineExpr e[UK_MAXL];
-  for (intptr_t i = 0; i < rank; i++) {
-    int64_t r = mlirDenseI64ArrayGetElement(perm, i);
-    if (r < 0 || r >= rank) return;
-    e[r] = mlirAffineMapGetResult(m, i);
-  }
-  *map = mlirAffineMapAttrGet(mlirAffineMapGet(ctx, mlirAffineMapGetNumDims(m), 0, rank, e));
-  *v = mlirOperationGetOperand(t, 0);
-}
-
-/* The static size of each of OP's NL loops, from its operands' shapes and
- * its maps (results that are dims or the constant 0); false otherwise.
- * DIM_OF (may be NULL): [operand][result] the loop, -1 for a constant. */
-static bool loop_sizes_of(MlirOperation op, int nl, int64_t *size, int (*dim_of)[UK_MAXL]) {
-  MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
-  for (int d = 0; d < nl; d++) size[d] = 0;
-  for (int i = 0; i < 3; i++) {
-    MlirType t = mlirValueGetType(mlirOperationGetOperand(op, i));
-    MlirAffineMap mp = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i));
-    intptr_t rank = mlirShapedTypeGetRank(t);
-    if (!mlirShapedTypeHasStaticShape(t) || rank > UK_MAXL || mlirAffineMapGetNumResults(mp) != rank) return false;
-    for (intptr_t r = 0; r < rank; r++) {
-      MlirAffineExpr e = mlirAffineMapGetResult(mp, r);
-      int d = mlirAffineExprIsADim(e) ? (int)mlirAffineDimExprGetPosition(e) : -1;
-      if (dim_of) dim_of[i][r] = d;
-      if (d >= 0 && d < nl) size[d] = mlirShapedTypeGetDimSize(t, r);
-      else if (d >= 0 || !(mlirAffineExprIsAConstant(e) && mlirAffineConstantExprGetValue(e) == 0)) return false;
-    }
-  }
-  for (int d = 0; d < nl; d++)
-    if (size[d] < 1) return false;
-  return true;
-}
-
-static bool loop_sizes(MlirOperation op, int nl, int64_t *size) { return loop_sizes_of(op, nl, size, NULL); }
-
-/* The linalg.contract LC (f32, from cg_to_contract) as one of the bf16
- * tensors its A and B extend; LC itself when they do not. */
-static MlirOperation contract_bf16(MlirContext ctx, MlirOperation lc, const cfg_device *host) {
-  MlirValue a = bf16_source(mlirOperationGetOperand(lc, 0), true);
-  MlirValue b = mlirValueIsNull(a) ? a : bf16_source(mlirOperationGetOperand(lc, 1), true);
-  if (mlirValueIsNull(b)) return lc;
-  MlirValue ops[3] = {a, b, mlirOperationGetOperand(lc, 2)};
-  MlirType rt = mlirValueGetType(mlirOperationGetResult(lc, 0));
-  cdims cd;
+/* The cache blocks of the bf16 contraction NC (made by
+ * cg_half_contractions from the f32 one LC, whose layout the roles of the
+ * loops come from) as its nova.ukernel attribute: rows are C's loops that
+ * B does not have (the runtime joins those that continue m).  False (no
+ * bf16 contraction) when LC's layout does not suit the register tile. */
+static bool set_blocks(MlirOperation nc, MlirOperation lc, void *ud) {
+  const cfg_device *host = ud;
+  MlirContext ctx = mlirOperationGetContext(nc);
   MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(lc);
   int nl = (int)mlirAffineMapGetNumDims(mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 0)));
-  MlirAttribute nm[3] = {mlirArrayAttrGetElement(maps, 0), mlirArrayAttrGetElement(maps, 1),
-                         mlirArrayAttrGetElement(maps, 2)};
-  fold_transpose(ctx, &ops[0], &nm[0]);
-  fold_transpose(ctx, &ops[1], &nm[1]);
-  MlirAttribute newmaps = mlirArrayAttrGet(ctx, 3, nm);
-  if (nl > UK_MAXL || !cg_contraction_dims(lc, nl, &cd)) return lc;
+  cdims cd;
   int64_t size[UK_MAXL];
-  if (!loop_sizes(lc, nl, size)) return lc;
-  /* the rows: C's loops that B does not have (the runtime joins those that continue m) */
+  if (nl > UK_MAXL || !cg_contraction_dims(lc, nl, &cd) || !cg_contract_loop_sizes(lc, nl, size, NULL)) return false;
   int64_t rows = 1;
   MlirAffineMap bm = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 1));
   MlirAffineMap cm = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 2));
@@ -216,40 +75,8 @@ static MlirOperation contract_bf16(MlirContext ctx, MlirOperation lc, const cfg_
   }
   cfg_gemm_cpu_schedule s = cfg_gemm_cpu_tile(host, rows, size[cd.n], size[cd.k_inner], 2, UK_MR, UK_NR);
   int64_t blocks[3] = {s.ok ? s.mc : 0, s.ok ? s.nc : 0, s.ok ? s.kc : 0};
-  int32_t seg[2] = {2, 1};
-  MlirNamedAttribute na[3] = {nattr(ctx, "indexing_maps", newmaps),
-                              nattr(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 2, seg)),
-                              nattr(ctx, UK_ATTR, mlirDenseI64ArrayGet(ctx, 3, blocks))};
-  MlirOperationState st = mlirOperationStateGet(nova_str("linalg.contract"), mlirOperationGetLocation(lc));
-  mlirOperationStateAddOperands(&st, 3, ops);
-  mlirOperationStateAddResults(&st, 1, &rt);
-  mlirOperationStateAddAttributes(&st, 3, na);
-  MlirRegion region = mlirRegionCreate();
-  mlirOperationStateAddOwnedRegions(&st, 1, &region);
-  MlirOperation nc = mlirOperationCreate(&st);
-  mlirLinalgFillBuiltinNamedOpRegion(nc);
-  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(lc), lc, nc);
-  MlirValue olda = mlirOperationGetOperand(lc, 0), oldb = mlirOperationGetOperand(lc, 1);
-  if (!mlirOperationVerify(nc)) {
-    mlirOperationDestroy(nc);
-    erase_unused(a), erase_unused(b);
-    return lc;
-  }
-  mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(lc, 0), mlirOperationGetResult(nc, 0));
-  mlirOperationDestroy(lc);
-  erase_unused(olda), erase_unused(oldb); /* a folded transpose with them */
-  return nc;
-}
-
-/* Whether OP is a contraction over f32 whose A and B extend bf16 tensors. */
-static bool candidate(MlirOperation op) {
-  if (!(cg_op_is(op, "linalg.matmul") || cg_op_is(op, "linalg.generic")) || mlirOperationGetNumOperands(op) != 3 ||
-      mlirOperationGetNumResults(op) != 1 || !cg_static_operands(op) || !mlirLinalgIsAContractionOp(op))
-    return false;
-  for (int i = 0; i < 3; i++)
-    if (!mlirTypeIsAF32(elem_of(mlirOperationGetOperand(op, i)))) return false;
-  return !mlirValueIsNull(bf16_source(mlirOperationGetOperand(op, 0), false)) &&
-         !mlirValueIsNull(bf16_source(mlirOperationGetOperand(op, 1), false));
+  mlirOperationSetDiscardableAttributeByName(nc, nova_str(UK_ATTR), mlirDenseI64ArrayGet(ctx, 3, blocks));
+  return true;
 }
 
 bool cg_cpu_bf16_dot(const cfg_device *host, int opt_level) {
@@ -260,27 +87,7 @@ bool cg_cpu_bf16_dot(const cfg_device *host, int opt_level) {
 int cg_cpu_bf16_contractions(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level, int *count) {
   *count = 0;
   if (!cg_cpu_bf16_dot(host, opt_level)) return 0;
-  cg_op_list ops = {0};
-  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
-       f = mlirOperationGetNextInBlock(f)) {
-    if (!cg_op_is(f, "func.func") || mlirRegionIsNull(mlirOperationGetFirstRegion(f))) continue;
-    MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetFirstRegion(f));
-    if (mlirBlockIsNull(body)) continue;
-    for (MlirOperation o = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o))
-      if (candidate(o)) cg_op_list_push(&ops, o);
-  }
-  if (ops.oom) {
-    free(ops.v);
-    return nv_error(c->diag, (nv_loc){0}, "out of memory"), -1;
-  }
-  for (size_t i = 0; i < ops.n; i++) {
-    MlirOperation lc = cg_op_is(ops.v[i], "linalg.contract") ? ops.v[i] : cg_to_contract(c->ctx, ops.v[i]);
-    if (mlirOperationIsNull(lc)) continue;
-    MlirOperation nc = contract_bf16(c->ctx, lc, host);
-    *count += !mlirOperationEqual(nc, lc);
-  }
-  free(ops.v);
-  return 0;
+  return cg_half_contractions(c, m, CG_HALF_BF16, set_blocks, (void *)host, count);
 }
 
 /* ---- the calls ------------------------------------------------------- */
@@ -333,7 +140,9 @@ static MlirValue address_and_strides(builder *b, MlirValue v, MlirValue *strides
 }
 
 static bool is_bf16_contract(MlirOperation op) {
-  if (!cg_op_is(op, "linalg.contract") || mlirOperationGetNumOperands(op) != 3) return false;
+  if (!cg_op_is(op, "linalg.contract") || mlirOperationGetNumOperands(op) != 3 ||
+      mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(op, nova_str(UK_ATTR))))
+    return false;
   for (int i = 0; i < 3; i++)
     if (!mlirTypeIsAMemRef(mlirValueGetType(mlirOperationGetOperand(op, i)))) return false;
   return mlirTypeIsABF16(elem_of(mlirOperationGetOperand(op, 0))) &&
@@ -354,7 +163,7 @@ static bool emit_call(MlirContext ctx, MlirOperation op) {
   if (nl > UK_MAXL) return false;
   int64_t size[UK_MAXL];
   int dim_of[3][UK_MAXL];
-  if (!loop_sizes_of(op, nl, size, dim_of)) return false;
+  if (!cg_contract_loop_sizes(op, nl, size, dim_of)) return false;
   /* k: the one loop C does not have; n: C's last, read by B and not A; m:
    * C's innermost other loop read by A and not B (the rest are outer) */
   bool in[3][UK_MAXL] = {{0}};

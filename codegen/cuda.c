@@ -18,6 +18,8 @@
  * are merged into one (one PTX file, one ptxas run, one module load), the
  * kernels renamed nova_kI in launch order.
  */
+#include <mlir-c/AffineExpr.h>
+#include <mlir-c/AffineMap.h>
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
 #include <mlir-c/Dialect/GPU.h>
@@ -425,35 +427,76 @@ static int copies_to_linalg(gpu_ctx *G, MlirModule m) {
   return l.oom ? -1 : 0;
 }
 
-/* Each linalg.matmul of f32 or f64 buffers with identity layouts -> the
- * tiled GEMM kernel (gemm_cuda.c, a function whose body takes its place).  The kernels' table entries wait in G->gemm
- * until map_function meets their launches. */
+/* Whether OP is a GEMM the kernels take (gemm_cuda.c), its operands in O:
+ * a linalg.matmul of f32 or f64 buffers, or a linalg.contract C[m, n] +=
+ * A[m, k] B[k, n] of 2-D buffers (half_contract.c: bf16 or f16 A and B,
+ * f32 C), A or B maybe read transposed; identity layouts. */
+static bool gemm_operands(MlirOperation op, cg_gemm_operands *o) {
+  bool matmul = cg_op_is(op, "linalg.matmul");
+  if (!(matmul || cg_op_is(op, "linalg.contract")) || mlirOperationGetNumOperands(op) != 3) return false;
+  MlirType t[3], et[3];
+  for (int i = 0; i < 3; i++) {
+    t[i] = mlirValueGetType(mlirOperationGetOperand(op, i));
+    if (!mlirTypeIsAMemRef(t[i]) || mlirShapedTypeGetRank(t[i]) != 2 ||
+        !mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t[i])))
+      return false;
+    et[i] = mlirShapedTypeGetElementType(t[i]);
+  }
+  bool wide = mlirTypeEqual(et[0], et[2]) && mlirTypeEqual(et[1], et[2]) && (mlirTypeIsAF32(et[2]) || mlirTypeIsAF64(et[2]));
+  bool half = mlirTypeEqual(et[0], et[1]) && (mlirTypeIsABF16(et[0]) || mlirTypeIsAF16(et[0])) && mlirTypeIsAF32(et[2]);
+  if (!wide && !(half && !matmul)) return false;
+  *o = (cg_gemm_operands){t[0], t[1], t[2], false, false};
+  if (matmul) return true;
+  /* the maps: C (dm, dn), A (dm, dk) or (dk, dm), B (dk, dn) or (dn, dk) */
+  MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
+  int d[3][2];
+  for (int i = 0; i < 3; i++) {
+    MlirAffineMap m = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i));
+    if (mlirAffineMapGetNumDims(m) != 3 || mlirAffineMapGetNumResults(m) != 2) return false;
+    for (int r = 0; r < 2; r++) {
+      MlirAffineExpr e = mlirAffineMapGetResult(m, r);
+      if (!mlirAffineExprIsADim(e)) return false;
+      d[i][r] = (int)mlirAffineDimExprGetPosition(e);
+    }
+  }
+  int dm = d[2][0], dn = d[2][1], dk = 3 - dm - dn;
+  if (dm == dn || dk < 0 || dk > 2 || dk == dm || dk == dn) return false;
+  if (d[0][0] == dm && d[0][1] == dk) o->ta = false;
+  else if (d[0][0] == dk && d[0][1] == dm) o->ta = true;
+  else return false;
+  if (d[1][0] == dk && d[1][1] == dn) o->tb = false;
+  else if (d[1][0] == dn && d[1][1] == dk) o->tb = true;
+  else return false;
+  return true;
+}
+
+/* Each GEMM (gemm_operands) -> the tiled GEMM kernel (gemm_cuda.c, a
+ * function whose body takes its place): tensor cores for 16-bit operands
+ * and, with --matmul-precision=tf32, for f32 ones; SIMT tiles otherwise.
+ * The kernels' table entries wait in G->gemm until map_function meets
+ * their launches. */
 static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);) {
     MlirOperation next = mlirOperationGetNextInBlock(op);
-    if (!cg_op_is(op, "linalg.matmul") || mlirOperationGetNumOperands(op) != 3) {
+    cg_gemm_operands go;
+    if (!gemm_operands(op, &go)) {
       op = next;
       continue;
     }
-    MlirType t[3];
-    bool ok = true;
-    for (int i = 0; i < 3; i++) {
-      t[i] = mlirValueGetType(mlirOperationGetOperand(op, i));
-      MlirType et = mlirTypeIsAMemRef(t[i]) ? mlirShapedTypeGetElementType(t[i]) : t[i];
-      ok = ok && mlirTypeIsAMemRef(t[i]) && mlirShapedTypeGetRank(t[i]) == 2 &&
-           mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t[i])) && (mlirTypeIsAF32(et) || mlirTypeIsAF64(et));
-    }
-    if (!ok) {
-      op = next;
-      continue;
-    }
-    int64_t M = mlirShapedTypeGetDimSize(t[0], 0), K = mlirShapedTypeGetDimSize(t[0], 1);
-    int64_t N = mlirShapedTypeGetDimSize(t[1], 1);
-    int eb = mlirTypeIsAF64(mlirShapedTypeGetElementType(t[2])) ? 8 : 4;
+    MlirType ot = mlirShapedTypeGetElementType(go.a);
+    bool bf16 = mlirTypeIsABF16(ot), f16 = mlirTypeIsAF16(ot);
+    int64_t M = mlirShapedTypeGetDimSize(go.a, go.ta ? 1 : 0), K = mlirShapedTypeGetDimSize(go.a, go.ta ? 0 : 1);
+    int64_t N = mlirShapedTypeGetDimSize(go.b, go.tb ? 0 : 1);
+    int eb = mlirTypeIsAF64(mlirShapedTypeGetElementType(go.c)) ? 8 : 4;
+    const char *tc_kind = bf16 && G->dev->has_mma_sync_bf16 ? "bf16"
+                          : f16 && G->dev->has_mma_sync_f16 ? "f16"
+                          : G->tf32 && eb == 4 && !bf16 && !f16 ? "tf32"
+                                                                 : NULL;
+    bool h16 = bf16 || f16;
     cfg_gemm_schedule tc = {0};
-    if (G->tf32 && eb == 4) {
-      tc = cfg_gemm(G->dev, M, N, K, 4, true);
+    if (tc_kind) {
+      tc = cfg_gemm(G->dev, M, N, K, h16 ? 2 : 4, true);
       /* the generator keeps warp tiles at most 64x32 (64 accumulators a
        * thread; larger ones spill in the code it emits), using more warps,
        * and blocks at most 8 warps (a thread then has up to 255 registers),
@@ -469,10 +512,11 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
       tc.warps = tc.wm * tc.wn;
       tc.threads = 32 * tc.warps;
       /* what the generator handles: one stage, no split-K across blocks */
-      tc.ok = tc.ok && tc.mma == CFG_MMA_M16N8K8 && tc.warp_tile_m % 16 == 0 && tc.warp_tile_n % 8 == 0 &&
-              tc.bk % 8 == 0 && tc.bm == tc.wm * tc.warp_tile_m && tc.bn == tc.wn * tc.warp_tile_n &&
-              tc.threads <= G->dev->max_threads_per_block && tc.warp_tile_m <= 256 &&
-              tc.warp_tile_n <= 256 && (tc.warp_tile_m / 16) * (tc.warp_tile_n / 8) <= 256;
+      int kstep = h16 ? 16 : 8;
+      tc.ok = tc.ok && tc.mma == (h16 ? CFG_MMA_M16N8K16 : CFG_MMA_M16N8K8) && tc.warp_tile_m % 16 == 0 &&
+              tc.warp_tile_n % 8 == 0 && tc.bk % kstep == 0 && tc.bm == tc.wm * tc.warp_tile_m &&
+              tc.bn == tc.wn * tc.warp_tile_n && tc.threads <= G->dev->max_threads_per_block &&
+              tc.warp_tile_m <= 256 && tc.warp_tile_n <= 256 && (tc.warp_tile_m / 16) * (tc.warp_tile_n / 8) <= 256;
     }
     cfg_gemm_simt_schedule s = cfg_gemm_simt(G->dev, M, N, K, eb);
     cg_kernel *gk = nv_xrealloc(G->gemm, (size_t)(G->ngemm + 1) * sizeof *gk);
@@ -497,16 +541,17 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
       k->grid = (N + tc.bn - 1) / tc.bn;
       k->grid_y = (M + tc.bm - 1) / tc.bm;
       k->block = tc.threads;
-      snprintf(k->reason, sizeof k->reason, "mma.sync.m16n8k8 tf32, tile %dx%dx%d, %dx%d warps of %dx%d%s", tc.bm, tc.bn,
-               tc.bk, tc.wm, tc.wn, tc.warp_tile_m, tc.warp_tile_n,
-               tc.split_k > 1 ? " (the schedule's split-K is not generated)" : "");
-      text = cg_gemm_tc_text(fname, t[0], t[1], t[2], &tc, G->sim);
+      snprintf(k->reason, sizeof k->reason, "%s %s, tile %dx%dx%d, %dx%d warps of %dx%d%s",
+               h16 ? "mma.sync.m16n8k16" : "mma.sync.m16n8k8", tc_kind, tc.bm, tc.bn, tc.bk, tc.wm, tc.wn,
+               tc.warp_tile_m, tc.warp_tile_n, tc.split_k > 1 ? " (the schedule's split-K is not generated)" : "");
+      text = cg_gemm_tc_text(fname, &go, &tc, G->sim);
     } else {
       k->grid = (N + s.bn - 1) / s.bn;
       k->grid_y = (M + s.bm - 1) / s.bm;
       k->block = s.threads;
-      snprintf(k->reason, sizeof k->reason, "%.140s%s", s.reason, G->tf32 && eb == 4 ? " (no usable tf32 schedule)" : "");
-      text = cg_gemm_text(fname, t[0], t[1], t[2], &s, G->sim);
+      snprintf(k->reason, sizeof k->reason, "%.140s%s%s%s", s.reason, tc_kind ? " (no usable " : "",
+               tc_kind ? tc_kind : "", tc_kind ? " schedule)" : "");
+      text = cg_gemm_text(fname, &go, &s, G->sim);
     }
     MlirOperation fn = text ? mlirOperationCreateParse(G->ctx, nova_str(text), nova_str(fname)) : (MlirOperation){NULL};
     free(text);
@@ -723,7 +768,13 @@ int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_devi
     return -1;
   }
   gpu_ctx G = {c, c->ctx, dev, out, sim, NULL, 0, 0, o->block, o->tf32, 0};
-  if (cg_fuse(c, m, opt_level, false, &out->plan)) return -1;
+  /* the contractions of 16-bit values read them themselves (the f32 copies
+   * are not made; tensor cores where the GEMM kernel takes them) */
+  int nhalf = 0;
+  if (cg_fuse(c, m, opt_level, opt_level > 0, &out->plan) ||
+      (opt_level > 0 && cg_half_contractions(c, m, CG_HALF_BF16 | CG_HALF_F16, NULL, NULL, &nhalf)) ||
+      nova_verify(c, m, "16-bit contractions"))
+    return -1;
   int prc = 1;
   if (opt_level > 0) {
     if (out->plan.memory_limit > 0 && cg_fit_memory(c, g, m, plan_gpu, NULL, &out->plan)) return -1;

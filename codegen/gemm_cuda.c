@@ -25,10 +25,16 @@
 #include "../support/util.h"
 #include "codegen.h"
 
+typedef enum { CV_NONE, CV_EXT, CV_TF32 } stage_conv;
+
 typedef struct gemm_gen {
   nv_sbuf b;
   int tmp;                       /* SSA name counter */
-  const char *T;                 /* element type */
+  const char *T;                 /* accumulator (and C) element type */
+  const char *TO;                /* A's and B's element type */
+  const char *TS;                /* the shared-memory tiles' element type */
+  stage_conv conv;               /* TO -> TS on staging */
+  bool ta, tb;                   /* A stored K x M, B stored N x K */
   int64_t M, N, K;
   cfg_gemm_simt_schedule s;
   bool sim;
@@ -67,30 +73,51 @@ static void phase_end(gemm_gen *g) {
   if (g->sim) P("}\n");
 }
 
-/* Stages one operand tile: LD x WD elements of SRC (ROWS x COLS, row
- * index = ROW0 + e / WD, column = COL0 + e % WD) into DST[e % WD][e / WD]
- * (A: k-major) or DST[e / WD][e % WD] (B), zeros outside SRC. */
-static void stage(gemm_gen *g, const char *src, const char *srct, const char *dst, const char *dstt, int64_t rows,
-                  int64_t cols, const char *row0, const char *col0, int64_t wd, int64_t count, bool transpose) {
+/* Stages one operand tile: LD x WD elements of the logical ROWS x COLS
+ * operand SRC (row index = ROW0 + r, column = COL0 + c) into DST[c][r]
+ * (TRANSPOSE) or DST[r][c], zeros outside SRC.  SRC is stored as the
+ * logical matrix or, with SWAP, its transpose: then consecutive threads
+ * take consecutive rows (contiguous in memory), else columns.  Each value
+ * is converted by g->conv: extended to f32, or rounded to tf32 (to nearest,
+ * ties away from zero, as cvt.rna.tf32.f32: the tensor cores then see the
+ * same operands on the GPU and in the sim form). */
+static void stage(gemm_gen *g, const char *src, const char *srct, bool swap, const char *dst, const char *dstt,
+                  int64_t rows, int64_t cols, const char *row0, const char *col0, int64_t wd, int64_t count,
+                  bool transpose) {
   /* a loop, not unrolled text: unrolled, LLVM hoists every address out of
    * the K loop and the kernel runs out of registers */
-  int cwd = cidx(g, wd), crows = cidx(g, rows), ccols = cidx(g, cols), ccount = cidx(g, count);
+  int cwd = cidx(g, swap ? count / wd : wd), crows = cidx(g, rows), ccols = cidx(g, cols), ccount = cidx(g, count);
   int cnt = cidx(g, g->s.threads), citer = cidx(g, (count + g->s.threads - 1) / g->s.threads);
   int si = fresh(g), off = fresh(g), e = fresh(g), ine = fresh(g);
   P("scf.for %%t%d = %%c0 to %%t%d step %%c1 {\n%%t%d = arith.muli %%t%d, %%t%d : index\n"
     "%%t%d = arith.addi %%tx, %%t%d : index\n%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\nscf.if %%t%d {\n",
     si, citer, off, si, cnt, e, off, ine, e, ccount, ine);
   int r = fresh(g), c = fresh(g), gr = fresh(g), gc = fresh(g);
-  P("%%t%d = arith.divui %%t%d, %%t%d : index\n%%t%d = arith.remui %%t%d, %%t%d : index\n"
-    "%%t%d = arith.addi %s, %%t%d : index\n%%t%d = arith.addi %s, %%t%d : index\n",
-    r, e, cwd, c, e, cwd, gr, row0, r, gc, col0, c);
+  if (swap)
+    P("%%t%d = arith.remui %%t%d, %%t%d : index\n%%t%d = arith.divui %%t%d, %%t%d : index\n", r, e, cwd, c, e, cwd);
+  else
+    P("%%t%d = arith.divui %%t%d, %%t%d : index\n%%t%d = arith.remui %%t%d, %%t%d : index\n", r, e, cwd, c, e, cwd);
+  P("%%t%d = arith.addi %s, %%t%d : index\n%%t%d = arith.addi %s, %%t%d : index\n", gr, row0, r, gc, col0, c);
   int ok1 = fresh(g), ok2 = fresh(g), ok = fresh(g), v = fresh(g), l = fresh(g);
   P("%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n"
     "%%t%d = arith.andi %%t%d, %%t%d : i1\n",
     ok1, gr, crows, ok2, gc, ccols, ok, ok1, ok2);
-  P("%%t%d = scf.if %%t%d -> (%s) {\n%%t%d = memref.load %s[%%t%d, %%t%d] : %s\nscf.yield %%t%d : %s\n} else {\n"
-    "scf.yield %%zero : %s\n}\n",
-    v, ok, g->T, l, src, gr, gc, srct, l, g->T, g->T);
+  P("%%t%d = scf.if %%t%d -> (%s) {\n%%t%d = memref.load %s[%%t%d, %%t%d] : %s\n", v, ok, g->TS, l, src,
+    swap ? gc : gr, swap ? gr : gc, srct);
+  int y = l;
+  if (g->conv == CV_EXT) {
+    y = fresh(g);
+    P("%%t%d = arith.extf %%t%d : %s to %s\n", y, l, g->TO, g->TS);
+  } else if (g->conv == CV_TF32) {
+    int bi = fresh(g), half = fresh(g), ad = fresh(g), mk = fresh(g), mm = fresh(g), rf = fresh(g), nan = fresh(g);
+    y = fresh(g);
+    P("%%t%d = arith.bitcast %%t%d : f32 to i32\n%%t%d = arith.constant 4096 : i32\n"
+      "%%t%d = arith.addi %%t%d, %%t%d : i32\n%%t%d = arith.constant -8192 : i32\n"
+      "%%t%d = arith.andi %%t%d, %%t%d : i32\n%%t%d = arith.bitcast %%t%d : i32 to f32\n"
+      "%%t%d = arith.cmpf uno, %%t%d, %%t%d : f32\n%%t%d = arith.select %%t%d, %%t%d, %%t%d : f32\n",
+      bi, l, half, ad, bi, half, mk, mm, ad, mk, rf, mm, nan, l, l, y, nan, l, rf);
+  }
+  P("scf.yield %%t%d : %s\n} else {\nscf.yield %%zs : %s\n}\n", y, g->TS, g->TS);
   if (transpose) P("memref.store %%t%d, %s[%%t%d, %%t%d] : %s\n", v, dst, c, r, dstt);
   else P("memref.store %%t%d, %s[%%t%d, %%t%d] : %s\n", v, dst, r, c, dstt);
   P("}\n}\n");
@@ -149,9 +176,9 @@ static void gen_body(gemm_gen *g, const char *At, const char *Bt, const char *Ct
   int cbk = open_k_loop(g, s->bm, s->bn, s->bk, nacc, "%zero", g->T);
   phase_begin(g);
   /* A tile: BM rows x BK columns of A at (row0, k0), stored k-major */
-  stage(g, "%A", At, "%As", g->As, g->M, g->K, "%row0", "%k0", s->bk, (int64_t)s->bm * s->bk, true);
+  stage(g, "%A", At, g->ta, "%As", g->As, g->M, g->K, "%row0", "%k0", s->bk, (int64_t)s->bm * s->bk, true);
   /* B tile: BK rows x BN columns of B at (k0, col0) */
-  stage(g, "%B", Bt, "%Bs", g->Bs, g->K, g->N, "%k0", "%col0", s->bn, (int64_t)s->bk * s->bn, false);
+  stage(g, "%B", Bt, g->tb, "%Bs", g->Bs, g->K, g->N, "%k0", "%col0", s->bn, (int64_t)s->bk * s->bn, false);
   phase_end(g);
   if (!g->sim) P("gpu.barrier\n");
   phase_begin(g);
@@ -272,15 +299,28 @@ static char *close_func(gemm_gen *g, const char *const *free_names, const char *
   return g->b.s;
 }
 
-char *cg_gemm_text(const char *name, MlirType at, MlirType bt, MlirType ct, const struct cfg_gemm_simt_schedule *s,
-                   bool sim) {
+static const char *elem_name(MlirType t) {
+  MlirType e = mlirShapedTypeGetElementType(t);
+  return mlirTypeIsAF64(e) ? "f64" : mlirTypeIsABF16(e) ? "bf16" : mlirTypeIsAF16(e) ? "f16" : "f32";
+}
+
+/* G's sizes and element types from the operands O. */
+static void gen_operands(gemm_gen *g, const cg_gemm_operands *o) {
+  g->T = elem_name(o->c);
+  g->TO = elem_name(o->a);
+  g->ta = o->ta;
+  g->tb = o->tb;
+  g->M = mlirShapedTypeGetDimSize(o->a, o->ta ? 1 : 0);
+  g->K = mlirShapedTypeGetDimSize(o->a, o->ta ? 0 : 1);
+  g->N = mlirShapedTypeGetDimSize(o->b, o->tb ? 0 : 1);
+}
+
+char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_simt_schedule *s, bool sim) {
   gemm_gen G = {.s = *s, .sim = sim}, *g = &G;
-  char *A = type_str(at), *B = type_str(bt), *C = type_str(ct);
-  MlirType et = mlirShapedTypeGetElementType(ct);
-  G.T = mlirTypeIsAF64(et) ? "f64" : "f32";
-  G.M = mlirShapedTypeGetDimSize(at, 0);
-  G.K = mlirShapedTypeGetDimSize(at, 1);
-  G.N = mlirShapedTypeGetDimSize(bt, 1);
+  char *A = type_str(o->a), *B = type_str(o->b), *C = type_str(o->c);
+  gen_operands(g, o);
+  G.TS = G.T;
+  G.conv = strcmp(G.TO, G.T) ? CV_EXT : CV_NONE;
   const char *space = sim ? "" : ", #gpu.address_space<workgroup>";
   snprintf(G.As, sizeof G.As, "memref<%dx%dx%s%s>", s->bk, s->bm, G.T, space);
   snprintf(G.Bs, sizeof G.Bs, "memref<%dx%dx%s%s>", s->bk, s->bn, G.T, space);
@@ -289,44 +329,58 @@ char *cg_gemm_text(const char *name, MlirType at, MlirType bt, MlirType ct, cons
   open_func(g, name, A, B, C, gx, gy, s->threads);
   if (sim) {
     P("scf.for %%by = %%c0 to %%gy step %%c1 {\nscf.for %%bx = %%c0 to %%gx step %%c1 {\n");
-    P("%%zero = arith.constant 0.0 : %s\n%%As = memref.alloc() : %s\n%%Bs = memref.alloc() : %s\n"
-      "%%acc = memref.alloc() : %s\n",
-      G.T, G.As, G.Bs, G.acc);
+    P("%%zero = arith.constant 0.0 : %s\n%%zs = arith.constant 0.0 : %s\n%%As = memref.alloc() : %s\n"
+      "%%Bs = memref.alloc() : %s\n%%acc = memref.alloc() : %s\n",
+      G.T, G.TS, G.As, G.Bs, G.acc);
   } else {
     P("gpu.launch blocks(%%bx, %%by, %%bz) in (%%sx = %%gx, %%sy = %%gy, %%sz = %%c1) threads(%%tx, %%ty, %%tz) in "
       "(%%ux = %%nt, %%uy = %%c1, %%uz = %%c1) workgroup(%%As : %s, %%Bs : %s) {\n",
       G.As, G.Bs);
-    P("%%zero = arith.constant 0.0 : %s\n", G.T);
+    P("%%zero = arith.constant 0.0 : %s\n%%zs = arith.constant 0.0 : %s\n", G.T, G.TS);
   }
   gen_body(g, A, B, C);
   const char *names[] = {"%As", "%Bs", "%acc", NULL}, *types[] = {G.As, G.Bs, G.acc};
   return close_func(g, names, types, A, B, C);
 }
 
-/* ---- tensor cores: mma.sync.m16n8k8 with tf32 operands ------------------
+/* ---- tensor cores: mma.sync with tf32, bf16 or f16 operands -----------
  *
- * --matmul-precision=tf32 (f32 only, sm_80+): the block tile, warp layout
- * and warp tile of cfg_gemm (one shared-memory stage; its split-K is not
- * generated).  The block stages A (BM x BK, row-major) and B (BK x BN) in
- * shared memory; each warp computes its WTM x WTN warp tile as
- * (WTM/16) x (WTN/8) mma tiles, one nvgpu.mma.sync per tile and k step of
- * 8, the accumulators (vector<2x2xf32> each) carried through the K loop.
- * Fragments follow the PTX ISA's m16n8k8 .tf32 layout, with g = lane / 4
- * and t = lane % 4:
- *   A register i: row g + 8 (i % 2), column t + 4 (i / 2)
- *   B register i: row t + 4 i, column g
+ * f32 operands with --matmul-precision=tf32 take mma.sync.m16n8k8 .tf32,
+ * 16-bit ones (a contraction of --precision=bf16/fp16 values that reads
+ * them itself, half_contract.c) mma.sync.m16n8k16 .bf16/.f16; both
+ * accumulate in f32 (sm_80+).  The block tile, warp layout and warp tile
+ * are cfg_gemm's (one shared-memory stage; its split-K is not generated).
+ * The block stages A (BM x BK, row-major) and B (BK x BN; for 16-bit
+ * operands stored transposed, BN x BK, so that a register's two k values
+ * are adjacent) in shared memory, tf32 operands rounded to tf32 as they
+ * are staged; each warp computes its WTM x WTN warp tile as (WTM/16) x
+ * (WTN/8) mma tiles, one mma per tile and k step (8 or 16), the
+ * accumulators (vector<2x2xf32> each) carried through the K loop.
+ * Fragments follow the PTX ISA's layouts, with g = lane / 4, t = lane % 4:
+ *   tf32 A register i: row g + 8 (i % 2), column t + 4 (i / 2)
+ *   tf32 B register i: row t + 4 i, column g
+ *   16-bit A register r, half j: row g + 8 (r % 2), column 2t + j + 8 (r / 2)
+ *   16-bit B register r, half j: row 2t + j + 8 r, column g
  *   C element (r, c) of the 2x2 vector: row g + 8 r, column 2 t + c.
  * The sim form cannot run a warp-wide instruction one thread at a time: its
  * threads store their fragments to a per-warp buffer in one phase and, in
  * the next, each computes its accumulators from the fragments of its warp's
- * 32 lanes, addressed by the same layout read backwards (element (row, k)
- * of A is register (row / 8) + 2 (k / 4) of lane (row % 8) * 4 + k % 4;
- * element (k, col) of B is register k / 4 of lane col * 4 + k % 4). */
+ * 32 lanes, addressed by the same layouts read backwards: tf32 element
+ * (row, k) of A is register (row / 8) + 2 (k / 4) of lane (row % 8) * 4 +
+ * k % 4, element (k, col) of B register k / 4 of lane col * 4 + k % 4;
+ * 16-bit element (row, k) of A is half k % 2 of register (row / 8) +
+ * 2 (k / 8) of lane (row % 8) * 4 + (k % 8) / 2, element (k, col) of B half
+ * k % 2 of register k / 8 of lane col * 4 + (k % 8) / 2.  Products of the
+ * (rounded) operands are exact in f32, so only the order of the sums can
+ * differ from the GPU's. */
 
 typedef struct tc_gen {
   gemm_gen *g;
   const cfg_gemm_schedule *s;
   int mi, ni;             /* mma tiles per warp: WTM/16, WTN/8 */
+  bool h16;               /* 16-bit operands: m16n8k16 (else tf32, m16n8k8) */
+  int kstep;              /* the mma's k: 16 or 8 */
+  int fa, fb;             /* operand values per lane and mma tile: 8 and 4, or 4 and 2 */
   char fA[96], fB[96], accm[96];
 } tc_gen;
 
@@ -341,34 +395,84 @@ static void warp_pos(tc_gen *c) {
   P("%%m0 = arith.muli %%wi, %%t%d : index\n%%n0 = arith.muli %%wj, %%t%d : index\n", cwtm, cwtn);
 }
 
-/* Loads this thread's fragments for k step KS: A of mma row tile MI into
- * a0..a3, B of column tile NI into b0, b1; returns the SSA numbers. */
-static void load_frag_a(tc_gen *c, const char *ks, int mi, int a[4]) {
+/* %t<result> = BASE + C (index). */
+static int add_c(gemm_gen *g, const char *base, int64_t v) {
+  int cv = cidx(g, v), r = fresh(g);
+  P("%%t%d = arith.addi %s, %%t%d : index\n", r, base, cv);
+  return r;
+}
+
+/* The (row, k) positions in the block tile of this thread's operand values
+ * of A's mma row tile MI (c->fa of them, in fragment order) and of B's
+ * column tile NI ((col, k), c->fb), for the k step KS (an SSA name). */
+static void frag_pos_a(tc_gen *c, const char *ks, int mi, int *row, int *k) {
   gemm_gen *g = c->g;
-  int base = cidx(g, mi * 16), c8 = cidx(g, 8), c4 = cidx(g, 4);
-  int rb = fresh(g), ra = fresh(g), ra8 = fresh(g), ka = fresh(g), kb = fresh(g);
-  P("%%t%d = arith.addi %%m0, %%t%d : index\n%%t%d = arith.addi %%t%d, %%g : index\n"
-    "%%t%d = arith.addi %%t%d, %%t%d : index\n%%t%d = arith.addi %%t, %s : index\n"
-    "%%t%d = arith.addi %%t%d, %%t%d : index\n",
-    rb, base, ra, rb, ra8, ra, c8, ka, ks, kb, ka, c4);
-  int rows[4] = {ra, ra8, ra, ra8}, ks_[4] = {ka, ka, kb, kb};
-  for (int i = 0; i < 4; i++) {
-    a[i] = fresh(g);
-    P("%%t%d = memref.load %%As[%%t%d, %%t%d] : %s\n", a[i], rows[i], ks_[i], g->As);
+  char rb[24], kb[24];
+  snprintf(rb, sizeof rb, "%%t%d", add_c(g, "%m0", mi * 16));
+  int r0 = fresh(g), k0 = fresh(g);
+  P("%%t%d = arith.addi %s, %%g : index\n", r0, rb);
+  if (c->h16) {
+    int t2 = fresh(g), c2 = cidx(g, 2);
+    P("%%t%d = arith.muli %%t, %%t%d : index\n%%t%d = arith.addi %%t%d, %s : index\n", t2, c2, k0, t2, ks);
+  } else
+    P("%%t%d = arith.addi %%t, %s : index\n", k0, ks);
+  snprintf(rb, sizeof rb, "%%t%d", r0);
+  snprintf(kb, sizeof kb, "%%t%d", k0);
+  for (int e = 0; e < c->fa; e++) {
+    /* 16-bit: value e = 2r + j of register r; tf32: register e */
+    int r = c->h16 ? e / 2 : e, j = c->h16 ? e % 2 : 0;
+    row[e] = r % 2 ? add_c(g, rb, 8) : r0;
+    k[e] = c->h16 ? add_c(g, kb, j + 8 * (r / 2)) : add_c(g, kb, 4 * (r / 2));
   }
 }
 
-static void load_frag_b(tc_gen *c, const char *ks, int ni, int b[2]) {
+static void frag_pos_b(tc_gen *c, const char *ks, int ni, int *col, int *k) {
   gemm_gen *g = c->g;
-  int base = cidx(g, ni * 8), c4 = cidx(g, 4);
-  int cb = fresh(g), col = fresh(g), k0 = fresh(g), k1 = fresh(g);
-  P("%%t%d = arith.addi %%n0, %%t%d : index\n%%t%d = arith.addi %%t%d, %%g : index\n"
-    "%%t%d = arith.addi %%t, %s : index\n%%t%d = arith.addi %%t%d, %%t%d : index\n",
-    cb, base, col, cb, k0, ks, k1, k0, c4);
-  b[0] = fresh(g);
-  P("%%t%d = memref.load %%Bs[%%t%d, %%t%d] : %s\n", b[0], k0, col, g->Bs);
-  b[1] = fresh(g);
-  P("%%t%d = memref.load %%Bs[%%t%d, %%t%d] : %s\n", b[1], k1, col, g->Bs);
+  char cb[24], kb[24];
+  snprintf(cb, sizeof cb, "%%t%d", add_c(g, "%n0", ni * 8));
+  int c0 = fresh(g), k0 = fresh(g);
+  P("%%t%d = arith.addi %s, %%g : index\n", c0, cb);
+  if (c->h16) {
+    int t2 = fresh(g), c2 = cidx(g, 2);
+    P("%%t%d = arith.muli %%t, %%t%d : index\n%%t%d = arith.addi %%t%d, %s : index\n", t2, c2, k0, t2, ks);
+  } else
+    P("%%t%d = arith.addi %%t, %s : index\n", k0, ks);
+  snprintf(kb, sizeof kb, "%%t%d", k0);
+  for (int e = 0; e < c->fb; e++) {
+    int r = c->h16 ? e / 2 : e, j = c->h16 ? e % 2 : 0;
+    col[e] = c0;
+    k[e] = c->h16 ? add_c(g, kb, j + 8 * r) : add_c(g, kb, 4 * r);
+  }
+}
+
+/* The value of A at (ROW, K) or of B at (COL, K) in the block tile. */
+static int load_a(tc_gen *c, int row, int k) {
+  gemm_gen *g = c->g;
+  int v = fresh(g);
+  P("%%t%d = memref.load %%As[%%t%d, %%t%d] : %s\n", v, row, k, g->As);
+  return v;
+}
+
+static int load_b(tc_gen *c, int col, int k) {
+  gemm_gen *g = c->g;
+  int v = fresh(g);
+  if (c->h16) P("%%t%d = memref.load %%Bs[%%t%d, %%t%d] : %s\n", v, col, k, g->Bs);
+  else P("%%t%d = memref.load %%Bs[%%t%d, %%t%d] : %s\n", v, k, col, g->Bs);
+  return v;
+}
+
+/* One 16-bit register: the two values at [I, K], [I, K + 1] of the tile
+ * BUF (type BT), as the mma takes it (i32 for bf16, vector<2xf16>). */
+static int load_pair(tc_gen *c, const char *buf, const char *bt, int i, int k) {
+  gemm_gen *g = c->g;
+  int v = fresh(g);
+  P("%%t%d = vector.load %s[%%t%d, %%t%d] : %s, vector<2x%s>\n", v, buf, i, k, bt, g->TS);
+  if (strcmp(g->TS, "bf16")) return v;
+  int w = fresh(g), x = fresh(g);
+  P("%%t%d = vector.bitcast %%t%d : vector<2xbf16> to vector<1xi32>\n%%t%d = vector.extract %%t%d[0] : i32 from "
+    "vector<1xi32>\n",
+    w, v, x, w);
+  return x;
 }
 
 /* Sim: acc[tx][idx][i] += sum_k A(row, k) B(k, col) over the fragments of
@@ -376,26 +480,86 @@ static void load_frag_b(tc_gen *c, const char *ks, int ni, int b[2]) {
 static void emulate_mma(tc_gen *c, int mi, int ni) {
   gemm_gen *g = c->g;
   int idx = mi * c->ni + ni;
-  int c0 = cidx(g, 0), c1 = cidx(g, 1), c8 = cidx(g, 8), c4 = cidx(g, 4), c2 = cidx(g, 2);
+  int c0 = cidx(g, 0), c1 = cidx(g, 1), c8 = cidx(g, 8), c4 = cidx(g, 4), c2 = cidx(g, 2), ck = cidx(g, c->kstep);
   int cmi = cidx(g, mi), cni = cidx(g, ni), cidxv = cidx(g, idx);
   for (int i = 0; i < 4; i++) {
     int ci = cidx(g, i), crh = cidx(g, i / 2), ccl = cidx(g, i % 2);
     int old = fresh(g), sum = fresh(g);
     P("%%t%d = memref.load %%acc[%%tx, %%t%d, %%t%d] : %s\n", old, cidxv, ci, c->accm);
-    P("%%t%d = scf.for %%k = %%t%d to %%t%d step %%t%d iter_args(%%s = %%t%d) -> (f32) {\n", sum, c0, c8, c1, old);
-    int k4 = fresh(g), kq = fresh(g), la0 = fresh(g), la = fresh(g), kq2 = fresh(g), ra = fresh(g), av = fresh(g);
-    P("%%t%d = arith.remui %%k, %%t%d : index\n%%t%d = arith.divui %%k, %%t%d : index\n", k4, c4, kq, c4);
-    P("%%t%d = arith.muli %%g, %%t%d : index\n%%t%d = arith.addi %%t%d, %%t%d : index\n", la0, c4, la, la0, k4);
-    P("%%t%d = arith.muli %%t%d, %%t%d : index\n%%t%d = arith.addi %%t%d, %%t%d : index\n", kq2, kq, c2, ra, kq2,
-      crh);
-    P("%%t%d = memref.load %%fA[%%warp, %%t%d, %%t%d, %%t%d] : %s\n", av, la, cmi, ra, c->fA);
-    int col2 = fresh(g), col = fresh(g), lb0 = fresh(g), lb = fresh(g), bv = fresh(g), nv = fresh(g);
+    P("%%t%d = scf.for %%k = %%t%d to %%t%d step %%t%d iter_args(%%s = %%t%d) -> (f32) {\n", sum, c0, ck, c1, old);
+    /* the lane and the value index within it, of A (row g + 8 (i / 2), k) and of B (k, col 2t + i % 2) */
+    int col2 = fresh(g), col = fresh(g), la0 = fresh(g), lb0 = fresh(g), la = fresh(g), lb = fresh(g), ia = fresh(g),
+        ib = fresh(g);
     P("%%t%d = arith.muli %%t, %%t%d : index\n%%t%d = arith.addi %%t%d, %%t%d : index\n", col2, c2, col, col2, ccl);
-    P("%%t%d = arith.muli %%t%d, %%t%d : index\n%%t%d = arith.addi %%t%d, %%t%d : index\n", lb0, col, c4, lb, lb0, k4);
-    P("%%t%d = memref.load %%fB[%%warp, %%t%d, %%t%d, %%t%d] : %s\n", bv, lb, cni, kq, c->fB);
+    P("%%t%d = arith.muli %%g, %%t%d : index\n%%t%d = arith.muli %%t%d, %%t%d : index\n", la0, c4, lb0, col, c4);
+    if (c->h16) {
+      int k8 = fresh(g), k2 = fresh(g), kh = fresh(g), kj = fresh(g), kh2 = fresh(g), kh4 = fresh(g), r2 = fresh(g),
+          s0 = fresh(g), c7 = cidx(g, 7);
+      P("%%t%d = arith.andi %%k, %%t%d : index\n%%t%d = arith.divui %%t%d, %%t%d : index\n"
+        "%%t%d = arith.divui %%k, %%t%d : index\n%%t%d = arith.remui %%k, %%t%d : index\n",
+        k8, c7, k2, k8, c2, kh, c8, kj, c2);
+      P("%%t%d = arith.addi %%t%d, %%t%d : index\n%%t%d = arith.addi %%t%d, %%t%d : index\n", la, la0, k2, lb, lb0, k2);
+      /* A: 2 (i / 2) + 4 (k / 8) + k % 2; B: 2 (k / 8) + k % 2 */
+      P("%%t%d = arith.muli %%t%d, %%t%d : index\n%%t%d = arith.muli %%t%d, %%t%d : index\n"
+        "%%t%d = arith.muli %%t%d, %%t%d : index\n%%t%d = arith.addi %%t%d, %%t%d : index\n"
+        "%%t%d = arith.addi %%t%d, %%t%d : index\n%%t%d = arith.addi %%t%d, %%t%d : index\n",
+        kh2, kh, c2, kh4, kh, c4, r2, crh, c2, s0, r2, kh4, ia, s0, kj, ib, kh2, kj);
+    } else {
+      int k4 = fresh(g), kq = fresh(g), kq2 = fresh(g);
+      P("%%t%d = arith.remui %%k, %%t%d : index\n%%t%d = arith.divui %%k, %%t%d : index\n", k4, c4, kq, c4);
+      P("%%t%d = arith.addi %%t%d, %%t%d : index\n%%t%d = arith.addi %%t%d, %%t%d : index\n", la, la0, k4, lb, lb0, k4);
+      /* A: i / 2 + 2 (k / 4); B: k / 4 */
+      P("%%t%d = arith.muli %%t%d, %%t%d : index\n%%t%d = arith.addi %%t%d, %%t%d : index\n"
+        "%%t%d = arith.addi %%t%d, %%c0 : index\n",
+        kq2, kq, c2, ia, kq2, crh, ib, kq);
+    }
+    int av = fresh(g), bv = fresh(g), nv = fresh(g);
+    P("%%t%d = memref.load %%fA[%%warp, %%t%d, %%t%d, %%t%d] : %s\n", av, la, cmi, ia, c->fA);
+    P("%%t%d = memref.load %%fB[%%warp, %%t%d, %%t%d, %%t%d] : %s\n", bv, lb, cni, ib, c->fB);
+    if (c->h16) {
+      int ax = fresh(g), bx = fresh(g);
+      P("%%t%d = arith.extf %%t%d : %s to f32\n%%t%d = arith.extf %%t%d : %s to f32\n", ax, av, g->TS, bx, bv, g->TS);
+      av = ax, bv = bx;
+    }
     P("%%t%d = math.fma %%t%d, %%t%d, %%s : f32\nscf.yield %%t%d : f32\n}\n", nv, av, bv, nv);
     P("memref.store %%t%d, %%acc[%%tx, %%t%d, %%t%d] : %s\n", sum, cidxv, ci, c->accm);
   }
+}
+
+/* GPU: the mma of tile IDX, its operand registers A and B, accumulator
+ * %y<IDX>; returns the SSA number of the new accumulator. */
+static int mma(tc_gen *c, int idx, const int *a, const int *b) {
+  gemm_gen *g = c->g;
+  const char *V = "vector<2x2xf32>";
+  int d = fresh(g);
+  if (!c->h16) {
+    int fa = fresh(g), fb = fresh(g);
+    P("%%t%d = vector.from_elements %%t%d, %%t%d, %%t%d, %%t%d : vector<4x1xf32>\n", fa, a[0], a[1], a[2], a[3]);
+    P("%%t%d = vector.from_elements %%t%d, %%t%d : vector<2x1xf32>\n", fb, b[0], b[1]);
+    P("%%t%d = nvgpu.mma.sync (%%t%d, %%t%d, %%y%d) {mmaShape = [16, 8, 8], tf32Enabled} : "
+      "(vector<4x1xf32>, vector<2x1xf32>, %s) -> %s\n",
+      d, fa, fb, idx, V, V);
+    return d;
+  }
+  /* nvgpu.mma.sync has no bf16 form: the NVVM op, on the accumulator's four values */
+  int cv[4], dv[4];
+  for (int i = 0; i < 4; i++) {
+    cv[i] = fresh(g);
+    P("%%t%d = vector.extract %%y%d[%d, %d] : f32 from %s\n", cv[i], idx, i / 2, i % 2, V);
+  }
+  const char *rt = strcmp(g->TS, "bf16") ? "vector<2xf16>" : "i32";
+  int st = fresh(g);
+  P("%%t%d = nvvm.mma.sync A[%%t%d, %%t%d, %%t%d, %%t%d] B[%%t%d, %%t%d] C[%%t%d, %%t%d, %%t%d, %%t%d] "
+    "{layoutA = #nvvm.mma_layout<row>, layoutB = #nvvm.mma_layout<col>, multiplicandAPtxType = #nvvm.mma_type<%s>, "
+    "multiplicandBPtxType = #nvvm.mma_type<%s>, shape = #nvvm.shape<m = 16, n = 8, k = 16>} : (%s, %s, f32) -> "
+    "!llvm.struct<(f32, f32, f32, f32)>\n",
+    st, a[0], a[1], a[2], a[3], b[0], b[1], cv[0], cv[1], cv[2], cv[3], g->TS, g->TS, rt, rt);
+  for (int i = 0; i < 4; i++) {
+    dv[i] = fresh(g);
+    P("%%t%d = llvm.extractvalue %%t%d[%d] : !llvm.struct<(f32, f32, f32, f32)>\n", dv[i], st, i);
+  }
+  P("%%t%d = vector.from_elements %%t%d, %%t%d, %%t%d, %%t%d : %s\n", d, dv[0], dv[1], dv[2], dv[3], V);
+  return d;
 }
 
 static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
@@ -414,30 +578,32 @@ static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
     warp_pos(c);
   int cbk = open_k_loop(g, s->bm, s->bn, s->bk, nacc, "%vz", V);
   phase_begin(g);
-  stage(g, "%A", At, "%As", g->As, g->M, g->K, "%row0", "%k0", s->bk, (int64_t)s->bm * s->bk, false);
-  stage(g, "%B", Bt, "%Bs", g->Bs, g->K, g->N, "%k0", "%col0", s->bn, (int64_t)s->bk * s->bn, false);
+  stage(g, "%A", At, g->ta, "%As", g->As, g->M, g->K, "%row0", "%k0", s->bk, (int64_t)s->bm * s->bk, false);
+  stage(g, "%B", Bt, g->tb, "%Bs", g->Bs, g->K, g->N, "%k0", "%col0", s->bn, (int64_t)s->bk * s->bn, c->h16);
   phase_end(g);
   if (!g->sim) P("gpu.barrier\n");
-  int a[16][4], b[32][2];
+  int pos[8], kk[8];
   char ksn[32];
   if (g->sim) {
-    for (int ks = 0; ks < s->bk; ks += 8) {
+    for (int ks = 0; ks < s->bk; ks += c->kstep) {
       snprintf(ksn, sizeof ksn, "%%t%d", cidx(g, ks));
       phase_begin(g);
       warp_pos(c);
-      for (int mi = 0; mi < c->mi; mi++) load_frag_a(c, ksn, mi, a[mi]);
-      for (int ni = 0; ni < c->ni; ni++) load_frag_b(c, ksn, ni, b[ni]);
       /* publish the fragments to the warp */
-      for (int mi = 0; mi < c->mi; mi++)
-        for (int i = 0; i < 4; i++) {
-          int cmi = cidx(g, mi), ci = cidx(g, i);
-          P("memref.store %%t%d, %%fA[%%warp, %%lane, %%t%d, %%t%d] : %s\n", a[mi][i], cmi, ci, c->fA);
+      for (int mi = 0; mi < c->mi; mi++) {
+        frag_pos_a(c, ksn, mi, pos, kk);
+        for (int e = 0; e < c->fa; e++) {
+          int v = load_a(c, pos[e], kk[e]), cmi = cidx(g, mi), ce = cidx(g, e);
+          P("memref.store %%t%d, %%fA[%%warp, %%lane, %%t%d, %%t%d] : %s\n", v, cmi, ce, c->fA);
         }
-      for (int ni = 0; ni < c->ni; ni++)
-        for (int i = 0; i < 2; i++) {
-          int cni = cidx(g, ni), ci = cidx(g, i);
-          P("memref.store %%t%d, %%fB[%%warp, %%lane, %%t%d, %%t%d] : %s\n", b[ni][i], cni, ci, c->fB);
+      }
+      for (int ni = 0; ni < c->ni; ni++) {
+        frag_pos_b(c, ksn, ni, pos, kk);
+        for (int e = 0; e < c->fb; e++) {
+          int v = load_b(c, pos[e], kk[e]), cni = cidx(g, ni), ce = cidx(g, e);
+          P("memref.store %%t%d, %%fB[%%warp, %%lane, %%t%d, %%t%d] : %s\n", v, cni, ce, c->fB);
         }
+      }
       phase_end(g);
       phase_begin(g);
       warp_pos(c);
@@ -447,32 +613,25 @@ static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
     }
   } else {
     /* the k steps of the tile: a loop carrying the accumulators */
-    int c8 = cidx(g, 8);
-    P("%%kkres:%d = scf.for %%ks = %%c0 to %%t%d step %%t%d iter_args(", nacc, cbk, c8);
+    int cks = cidx(g, c->kstep);
+    P("%%kkres:%d = scf.for %%ks = %%c0 to %%t%d step %%t%d iter_args(", nacc, cbk, cks);
     for (int i = 0; i < nacc; i++) P("%s%%y%d = %%x%d", i ? ", " : "", i, i);
     P(") -> (");
     for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", V);
     P(") {\n");
-    for (int mi = 0; mi < c->mi; mi++) load_frag_a(c, "%ks", mi, a[mi]);
-    for (int ni = 0; ni < c->ni; ni++) load_frag_b(c, "%ks", ni, b[ni]);
-    int fa[16], fb[32], d[256];
+    int a[16][4], b[32][2], d[256];
     for (int mi = 0; mi < c->mi; mi++) {
-      fa[mi] = fresh(g);
-      P("%%t%d = vector.from_elements %%t%d, %%t%d, %%t%d, %%t%d : vector<4x1xf32>\n", fa[mi], a[mi][0], a[mi][1],
-        a[mi][2], a[mi][3]);
+      frag_pos_a(c, "%ks", mi, pos, kk);
+      for (int r = 0; r < 4; r++)
+        a[mi][r] = c->h16 ? load_pair(c, "%As", g->As, pos[2 * r], kk[2 * r]) : load_a(c, pos[r], kk[r]);
     }
     for (int ni = 0; ni < c->ni; ni++) {
-      fb[ni] = fresh(g);
-      P("%%t%d = vector.from_elements %%t%d, %%t%d : vector<2x1xf32>\n", fb[ni], b[ni][0], b[ni][1]);
+      frag_pos_b(c, "%ks", ni, pos, kk);
+      for (int r = 0; r < 2; r++)
+        b[ni][r] = c->h16 ? load_pair(c, "%Bs", g->Bs, pos[2 * r], kk[2 * r]) : load_b(c, pos[r], kk[r]);
     }
     for (int mi = 0; mi < c->mi; mi++)
-      for (int ni = 0; ni < c->ni; ni++) {
-        int idx = mi * c->ni + ni;
-        d[idx] = fresh(g);
-        P("%%t%d = nvgpu.mma.sync (%%t%d, %%t%d, %%y%d) {mmaShape = [16, 8, 8], tf32Enabled} : "
-          "(vector<4x1xf32>, vector<2x1xf32>, %s) -> %s\n",
-          d[idx], fa[mi], fb[ni], idx, V, V);
-      }
+      for (int ni = 0; ni < c->ni; ni++) d[mi * c->ni + ni] = mma(c, mi * c->ni + ni, a[mi], b[ni]);
     P("scf.yield ");
     for (int i = 0; i < nacc; i++) P("%s%%t%d", i ? ", " : "", d[i]);
     P(" : ");
@@ -516,34 +675,38 @@ static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
   phase_end(g);
 }
 
-char *cg_gemm_tc_text(const char *name, MlirType at, MlirType bt, MlirType ct, const struct cfg_gemm_schedule *s,
-                      bool sim) {
+char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_schedule *s, bool sim) {
   cfg_gemm_simt_schedule simt = {.threads = s->threads};
-  gemm_gen G = {.s = simt, .sim = sim, .T = "f32"}, *g = &G;
-  tc_gen C = {g, s, s->warp_tile_m / 16, s->warp_tile_n / 8, "", "", ""};
-  char *A = type_str(at), *B = type_str(bt), *Ct = type_str(ct);
-  G.M = mlirShapedTypeGetDimSize(at, 0);
-  G.K = mlirShapedTypeGetDimSize(at, 1);
-  G.N = mlirShapedTypeGetDimSize(bt, 1);
+  gemm_gen G = {.s = simt, .sim = sim}, *g = &G;
+  gen_operands(g, o);
+  bool h16 = !strcmp(G.TO, "bf16") || !strcmp(G.TO, "f16");
+  tc_gen C = {g, s, s->warp_tile_m / 16, s->warp_tile_n / 8, h16, h16 ? 16 : 8, h16 ? 8 : 4, h16 ? 4 : 2, "", "", ""};
+  G.TS = G.TO;
+  G.conv = h16 ? CV_NONE : CV_TF32;
+  char *A = type_str(o->a), *B = type_str(o->b), *Ct = type_str(o->c);
   const char *space = sim ? "" : ", #gpu.address_space<workgroup>";
-  snprintf(G.As, sizeof G.As, "memref<%dx%dxf32%s>", s->bm, s->bk, space);
-  snprintf(G.Bs, sizeof G.Bs, "memref<%dx%dxf32%s>", s->bk, s->bn, space);
+  snprintf(G.As, sizeof G.As, "memref<%dx%dx%s%s>", s->bm, s->bk, G.TS, space);
+  if (h16) snprintf(G.Bs, sizeof G.Bs, "memref<%dx%dx%s%s>", s->bn, s->bk, G.TS, space);
+  else snprintf(G.Bs, sizeof G.Bs, "memref<%dx%dx%s%s>", s->bk, s->bn, G.TS, space);
   int nw = s->warps;
-  snprintf(C.fA, sizeof C.fA, "memref<%dx32x%dx4xf32>", nw, C.mi);
-  snprintf(C.fB, sizeof C.fB, "memref<%dx32x%dx2xf32>", nw, C.ni);
+  snprintf(C.fA, sizeof C.fA, "memref<%dx32x%dx%dx%s>", nw, C.mi, C.fa, G.TS);
+  snprintf(C.fB, sizeof C.fB, "memref<%dx32x%dx%dx%s>", nw, C.ni, C.fb, G.TS);
   snprintf(C.accm, sizeof C.accm, "memref<%dx%dx4xf32>", s->threads, C.mi * C.ni);
   int64_t gx = (G.N + s->bn - 1) / s->bn, gy = (G.M + s->bm - 1) / s->bm;
   open_func(g, name, A, B, Ct, gx, gy, s->threads);
   if (sim) {
     P("scf.for %%by = %%c0 to %%gy step %%c1 {\nscf.for %%bx = %%c0 to %%gx step %%c1 {\n");
-    P("%%zero = arith.constant 0.0 : f32\n%%As = memref.alloc() : %s\n%%Bs = memref.alloc() : %s\n"
-      "%%acc = memref.alloc() : %s\n%%fA = memref.alloc() : %s\n%%fB = memref.alloc() : %s\n",
-      G.As, G.Bs, C.accm, C.fA, C.fB);
+    P("%%zero = arith.constant 0.0 : f32\n%%zs = arith.constant 0.0 : %s\n%%As = memref.alloc() : %s\n"
+      "%%Bs = memref.alloc() : %s\n%%acc = memref.alloc() : %s\n%%fA = memref.alloc() : %s\n"
+      "%%fB = memref.alloc() : %s\n",
+      G.TS, G.As, G.Bs, C.accm, C.fA, C.fB);
   } else {
     P("gpu.launch blocks(%%bx, %%by, %%bz) in (%%sx = %%gx, %%sy = %%gy, %%sz = %%c1) threads(%%tx, %%ty, %%tz) in "
       "(%%ux = %%nt, %%uy = %%c1, %%uz = %%c1) workgroup(%%As : %s, %%Bs : %s) {\n",
       G.As, G.Bs);
-    P("%%zero = arith.constant 0.0 : f32\n%%vz = arith.constant dense<0.0> : vector<2x2xf32>\n");
+    P("%%zero = arith.constant 0.0 : f32\n%%zs = arith.constant 0.0 : %s\n"
+      "%%vz = arith.constant dense<0.0> : vector<2x2xf32>\n",
+      G.TS);
   }
   tc_body(&C, A, B, Ct);
   const char *names[] = {"%As", "%Bs", "%acc", "%fA", "%fB", NULL}, *types[] = {G.As, G.Bs, C.accm, C.fA, C.fB};

@@ -85,6 +85,25 @@ echo "$models" | while IFS=: read -r model msrc mdims; do
   done
 done
 
+# mixed precision: the GEMMs of 16-bit values on the tensor cores, in the
+# manifest's schedules and in the PTX
+for p in bf16:bf16 fp16:f16; do
+  prec=${p%%:*} kind=${p#*:}
+  for d in a100-80gb:sm_80 h100:sm_90; do
+    dev=${d%%:*} sm=${d#*:}
+    build "transformer_block.$prec.train.$sm" examples/transformer_block.nova "--dim=batch=2 --precision=$prec" \
+      "$dev" "$sm" "--train"
+    n=$(grep -c "mma.sync.m16n8k16 $kind," "$T/transformer_block.$prec.train.$sm.json" 2>/dev/null)
+    if "$NOVAC" examples/transformer_block.nova --dim=batch=2 --precision="$prec" --train --target=cuda \
+      --device="$dev" --emit=ptx -o "$T/k.ptx" 2>"$T/log" && [ "${n:-0}" -ge 1 ] &&
+      grep -q "mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.$kind\.$kind\.f32" "$T/k.ptx"; then
+      pass "mma-$prec.$sm"
+    else
+      fail "mma-$prec.$sm" "manifest kernels with mma.sync.m16n8k16 $kind: ${n:-0}" "$(head -c 1000 "$T/log")"
+    fi
+  done
+done
+
 # --emit=ptx targets the device's architecture
 for d in a100-80gb:sm_80 rtx3060:sm_86 h100:sm_90 l4:sm_89; do
   dev=${d%%:*} sm=${d#*:}

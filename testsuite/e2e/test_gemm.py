@@ -5,17 +5,25 @@ grids of one and of many blocks, both SIMT tile sizes (64x64 when the
 tiles fill the SMs, 32x32 otherwise).  Also plain matmuls on the cpu
 target.  Run by testsuite/run.sh with --gpu-sim flags (every kernel run as
 CPU loops, exact f32 arithmetic) and by make check-gpu on the GPU, where
-tf32 operands (10-bit mantissa) get a relative tolerance of 5e-3.  K of
-2048 and more: the cpu target's cache blocks (m by mc, k by kc)."""
+tf32 operands (10-bit mantissa) get a relative tolerance of 5e-3 (the
+sim form rounds them to tf32 too: the same tolerance).  K of 2048 and
+more: the cpu target's cache blocks (m by mc, k by kc).  With
+--precision=bf16 and fp16 the operands are rounded to 16 bits and the
+products summed in f32 (tensor cores, mma.sync.m16n8k16, on the cuda
+target; the runtime's vdpbf16ps kernel on AVX-512 BF16 CPUs): the result,
+rounded to 16 bits, must equal the exact product of the rounded operands
+rounded the same way, but for rare ties of the f32 sums."""
 import sys
 
 import numpy as np
 
-from harness import EXTRA_FLAGS, case, check_close, compile_and_run, results
+from harness import EXTRA_FLAGS, Failure, case, check_close, compile_and_run, rel_err, results
 
 rng = np.random.default_rng(7)
-TF32_ON_GPU = "--matmul-precision=tf32" in EXTRA_FLAGS and "--gpu-sim" not in EXTRA_FLAGS
-TOL = {"f32": 5e-3 if TF32_ON_GPU else 1e-5, "f64": 1e-12}
+import ml_dtypes
+
+TF32 = "--matmul-precision=tf32" in EXTRA_FLAGS
+TOL = {"f32": 5e-3 if TF32 else 1e-5, "f64": 1e-12}
 SHAPES = [(1, 1, 1), (5, 7, 3), (16, 8, 8), (64, 64, 8), (65, 63, 9), (100, 130, 70), (33, 300, 17),
           (256, 192, 40), (768, 768, 16), (770, 700, 9)]
 
@@ -32,12 +40,47 @@ def gemm_case(m, n, k, dt):
     case("gemm.%dx%dx%d.%s" % (m, n, k, dt), run)
 
 
+def half_case(m, n, k, prec):
+    """C = A B under --precision=PREC against float64 of the rounded operands."""
+    def run():
+        dt = ml_dtypes.bfloat16 if prec == "bf16" else np.float16
+        a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+        b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        text = "input a: f32[%d, %d]\ninput b: f32[%d, %d]\nc = matmul(a, b)\noutput c\n" % (m, k, k, n)
+        outs, _ = compile_and_run(text, {"a": a, "b": b}, flags=["--precision=" + prec])
+        ref = (a.astype(dt).astype(np.float64) @ b.astype(dt).astype(np.float64)).astype(np.float32).astype(dt)
+        got = np.asarray(outs[0], dtype=np.float32)
+        ulp = 2.0 ** (-8 if prec == "bf16" else -11)
+        check_close(got, ref.astype(np.float64), ulp)
+        same = float(np.mean(got == ref.astype(np.float32)))
+        if same < 0.98:
+            raise Failure("only %.1f%% of the results equal the rounded product of the rounded operands" % (100 * same))
+    case("gemm.%dx%dx%d.%s" % (m, n, k, prec), run)
+
+
+if TF32:
+    def tf32_rounds():
+        """The tf32 operands are rounded (10-bit mantissa): the error is that of tf32, not of f32."""
+        a = rng.uniform(-1, 1, (64, 256)).astype(np.float32)
+        b = rng.uniform(-1, 1, (256, 64)).astype(np.float32)
+        text = "input a: f32[64, 256]\ninput b: f32[256, 64]\nc = matmul(a, b)\noutput c\n"
+        outs, _ = compile_and_run(text, {"a": a, "b": b})
+        e = rel_err(outs[0], a.astype(np.float64) @ b.astype(np.float64))
+        if not 1e-5 < e < 5e-3:
+            raise Failure("relative error %.3g against f64: expected that of tf32 operands (1e-5 .. 5e-3)" % e)
+    case("gemm.tf32_rounds", tf32_rounds)
+
 for shape in SHAPES:
     gemm_case(*shape, "f32")
 for shape in SHAPES[:6]:
     gemm_case(*shape, "f64")
 for shape in [(224, 40, 2048), (120, 33, 3072)]:   # long k: cache-blocked on the cpu
     gemm_case(*shape, "f32")
+if not TF32:
+    for shape in SHAPES[:8]:
+        half_case(*shape, "bf16")
+    for shape in SHAPES[1:7]:
+        half_case(*shape, "fp16")
 
 print("# gemm: %d passed, %d failed" % (results["pass"], results["fail"]))
 sys.exit(0)
