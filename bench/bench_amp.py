@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Mixed precision on the CPU, one run on one machine: the same AdamW
 training (same weights, same data, lr 1e-3, 300 steps) in novac at
---precision=fp32, bf16 and fp16 and in PyTorch eager at fp32 and under
-torch.autocast("cpu", bfloat16), side by side.
+--precision=fp32, bf16 and fp16 (and bf16 with --bf16-master=none: parameters
+only in bf16, stochastically rounded updates) and in PyTorch eager at fp32
+and under torch.autocast("cpu", bfloat16), side by side.
 
     python3 bench/bench_amp.py [--steps N] [--threads N] [--only gpt_block,gpt4] [--build DIR]
 
@@ -89,12 +90,13 @@ def taskset(n):
     return ["taskset", "-c", "0-%d" % (n - 1)] if shutil.which("taskset") else []
 
 
-def novac_run(a, w, d, prec, idx, tgt):
-    so = os.path.join(d, "s_%s.so" % prec)
+def novac_run(a, w, d, prec, idx, tgt, extra=()):
+    tag = prec + "".join(extra).replace("-", "").replace("=", "")
+    so = os.path.join(d, "s_%s.so" % tag)
     novac, novarun = (os.path.join(a.build, "bin", x) for x in ("novac", "novarun"))
     t0 = time.perf_counter()
     subprocess.run([novac, w["onnx"], "--train", "--optimizer=adamw", "--lr=1e-3", "--precision=" + prec,
-                    "--dim=batch=%d" % w["B"], "-o", so], check=True)
+                    "--dim=batch=%d" % w["B"], "-o", so] + list(extra), check=True)
     compile_s = time.perf_counter() - t0
     man = json.load(open(so[:-3] + ".json"))
     ds = os.path.join(d, "data.st")
@@ -102,7 +104,7 @@ def novac_run(a, w, d, prec, idx, tgt):
     env = dict(os.environ, NOVA_NUM_THREADS=str(a.threads))
     times, losses = [], None
     for r in range(a.repeat):
-        log = os.path.join(d, "loss_%s.txt" % prec)
+        log = os.path.join(d, "loss_%s.txt" % tag)
         p = subprocess.run(taskset(a.threads) + [novarun, so, "--data", ds, "--steps", str(a.steps), "--loss-log", log],
                            capture_output=True, text=True, env=env)
         if p.returncode:
@@ -179,6 +181,7 @@ def main():
             runs = {}
             for prec in ("fp32", "bf16", "fp16"):
                 runs["novac " + prec] = novac_run(a, w, d, prec, idx, tgt)
+            runs["novac bf16, --bf16-master=none"] = novac_run(a, w, d, "bf16", idx, tgt, ["--bf16-master=none"])
             for prec in ("fp32", "bf16"):
                 runs["PyTorch " + ("autocast bf16" if prec == "bf16" else "fp32")] = torch_run(a, w, state, prec, idx, tgt)
         finally:

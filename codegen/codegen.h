@@ -193,11 +193,11 @@ int cg_parallel_thunks(nova_ctx *c, MlirModule m);
  * NULL: none are). */
 int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel);
 
-/* Bufferizes a linalg module and lowers it for the GPU described by DEV:
- * host code in the LLVM dialect calling mgpu* launch functions (the
- * runtime's), kernels as PTX in OUT (free with cg_gpu_free).  With SIM
- * (--gpu-sim) the same kernels become loops over their grid and block in
- * CPU code instead: a cpu step whose numerics check the GPU mapping. */
+/* The cuda target: host code in the LLVM dialect calling mgpu* launch
+ * functions (the runtime's), kernels as PTX in a cg_gpu (free with
+ * cg_gpu_free).  With SIM (--gpu-sim) the same kernels become loops over
+ * their grid and block in CPU code instead: a cpu step whose numerics
+ * check the GPU mapping. */
 typedef struct cg_gpu_options {
   int opt_level;
   bool sim;   /* --gpu-sim */
@@ -205,8 +205,18 @@ typedef struct cg_gpu_options {
   bool tf32;  /* --matmul-precision=tf32: f32 matmuls on tensor cores with tf32 operands */
   int64_t memory_limit; /* --memory-limit (0: none) */
 } cg_gpu_options;
-int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_device *dev, const cg_gpu_options *o,
-                    cg_gpu *out);
+/* The cuda target's steps, run by the pipeline (driver/pipeline.c) around
+ * the whole-step passes: cg_gpu_init checks the options against DEV and
+ * clears OUT (keeping its memory limit); after bufferization and the plan,
+ * cg_gpu_kernels maps the step's loops onto kernels (GEMMs tiled,
+ * gemm_cuda.c) and launches; then cg_gpu_sim_llvm (--gpu-sim) makes each
+ * launch loops over its grid and block and lowers to the LLVM dialect, or
+ * cg_gpu_nvvm outlines the kernels into one module and compiles it to PTX
+ * (OUT->ptx).  0, or -1 after a diagnostic. */
+int cg_gpu_init(nova_ctx *c, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out);
+int cg_gpu_kernels(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out);
+int cg_gpu_sim_llvm(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out);
+int cg_gpu_nvvm(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out);
 void cg_gpu_free(cg_gpu *g);
 /* An MlirStringCallback appending to an nv_sbuf. */
 /* gemm_cuda.c: MLIR text of func.func private @NAME(A, B, C) computing

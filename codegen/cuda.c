@@ -738,16 +738,7 @@ static int take_ptx(gpu_ctx *G, MlirModule m) {
   return -1;
 }
 
-/* The GPU pipeline from the fused module to the memory plan (-O1 and up):
- * 0 planned, 1 not plannable, -1 error. */
-static int plan_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan *plan, void *ud) {
-  (void)ud;
-  if (cg_prepare_inplace(c, g, m) || cg_bufferize(c, m, 1, false) || cg_plan_inplace(g, m, plan)) return -1;
-  return cg_memplan(c, m, plan);
-}
-
-int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_device *dev, const cg_gpu_options *o,
-                    cg_gpu *out) {
+int cg_gpu_init(nova_ctx *c, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out) {
   memset(out, 0, sizeof *out);
   out->plan.memory_limit = o->memory_limit;
   if (dev->cc_major < 5) {
@@ -755,8 +746,6 @@ int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_devi
     return -1;
   }
   snprintf(out->chip, sizeof out->chip, "sm_%d%d", dev->cc_major, dev->cc_minor);
-  bool sim = o->sim;
-  int opt_level = o->opt_level;
   if (o->block && (o->block % 32 || o->block > dev->max_threads_per_block)) {
     nv_error_plain(c->diag, "--gpu-block=%d: a block is a multiple of 32 threads, at most %d on %s", o->block,
                    dev->max_threads_per_block, dev->name);
@@ -767,24 +756,15 @@ int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_devi
                    dev->name, dev->cc_major, dev->cc_minor);
     return -1;
   }
-  gpu_ctx G = {c, c->ctx, dev, out, sim, NULL, 0, 0, o->block, o->tf32, 0};
-  /* the contractions of 16-bit values read them themselves (the f32 copies
-   * are not made; tensor cores where the GEMM kernel takes them) */
-  int nhalf = 0;
-  if (cg_fuse(c, m, opt_level, opt_level > 0, &out->plan) ||
-      (opt_level > 0 && cg_half_contractions(c, m, CG_HALF_BF16 | CG_HALF_F16, NULL, NULL, &nhalf)) ||
-      nova_verify(c, m, "16-bit contractions"))
-    return -1;
-  int prc = 1;
-  if (opt_level > 0) {
-    if (out->plan.memory_limit > 0 && cg_fit_memory(c, g, m, plan_gpu, NULL, &out->plan)) return -1;
-    prc = plan_gpu(c, g, m, &out->plan, NULL);
-  } else if (cg_bufferize(c, m, opt_level, false)) {
-    return -1;
-  }
-  if (prc < 0) return -1;
-  if (prc == 1 && sim && cg_run_pipeline(c, m, "builtin.module(buffer-deallocation-pipeline)", "buffer deallocation"))
-    return -1;
+  return 0;
+}
+
+static gpu_ctx gpu_context(nova_ctx *c, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out) {
+  return (gpu_ctx){c, c->ctx, dev, out, o->sim, NULL, 0, 0, o->block, o->tf32, 0};
+}
+
+int cg_gpu_kernels(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out) {
+  gpu_ctx G = gpu_context(c, dev, o, out);
   out->scratch_bytes = out->plan.planned ? (out->plan.arena_bytes + CG_GPU_ALIGN - 1) / CG_GPU_ALIGN * CG_GPU_ALIGN : 0;
   MlirOperation f = entry_function(m);
   if (mlirOperationIsNull(f)) {
@@ -800,17 +780,25 @@ int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_devi
   f = entry_function(m);
   tag_linalg_ops(&G, f);
   if (cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-parallel-loops,canonicalize))",
-                      "lowering linalg to loops"))
+                      "lowering linalg to loops")) {
+    free(G.gemm);
     return -1;
+  }
   f = entry_function(m);
   map_function(&G, f);
   free(G.gemm);
-  if (G.failed || nova_verify(c, m, "mapping loops to GPU kernels")) return -1;
-  if (sim) {
-    launch_to_loops(&G, entry_function(m));
-    if (nova_verify(c, m, "turning kernels into CPU loops (--gpu-sim)")) return -1;
-    return cg_lower_loops_to_llvm(c, m, &out->plan.parallel_loops);
-  }
+  return G.failed ? -1 : 0;
+}
+
+int cg_gpu_sim_llvm(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out) {
+  gpu_ctx G = gpu_context(c, dev, o, out);
+  launch_to_loops(&G, entry_function(m));
+  if (nova_verify(c, m, "turning kernels into CPU loops (--gpu-sim)")) return -1;
+  return cg_lower_loops_to_llvm(c, m, &out->plan.parallel_loops);
+}
+
+int cg_gpu_nvvm(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out) {
+  gpu_ctx G = gpu_context(c, dev, o, out);
   if (cg_run_pipeline(c, m, "builtin.module(gpu-kernel-outlining)", "kernel outlining")) return -1;
   if (merge_modules(&G, m, entry_function(m))) {
     nv_error_plain(c->diag, "internal: outlined kernels do not match the launches");
@@ -822,8 +810,8 @@ int cg_lower_to_gpu(nova_ctx *c, const nv_graph *g, MlirModule m, const cfg_devi
   nv_sb_printf(&p,
                "builtin.module(func.func(convert-scf-to-cf),gpu-lower-to-nvvm-pipeline{cubin-chip=%s "
                "cubin-features=+ptx80 cubin-format=isa opt-level=%d})",
-               out->chip, opt_level > 3 ? 3 : opt_level < 0 ? 0 : opt_level);
-  rc = p.oom ? -1 : cg_run_pipeline(c, m, p.s, "lowering to NVVM and PTX");
+               out->chip, o->opt_level > 3 ? 3 : o->opt_level < 0 ? 0 : o->opt_level);
+  int rc = p.oom ? -1 : cg_run_pipeline(c, m, p.s, "lowering to NVVM and PTX");
   nv_sb_free(&p);
   if (rc) return -1;
   return take_ptx(&G, m);

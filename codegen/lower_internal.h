@@ -71,6 +71,8 @@ tv lw_lower_pool_indices(lw *L, MlirOperation op, tv x, tv y, const tv *res);
 
 /* nova.dropout (lower_rng.c): Philox4x32-10 masks */
 tv lw_lower_dropout(lw *L, MlirOperation op, tv x, tv seed, tv step, const tv *res);
+/* nova.stochastic_round (lower_rng.c): f32 to bf16, unbiased, from the same Philox words */
+tv lw_lower_sround(lw *L, MlirOperation op, tv x, tv seed, tv step, const tv *res);
 
 /* nova.attention (lower_attention.c) */
 tv lw_lower_attention(lw *L, MlirOperation op, const tv *in, const tv *res);

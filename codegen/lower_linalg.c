@@ -764,6 +764,7 @@ static bool computes(nv_op kind) {
   case NV_OP_CONSTANT: case NV_OP_CAST: case NV_OP_RESHAPE: case NV_OP_TRANSPOSE: case NV_OP_BROADCAST:
   case NV_OP_CONCAT: case NV_OP_SLICE: case NV_OP_GATHER: case NV_OP_GATHER_ELEMENTS: case NV_OP_GATHER_ND:
   case NV_OP_WHERE:
+  case NV_OP_STOCHASTIC_ROUND: /* (its own rounding of f32 to bf16) */
     return false;
   default: return true;
   }
@@ -932,6 +933,7 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
   case NV_OP_SCATTER_ND: r = lw_lower_scatter_nd(L, in, (int)lw_iattr(op, "mode"), &res); break;
   case NV_OP_CUMSUM: r = lw_lower_cumsum(L, in[0], (int)lw_iattr(op, "axis"), (int)lw_iattr(op, "mode"), &res); break;
   case NV_OP_DROPOUT: r = lw_lower_dropout(L, op, in[0], in[1], in[2], &res); break;
+  case NV_OP_STOCHASTIC_ROUND: r = lw_lower_sround(L, op, in[0], in[1], in[2], &res); break;
   case NV_OP_ATTENTION: r = lw_lower_attention(L, op, in, &res); break;
   case NV_OP_RMS_NORM:
     r = lower_rms_norm(L, in[0], in[1], mlirFloatAttrGetValueDouble(mlirOperationGetAttributeByName(op, nova_str("eps"))));

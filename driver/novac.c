@@ -39,6 +39,7 @@ typedef struct opts {
   int64_t memory_limit; /* --memory-limit, bytes (0: none) */
   const char *precision, *policy; /* --precision (NULL: the model's, else fp32), --precision-policy */
   bool loss_scale_set, window_set;
+  const char *bf16_master; /* --bf16-master (NULL: fp32) */
   ad_options ad;
   bool lr_set, wd_set;
   fe_dim_binding dims[32];
@@ -75,6 +76,8 @@ static void usage(FILE *f) {
         "  --loss-scale=F|none   (--train) dynamic loss scaling's initial scale (default 65536 with\n"
         "                        fp16, none otherwise)\n"
         "  --loss-scale-window=N (--train) clean steps after which the loss scale doubles (2000)\n"
+        "  --bf16-master=fp32|none  (--train, bf16) none: parameters stored only in bf16, updated\n"
+        "                        in f32 and stochastically rounded back (default fp32 masters)\n"
         "  --cpu=NAME            LLVM CPU to generate code for (default host; e.g. x86-64-v3)\n"
         "  --dim=NAME=N          bind a symbolic dimension\n"
         "  -O0 .. -O3            optimisation level (default -O2)\n"
@@ -267,6 +270,10 @@ static int parse_args(int argc, char **argv, opts *o) {
       else if (!(o->ad.loss_scale >= 1 && o->ad.loss_scale <= 0x1p64))
         return bad_usage("--loss-scale takes a number from 1 to 2^64, or none, not '%s'", v);
       nv_sb_printf(&o->flags, " --loss-scale=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--bf16-master"))) {
+      if (strcmp(v, "fp32") && strcmp(v, "none")) return bad_usage("--bf16-master takes fp32 or none, not '%s'", v);
+      o->bf16_master = v;
+      nv_sb_printf(&o->flags, " --bf16-master=%s", v);
     } else if ((v = opt_value(argc, argv, &i, "--loss-scale-window"))) {
       char *end;
       errno = 0;
@@ -347,15 +354,15 @@ static int close_text_out(nv_diag *d, nv_out *out, int rc) {
   return rc;
 }
 
-/* --dump-after's stages before the cpu target's list (pipeline.c):
+/* --dump-after's stages before the target's list (pipeline.c):
  * frontend is the nova IR as built (after autodiff, with --train); amp and
  * autodiff print the graph after that pass, as nova IR. */
 static const char *const graph_stages[] = {"amp", "autodiff", "frontend", "linalg", NULL};
 
-static bool known_stage(const char *s) {
+static bool known_stage(bool cuda, const char *s) {
   for (int i = 0; graph_stages[i]; i++)
     if (!strcmp(graph_stages[i], s)) return true;
-  return np_stage_index(s) >= 0;
+  return np_stage_index(cuda, s) >= 0;
 }
 
 /* With --dump-after=STAGE (amp, autodiff): the graph G as nova IR, on stderr. */
@@ -520,7 +527,7 @@ static int build_eval(nova_ctx *c, const opts *o, const nv_graph *g, nv_graph *g
   *lin = cg_lower_to_linalg(c, *nova);
   if (mlirModuleIsNull(*lin) || nova_verify(c, *lin, "lowering the evaluation entry to linalg")) return -1;
   np_run r = {.c = c, .dev = dev, .opt_level = o->opt_level};
-  if (np_lower_cpu(&r, ge, *lin, plan)) return -1;
+  if (np_lower(&r, ge, *lin, plan)) return -1;
   if (cg_prefix_symbols(*lin, CG_EVAL_PREFIX)) {
     nv_error_plain(c->diag, "internal: the evaluation entry's functions could not be renamed");
     return -1;
@@ -554,6 +561,14 @@ static int apply_precision(nv_diag *d, opts *o, nv_graph *g, nv_graph *ge, bool 
     nv_error_plain(d, "--loss-scale and --loss-scale-window need --train");
     return -1;
   }
+  bool no_master = o->bf16_master && !strcmp(o->bf16_master, "none");
+  if (no_master && (!o->train || strcmp(p, "bf16"))) {
+    nv_error_plain(d, "--bf16-master=none needs --train and --precision=bf16 (here %s%s): it stores the trained "
+                      "parameters in bf16",
+                   o->train ? "--precision=" : "no --train", o->train ? p : "");
+    return -1;
+  }
+  o->ad.bf16_sround = no_master;
   if (!o->loss_scale_set && !strcmp(p, "fp16")) o->ad.loss_scale = 65536; /* torch.amp.GradScaler's */
   if (!o->window_set) o->ad.loss_scale_window = 2000;
   bool half_params = false; /* trained 16-bit params get f32 masters at every precision */
@@ -564,12 +579,13 @@ static int apply_precision(nv_diag *d, opts *o, nv_graph *g, nv_graph *ge, bool 
   amp_policy_default(&pol);
   int rc = o->policy ? amp_policy_load(&pol, d, o->policy) : 0;
   amp_options ao = {.low = !low ? (nova_dtype)0 : !strcmp(p, "bf16") ? NOVA_DTYPE_BF16 : NOVA_DTYPE_F16,
-                    .policy = &pol, .masters = o->train, .freeze = o->ad.freeze, .train_only = o->ad.train_only};
+                    .policy = &pol, .masters = o->train, .bf16_params = no_master, .freeze = o->ad.freeze,
+                    .train_only = o->ad.train_only};
   amp_stats st;
   if (!rc) rc = amp_apply(g, d, &ao, &st);
   if (!rc && o->verbose)
-    fprintf(stderr, "novac: --precision=%s: %d ops in %s, %d casts, %d f32 masters\n", p, st.low_ops, p, st.casts,
-            st.masters);
+    fprintf(stderr, "novac: --precision=%s: %d ops in %s, %d casts, %d f32 masters, %d params in bf16\n", p,
+            st.low_ops, p, st.casts, st.masters, st.bf16_params);
   if (!rc && ge) {
     snprintf(ge->precision, sizeof ge->precision, "%s", p);
     rc = amp_apply(ge, o->eval_diag ? o->eval_diag : d, &ao, NULL);
@@ -607,11 +623,13 @@ static int compile(nv_diag *d, opts *o) {
   }
   cfg_device dev;
   if (nd_device(d, cuda, o->device, &dev)) return -1;
-  if (o->dump_after && !known_stage(o->dump_after)) {
+  if (o->dump_after && !known_stage(cuda, o->dump_after)) {
     nv_sbuf names = {0};
     for (int i = 0; graph_stages[i]; i++) nv_sb_printf(&names, "%s, ", graph_stages[i]);
-    for (int i = 0; np_stage_name(i); i++) nv_sb_printf(&names, "%s%s", np_stage_name(i), np_stage_name(i + 1) ? ", " : "");
-    nv_error_plain(d, "unknown --dump-after stage '%s'; stages: %s", o->dump_after, names.s ? names.s : "");
+    for (int i = 0; np_stage_name(cuda, i); i++)
+      nv_sb_printf(&names, "%s%s", np_stage_name(cuda, i), np_stage_name(cuda, i + 1) ? ", " : "");
+    nv_error_plain(d, "unknown --dump-after stage '%s'%s; stages: %s", o->dump_after, cuda ? " for --target=cuda" : "",
+                   names.s ? names.s : "");
     nv_sb_free(&names);
     return -1;
   }
@@ -689,8 +707,9 @@ static int compile(nv_diag *d, opts *o) {
                    .keep_temps = getenv("NOVAC_KEEP_TEMPS") != NULL};
   if (cuda) {
     cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block, o->tf32, o->memory_limit};
-    if (cg_lower_to_gpu(&c, g, lin, &dev, &go, &gpu) || nova_verify(&c, lin, "lowering to the GPU"))
-      goto out;
+    np_run r = {.c = &c, .dev = &dev, .gpu = &go, .gpu_out = &gpu, .opt_level = o->opt_level,
+                .dump_after = o->dump_after, .time_passes = o->time_passes};
+    if (np_lower(&r, g, lin, NULL)) goto out;
     gpu.dev = &dev;
     co.gpu = o->gpu_sim ? NULL : &gpu; /* --gpu-sim: a cpu step */
     co.plan = &gpu.plan;
@@ -699,7 +718,7 @@ static int compile(nv_diag *d, opts *o) {
   } else if (o->emit != EMIT_MANIFEST) {
     np_run r = {.c = &c, .dev = &dev, .opt_level = o->opt_level, .dump_after = o->dump_after,
                 .time_passes = o->time_passes};
-    if (np_lower_cpu(&r, g, lin, &plan)) goto out;
+    if (np_lower(&r, g, lin, &plan)) goto out;
     co.plan = &plan;
     stage_done(&tm, "bufferize + to LLVM");
     if (o->train && o->emit == EMIT_SO) {
@@ -725,7 +744,6 @@ static int compile(nv_diag *d, opts *o) {
     rc = close_text_out(d, &to, 0);
     goto out;
   }
-  if (cuda) dump_if(o, "llvm", lin); /* (the cpu target's stages print their own) */
   if (o->emit == EMIT_LLVM) {
     nv_out to;
     FILE *f = open_text_out(d, &to, o->output);

@@ -1,8 +1,8 @@
-/* pipeline.c: the cpu target's passes from linalg on tensors to the LLVM
- * dialect, in order, as one flat list.
+/* pipeline.c: each target's passes from linalg on tensors to the LLVM
+ * dialect (and, for cuda, PTX), in order, as one flat list per target.
  *
  * Each stage is a whole-step pass (passes/) or a target step (codegen/);
- * the list is the only place that orders them.  After each stage of the
+ * the lists are the only place that orders them.  After each stage of the
  * main run that changed the module, it is verified (a failure names the
  * stage; a verification of a 16,000-op step takes 0.13 s), timed
  * (--time-passes), and printed when it is the --dump-after stage.  A stage
@@ -23,9 +23,20 @@ typedef struct np_stage {
   int (*run)(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan);
 } np_stage;
 
+/* (a cuda contraction reads 16-bit operands itself at -O1 and up:
+ * half_contract.c, the half-contract stage) */
 static int st_fusion(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
   (void)g;
-  return cg_fuse(r->c, m, r->opt_level, cg_cpu_bf16_dot(r->dev, r->opt_level), plan);
+  bool half = r->gpu ? r->opt_level > 0 : cg_cpu_bf16_dot(r->dev, r->opt_level);
+  return cg_fuse(r->c, m, r->opt_level, half, plan);
+}
+
+static int st_half(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)g, (void)plan;
+  int n = 0;
+  int rc = cg_half_contractions(r->c, m, CG_HALF_BF16 | CG_HALF_F16, NULL, NULL, &n);
+  r->idle = !n;
+  return rc;
 }
 
 static int run_range(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan, int from, int to, bool main);
@@ -35,7 +46,7 @@ static int trial_plan(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan *pla
   np_run r = *(np_run *)ud;
   r.c = c;
   r.planned = 0;
-  int from = np_stage_index("inplace"), to = np_stage_index("memplan");
+  int from = np_stage_index(r.gpu != NULL, "inplace"), to = np_stage_index(r.gpu != NULL, "memplan");
   int rc = run_range(&r, g, m, plan, from, to, false);
   return rc < 0 ? -1 : r.planned ? 0 : 1;
 }
@@ -87,7 +98,7 @@ static int st_memplan(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan)
 
 static int st_dealloc(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
   (void)g, (void)plan;
-  r->idle = r->planned;
+  r->idle = r->planned || (r->gpu && !r->gpu->sim); /* (device memory: the runtime's) */
   return r->idle ? 0 : cg_run_pipeline(r->c, m, "builtin.module(buffer-deallocation-pipeline)", "buffer deallocation");
 }
 
@@ -96,7 +107,24 @@ static int st_llvm(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
   return cg_lower_loops_to_llvm(r->c, m, r->opt_level > 0 ? &plan->parallel_loops : NULL);
 }
 
-static const np_stage stages[] = {
+static int st_kernels(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)g, (void)plan;
+  return cg_gpu_kernels(r->c, m, r->dev, r->gpu, r->gpu_out);
+}
+
+static int st_sim_llvm(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)g, (void)plan;
+  r->idle = !r->gpu->sim;
+  return r->idle ? 0 : cg_gpu_sim_llvm(r->c, m, r->dev, r->gpu, r->gpu_out);
+}
+
+static int st_nvvm(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)g, (void)plan;
+  r->idle = r->gpu->sim;
+  return r->idle ? 0 : cg_gpu_nvvm(r->c, m, r->dev, r->gpu, r->gpu_out);
+}
+
+static const np_stage cpu_stages[] = {
     {"fusion", 0, st_fusion},              /* passes/fusion.c */
     {"remat", 1, st_remat},                /* passes/remat.c: with --memory-limit */
     {"inplace", 1, st_inplace},            /* passes/inplace.c: update destinations */
@@ -108,20 +136,43 @@ static const np_stage stages[] = {
     {"memplan", 1, st_memplan},            /* passes/memplan.c */
     {"dealloc", 0, st_dealloc},            /* unplanned steps: frees on the heap */
     {"llvm", 0, st_llvm},                  /* codegen/cpu.c: loops, threads, entry packing, LLVM dialect */
+    {NULL, 0, NULL},
 };
-#define NSTAGES ((int)(sizeof stages / sizeof *stages))
 
-int np_stage_index(const char *name) {
-  for (int i = 0; i < NSTAGES; i++)
-    if (!strcmp(stages[i].name, name)) return i;
+static const np_stage gpu_stages[] = {
+    {"fusion", 0, st_fusion},              /* passes/fusion.c */
+    {"half-contract", 1, st_half},         /* codegen/half_contract.c: contractions read 16-bit operands */
+    {"remat", 1, st_remat},                /* passes/remat.c: with --memory-limit */
+    {"inplace", 1, st_inplace},            /* passes/inplace.c: update destinations */
+    {"bufferization", 0, st_bufferize},    /* codegen/cpu.c */
+    {"inplace-plan", 1, st_plan_inplace},  /* passes/inplace.c */
+    {"memplan", 1, st_memplan},            /* passes/memplan.c: the scratch area */
+    {"dealloc", 0, st_dealloc},            /* --gpu-sim, unplanned: frees on the heap */
+    {"kernels", 0, st_kernels},            /* codegen/cuda.c, gemm_cuda.c: kernels and launches */
+    {"llvm", 0, st_sim_llvm},              /* --gpu-sim: launches as CPU loops, LLVM dialect */
+    {"nvvm", 0, st_nvvm},                  /* codegen/cuda.c: kernels outlined, NVVM, PTX */
+    {NULL, 0, NULL},
+};
+
+static const np_stage *list(bool gpu) { return gpu ? gpu_stages : cpu_stages; }
+
+int np_stage_index(bool gpu, const char *name) {
+  const np_stage *l = list(gpu);
+  for (int i = 0; l[i].name; i++)
+    if (!strcmp(l[i].name, name)) return i;
   return -1;
 }
 
-const char *np_stage_name(int i) { return i >= 0 && i < NSTAGES ? stages[i].name : NULL; }
+const char *np_stage_name(bool gpu, int i) {
+  const np_stage *l = list(gpu);
+  for (int k = 0; k < i; k++)
+    if (!l[k].name) return NULL;
+  return i >= 0 ? l[i].name : NULL;
+}
 
 static int run_range(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan, int from, int to, bool main) {
   for (int i = from; i <= to; i++) {
-    const np_stage *s = &stages[i];
+    const np_stage *s = &list(r->gpu != NULL)[i];
     if (r->opt_level < s->min_opt) continue;
     double t0 = cg_now_ms();
     r->idle = false;
@@ -142,7 +193,11 @@ static int run_range(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan, 
   return 0;
 }
 
-int np_lower_cpu(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+int np_lower(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
   r->planned = 0;
-  return run_range(r, g, m, plan, 0, NSTAGES - 1, true);
+  if (r->gpu && cg_gpu_init(r->c, r->dev, r->gpu, r->gpu_out)) return -1;
+  if (r->gpu) plan = &r->gpu_out->plan;
+  int n = 0;
+  while (list(r->gpu != NULL)[n].name) n++;
+  return run_range(r, g, m, plan, 0, n - 1, true);
 }

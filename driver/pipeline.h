@@ -1,4 +1,4 @@
-/* pipeline.h: the cpu target's ordered list of passes (pipeline.c). */
+/* pipeline.h: each target's ordered list of passes (pipeline.c). */
 #ifndef NOVA_PIPELINE_H
 #define NOVA_PIPELINE_H
 
@@ -6,7 +6,9 @@
 
 typedef struct np_run {
   nova_ctx *c;
-  const cfg_device *dev;  /* the CPU the code is for */
+  const cfg_device *dev;  /* the CPU or GPU the code is for */
+  const cg_gpu_options *gpu; /* the cuda target's options (NULL: the cpu target) */
+  cg_gpu *gpu_out;        /* and its kernels, PTX and plan */
   int opt_level;
   const char *dump_after; /* --dump-after: print the module after this stage (NULL: none) */
   bool time_passes;       /* --time-passes: each stage's time on stderr */
@@ -15,11 +17,14 @@ typedef struct np_run {
 } np_run;
 
 /* Lowers the linalg module M of the step of G to the LLVM dialect through
- * every stage in order (PLAN: the memory plan, with memory_limit set
- * before); 0, or -1 after a diagnostic. */
-int np_lower_cpu(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan);
-/* The index of stage NAME (-1: none), and the name of stage I (NULL past the last). */
-int np_stage_index(const char *name);
-const char *np_stage_name(int i);
+ * every stage of its target's list in order (PLAN: the cpu target's memory
+ * plan, with memory_limit set before; the cuda target plans into
+ * R->gpu_out, whose memory limit comes from R->gpu); 0, or -1 after a
+ * diagnostic. */
+int np_lower(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan);
+/* The index of stage NAME in the list of the cuda target (GPU) or the cpu
+ * target (-1: none), and the name of stage I (NULL past the last). */
+int np_stage_index(bool gpu, const char *name);
+const char *np_stage_name(bool gpu, int i);
 
 #endif

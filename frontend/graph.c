@@ -595,6 +595,26 @@ static int infer_dropout(nv_diag *d, nv_node *n, const nv_node *x, const nv_node
   return set_shape(d, n, x->rank, x->shape);
 }
 
+/* stochastic_round(x, seed, step) {axis: stream}: f32 x rounded to bf16,
+ * up or down with the probabilities that make the rounding unbiased
+ * (--bf16-master=none's parameter updates, codegen/lower_rng.c). */
+static int infer_sround(nv_diag *d, nv_node *n, const nv_node *x, const nv_node *seed, const nv_node *step) {
+  if (x->dtype != NOVA_DTYPE_F32) {
+    nv_error(d, n->loc, "stochastic_round: the operand must be f32, got %s", fe_dtype_name(x->dtype));
+    return -1;
+  }
+  if (seed->dtype != NOVA_DTYPE_I64 || seed->rank || step->dtype != NOVA_DTYPE_I64 || step->rank) {
+    nv_error(d, n->loc, "stochastic_round: the seed and the step must be i64 scalars");
+    return -1;
+  }
+  if (fe_numel(x) > (INT64_C(1) << 32)) {
+    nv_error(d, n->loc, "stochastic_round: more than 2^32 elements");
+    return -1;
+  }
+  n->dtype = NOVA_DTYPE_BF16;
+  return set_shape(d, n, x->rank, x->shape);
+}
+
 static int infer_cross_entropy(nv_diag *d, nv_node *n, const nv_node *logits, nv_node *labels) {
   if (need_float(d, n, logits, "logits")) return -1;
   if (!fe_dtype_is_index(labels->dtype)) {
@@ -1057,6 +1077,7 @@ static int infer(nv_diag *d, nv_node *n) {
   case NV_OP_GATHER: return infer_gather(d, n, in[0], in[1]);
   case NV_OP_CROSS_ENTROPY: return infer_cross_entropy(d, n, in[0], in[1]);
   case NV_OP_DROPOUT: return infer_dropout(d, n, in[0], in[1], in[2]);
+  case NV_OP_STOCHASTIC_ROUND: return infer_sround(d, n, in[0], in[1], in[2]);
   case NV_OP_RMS_NORM: return infer_rms_norm(d, n, in[0], in[1]);
   case NV_OP_ROTARY: return infer_rotary(d, n, in[0], in[1], in[2]);
   case NV_OP_COUNT: break;

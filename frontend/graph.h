@@ -100,6 +100,7 @@
   X(SCATTER_ND, "scatter_nd", 3, 3)             \
   X(CUMSUM, "cumsum", 1, 1)                     \
   X(DROPOUT, "dropout", 3, 3)                   \
+  X(STOCHASTIC_ROUND, "stochastic_round", 3, 3) \
   X(SHL, "shl", 2, 2)                           \
   X(SHR, "shr", 2, 2)                           \
   X(ATTENTION, "attention", 4, 4)             \

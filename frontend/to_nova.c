@@ -117,6 +117,9 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
     out[k++] = named(ctx, "ratio", mlirFloatAttrDoubleGet(ctx, mlirF64TypeGet(ctx), n->value));
     out[k++] = named(ctx, "stream", i64_attr(ctx, n->axis));
     break;
+  case NV_OP_STOCHASTIC_ROUND: /* axis: the random stream */
+    out[k++] = named(ctx, "stream", i64_attr(ctx, n->axis));
+    break;
   case NV_OP_REDUCE_SUM:
   case NV_OP_REDUCE_MEAN:
   case NV_OP_REDUCE_MAX:

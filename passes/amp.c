@@ -149,10 +149,39 @@ static nova_dtype compute_dtype(amp *A, const nv_node *n, amp_class c) {
   return low ? A->low : NOVA_DTYPE_F32;
 }
 
-/* Whether N is a trained f16/bf16 param, of which the step keeps an f32 master. */
-static bool wants_master(const amp_options *o, const nv_node *n) {
+static bool trained(const amp_options *o, const nv_node *n) {
   bool fm[NV_MAX_GLOBS], tm[NV_MAX_GLOBS];
-  return o->masters && fe_dtype_is_half(n->dtype) && ad_trains(n, o->freeze, o->train_only, fm, tm);
+  return o->masters && ad_trains(n, o->freeze, o->train_only, fm, tm);
+}
+
+/* Whether N is a trained f16/bf16 param, of which the step keeps an f32
+ * master (a bf16 one none with bf16_params). */
+static bool wants_master(const amp_options *o, const nv_node *n) {
+  return fe_dtype_is_half(n->dtype) && !(o->bf16_params && n->dtype == NOVA_DTYPE_BF16) && trained(o, n);
+}
+
+/* N (a trained f32 param, with bf16_params) becomes a bf16 param: its
+ * initial bytes rounded to nearest; a recipe (normal, ...) draws in bf16.
+ * 0, or -1 after a diagnostic. */
+static int make_bf16(amp *A, nv_node *n) {
+  if (fe_init_is_bytes(n)) {
+    int64_t k = fe_numel(n);
+    float *f = nv_xmalloc((size_t)k * 4 + 4);
+    uint16_t *h = nv_xmalloc((size_t)k * 2 + 2);
+    if (!h || !f || fe_init_fill(A->g, A->d, n, f)) {
+      free(h);
+      free(f);
+      return -1;
+    }
+    for (int64_t j = 0; j < k; j++) h[j] = fe_half_from_double(NOVA_DTYPE_BF16, f[j]);
+    free(f);
+    free(n->init.path);
+    free(n->init.data);
+    n->init = (nv_init){.kind = NV_INIT_DATA, .data = h};
+  }
+  n->dtype = NOVA_DTYPE_BF16;
+  A->st->bf16_params++;
+  return 0;
 }
 
 /* N (a param) becomes its own f32 master: its initial value converted
@@ -188,6 +217,8 @@ static int rebuild(amp *A, const amp_options *o) {
       A->weight[i] = n->op != NV_OP_INPUT;
       A->map[i] = n; /* placed first, when the rest is built */
       if (wants_master(o, n) && make_master(A, n)) return -1;
+      if (o->bf16_params && n->op == NV_OP_PARAM && n->dtype == NOVA_DTYPE_F32 && trained(o, n) && make_bf16(A, n))
+        return -1;
       continue;
     }
     nova_dtype dt = compute_dtype(A, n, A->low ? class_of(o->policy, n) : AMP_FOLLOW);

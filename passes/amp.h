@@ -61,6 +61,7 @@ typedef struct amp_stats {
   int low_ops;    /* ops computed in the low precision */
   int casts;      /* casts inserted */
   int masters;    /* f16/bf16 params given an f32 master */
+  int bf16_params; /* f32 params stored in bf16 (amp_options.bf16_params) */
 } amp_stats;
 
 typedef struct amp_options {
@@ -72,6 +73,11 @@ typedef struct amp_options {
    * the optimizer updates the master, the forward pass reads the rounded
    * copy (a 16-bit model trains as PyTorch's master-weight recipes do) */
   bool masters;
+  /* --bf16-master=none (with LOW bf16 and MASTERS): each trained f32 param
+   * is stored in bf16 instead (its initial value rounded to nearest), and
+   * a bf16 one keeps no master: the optimizer updates it with stochastic
+   * rounding (ad_options.bf16_sround) */
+  bool bf16_params;
   const char *freeze, *train_only;
 } amp_options;
 

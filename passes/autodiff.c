@@ -583,6 +583,7 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
     return true;
   }
   case NV_OP_CONV_GRAD_WEIGHT: case NV_OP_MAX_POOL_GRAD: case NV_OP_AVG_POOL_GRAD:
+  case NV_OP_STOCHASTIC_ROUND: /* (the optimizer's: after the backward pass) */
   case NV_OP_COUNT:
     return false; /* no second derivatives */
   }
@@ -591,11 +592,12 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
 
 /* ---- optimizer ----------------------------------------------------------- */
 
-/* A new optimizer-state tensor (zeros), an argument of the step. */
-static nv_node *state(ad *A, const nv_node *p, const char *suffix) {
+/* A new optimizer-state tensor (zeros) of P's shape in dtype DT, an
+ * argument of the step. */
+static nv_node *state(ad *A, const nv_node *p, const char *suffix, nova_dtype dt) {
   char name[600];
   snprintf(name, sizeof name, "%s.%s", p->name, suffix);
-  nv_node *s = fe_graph_leaf(A->g, A->d, NV_OP_PARAM, name, p->dtype, p->rank, p->shape, p->loc);
+  nv_node *s = fe_graph_leaf(A->g, A->d, NV_OP_PARAM, name, dt, p->rank, p->shape, p->loc);
   if (!s) {
     A->failed = true;
     return NULL;
@@ -620,39 +622,86 @@ static nv_node *add_update(ad *A, nv_node *target, nv_node *value) {
   return kept;
 }
 
+static nv_node *cast_to(ad *A, nv_node *x, nova_dtype dt) {
+  return !x || x->dtype == dt ? x : mk(A, NV_OP_CAST, 1, &x, &(nv_node){.to = dt});
+}
+
+/* The new value P1 (f32) of the bf16 param P stochastically rounded to
+ * bf16 (its own stream of the step's Philox numbers: 2^30 + STREAM, above
+ * every dropout's), as P's update. */
+static nv_node *sround_update(ad *A, nv_node *p, nv_node *p1, nv_node *seed, nv_node *step, int64_t stream) {
+  nv_node *r = mk(A, NV_OP_STOCHASTIC_ROUND, 3, (nv_node *[]){p1, seed, step},
+                  &(nv_node){.axis = (INT64_C(1) << 30) + stream});
+  return r ? add_update(A, p, r) : NULL;
+}
+
 /* The new value of param p with gradient gr; lr is the run-time input,
  * t1 (adamw) the step count after this step.  Every state it writes goes
  * through add_update, and what it reads of the new state is the guarded
  * value (on a skipped step the moments are the old ones, and the param's
- * value, computed from them, is thrown away by its own guard). */
-static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *lr, nv_node *t1) {
-  nova_dtype dt = p->dtype;
+ * value, computed from them, is thrown away by its own guard).  A bf16
+ * param with SR (rng: seed, step and the param's stream) is computed with
+ * in f32, f32 state, and stochastically rounded back. */
+static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *lr, nv_node *t1, nv_node **rng,
+                  int64_t stream) {
+  bool sr = rng && p->dtype == NOVA_DTYPE_BF16;
+  nova_dtype dt = sr ? NOVA_DTYPE_F32 : p->dtype;
   A->loc = p->loc;
-  nv_node *lrp = dt == lr->dtype ? lr : mk(A, NV_OP_CAST, 1, &lr, &(nv_node){.to = dt});
+  nv_node *pv = sr ? cast_to(A, p, dt) : p; /* p's value in dt */
+  if (sr) gr = cast_to(A, gr, dt);
+  nv_node *lrp = cast_to(A, lr, dt), *p1;
   if (o->optimizer == AD_SGD) { /* p - lr (g + wd p) */
-    nv_node *d = o->weight_decay ? add(A, gr, mul(A, konst(A, dt, o->weight_decay), p)) : gr;
-    return add_update(A, p, sub(A, p, mul(A, lrp, d))) ? 0 : -1;
-  }
-  if (o->optimizer == AD_MOMENTUM) { /* v = mu v + g; p - lr (nesterov ? g + mu v : v) */
-    nv_node *d = o->weight_decay ? add(A, gr, mul(A, konst(A, dt, o->weight_decay), p)) : gr;
-    nv_node *v = state(A, p, "momentum");
+    nv_node *d = o->weight_decay ? add(A, gr, mul(A, konst(A, dt, o->weight_decay), pv)) : gr;
+    p1 = sub(A, pv, mul(A, lrp, d));
+  } else if (o->optimizer == AD_MOMENTUM) { /* v = mu v + g; p - lr (nesterov ? g + mu v : v) */
+    nv_node *d = o->weight_decay ? add(A, gr, mul(A, konst(A, dt, o->weight_decay), pv)) : gr;
+    nv_node *v = state(A, p, "momentum", dt);
     nv_node *v1 = add_update(A, v, add(A, mul(A, konst(A, dt, o->momentum), v), d));
+    if (!v1) return -1;
     nv_node *step = o->nesterov ? add(A, d, mul(A, konst(A, dt, o->momentum), v1)) : v1;
-    return v1 && add_update(A, p, sub(A, p, mul(A, lrp, step))) ? 0 : -1;
+    p1 = sub(A, pv, mul(A, lrp, step));
+  } else {
+    /* adamw: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+     * p - lr wd p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) */
+    nv_node *m = state(A, p, "adam_m", dt), *v = state(A, p, "adam_v", dt);
+    nv_node *m1 = add_update(A, m, add(A, mul(A, konst(A, dt, o->beta1), m), mul(A, konst(A, dt, 1 - o->beta1), gr)));
+    nv_node *v1 = add_update(A, v, add(A, mul(A, konst(A, dt, o->beta2), v),
+                                       mul(A, konst(A, dt, 1 - o->beta2), mul(A, gr, gr))));
+    nv_node *tt = cast_to(A, t1, dt);
+    nv_node *bc1 = sub(A, konst(A, dt, 1), b2(A, NV_OP_POW, konst(A, dt, o->beta1), tt));
+    nv_node *bc2 = sub(A, konst(A, dt, 1), b2(A, NV_OP_POW, konst(A, dt, o->beta2), tt));
+    nv_node *den = add(A, u1(A, NV_OP_SQRT, dvd(A, v1, bc2)), konst(A, dt, o->eps));
+    nv_node *pd = o->weight_decay ? sub(A, pv, mul(A, mul(A, lrp, konst(A, dt, o->weight_decay)), pv)) : pv;
+    p1 = sub(A, pd, mul(A, lrp, dvd(A, dvd(A, m1, bc1), den)));
   }
-  /* adamw: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-   * p - lr wd p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) */
-  nv_node *m = state(A, p, "adam_m"), *v = state(A, p, "adam_v");
-  nv_node *m1 = add_update(A, m, add(A, mul(A, konst(A, dt, o->beta1), m), mul(A, konst(A, dt, 1 - o->beta1), gr)));
-  nv_node *v1 = add_update(A, v, add(A, mul(A, konst(A, dt, o->beta2), v),
-                                     mul(A, konst(A, dt, 1 - o->beta2), mul(A, gr, gr))));
-  nv_node *tt = dt == t1->dtype ? t1 : mk(A, NV_OP_CAST, 1, &t1, &(nv_node){.to = dt});
-  nv_node *bc1 = sub(A, konst(A, dt, 1), b2(A, NV_OP_POW, konst(A, dt, o->beta1), tt));
-  nv_node *bc2 = sub(A, konst(A, dt, 1), b2(A, NV_OP_POW, konst(A, dt, o->beta2), tt));
-  nv_node *den = add(A, u1(A, NV_OP_SQRT, dvd(A, v1, bc2)), konst(A, dt, o->eps));
-  nv_node *pd = o->weight_decay ? sub(A, p, mul(A, mul(A, lrp, konst(A, dt, o->weight_decay)), p)) : p;
-  nv_node *p1 = sub(A, pd, mul(A, lrp, dvd(A, dvd(A, m1, bc1), den)));
-  return add_update(A, p, p1) ? 0 : -1;
+  if (!p1) return -1;
+  return (sr ? sround_update(A, p, p1, rng[0], rng[1], stream) : add_update(A, p, p1)) ? 0 : -1;
+}
+
+/* The step's Philox state, for stochastic rounding: the model's rng.seed
+ * and rng.step (made with its first dropout), else new ones (the seed an
+ * input, 0 by default; the step a buffer advanced by each step that is not
+ * skipped).  0, or -1. */
+static int rng_state(ad *A, nv_node **rng) {
+  nv_graph *g = A->g;
+  rng[0] = rng[1] = NULL;
+  for (int i = 0; i < g->nnodes; i++) {
+    nv_node *n = g->nodes[i];
+    if (n->name && n->op == NV_OP_INPUT && !strcmp(n->name, "rng.seed")) rng[0] = n;
+    if (n->name && n->op == NV_OP_PARAM && !strcmp(n->name, "rng.step")) rng[1] = n;
+  }
+  if (rng[0] && rng[1]) return 0;
+  nv_loc nowhere = {0};
+  rng[0] = fe_graph_leaf(g, A->d, NV_OP_INPUT, "rng.seed", NOVA_DTYPE_I64, 0, NULL, nowhere);
+  rng[1] = fe_graph_leaf(g, A->d, NV_OP_PARAM, "rng.step", NOVA_DTYPE_I64, 0, NULL, nowhere);
+  if (!rng[0] || !rng[1]) return -1;
+  rng[0]->has_default = true;
+  rng[0]->init = (nv_init){.kind = NV_INIT_CONST, .a = 0};
+  rng[1]->role = NOVA_ROLE_BUFFER;
+  rng[1]->frozen = true;
+  rng[1]->init.kind = NV_INIT_ZEROS;
+  A->loc = nowhere;
+  return add_update(A, rng[1], add(A, rng[1], konst(A, NOVA_DTYPE_I64, 1))) ? 0 : -1;
 }
 
 /* ---- the finite check ----------------------------------------------------------- */
@@ -870,7 +919,7 @@ static int choose_params(ad *A, const ad_options *o) {
     const nv_node *n = A->g->nodes[i];
     if (n->op != NV_OP_PARAM) continue;
     A->needs[i] = ad_trains(n, o->freeze, o->train_only, fm, tm);
-    if (A->needs[i] && !wide_float(n->dtype)) {
+    if (A->needs[i] && !wide_float(n->dtype) && !(o->bf16_sround && n->dtype == NOVA_DTYPE_BF16)) {
       nv_error(A->d, n->loc, "--train: param '%s' is %s; training f16/bf16 parameters is not supported (freeze it with "
                "--freeze=%s)", n->name, fe_dtype_name(n->dtype), n->name);
       return -1;
@@ -925,6 +974,9 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     A.loc = nowhere;
     if (!(t1 = add_update(&A, t, add(&A, t, konst(&A, NOVA_DTYPE_F32, 1.0))))) goto out;
   }
+  nv_node *rng[2];
+  if (o->bf16_sround && rng_state(&A, rng)) goto out;
+  int64_t stream = 0; /* each stochastically rounded param's */
   g->outputs[li].role = NOVA_ROLE_LOSS;
   for (int i = 0; i < nf && !A.failed; i++) {
     nv_node *p = g->nodes[i];
@@ -941,7 +993,8 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     snprintf(name, sizeof name, "%s.grad", p->name);
     if (!gr || fe_graph_add_output(g, d, name, gr, p->loc)) goto out;
     g->outputs[g->noutputs - 1].role = NOVA_ROLE_GRAD;
-    if (update(&A, o, p, gr, lr, t1)) goto out;
+    if (update(&A, o, p, gr, lr, t1, o->bf16_sround ? rng : NULL, stream)) goto out;
+    stream += o->bf16_sround && p->dtype == NOVA_DTYPE_BF16;
   }
   if (A.failed || nv_diag_count(d)) goto out;
   if (fe_graph_add_output(g, d, "nonfinite", A.bad, loss->loc)) goto out; /* the flag, last */

@@ -33,6 +33,11 @@ typedef struct ad_options {
    * before they are used; see scale_rule in autodiff.c */
   double loss_scale;
   int64_t loss_scale_window;
+  /* --bf16-master=none: a trained bf16 param is updated in f32 (its
+   * optimizer state f32) and stored back with stochastic rounding, from
+   * the step's Philox stream (rng.seed, rng.step; made when the model has
+   * no dropout) */
+  bool bf16_sround;
 } ad_options;
 
 /* Whether param N is trained: role param, float, not frozen, not matched

@@ -40,7 +40,8 @@ static const char *const op_attrs[] = {
     [NV_OP_XOR] = "", [NV_OP_LESS_EQUAL] = "", [NV_OP_GREATER_EQUAL] = "", [NV_OP_MOD] = "",
     [NV_OP_FMOD] = "", [NV_OP_REDUCE_MIN] = "axes keepdims", [NV_OP_REDUCE_PROD] = "axes keepdims",
     [NV_OP_GATHER_ELEMENTS] = "axis", [NV_OP_SCATTER_ELEMENTS] = "axis mode", [NV_OP_GATHER_ND] = "batch_dims",
-    [NV_OP_SCATTER_ND] = "mode", [NV_OP_CUMSUM] = "axis mode", [NV_OP_DROPOUT] = "ratio stream", [NV_OP_SHL] = "", [NV_OP_SHR] = "",
+    [NV_OP_SCATTER_ND] = "mode", [NV_OP_CUMSUM] = "axis mode", [NV_OP_DROPOUT] = "ratio stream",
+    [NV_OP_STOCHASTIC_ROUND] = "stream", [NV_OP_SHL] = "", [NV_OP_SHR] = "",
     [NV_OP_ATTENTION] = "scale softcap",
     [NV_OP_RMS_NORM] = "eps", [NV_OP_ROTARY] = "interleaved",
 };

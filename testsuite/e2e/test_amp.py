@@ -5,6 +5,7 @@ and the errors of bad precision input."""
 import contextlib
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -13,7 +14,8 @@ import tempfile
 
 import numpy as np
 
-from harness import NOVAC, NOVARUN, Failure, case, compile_and_run, compile_and_train, rel_err, results, run
+from harness import (NOVAC, NOVARUN, Failure, case, compile_and_run, compile_and_train, read_pb, rel_err, results, run,
+                     write_pb)
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "amp_gpt_block")
 REF = np.load(os.path.join(DATA, "ref.npz"))
@@ -197,6 +199,65 @@ def overflow_limit():
             raise Failure("expected a stop after 4 overflows and no checkpoint:\n" + p.stderr)
 
 
+def sround_case(steps_flags):
+    """--bf16-master=none: w = 1 (bf16, 4096 elements) trained by SGD with lr 1 and a gradient of
+    2^-10, a quarter of bf16's spacing below 1 (2^-8), for 64 steps: rounded to nearest every
+    update would be lost (w would stay 1); with stochastic rounding E[w] = 1 - 64 2^-10 = 0.9375,
+    each element a bf16 value around it.  Returns the dumped w (float64), novarun given
+    STEPS_FLAGS too."""
+    d = tempfile.mkdtemp(prefix="nova-amp-")
+    try:
+        model = os.path.join(d, "sr.nova")
+        with open(model, "w") as f:
+            f.write("input x: f32[64, 64]\nparam w: f32[64, 64] = ones\noutput loss = reduce_sum(w * x)\n")
+        so = os.path.join(d, "sr.so")
+        run([NOVAC, model, "--train", "--optimizer=sgd", "--lr=1", "--precision=bf16", "--bf16-master=none",
+             "-o", so])
+        os.makedirs(os.path.join(d, "in"))
+        write_pb(os.path.join(d, "in", "x.pb"), np.full((64, 64), 2.0 ** -10, np.float32), "x")
+        run([NOVARUN, so, "--inputs", os.path.join(d, "in"), "--steps", "64", "-q", "--dump", os.path.join(d, "out")] +
+            steps_flags)
+        w = read_pb(os.path.join(d, "out", "param.w.pb"))
+        man = json.load(open(os.path.join(d, "sr.json")))
+        dts = {t["name"]: t["dtype"] for t in man["tensors"]}
+        if dts.get("w") != "bf16" or dts.get("w.next") != "bf16" or "--bf16-master=none" not in man["flags"]:
+            raise Failure("manifest: w %s, w.next %s, flags %r" % (dts.get("w"), dts.get("w.next"), man["flags"]))
+        return np.asarray(w, dtype=np.float64)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def sround_unbiased():
+    w = sround_case([])
+    mean, sd = float(w.mean()), float(w.std())
+    # each element: 64 roundings, each up or down by about 2^-8; the mean of 4096 within 5 sigma
+    if not (abs(mean - 0.9375) < 5 * max(sd, 1e-3) / 64 and 0.002 < sd < 0.05):
+        raise Failure("mean %.6f (expected 0.9375 within %.2g), spread %.4g" % (mean, 5 * max(sd, 1e-3) / 64, sd))
+    again, other = sround_case([]), sround_case(["--seed", "7"])
+    if not np.array_equal(w, again):
+        raise Failure("the same seed rounded differently")
+    if np.array_equal(w, other) or not abs(float(other.mean()) - 0.9375) < 5 * max(sd, 1e-3) / 64:
+        raise Failure("--seed 7: the same roundings, or a biased mean %.6f" % float(other.mean()))
+
+
+def sround_block():
+    """The GPT block trained 30 AdamW steps with --bf16-master=none ends near the fp32-master run."""
+    with block_dir() as (d, model):
+        losses = {}
+        for m in ("fp32", "none"):
+            so = os.path.join(d, m + ".so")
+            run([NOVAC, model, "--train", "--precision=bf16", "--bf16-master=" + m, "-o", so])
+            p = run([NOVARUN, so, "--seed", "1", "--steps", "30"])
+            got = re.search(r"loss ([-0-9.e+]+) -> ([-0-9.e+]+)", p.stderr)
+            if not got:
+                raise Failure("no loss line:\n" + p.stderr)
+            losses[m] = float(got.group(2))
+        if not abs(losses["none"] - losses["fp32"]) <= 0.02 * abs(losses["fp32"]):
+            raise Failure("final loss %s with bf16 params, %s with fp32 masters" % (losses["none"], losses["fp32"]))
+
+
+case("bf16_master_none_unbiased", sround_unbiased, suite="amp")
+case("bf16_master_none_gpt_block", sround_block, suite="amp")
 case("fp16_dynamic_loss_scaling", loss_scaling, suite="amp")
 case("fp16_overflow_limit", overflow_limit, suite="amp")
 
@@ -336,6 +397,12 @@ for name, flags, text, want, rc, files in [
     ("policy_without_low_precision", ["--precision-policy=DIR/p.json"], SMALL, "needs --precision=bf16 or fp16", 1,
      {"p.json": "{}"}),
     ("loss_scale_without_train", ["--loss-scale=1024"], SMALL, "need --train", 1, None),
+    ("bf16_master_without_train", ["--precision=bf16", "--bf16-master=none"], SMALL,
+     "--bf16-master=none needs --train and --precision=bf16", 1, None),
+    ("bf16_master_fp16", ["--train", "--precision=fp16", "--bf16-master=none"], SMALL,
+     "--bf16-master=none needs --train and --precision=bf16 (here --precision=fp16)", 1, None),
+    ("bf16_master_unknown", ["--train", "--precision=bf16", "--bf16-master=half"], SMALL,
+     "--bf16-master takes fp32 or none", 2, None),
     ("loss_scale_out_of_range", ["--train", "--loss-scale=0.5"], SMALL, "--loss-scale takes a number", 2, None),
     ("nova_precision_unknown", [], "precision fp64\n" + SMALL, "m.nova:1:11: error: unknown precision 'fp64'", 1,
      None),
