@@ -465,6 +465,8 @@ def bench_gemm(B):
         novac_c = novac_gemm(B, row, "", model, dims, inp, (M, N, K))
         row["tc"] = {}
         novac_tc = novac_gemm(B, row["tc"], "_tf32", model, dims + ["--matmul-precision=tf32"], inp, (M, N, K))
+        row["bf"] = {}  # --precision=bf16: a and b rounded to bf16, mma.sync.m16n8k16, the result rounded to bf16
+        novac_bf = novac_gemm(B, row["bf"], "_bf16", model, dims + ["--precision=bf16"], inp, (M, N, K))
         # cuBLAS through PyTorch, and the reference for the error check
         ref = None
         if B.dry:
@@ -491,7 +493,8 @@ def bench_gemm(B):
                 for k in ("fp32_ms", "tf32_ms", "bf16_ms"):
                     row.setdefault(k, short_err("%s: %s" % (type(e).__name__, e)))
                 B.failures.append("cuBLAS %dx%dx%d: %s" % (M, N, K, e))
-        for r_, got, tol, what in ((row, novac_c, 1e-3, "f32"), (row["tc"], novac_tc, 1e-2, "tf32")):
+        for r_, got, tol, what in ((row, novac_c, 1e-3, "f32"), (row["tc"], novac_tc, 1e-2, "tf32"),
+                                   (row["bf"], novac_bf, 3e-2, "bf16")):
             if got is None or ref is None or "err" in r_:
                 continue
             if not isinstance(ref, np.ndarray):
@@ -522,12 +525,15 @@ def report_gemm(B, rows):
             "(last of %d runs) and the whole step (matmul + the fill kernel of the zero init; CUDA events, "
             "median of %d).  cuBLAS: `torch.matmul` on CUDA tensors, CUDA events per call, median of %d after "
             "5 warm-up calls; fp32 = `allow_tf32=False`, tf32 = `allow_tf32=True`, bf16 = bf16 inputs.  "
-            "novac tf32 = `--matmul-precision=tf32` (mma.sync.m16n8k8 tensor cores).  "
+            "novac tf32 = `--matmul-precision=tf32` (mma.sync.m16n8k8 tensor cores); novac bf16 = `--precision=bf16` "
+            "(operands rounded to bf16 by their own kernels, mma.sync.m16n8k16, f32 accumulation; the matmul "
+            "kernel's time).  "
             "Ratios = novac TFLOP/s / cuBLAS TFLOP/s (matmul kernel alone).  err = max |novac - cuBLAS fp32| / "
             "max |cuBLAS fp32|." % (B.args.gemm_repeat, B.args.gemm_repeat, B.args.torch_gemm_repeat), ""]
     head = ["M x N x K", "novac f32 kernel TFLOP/s", "novac f32 step TFLOP/s", "cuBLAS fp32 TFLOP/s",
             "novac f32 / cuBLAS fp32", "novac tf32 kernel TFLOP/s", "cuBLAS tf32 TFLOP/s", "novac tf32 / cuBLAS tf32",
-            "cuBLAS bf16 TFLOP/s", "novac bf16", "err f32", "err tf32", "novac compile s (f32, tf32)"]
+            "cuBLAS bf16 TFLOP/s", "novac bf16 kernel TFLOP/s", "novac bf16 / cuBLAS bf16", "err f32", "err tf32",
+            "err bf16", "novac compile s (f32, tf32, bf16)"]
     t = []
     for r in rows:
         f = r["flop"]
@@ -535,23 +541,30 @@ def report_gemm(B, rows):
         kt = tflops(f, r.get("kernel_ms"))
         st = tflops(f, r.get("step_ms"))
         kt_tc = tflops(f, tc.get("kernel_ms"))
+        bf = r.get("bf", {})
+        kt_bf = tflops(f, bf.get("kernel_ms"))
         c32, ct, cb = (tflops(f, r.get(k)) for k in ("fp32_ms", "tf32_ms", "bf16_ms"))
         t.append(["%d x %d x %d" % r["shape"], fnum(kt, "%.2f"), fnum(st, "%.2f"), fnum(c32, "%.2f"),
                   ratio(kt, c32, "%.3f"), fnum(kt_tc, "%.2f"), fnum(ct, "%.2f"), ratio(kt_tc, ct, "%.3f"),
-                  fnum(cb, "%.2f"), "n/a (no bf16 in novac yet)",
-                  fnum(r.get("err"), "%.1e"), fnum(tc.get("err"), "%.1e"),
-                  "%s, %s" % (fnum(r.get("compile_s"), "%.2f"), fnum(tc.get("compile_s"), "%.2f"))])
+                  fnum(cb, "%.2f"), fnum(kt_bf, "%.2f"), ratio(kt_bf, cb, "%.3f"),
+                  fnum(r.get("err"), "%.1e"), fnum(tc.get("err"), "%.1e"), fnum(bf.get("err"), "%.1e"),
+                  "%s, %s, %s" % (fnum(r.get("compile_s"), "%.2f"), fnum(tc.get("compile_s"), "%.2f"),
+                                  fnum(bf.get("compile_s"), "%.2f"))])
     out += [table(head, t), ""]
-    sched = [(r["shape"], r.get("schedule"), r.get("tc", {}).get("schedule")) for r in rows if r.get("schedule")]
+    sched = [(r["shape"], r.get("schedule"), r.get("tc", {}).get("schedule"), r.get("bf", {}).get("schedule"))
+             for r in rows if r.get("schedule")]
     if sched:
         out += ["novac's GEMM schedules (from the manifests):", ""]
-        out += ["- %d x %d x %d: f32: %s; tf32: %s" % (sh + (a or "?", b or "?")) for sh, a, b in sched]
+        out += ["- %d x %d x %d: f32: %s; tf32: %s; bf16: %s" % (sh + (a or "?", b or "?", c or "?"))
+                for sh, a, b, c in sched]
         out += [""]
     head = ["M x N x K", "GFLOP", "novac f32 matmul kernel ms", "novac f32 whole step ms", "launches",
-            "novac tf32 matmul kernel ms", "cuBLAS fp32 ms", "cuBLAS tf32 ms", "cuBLAS bf16 ms"]
+            "novac tf32 matmul kernel ms", "novac bf16 matmul kernel ms", "cuBLAS fp32 ms", "cuBLAS tf32 ms",
+            "cuBLAS bf16 ms"]
     t = [["%d x %d x %d" % r["shape"], "%.2f" % (r["flop"] / 1e9), fnum(r.get("kernel_ms"), "%.4f"),
           fnum(r.get("step_ms"), "%.4f") + (" (%s)" % r["step_kind"] if "step_kind" in r else ""),
           fnum(r.get("launches"), "%d"), fnum(r.get("tc", {}).get("kernel_ms"), "%.4f"),
+          fnum(r.get("bf", {}).get("kernel_ms"), "%.4f"),
           fnum(r.get("fp32_ms"), "%.4f"), fnum(r.get("tf32_ms"), "%.4f"),
           fnum(r.get("bf16_ms"), "%.4f")] for r in rows]
     out += ["Times:", "", table(head, t), ""]
@@ -587,6 +600,13 @@ def workloads(B):
                   "dims": ["--dim=batch=%d" % b], "kind": "gpt", "batch": b,
                   "inputs": {"idx": rng.integers(0, GPT_VOCAB, (b, GPT_T)).astype(np.int64),
                              "targets": rng.integers(0, GPT_VOCAB, (b, GPT_T)).astype(np.int64)}})
+    # mixed precision: novac --precision=bf16 (bf16 GEMMs on mma.sync.m16n8k16) vs torch.autocast(bf16)
+    b = 32
+    w.append({"key": "gpt_b%d_bf16" % b, "name": "GPT block, batch %d, bf16 (novac --precision=bf16, PyTorch "
+              "autocast)" % b, "model": GPT_MODEL, "dims": ["--dim=batch=%d" % b, "--precision=bf16"], "kind": "gpt",
+              "batch": b, "autocast": True,
+              "inputs": {"idx": rng.integers(0, GPT_VOCAB, (b, GPT_T)).astype(np.int64),
+                         "targets": rng.integers(0, GPT_VOCAB, (b, GPT_T)).astype(np.int64)}})
     if B.args.gpt4:   # bench/pack_gpu.sh exports it (bench_cpu.py's 4-layer GPT)
         b, t, v = 8, 128, 512
         w.append({"key": "gpt4_b8", "name": "4-layer GPT (d 256, 4 heads, T 128, vocab 512), batch 8",
@@ -631,7 +651,12 @@ def torch_train_ms(B, wl):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss_fn(model, *targs).backward()
+        if wl.get("autocast"):
+            with torch.autocast(dev, dtype=torch.bfloat16):
+                loss = loss_fn(model, *targs)
+        else:
+            loss = loss_fn(model, *targs)
+        loss.backward()
         opt.step()
     if B.dry:
         step()   # the code path, once, on the CPU; not timed

@@ -174,6 +174,25 @@ static int k_run(const int *dims, int rank, const bool *isk, int nk, int *order,
  * lowers to outer products.  Requires maps of dims only, C of rank >= 2
  * whose last dim n is last in B too, the k dims consecutive and in one
  * order in A and in B.  Returns the new op, or null (OP untouched). */
+MlirOperation cg_new_contract(MlirContext ctx, MlirOperation before, const MlirValue *ops, MlirType rt,
+                              const MlirAttribute *maps) {
+  int32_t seg[2] = {2, 1};
+  MlirNamedAttribute na[2] = {
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("indexing_maps")), mlirArrayAttrGet(ctx, 3, maps)),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("operandSegmentSizes")),
+                            mlirDenseI32ArrayGet(ctx, 2, seg))};
+  MlirOperationState st = mlirOperationStateGet(nova_str("linalg.contract"), mlirOperationGetLocation(before));
+  mlirOperationStateAddOperands(&st, 3, ops);
+  mlirOperationStateAddResults(&st, 1, &rt);
+  mlirOperationStateAddAttributes(&st, 2, na);
+  MlirRegion region = mlirRegionCreate();
+  mlirOperationStateAddOwnedRegions(&st, 1, &region);
+  MlirOperation lc = mlirOperationCreate(&st);
+  mlirLinalgFillBuiltinNamedOpRegion(lc);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(before), before, lc);
+  return lc;
+}
+
 MlirOperation cg_to_contract(MlirContext ctx, MlirOperation op) {
   if (mlirOperationGetNumOperands(op) != 3 || mlirOperationGetNumResults(op) != 1 || !plain_mul_add(op) ||
       !mlirLinalgIsAContractionOp(op))
@@ -206,21 +225,7 @@ MlirOperation cg_to_contract(MlirContext ctx, MlirOperation op) {
                          new_map(ctx, dims[1], rank[1], kb, nk, newpos, rc + 1, rc),
                          new_map(ctx, dims[2], rc, -1, 0, newpos, rc + 1, rc)};
   MlirValue ops[3] = {a, b, mlirOperationGetOperand(op, 2)};
-  MlirType rt = mlirValueGetType(mlirOperationGetResult(op, 0));
-  int32_t seg[2] = {2, 1};
-  MlirNamedAttribute na[2] = {
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("indexing_maps")), mlirArrayAttrGet(ctx, 3, nm)),
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("operandSegmentSizes")),
-                            mlirDenseI32ArrayGet(ctx, 2, seg))};
-  MlirOperationState st = mlirOperationStateGet(nova_str("linalg.contract"), mlirOperationGetLocation(op));
-  mlirOperationStateAddOperands(&st, 3, ops);
-  mlirOperationStateAddResults(&st, 1, &rt);
-  mlirOperationStateAddAttributes(&st, 2, na);
-  MlirRegion region = mlirRegionCreate();
-  mlirOperationStateAddOwnedRegions(&st, 1, &region);
-  MlirOperation lc = mlirOperationCreate(&st);
-  mlirLinalgFillBuiltinNamedOpRegion(lc);
-  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(op), op, lc);
+  MlirOperation lc = cg_new_contract(ctx, op, ops, mlirValueGetType(mlirOperationGetResult(op, 0)), nm);
   if (!mlirOperationVerify(lc)) { /* leave OP as it was; unused collapses go with canonicalization */
     mlirOperationDestroy(lc);
     return (MlirOperation){NULL};

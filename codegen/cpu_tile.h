@@ -28,5 +28,10 @@ bool cg_static_operands(MlirOperation op);
  * collapsed into one, operands collapsed to match), in its place; null
  * (OP unchanged) when it cannot be. */
 MlirOperation cg_to_contract(MlirContext ctx, MlirOperation op);
+/* A linalg.contract of OPS (A, B, C) with the indexing MAPS and result
+ * type RT, its region filled, inserted before BEFORE (at its location);
+ * not verified. */
+MlirOperation cg_new_contract(MlirContext ctx, MlirOperation before, const MlirValue *ops, MlirType rt,
+                              const MlirAttribute *maps);
 
 #endif

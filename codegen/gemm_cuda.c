@@ -405,19 +405,28 @@ static int add_c(gemm_gen *g, const char *base, int64_t v) {
 /* The (row, k) positions in the block tile of this thread's operand values
  * of A's mma row tile MI (c->fa of them, in fragment order) and of B's
  * column tile NI ((col, k), c->fb), for the k step KS (an SSA name). */
-static void frag_pos_a(tc_gen *c, const char *ks, int mi, int *row, int *k) {
+/* %t<result> = ORIGIN + TILE + g (the fragment's first row or column),
+ * and in KB the name of its first k: KS + 2t (16-bit) or KS + t (tf32). */
+static int frag_origin(tc_gen *c, const char *origin, int tile, const char *ks, char *kb, size_t n) {
   gemm_gen *g = c->g;
-  char rb[24], kb[24];
-  snprintf(rb, sizeof rb, "%%t%d", add_c(g, "%m0", mi * 16));
+  char ob[24];
+  snprintf(ob, sizeof ob, "%%t%d", add_c(g, origin, tile));
   int r0 = fresh(g), k0 = fresh(g);
-  P("%%t%d = arith.addi %s, %%g : index\n", r0, rb);
+  P("%%t%d = arith.addi %s, %%g : index\n", r0, ob);
   if (c->h16) {
     int t2 = fresh(g), c2 = cidx(g, 2);
     P("%%t%d = arith.muli %%t, %%t%d : index\n%%t%d = arith.addi %%t%d, %s : index\n", t2, c2, k0, t2, ks);
   } else
     P("%%t%d = arith.addi %%t, %s : index\n", k0, ks);
+  snprintf(kb, n, "%%t%d", k0);
+  return r0;
+}
+
+static void frag_pos_a(tc_gen *c, const char *ks, int mi, int *row, int *k) {
+  gemm_gen *g = c->g;
+  char rb[24], kb[24];
+  int r0 = frag_origin(c, "%m0", mi * 16, ks, kb, sizeof kb);
   snprintf(rb, sizeof rb, "%%t%d", r0);
-  snprintf(kb, sizeof kb, "%%t%d", k0);
   for (int e = 0; e < c->fa; e++) {
     /* 16-bit: value e = 2r + j of register r; tf32: register e */
     int r = c->h16 ? e / 2 : e, j = c->h16 ? e % 2 : 0;
@@ -428,16 +437,8 @@ static void frag_pos_a(tc_gen *c, const char *ks, int mi, int *row, int *k) {
 
 static void frag_pos_b(tc_gen *c, const char *ks, int ni, int *col, int *k) {
   gemm_gen *g = c->g;
-  char cb[24], kb[24];
-  snprintf(cb, sizeof cb, "%%t%d", add_c(g, "%n0", ni * 8));
-  int c0 = fresh(g), k0 = fresh(g);
-  P("%%t%d = arith.addi %s, %%g : index\n", c0, cb);
-  if (c->h16) {
-    int t2 = fresh(g), c2 = cidx(g, 2);
-    P("%%t%d = arith.muli %%t, %%t%d : index\n%%t%d = arith.addi %%t%d, %s : index\n", t2, c2, k0, t2, ks);
-  } else
-    P("%%t%d = arith.addi %%t, %s : index\n", k0, ks);
-  snprintf(kb, sizeof kb, "%%t%d", k0);
+  char kb[24];
+  int c0 = frag_origin(c, "%n0", ni * 8, ks, kb, sizeof kb);
   for (int e = 0; e < c->fb; e++) {
     int r = c->h16 ? e / 2 : e, j = c->h16 ? e % 2 : 0;
     col[e] = c0;

@@ -33,10 +33,6 @@
 
 #define HC_MAXL CG_CONTRACT_MAXL
 
-static MlirNamedAttribute nattr(MlirContext ctx, const char *name, MlirAttribute a) {
-  return mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str(name)), a);
-}
-
 static MlirType elem_of(MlirValue v) {
   MlirType t = mlirValueGetType(v);
   return mlirTypeIsAShaped(t) ? mlirShapedTypeGetElementType(t) : t;
@@ -183,18 +179,7 @@ static MlirOperation contract_half(MlirContext ctx, MlirOperation lc, unsigned k
                          mlirArrayAttrGetElement(maps, 2)};
   fold_transpose(ctx, &ops[0], &nm[0]);
   fold_transpose(ctx, &ops[1], &nm[1]);
-  int32_t seg[2] = {2, 1};
-  MlirNamedAttribute na[2] = {nattr(ctx, "indexing_maps", mlirArrayAttrGet(ctx, 3, nm)),
-                              nattr(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 2, seg))};
-  MlirOperationState st = mlirOperationStateGet(nova_str("linalg.contract"), mlirOperationGetLocation(lc));
-  mlirOperationStateAddOperands(&st, 3, ops);
-  mlirOperationStateAddResults(&st, 1, &rt);
-  mlirOperationStateAddAttributes(&st, 2, na);
-  MlirRegion region = mlirRegionCreate();
-  mlirOperationStateAddOwnedRegions(&st, 1, &region);
-  MlirOperation nc = mlirOperationCreate(&st);
-  mlirLinalgFillBuiltinNamedOpRegion(nc);
-  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(lc), lc, nc);
+  MlirOperation nc = cg_new_contract(ctx, lc, ops, rt, nm);
   MlirValue olda = mlirOperationGetOperand(lc, 0), oldb = mlirOperationGetOperand(lc, 1);
   if (!mlirOperationVerify(nc) || (hook && !hook(nc, lc, ud))) {
     mlirOperationDestroy(nc);

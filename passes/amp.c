@@ -160,52 +160,43 @@ static bool wants_master(const amp_options *o, const nv_node *n) {
   return fe_dtype_is_half(n->dtype) && !(o->bf16_params && n->dtype == NOVA_DTYPE_BF16) && trained(o, n);
 }
 
-/* N (a trained f32 param, with bf16_params) becomes a bf16 param: its
- * initial bytes rounded to nearest; a recipe (normal, ...) draws in bf16.
- * 0, or -1 after a diagnostic. */
-static int make_bf16(amp *A, nv_node *n) {
+/* Param N's dtype becomes TO (f32 from f16/bf16, or bf16 from f32): its
+ * initial bytes converted (exactly to f32; rounded to nearest to bf16); a
+ * recipe (normal, ...) draws in TO directly.  0, or -1 after a diagnostic. */
+static int retype(amp *A, nv_node *n, nova_dtype to) {
   if (fe_init_is_bytes(n)) {
     int64_t k = fe_numel(n);
-    float *f = nv_xmalloc((size_t)k * 4 + 4);
+    bool widen = to == NOVA_DTYPE_F32;
     uint16_t *h = nv_xmalloc((size_t)k * 2 + 2);
-    if (!h || !f || fe_init_fill(A->g, A->d, n, f)) {
+    float *f = nv_xmalloc((size_t)k * 4 + 4);
+    if (!h || !f || fe_init_fill(A->g, A->d, n, widen ? (void *)h : (void *)f)) {
       free(h);
       free(f);
       return -1;
     }
-    for (int64_t j = 0; j < k; j++) h[j] = fe_half_from_double(NOVA_DTYPE_BF16, f[j]);
-    free(f);
+    for (int64_t j = 0; j < k; j++) {
+      if (widen) f[j] = (float)fe_half_to_double(n->dtype, h[j]);
+      else h[j] = fe_half_from_double(to, f[j]);
+    }
+    free(widen ? (void *)h : (void *)f);
     free(n->init.path);
     free(n->init.data);
-    n->init = (nv_init){.kind = NV_INIT_DATA, .data = h};
+    n->init = (nv_init){.kind = NV_INIT_DATA, .data = widen ? (void *)f : (void *)h};
   }
-  n->dtype = NOVA_DTYPE_BF16;
-  A->st->bf16_params++;
+  n->dtype = to;
   return 0;
 }
 
-/* N (a param) becomes its own f32 master: its initial value converted
- * (exactly) from the 16-bit one, which a recipe (normal, ...) draws in f32
- * directly.  0, or -1 after a diagnostic. */
+/* N (a param) becomes its own f32 master; or (a trained f32 param, with
+ * bf16_params) a bf16 param. */
 static int make_master(amp *A, nv_node *n) {
-  if (fe_init_is_bytes(n)) {
-    int64_t k = fe_numel(n);
-    uint16_t *h = nv_xmalloc((size_t)k * 2 + 2);
-    float *f = nv_xmalloc((size_t)k * 4 + 4);
-    if (!h || !f || fe_init_fill(A->g, A->d, n, h)) {
-      free(h);
-      free(f);
-      return -1;
-    }
-    for (int64_t j = 0; j < k; j++) f[j] = (float)fe_half_to_double(n->dtype, h[j]);
-    free(h);
-    free(n->init.path);
-    free(n->init.data);
-    n->init = (nv_init){.kind = NV_INIT_DATA, .data = f};
-  }
-  n->dtype = NOVA_DTYPE_F32;
   A->st->masters++;
-  return 0;
+  return retype(A, n, NOVA_DTYPE_F32);
+}
+
+static int make_bf16(amp *A, nv_node *n) {
+  A->st->bf16_params++;
+  return retype(A, n, NOVA_DTYPE_BF16);
 }
 
 static int rebuild(amp *A, const amp_options *o) {

@@ -99,64 +99,51 @@ TARGET static __m512i row_load(const uint16_t *row, int64_t w, bool present) {
   return w >= 32 ? _mm512_loadu_si512(row) : _mm512_maskz_loadu_epi16((__mmask32)((1ull << w) - 1), row);
 }
 
-/* A's rows [i0, i0 + mb) and k [p0, p0 + kb) as panels of MR rows, k in
- * pairs: dst[q][i][2] = A[i, 2q], A[i, 2q + 1], zeros past the edges. */
-TARGET static void pack_a(const contract *x, const uint16_t *a, int64_t i0, int64_t mb, int64_t p0, int64_t kb,
-                          uint16_t *dst) {
-  int64_t sm = x->sa[x->lm], sk = x->sa[x->lk], kp = (kb + 1) / 2;
-  for (int64_t ir = 0; ir < mb; ir += MR, dst += kp * MR * 2) {
-    int64_t h = mb - ir < MR ? mb - ir : MR;
-    const uint16_t *base = a + (i0 + ir) * sm + p0 * sk;
-    if (sm == 1) { /* m contiguous (a transposed A): two k rows interleaved */
+/* N lines (A's rows, B's columns) of an operand from SRC, line L at SRC +
+ * L SL, k [0, kb) at stride SK, as panels of W lines, k in pairs:
+ * dst[q][l][2] = line l's k 2q and 2q + 1, zeros past the edges. */
+TARGET static void pack_pairs(const uint16_t *src, int64_t sl, int64_t sk, int64_t n, int64_t kb, int64_t w,
+                              uint16_t *dst) {
+  int64_t kp = (kb + 1) / 2;
+  for (int64_t lr = 0; lr < n; lr += w, dst += kp * w * 2) {
+    int64_t h = n - lr < w ? n - lr : w;
+    const uint16_t *base = src + lr * sl;
+    if (sl == 1) { /* the lines contiguous: two k rows interleaved */
       for (int64_t q = 0; q < kp; q++)
         pair_rows(row_load(base + 2 * q * sk, h, true), row_load(base + (2 * q + 1) * sk, h, 2 * q + 1 < kb),
-                  dst + q * MR * 2, MR);
+                  dst + q * w * 2, w);
       continue;
     }
     uint32_t *d32 = (uint32_t *)dst;
-    for (int64_t i = 0; i < MR; i++) {
-      const uint16_t *row = base + i * sm;
-      if (i >= h) {
-        for (int64_t q = 0; q < kp; q++) d32[q * MR + i] = 0;
-      } else if (sk == 1) { /* the pairs of a row are contiguous */
-        for (int64_t q = 0; q < kb / 2; q++) memcpy(&d32[q * MR + i], row + 2 * q, 4);
-        if (kb & 1) d32[(kb / 2) * MR + i] = row[kb - 1];
+    for (int64_t l = 0; l < w; l++) {
+      const uint16_t *line = base + l * sl;
+      if (l >= h) {
+        for (int64_t q = 0; q < kp; q++) d32[q * w + l] = 0;
+      } else if (sk == 1) { /* k contiguous: the pairs are */
+        for (int64_t q = 0; q < kb / 2; q++) memcpy(&d32[q * w + l], line + 2 * q, 4);
+        if (kb & 1) d32[(kb / 2) * w + l] = line[kb - 1];
       } else {
         for (int64_t q = 0; q < kp; q++)
-          d32[q * MR + i] = row[2 * q * sk] | (2 * q + 1 < kb ? (uint32_t)row[(2 * q + 1) * sk] << 16 : 0);
+          d32[q * w + l] = line[2 * q * sk] | (2 * q + 1 < kb ? (uint32_t)line[(2 * q + 1) * sk] << 16 : 0);
       }
     }
   }
 }
 
-/* B's k [p0, p0 + kb) and columns [j0, j0 + nb) as panels of NR columns:
- * dst[q][j][2] = B[2q, j], B[2q + 1, j], zeros past the edges. */
+/* A's rows [i0, i0 + mb) and k [p0, p0 + kb) as panels of MR rows
+ * (dst[q][i][2] = A[i, 2q], A[i, 2q + 1]); B's k [p0, p0 + kb) and columns
+ * [j0, j0 + nb) as panels of NR columns (dst[q][j][2] = B[2q, j],
+ * B[2q + 1, j]). */
+TARGET static void pack_a(const contract *x, const uint16_t *a, int64_t i0, int64_t mb, int64_t p0, int64_t kb,
+                          uint16_t *dst) {
+  int64_t sm = x->sa[x->lm], sk = x->sa[x->lk];
+  pack_pairs(a + i0 * sm + p0 * sk, sm, sk, mb, kb, MR, dst);
+}
+
 TARGET static void pack_b(const contract *x, const uint16_t *b, int64_t p0, int64_t kb, int64_t j0, int64_t nb,
                           uint16_t *dst) {
-  int64_t sk = x->sb[x->lk], sn = x->sb[x->ln], kp = (kb + 1) / 2;
-  for (int64_t jr = 0; jr < nb; jr += NR, dst += kp * NR * 2) {
-    int64_t w = nb - jr < NR ? nb - jr : NR;
-    const uint16_t *base = b + p0 * sk + (j0 + jr) * sn;
-    if (sn == 1) { /* n contiguous: two k rows interleaved */
-      for (int64_t q = 0; q < kp; q++)
-        pair_rows(row_load(base + 2 * q * sk, w, true), row_load(base + (2 * q + 1) * sk, w, 2 * q + 1 < kb),
-                  dst + q * NR * 2, NR);
-      continue;
-    }
-    uint32_t *d32 = (uint32_t *)dst;
-    for (int64_t j = 0; j < NR; j++) {
-      const uint16_t *col = base + j * sn;
-      if (j >= w) {
-        for (int64_t q = 0; q < kp; q++) d32[q * NR + j] = 0;
-      } else if (sk == 1) { /* k contiguous (a transposed B): the pairs are */
-        for (int64_t q = 0; q < kb / 2; q++) memcpy(&d32[q * NR + j], col + 2 * q, 4);
-        if (kb & 1) d32[(kb / 2) * NR + j] = col[kb - 1];
-      } else {
-        for (int64_t q = 0; q < kp; q++)
-          d32[q * NR + j] = col[2 * q * sk] | (2 * q + 1 < kb ? (uint32_t)col[(2 * q + 1) * sk] << 16 : 0);
-      }
-    }
-  }
+  int64_t sk = x->sb[x->lk], sn = x->sb[x->ln];
+  pack_pairs(b + p0 * sk + j0 * sn, sn, sk, nb, kb, NR, dst);
 }
 
 /* C[MR x NR tile at c] += the packed panels' product over KP k pairs; the

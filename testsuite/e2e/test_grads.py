@@ -66,7 +66,10 @@ NOT_DIFFERENTIABLE.update({
     "max_pool_indices": "integer result (ONNX MaxPool Indices), not differentiable",
     "avg_pool_grad": "backward op made by autodiff (no second derivatives)",
 })
-NO_RULE = {}  # op -> a model using it; novac --train must refuse it
+# op -> a model using it; novac --train must refuse it
+NO_RULE = {"stochastic_round":  # the optimizer's rounding (--bf16-master=none), after the backward pass
+           "input s: i64[]\ninput t: i64[]\nparam w: f32[4] = ones\ny = stochastic_round(w, s, t)\n"
+           "output loss = reduce_sum(cast(y, to=f32))\n"}
 # Forms of ops that have a rule, but not for these attributes (refused the same way).
 NO_RULE_FORMS = {}  # name -> (model, message)
 
