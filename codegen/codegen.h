@@ -190,13 +190,8 @@ int cg_pack_entry(nova_ctx *c, MlirModule m, const char *name);
 int cg_parallel_thunks(nova_ctx *c, MlirModule m);
 /* The last stage of the cpu target (driver/pipeline.c): a bufferized,
  * planned module to the LLVM dialect (*PARALLEL: the loop functions shared out between threads;
- * NULL: none are).  NATIVE_BF16: the code is for a CPU that converts f32 to bf16 itself
- * (cg_cpu_native_bf16). */
-int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel, bool native_bf16);
-/* Whether the CPU the code is for (CPU: --cpu, NULL or "host" for this machine) converts f32
- * to bf16 in one instruction (AVX-512 BF16 with VL: vcvtneps2bf16); other CPUs are not
- * assumed to. */
-bool cg_cpu_native_bf16(const char *cpu);
+ * NULL: none are). */
+int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel);
 
 /* The cuda target: host code in the LLVM dialect calling mgpu* launch
  * functions (the runtime's), kernels as PTX in a cg_gpu (free with

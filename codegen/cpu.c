@@ -125,11 +125,9 @@ static MlirWalkResult find_bf16(MlirOperation op, void *ud) {
   return MlirWalkResultAdvance;
 }
 
-int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel, bool native_bf16) {
-  /* bf16 <-> f32 conversions become integer arithmetic (arith-expand)
-   * unless the CPU has vcvtneps2bf16 (round to nearest even; denormals
-   * flushed, as the bf16 kernel's vdpbf16ps does): elsewhere LLVM would call
-   * __truncsfbf2, which this toolchain's libgcc lacks */
+int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
+  /* bf16 <-> f32 conversions become integer arithmetic (arith-expand): LLVM
+   * would call __truncsfbf2, which this toolchain's libgcc lacks */
   bool bf16 = false;
   mlirOperationWalk(mlirModuleGetOperation(m), find_bf16, &bf16, MlirWalkPreOrder);
   char pipe[800];
@@ -139,7 +137,7 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel, bool native
            "func.func(%sconvert-vector-to-llvm,convert-arith-to-llvm),"
            "convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},convert-cf-to-llvm,"
            "convert-ub-to-llvm,reconcile-unrealized-casts)",
-           bf16 && !native_bf16 ? "arith-expand{include-bf16=1}," : "");
+           bf16 ? "arith-expand{include-bf16=1}," : "");
   /* outlined first: the lowering to loops then runs once per distinct nest */
   int npar = 0;
   double t = cg_now_ms();
@@ -204,16 +202,6 @@ int cg_emit_llvm_ir(nova_ctx *c, MlirModule m, FILE *f) {
 static char *llvm_str(char *s) {
   if (!s) nv_oom_die(64);
   return s;
-}
-
-bool cg_cpu_native_bf16(const char *cpu) {
-  const char *knob = getenv("NOVAC_NATIVE_BF16");
-  if (knob) return strcmp(knob, "0") != 0;
-  if (cpu && strcmp(cpu, "host")) return false;
-  char *f = llvm_str(LLVMGetHostCPUFeatures());
-  bool yes = f && strstr(f, "+avx512bf16") && strstr(f, "+avx512vl");
-  free(f);
-  return yes;
 }
 
 void cg_cpu_name(const cg_options *o, char *out, size_t size) {

@@ -794,7 +794,7 @@ int cg_gpu_sim_llvm(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_g
   gpu_ctx G = gpu_context(c, dev, o, out);
   launch_to_loops(&G, entry_function(m));
   if (nova_verify(c, m, "turning kernels into CPU loops (--gpu-sim)")) return -1;
-  return cg_lower_loops_to_llvm(c, m, &out->plan.parallel_loops, false);
+  return cg_lower_loops_to_llvm(c, m, &out->plan.parallel_loops);
 }
 
 int cg_gpu_nvvm(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out) {

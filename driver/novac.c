@@ -526,7 +526,7 @@ static int build_eval(nova_ctx *c, const opts *o, const nv_graph *g, nv_graph *g
   if (mlirModuleIsNull(*nova) || nova_verify(c, *nova, "the evaluation entry")) return -1;
   *lin = cg_lower_to_linalg(c, *nova);
   if (mlirModuleIsNull(*lin) || nova_verify(c, *lin, "lowering the evaluation entry to linalg")) return -1;
-  np_run r = {.c = c, .dev = dev, .opt_level = o->opt_level, .native_bf16 = cg_cpu_native_bf16(o->cpu)};
+  np_run r = {.c = c, .dev = dev, .opt_level = o->opt_level};
   if (np_lower(&r, ge, *lin, plan)) return -1;
   if (cg_prefix_symbols(*lin, CG_EVAL_PREFIX)) {
     nv_error_plain(c->diag, "internal: the evaluation entry's functions could not be renamed");
@@ -716,8 +716,7 @@ static int compile(nv_diag *d, opts *o) {
     stage_done(&tm, "bufferize + GPU kernels + PTX");
     if (nd_check_memory(d, &dev, g, &gpu)) goto out;
   } else if (o->emit != EMIT_MANIFEST) {
-    np_run r = {.c = &c, .dev = &dev, .opt_level = o->opt_level, .native_bf16 = cg_cpu_native_bf16(o->cpu),
-                .dump_after = o->dump_after,
+    np_run r = {.c = &c, .dev = &dev, .opt_level = o->opt_level, .dump_after = o->dump_after,
                 .time_passes = o->time_passes};
     if (np_lower(&r, g, lin, &plan)) goto out;
     co.plan = &plan;

@@ -104,7 +104,7 @@ static int st_dealloc(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan)
 
 static int st_llvm(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
   (void)g;
-  return cg_lower_loops_to_llvm(r->c, m, r->opt_level > 0 ? &plan->parallel_loops : NULL, r->native_bf16);
+  return cg_lower_loops_to_llvm(r->c, m, r->opt_level > 0 ? &plan->parallel_loops : NULL);
 }
 
 static int st_kernels(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {

@@ -8,7 +8,6 @@ typedef struct np_run {
   nova_ctx *c;
   const cfg_device *dev;  /* the CPU or GPU the code is for */
   const cg_gpu_options *gpu; /* the cuda target's options (NULL: the cpu target) */
-  bool native_bf16;       /* the CPU converts f32 to bf16 itself (cg_cpu_native_bf16) */
   cg_gpu *gpu_out;        /* and its kernels, PTX and plan */
   int opt_level;
   const char *dump_after; /* --dump-after: print the module after this stage (NULL: none) */
