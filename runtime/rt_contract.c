@@ -102,8 +102,9 @@ TARGET static __m512i row_load(const uint16_t *row, int64_t w, bool present) {
 /* N lines (A's rows, B's columns) of an operand from SRC, line L at SRC +
  * L SL, k [0, kb) at stride SK, as panels of W lines, k in pairs:
  * dst[q][l][2] = line l's k 2q and 2q + 1, zeros past the edges. */
-TARGET static void pack_pairs(const uint16_t *src, int64_t sl, int64_t sk, int64_t n, int64_t kb, int64_t w,
-                              uint16_t *dst) {
+/* (inlined: each caller's W a constant) */
+TARGET static inline __attribute__((always_inline)) void pack_pairs(const uint16_t *src, int64_t sl, int64_t sk,
+                                                                    int64_t n, int64_t kb, int64_t w, uint16_t *dst) {
   int64_t kp = (kb + 1) / 2;
   for (int64_t lr = 0; lr < n; lr += w, dst += kp * w * 2) {
     int64_t h = n - lr < w ? n - lr : w;
