@@ -160,35 +160,36 @@ static bool wants_master(const amp_options *o, const nv_node *n) {
   return fe_dtype_is_half(n->dtype) && !(o->bf16_params && n->dtype == NOVA_DTYPE_BF16) && trained(o, n);
 }
 
-/* Param N's dtype becomes TO (f32 from f16/bf16, or bf16 from f32): its
- * initial bytes converted (exactly to f32; rounded to nearest to bf16); a
- * recipe (normal, ...) draws in TO directly.  0, or -1 after a diagnostic. */
+/* Param N's dtype becomes TO (f32 from f16/bf16, or bf16 from f32/f16):
+ * its initial bytes converted (exactly to f32; rounded to nearest to
+ * bf16); a recipe (normal, ...) draws in TO directly.  0, or -1 after a
+ * diagnostic. */
 static int retype(amp *A, nv_node *n, nova_dtype to) {
   if (fe_init_is_bytes(n)) {
     int64_t k = fe_numel(n);
-    bool widen = to == NOVA_DTYPE_F32;
-    uint16_t *h = nv_xmalloc((size_t)k * 2 + 2);
-    float *f = nv_xmalloc((size_t)k * 4 + 4);
-    if (!h || !f || fe_init_fill(A->g, A->d, n, widen ? (void *)h : (void *)f)) {
-      free(h);
-      free(f);
+    bool from32 = n->dtype == NOVA_DTYPE_F32, to32 = to == NOVA_DTYPE_F32;
+    void *src = nv_xmalloc((size_t)k * (from32 ? 4 : 2) + 4), *dst = nv_xmalloc((size_t)k * (to32 ? 4 : 2) + 4);
+    if (!src || !dst || fe_init_fill(A->g, A->d, n, src)) {
+      free(src);
+      free(dst);
       return -1;
     }
     for (int64_t j = 0; j < k; j++) {
-      if (widen) f[j] = (float)fe_half_to_double(n->dtype, h[j]);
-      else h[j] = fe_half_from_double(to, f[j]);
+      double v = from32 ? ((float *)src)[j] : fe_half_to_double(n->dtype, ((uint16_t *)src)[j]);
+      if (to32) ((float *)dst)[j] = (float)v;
+      else ((uint16_t *)dst)[j] = fe_half_from_double(to, v);
     }
-    free(widen ? (void *)h : (void *)f);
+    free(src);
     free(n->init.path);
     free(n->init.data);
-    n->init = (nv_init){.kind = NV_INIT_DATA, .data = widen ? (void *)f : (void *)h};
+    n->init = (nv_init){.kind = NV_INIT_DATA, .data = dst};
   }
   n->dtype = to;
   return 0;
 }
 
-/* N (a param) becomes its own f32 master; or (a trained f32 param, with
- * bf16_params) a bf16 param. */
+/* N (a param) becomes its own f32 master; or (a trained f32 or f16 param,
+ * with bf16_params) a bf16 param. */
 static int make_master(amp *A, nv_node *n) {
   A->st->masters++;
   return retype(A, n, NOVA_DTYPE_F32);
@@ -207,9 +208,9 @@ static int rebuild(amp *A, const amp_options *o) {
     if (!n->nin) {
       A->weight[i] = n->op != NV_OP_INPUT;
       A->map[i] = n; /* placed first, when the rest is built */
-      if (wants_master(o, n) && make_master(A, n)) return -1;
-      if (o->bf16_params && n->op == NV_OP_PARAM && n->dtype == NOVA_DTYPE_F32 && trained(o, n) && make_bf16(A, n))
-        return -1;
+      bool to_bf16 = o->bf16_params && n->op == NV_OP_PARAM &&
+                     (n->dtype == NOVA_DTYPE_F32 || n->dtype == NOVA_DTYPE_F16) && trained(o, n);
+      if (to_bf16 ? make_bf16(A, n) : wants_master(o, n) && make_master(A, n)) return -1;
       continue;
     }
     nova_dtype dt = compute_dtype(A, n, A->low ? class_of(o->policy, n) : AMP_FOLLOW);

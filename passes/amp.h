@@ -73,10 +73,10 @@ typedef struct amp_options {
    * the optimizer updates the master, the forward pass reads the rounded
    * copy (a 16-bit model trains as PyTorch's master-weight recipes do) */
   bool masters;
-  /* --bf16-master=none (with LOW bf16 and MASTERS): each trained f32 param
-   * is stored in bf16 instead (its initial value rounded to nearest), and
-   * a bf16 one keeps no master: the optimizer updates it with stochastic
-   * rounding (ad_options.bf16_sround) */
+  /* --bf16-master=none (with LOW bf16 and MASTERS): each trained f32 or
+   * f16 param is stored in bf16 instead (its initial value rounded to
+   * nearest), and a bf16 one keeps no master: the optimizer updates it
+   * with stochastic rounding (ad_options.bf16_sround) */
   bool bf16_params;
   const char *freeze, *train_only;
 } amp_options;
