@@ -489,8 +489,10 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
     int64_t M = mlirShapedTypeGetDimSize(go.a, go.ta ? 1 : 0), K = mlirShapedTypeGetDimSize(go.a, go.ta ? 0 : 1);
     int64_t N = mlirShapedTypeGetDimSize(go.b, go.tb ? 0 : 1);
     int eb = mlirTypeIsAF64(mlirShapedTypeGetElementType(go.c)) ? 8 : 4;
-    const char *tc_kind = bf16 && G->dev->has_mma_sync_bf16 ? "bf16"
-                          : f16 && G->dev->has_mma_sync_f16 ? "f16"
+    /* (m16n8k16 with 16-bit operands is sm_80's; sm_75's f16 mma is m16n8k8, not generated) */
+    bool sm80 = G->dev->cc_major >= 8;
+    const char *tc_kind = bf16 && sm80 && G->dev->has_mma_sync_bf16 ? "bf16"
+                          : f16 && sm80 && G->dev->has_mma_sync_f16 ? "f16"
                           : G->tf32 && eb == 4 && !bf16 && !f16 ? "tf32"
                                                                  : NULL;
     bool h16 = bf16 || f16;

@@ -104,6 +104,26 @@ for p in bf16:bf16 fp16:f16; do
   done
 done
 
+# sm_75 (a T4 as a device file): its f16 tensor cores have no m16n8k16 and it
+# has no bf16 ones: both precisions compile, their GEMMs as SIMT tiles
+cat >"$T/t4-device.json" <<'EOF'
+{"name": "t4", "kind": "gpu", "peak_tflops_fp32": 8.1, "peak_tflops_tf32": 0, "peak_tflops_fp16": 65,
+ "peak_tflops_bf16": 0, "mem_bw_gbs": 320, "l2_bytes": 4194304, "sm_count": 40, "max_threads_per_block": 1024,
+ "max_threads_per_sm": 1024, "max_blocks_per_sm": 16, "regs_per_sm": 65536, "max_regs_per_thread": 255,
+ "smem_per_sm": 65536, "smem_per_block": 49152, "smem_per_block_optin": 65536, "cc_major": 7, "cc_minor": 5,
+ "has_mma_sync_f16": true, "has_mma_sync_bf16": false, "has_mma_sync_tf32": false, "has_wgmma": false,
+ "total_mem_bytes": 16000000000}
+EOF
+for prec in bf16 fp16; do
+  if "$NOVAC" examples/transformer_block.nova --dim=batch=2 --precision="$prec" --train --target=cuda \
+    --device="$T/t4-device.json" -o "$T/t4.so" >"$T/log" 2>&1 && grep -q "SIMT tile" "$T/t4.json" &&
+    ! grep -q "m16n8k16" "$T/t4.json"; then
+    pass "sm_75-$prec"
+  else
+    fail "sm_75-$prec" "$(head -c 1500 "$T/log")"
+  fi
+done
+
 # --emit=ptx targets the device's architecture
 for d in a100-80gb:sm_80 rtx3060:sm_86 h100:sm_90 l4:sm_89; do
   dev=${d%%:*} sm=${d#*:}
