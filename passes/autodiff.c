@@ -640,8 +640,8 @@ static nv_node *sround_update(ad *A, nv_node *p, nv_node *p1, nv_node *seed, nv_
  * through add_update, and what it reads of the new state is the guarded
  * value (on a skipped step the moments are the old ones, and the param's
  * value, computed from them, is thrown away by its own guard).  A bf16
- * param with SR (rng: seed, step and the param's stream) is computed with
- * in f32, f32 state, and stochastically rounded back. */
+ * param with RNG (seed and step; the param's own STREAM) is updated in
+ * f32, with f32 state, and stochastically rounded back. */
 static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *lr, nv_node *t1, nv_node **rng,
                   int64_t stream) {
   bool sr = rng && p->dtype == NOVA_DTYPE_BF16;
