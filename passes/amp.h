@@ -8,9 +8,10 @@
  * precision (bf16 or f16), by a policy, and casts are inserted where a
  * value's dtype differs from what its user computes in.  Only f32 values
  * change (f64, integer and 16-bit values are left as they are), but for
- * the f32 masters of trained 16-bit params (amp_options.masters).
- * Inputs, parameters and constants keep their dtype (parameters stay f32
- * masters, cast where a low-precision op reads them: one cast per value
+ * the f32 masters of trained 16-bit params (amp_options.masters) and, with
+ * amp_options.bf16_params (--bf16-master=none), trained params stored in
+ * bf16.  Inputs, parameters and constants keep their dtype otherwise
+ * (parameters stay f32 masters, cast where a low-precision op reads them: one cast per value
  * and dtype, so a weight's low copy is made once per step); every output
  * keeps its dtype (a low value is cast back), so the step's interface is
  * the same at every precision.

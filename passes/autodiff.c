@@ -6,7 +6,10 @@
  * Broadcasting operands get g summed back to their shape.  Rules are
  * written with the same node constructors as the frontend, so every node
  * they make is shape-checked, and carries the location of the forward op
- * it differentiates.
+ * it differentiates.  The optimizer's update of each trained param
+ * follows (SGD, momentum, AdamW; a bf16 param of --bf16-master=none is
+ * updated in f32 and stochastically rounded back), every state it writes
+ * guarded by the step's finite check.
  */
 #include "autodiff.h"
 
