@@ -10,8 +10,10 @@
  * [kc/2][NR][2]; an mc x kc block of A into panels of MR rows [kc/2][MR][2];
  * then an MR x NR register tile of C accumulates over the block's k pairs.
  * Packing reads any strides (a transposed operand is as fast as a plain
- * one) and pads the edges with zeros, so the register tile always runs
- * whole; only its store to C is cut to the edge.
+ * one: lines contiguous, two k rows are interleaved in registers; k
+ * contiguous, 16 x 16 blocks of k pairs are transposed in registers) and
+ * pads the edges with zeros, so the register tile always runs whole; only
+ * its store to C is cut to the edge.
  *
  * desc (int64, written by novac): [0] the number of loops L (at most
  * RT_CONTRACT_MAXL), [1..3] which loop is m, n and k, [4..6] mc, nc, kc
@@ -99,6 +101,53 @@ TARGET static __m512i row_load(const uint16_t *row, int64_t w, bool present) {
   return w >= 32 ? _mm512_loadu_si512(row) : _mm512_maskz_loadu_epi16((__mmask32)((1ull << w) - 1), row);
 }
 
+/* R[k] := column k of the 16 x 16 u32 matrix whose rows are R. */
+TARGET static inline __attribute__((always_inline)) void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; i++) {
+    r[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i + 0], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i + 0], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 4; j++) {
+      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
+      t[8 * i + j + 4] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + j + 4], 0xdd);
+    }
+  for (int j = 0; j < 8; j++) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+  }
+}
+
+/* The k-contiguous case of pack_pairs: the pairs (u32) of 16 lines at a
+ * time, 16 pairs at a time, transposed in registers. */
+TARGET static inline __attribute__((always_inline)) void pack_k_contiguous(const uint16_t *base, int64_t sl,
+                                                                           int64_t h, int64_t kb, int64_t w,
+                                                                           uint32_t *d32) {
+  int64_t full = kb / 2;
+  for (int64_t g = 0; g < w; g += 16) {
+    int64_t lines = w - g < 16 ? w - g : 16;
+    __mmask16 lm = lines == 16 ? 0xFFFF : (__mmask16)((1u << lines) - 1);
+    for (int64_t q0 = 0; q0 < full; q0 += 16) {
+      int64_t nq = full - q0 < 16 ? full - q0 : 16;
+      __mmask16 qm = nq == 16 ? 0xFFFF : (__mmask16)((1u << nq) - 1);
+      __m512i r[16];
+      for (int l = 0; l < 16; l++)
+        r[l] = g + l < h ? _mm512_maskz_loadu_epi32(qm, base + (g + l) * sl + 2 * q0) : _mm512_setzero_si512();
+      transpose16(r);
+      for (int64_t k = 0; k < nq; k++) _mm512_mask_storeu_epi32(d32 + (q0 + k) * w + g, lm, r[k]);
+    }
+  }
+  if (kb & 1)
+    for (int64_t l = 0; l < w; l++) d32[full * w + l] = l < h ? base[l * sl + kb - 1] : 0;
+}
+
 /* N lines (A's rows, B's columns) of an operand from SRC, line L at SRC +
  * L SL, k [0, kb) at stride SK, as panels of W lines, k in pairs:
  * dst[q][l][2] = line l's k 2q and 2q + 1, zeros past the edges. */
@@ -116,13 +165,14 @@ TARGET static inline __attribute__((always_inline)) void pack_pairs(const uint16
       continue;
     }
     uint32_t *d32 = (uint32_t *)dst;
+    if (sk == 1) {
+      pack_k_contiguous(base, sl, h, kb, w, d32);
+      continue;
+    }
     for (int64_t l = 0; l < w; l++) {
       const uint16_t *line = base + l * sl;
       if (l >= h) {
         for (int64_t q = 0; q < kp; q++) d32[q * w + l] = 0;
-      } else if (sk == 1) { /* k contiguous: the pairs are */
-        for (int64_t q = 0; q < kb / 2; q++) memcpy(&d32[q * w + l], line + 2 * q, 4);
-        if (kb & 1) d32[(kb / 2) * w + l] = line[kb - 1];
       } else {
         for (int64_t q = 0; q < kp; q++)
           d32[q * w + l] = line[2 * q * sk] | (2 * q + 1 < kb ? (uint32_t)line[(2 * q + 1) * sk] << 16 : 0);
