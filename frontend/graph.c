@@ -180,6 +180,25 @@ static int set_shape(nv_diag *d, nv_node *n, int rank, const int64_t *shape) {
   return 0;
 }
 
+int fe_rng_state(nv_graph *g, nv_diag *d, nv_loc loc, nv_node **seed, nv_node **step) {
+  *seed = *step = NULL;
+  for (int i = 0; i < g->nnodes; i++) {
+    nv_node *n = g->nodes[i];
+    if (n->name && n->op == NV_OP_INPUT && !strcmp(n->name, "rng.seed")) *seed = n;
+    if (n->name && n->op == NV_OP_PARAM && !strcmp(n->name, "rng.step")) *step = n;
+  }
+  if (*seed && *step) return 0;
+  *seed = fe_graph_leaf(g, d, NV_OP_INPUT, "rng.seed", NOVA_DTYPE_I64, 0, NULL, loc);
+  *step = fe_graph_leaf(g, d, NV_OP_PARAM, "rng.step", NOVA_DTYPE_I64, 0, NULL, loc);
+  if (!*seed || !*step) return -1;
+  (*seed)->has_default = true;
+  (*seed)->init = (nv_init){.kind = NV_INIT_CONST, .a = 0};
+  (*step)->role = NOVA_ROLE_BUFFER;
+  (*step)->frozen = true;
+  (*step)->init.kind = NV_INIT_ZEROS;
+  return 1;
+}
+
 nv_node *fe_graph_leaf(nv_graph *g, nv_diag *d, nv_op op, const char *name, nova_dtype dt,
                        int rank, const int64_t *shape, nv_loc loc) {
   nv_node *n = nv_xcalloc(1, sizeof *n);

@@ -228,6 +228,11 @@ nv_node *fe_graph_add(nv_graph *g, nv_diag *d, nv_op op, int nin, nv_node **in,
 nv_node *fe_graph_leaf(nv_graph *g, nv_diag *d, nv_op op, const char *name, nova_dtype dt,
                        int rank, const int64_t *shape, nv_loc loc);
 int fe_graph_add_output(nv_graph *g, nv_diag *d, const char *name, nv_node *n, nv_loc loc);
+/* The step's Philox state (dropout, stochastic rounding): the input
+ * rng.seed (i64, default 0) and the buffer rng.step (i64, zeros, frozen),
+ * found in G or made at LOC.  1 when made (the caller adds rng.step's
+ * update: one more each step), 0 when found, -1 after a diagnostic. */
+int fe_rng_state(nv_graph *g, nv_diag *d, nv_loc loc, nv_node **seed, nv_node **step);
 /* Class labels of an ONNX loss: the inputs they come from (through
  * data-movement ops) are checked by the step to lie in [0, classes) or to
  * equal ignore_index (when has_ii); constant labels are checked now.

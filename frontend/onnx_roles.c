@@ -280,29 +280,13 @@ double ox_running_var_scale(const ox_ctx *x, const nv_node *a) {
   return x->g->inits && n > 1 ? n / (n - 1) : 1;
 }
 
-/* The graph's node named NAME of op OP, or NULL. */
-static nv_node *named_node(nv_graph *g, nv_op op, const char *name) {
-  for (int i = 0; i < g->nnodes; i++)
-    if (g->nodes[i]->op == op && g->nodes[i]->name && !strcmp(g->nodes[i]->name, name)) return g->nodes[i];
-  return NULL;
-}
-
 /* rng.seed and rng.step, made at the first dropout (with rng.step's update). */
 static int rng_state(ox_ctx *x, nv_node **seed, nv_node **step) {
-  nv_graph *g = x->g;
   nv_loc nowhere = {x->file, 0, 0};
-  *seed = named_node(g, NV_OP_INPUT, "rng.seed");
-  *step = named_node(g, NV_OP_PARAM, "rng.step");
-  if (*seed && *step) return 0;
-  *seed = fe_graph_leaf(g, x->d, NV_OP_INPUT, "rng.seed", NOVA_DTYPE_I64, 0, NULL, nowhere);
-  *step = fe_graph_leaf(g, x->d, NV_OP_PARAM, "rng.step", NOVA_DTYPE_I64, 0, NULL, nowhere);
-  nv_node *one = fe_graph_leaf(g, x->d, NV_OP_CONSTANT, NULL, NOVA_DTYPE_I64, 0, NULL, nowhere);
-  if (!*seed || !*step || !one) return -1;
-  (*seed)->has_default = true;
-  (*seed)->init = (nv_init){.kind = NV_INIT_CONST, .a = 0};
-  (*step)->role = NOVA_ROLE_BUFFER;
-  (*step)->frozen = true;
-  (*step)->init.kind = NV_INIT_ZEROS;
+  int made = fe_rng_state(x->g, x->d, nowhere, seed, step);
+  if (made <= 0) return made;
+  nv_node *one = fe_graph_leaf(x->g, x->d, NV_OP_CONSTANT, NULL, NOVA_DTYPE_I64, 0, NULL, nowhere);
+  if (!one) return -1;
   one->init = (nv_init){.kind = NV_INIT_CONST, .a = 1};
   return ox_state_update(x, (ox_val){.node = *step, .present = true}, ox_add(x, NV_OP_ADD, 2, (nv_node *[]){*step, one}, NULL));
 }

@@ -681,28 +681,13 @@ static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *
   return (sr ? sround_update(A, p, p1, rng[0], rng[1], stream) : add_update(A, p, p1)) ? 0 : -1;
 }
 
-/* The step's Philox state, for stochastic rounding: the model's rng.seed
- * and rng.step (made with its first dropout), else new ones (the seed an
- * input, 0 by default; the step a buffer advanced by each step that is not
- * skipped).  0, or -1. */
+/* The step's Philox state, for stochastic rounding (fe_rng_state): made,
+ * when the model has no dropout, with the update of rng.step (guarded:
+ * a skipped step does not advance it).  0, or -1. */
 static int rng_state(ad *A, nv_node **rng) {
-  nv_graph *g = A->g;
-  rng[0] = rng[1] = NULL;
-  for (int i = 0; i < g->nnodes; i++) {
-    nv_node *n = g->nodes[i];
-    if (n->name && n->op == NV_OP_INPUT && !strcmp(n->name, "rng.seed")) rng[0] = n;
-    if (n->name && n->op == NV_OP_PARAM && !strcmp(n->name, "rng.step")) rng[1] = n;
-  }
-  if (rng[0] && rng[1]) return 0;
   nv_loc nowhere = {0};
-  rng[0] = fe_graph_leaf(g, A->d, NV_OP_INPUT, "rng.seed", NOVA_DTYPE_I64, 0, NULL, nowhere);
-  rng[1] = fe_graph_leaf(g, A->d, NV_OP_PARAM, "rng.step", NOVA_DTYPE_I64, 0, NULL, nowhere);
-  if (!rng[0] || !rng[1]) return -1;
-  rng[0]->has_default = true;
-  rng[0]->init = (nv_init){.kind = NV_INIT_CONST, .a = 0};
-  rng[1]->role = NOVA_ROLE_BUFFER;
-  rng[1]->frozen = true;
-  rng[1]->init.kind = NV_INIT_ZEROS;
+  int made = fe_rng_state(A->g, A->d, nowhere, &rng[0], &rng[1]);
+  if (made <= 0) return made;
   A->loc = nowhere;
   return add_update(A, rng[1], add(A, rng[1], konst(A, NOVA_DTYPE_I64, 1))) ? 0 : -1;
 }
