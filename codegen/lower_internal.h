@@ -28,6 +28,7 @@ typedef struct lw {
   char loc[600];       /* " loc(...)" of the nova op being lowered */
   vmap_ent *map;       /* open addressing, MlirValue.ptr -> tv */
   size_t mapcap;
+  int64_t recompute;   /* the nova op's nova.recompute tag (0: none): its tensor.empty ops carry it */
 } lw;
 
 

@@ -102,7 +102,10 @@ tv lw_fresh(lw *L, int rank, const int64_t *shape, nova_dtype dt) {
 
 tv lw_empty(lw *L, int rank, const int64_t *shape, nova_dtype dt) {
   tv t = lw_fresh(L, rank, shape, dt);
-  lw_emit(L, "%%v%d = tensor.empty() : %s", t.id, TT(t));
+  /* a value ad_recompute copied into the backward: its destination is
+   * tagged, so that CSE does not merge the copy with the forward's op */
+  if (L->recompute) lw_emit(L, "%%v%d = tensor.empty() {nova.recompute = %lld} : %s", t.id, (long long)L->recompute, TT(t));
+  else lw_emit(L, "%%v%d = tensor.empty() : %s", t.id, TT(t));
   return t;
 }
 
@@ -1021,6 +1024,8 @@ MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule m) {
        o = mlirOperationGetNextInBlock(o)) {
     nv_op kind = nova_op_kind(o);
     set_loc(&L, o);
+    MlirAttribute tag = mlirOperationGetAttributeByName(o, nova_str("nova.recompute"));
+    L.recompute = !mlirAttributeIsNull(tag) && mlirAttributeIsAInteger(tag) ? mlirIntegerAttrGetValueInt(tag) : 0;
     if (kind != NV_OP_COUNT) {
       rc = lower_op(&L, o, kind);
       continue;

@@ -37,6 +37,7 @@ typedef struct opts {
   int gpu_block;
   bool tf32;
   int64_t memory_limit; /* --memory-limit, bytes (0: none) */
+  bool no_recompute;    /* --recompute=none */
   const char *precision, *policy; /* --precision (NULL: the model's, else fp32), --precision-policy */
   bool loss_scale_set, window_set;
   const char *bf16_master; /* --bf16-master (NULL: fp32) */
@@ -84,7 +85,12 @@ static void usage(FILE *f) {
         "  --memory-limit=BYTES  (-O1 and up) recompute cheap activations in the backward pass\n"
         "                        until the planned peak fits BYTES (suffix K, M or G: KiB,\n"
         "                        MiB, GiB), or fail with the smallest peak reached\n"
-        "  --dump-after=STAGE    print the IR after STAGE to stderr: amp, autodiff, frontend, linalg,\n"
+        "  --recompute=cheap|none  (--train, -O1 and up) cheap: the backward recomputes the cheap\n"
+        "                        forward values it reads (elementwise, casts, data movement)\n"
+        "                        from those it keeps, chosen by a minimum cut of the bytes kept\n"
+        "                        (default); none: it keeps every forward value it reads\n"
+        "  --dump-after=STAGE    print the IR after STAGE to stderr: amp, autodiff, recompute,\n"
+        "                        frontend, linalg,\n"
         "                        fusion, remat, inplace, fastmath, ukernels, tiling,\n"
         "                        bufferization, inplace-plan, memplan, dealloc, llvm\n"
         "  --time-passes         report the time of each stage\n"
@@ -283,6 +289,10 @@ static int parse_args(int argc, char **argv, opts *o) {
       o->ad.loss_scale_window = w;
       o->window_set = true;
       nv_sb_printf(&o->flags, " --loss-scale-window=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--recompute"))) {
+      if (strcmp(v, "cheap") && strcmp(v, "none")) return bad_usage("--recompute takes cheap or none, not '%s'", v);
+      o->no_recompute = !strcmp(v, "none");
+      nv_sb_printf(&o->flags, " --recompute=%s", v);
     } else if (!strcmp(a, "--gpu-sim")) {
       o->gpu_sim = true;
       nv_sb_printf(&o->flags, " --gpu-sim");
@@ -357,7 +367,7 @@ static int close_text_out(nv_diag *d, nv_out *out, int rc) {
 /* --dump-after's stages before the target's list (pipeline.c):
  * frontend is the nova IR as built (after autodiff, with --train); amp and
  * autodiff print the graph after that pass, as nova IR. */
-static const char *const graph_stages[] = {"amp", "autodiff", "frontend", "linalg", NULL};
+static const char *const graph_stages[] = {"amp", "autodiff", "recompute", "frontend", "linalg", NULL};
 
 static bool known_stage(bool cuda, const char *s) {
   for (int i = 0; graph_stages[i]; i++)
@@ -654,6 +664,11 @@ static int compile(nv_diag *d, opts *o) {
       return -1;
     }
     stage_done(&tm, "autodiff + optimizer");
+    if ((o->opt_level > 0 && !o->no_recompute && ad_recompute(g, d)) || dump_graph(o, "recompute", d, g)) {
+      fe_graph_destroy(g);
+      fe_graph_destroy(ge);
+      return -1;
+    }
   } else if (o->ad.loss || o->ad.freeze || o->ad.train_only) {
     nv_error_plain(d, "--loss, --freeze and --train-only need --train");
     fe_graph_destroy(g);

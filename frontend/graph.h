@@ -179,6 +179,7 @@ struct nv_node {
   bool index_negative;  /* inputs: every index use also allows [-bound, 0) (ONNX Gather);
                            gather: its indices may count from the end */
   nv_init init;
+  int recompute;        /* ad_recompute's copy of a forward value: a tag unique in the step (0: none) */
 };
 
 typedef struct nv_output {
@@ -212,6 +213,11 @@ typedef struct nv_graph {
                            novac compiled with ("": not given, fp32) */
   double loss_scale;    /* dynamic loss scaling's initial scale (0: none), set by autodiff */
   int64_t loss_scale_window; /* clean steps after which the scale doubles */
+  int nforward;         /* set by autodiff: nodes[0..nforward) are the forward's */
+  struct {              /* ad_recompute: the forward values the backward reads */
+    int values;         /* copies made in the backward */
+    int64_t saved_before, saved_after; /* bytes of those it read before, and keeps now */
+  } recompute;
   int ninits;           /* ONNX with --train: every initializer nodes use, in file order */
   nv_initializer *inits;
 } nv_graph;

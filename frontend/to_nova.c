@@ -213,7 +213,7 @@ MlirModule nova_build_module(nova_ctx *c, const nv_graph *g) {
   for (int i = 0; i < g->nnodes; i++) {
     const nv_node *n = g->nodes[i];
     if (is_arg(n)) continue;
-    MlirNamedAttribute at[8];
+    MlirNamedAttribute at[12];
     int na = op_attributes(ctx, g, c->diag, n, at);
     if (na > 0 && mlirAttributeIsNull(at[0].attribute)) { /* diagnosed */
       mlirBlockDestroy(body);
@@ -221,6 +221,7 @@ MlirModule nova_build_module(nova_ctx *c, const nv_graph *g) {
       m = (MlirModule){NULL};
       goto out;
     }
+    if (n->recompute) at[na++] = named(ctx, "nova.recompute", i64_attr(ctx, n->recompute)); /* ad_recompute's copy */
     char opname[64];
     snprintf(opname, sizeof opname, "nova.%s", nv_op_name(n->op));
     MlirOperationState st = mlirOperationStateGet(nova_str(opname), loc_of(ctx, n->loc));

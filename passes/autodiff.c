@@ -988,6 +988,7 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
   if (fe_graph_add_output(g, d, "nonfinite", A.bad, loss->loc)) goto out; /* the flag, last */
   g->outputs[g->noutputs - 1].role = NOVA_ROLE_STATUS;
   g->train = true;
+  g->nforward = nf;
   rc = 0;
 out:
   free(A.grad);

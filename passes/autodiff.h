@@ -57,5 +57,11 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o);
  * 0, or -1 with diagnostics (no loss, an op without a backward rule). */
 int ad_grad_reach(nv_graph *g, nv_diag *d, const char *loss, bool *reached);
 
+/* The forward values the backward reads, chosen by a minimum cut of the
+ * bytes kept (passes/recompute.c): cheap ones (elementwise, casts, data
+ * movement) are recomputed in the backward from the values it keeps.
+ * Needs g->nforward (ad_train); fills g->recompute.  0, or -1 (out of
+ * memory, a diagnostic). */
+int ad_recompute(nv_graph *g, nv_diag *d);
 
 #endif
