@@ -365,7 +365,15 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
     cJSON_AddNumberToObject(mem, "intermediate_bytes", (double)pl->total_bytes);
     cJSON_AddNumberToObject(mem, "planned_peak_bytes", io_bytes + (double)pl->arena_bytes);
     cJSON_AddNumberToObject(mem, "unplanned_peak_bytes", io_bytes + (double)pl->total_bytes);
+    cJSON_AddNumberToObject(mem, "lower_bound_bytes", (double)pl->lower_bound);
+    cJSON_AddNumberToObject(mem, "peak_op", pl->peak_op);
     cJSON_AddNumberToObject(mem, "outputs_computed_in_place", pl->forwarded);
+    if (g->recompute.done) {
+      cJSON *rc = cJSON_AddObjectToObject(mem, "recompute");
+      cJSON_AddNumberToObject(rc, "values", g->recompute.values);
+      cJSON_AddNumberToObject(rc, "kept_bytes", (double)g->recompute.saved_after);
+      cJSON_AddNumberToObject(rc, "kept_bytes_without", (double)g->recompute.saved_before);
+    }
     if (pl->memory_limit > 0) {
       cJSON_AddNumberToObject(mem, "memory_limit", (double)pl->memory_limit);
       cJSON *rm = cJSON_AddObjectToObject(mem, "remat");

@@ -135,18 +135,19 @@ static bool written(MlirOperation op, intptr_t *first, intptr_t *n) {
 }
 
 /* v's producer, if v (cheap) lost its last use, erased with the producers
- * of its operands that then lose theirs. */
-static void erase_if_dead(MlirValue v) {
+ * of its operands that then lose theirs; not KEEP (where later clones of
+ * the same writer go). */
+static void erase_if_dead(MlirValue v, MlirOperation keep) {
   if (!mlirValueIsAOpResult(v) || !mlirOpOperandIsNull(mlirValueGetFirstUse(v))) return;
   MlirOperation op = mlirOpResultGetOwner(v);
-  if (mlirOperationGetNumResults(op) != 1) return;
+  if (mlirOperationGetNumResults(op) != 1 || mlirOperationEqual(op, keep)) return;
   intptr_t n = mlirOperationGetNumOperands(op);
   MlirValue ops[8];
   if (n > 8) return;
   for (intptr_t i = 0; i < n; i++) ops[i] = mlirOperationGetOperand(op, i);
   mlirOperationDestroy(op);
   for (intptr_t i = 0; i < n; i++)
-    if (mlirTypeIsARankedTensor(mlirValueGetType(ops[i]))) erase_if_dead(ops[i]);
+    if (mlirTypeIsARankedTensor(mlirValueGetType(ops[i]))) erase_if_dead(ops[i], keep);
 }
 
 static void unshare_block(MlirBlock b);
@@ -169,7 +170,7 @@ static void unshare_op(MlirBlock b, MlirOperation op, MlirOperation at) {
     MlirOperation where = cheap(v, at, 0) && mlirOperationIsBeforeInBlock(def, at) ? at : op;
     if (!mlirOperationEqual(where, op) || cheap(v, op, 0)) mlirOperationSetOperand(op, i, clone_before(b, where, v));
     else continue;
-    erase_if_dead(v);
+    erase_if_dead(v, at);
   }
   for (intptr_t r = 0; r < mlirOperationGetNumRegions(op); r++)
     for (MlirBlock ib = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, r)); !mlirBlockIsNull(ib);

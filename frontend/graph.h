@@ -215,6 +215,7 @@ typedef struct nv_graph {
   int64_t loss_scale_window; /* clean steps after which the scale doubles */
   int nforward;         /* set by autodiff: nodes[0..nforward) are the forward's */
   struct {              /* ad_recompute: the forward values the backward reads */
+    bool done;          /* ad_recompute ran */
     int values;         /* copies made in the backward */
     int64_t saved_before, saved_after; /* bytes of those it read before, and keeps now */
   } recompute;

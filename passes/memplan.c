@@ -368,6 +368,38 @@ static void sweep(pbuf *bufs, int nb) {
   free(byl);
 }
 
+/* The most bytes (aligned) live at once over BUFS' live ranges, and the
+ * first op where they are: a bound no placement can beat.  Ranges are
+ * inclusive: a buffer ends after its last op. */
+typedef struct lb_event {
+  int at;
+  int64_t bytes;
+} lb_event;
+
+static int by_event(const void *a, const void *b) {
+  const lb_event *x = a, *y = b;
+  if (x->at != y->at) return (x->at > y->at) - (x->at < y->at);
+  return (x->bytes > y->bytes) - (x->bytes < y->bytes); /* ends before starts at the same op */
+}
+
+static int64_t lower_bound(const pbuf *bufs, int nb, int *at) {
+  lb_event *ev = nv_xcalloc(2 * (size_t)nb + 1, sizeof *ev);
+  *at = -1;
+  if (!ev) return 0;
+  for (int i = 0; i < nb; i++) {
+    ev[2 * i] = (lb_event){bufs[i].first, align_up(bufs[i].bytes)};
+    ev[2 * i + 1] = (lb_event){bufs[i].last + 1, -align_up(bufs[i].bytes)};
+  }
+  qsort(ev, 2 * (size_t)nb, sizeof *ev, by_event);
+  int64_t cur = 0, best = 0;
+  for (int i = 0; i < 2 * nb; i++) {
+    cur += ev[i].bytes;
+    if (cur > best) best = cur, *at = ev[i].at;
+  }
+  free(ev);
+  return best;
+}
+
 static void describe(MlirOperation op, char *out, size_t n) {
   nv_sbuf b = {0};
   mlirLocationPrint(mlirOperationGetLocation(op), cg_print_to_sbuf, &b);
@@ -531,6 +563,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   plan->n = nb;
   plan->arena_bytes = peak;
   plan->total_bytes = total;
+  plan->lower_bound = lower_bound(bufs, nb, &plan->peak_op);
   plan->planned = true;
   rc = 0;
   (void)c;

@@ -91,6 +91,9 @@ typedef struct cg_plan {
   cg_plan_entry *entries;
   int n;
   int64_t arena_bytes;    /* the planned peak of intermediates */
+  int64_t lower_bound;    /* the most bytes live at once in the step's op order: no
+                             placement of these live ranges needs less arena */
+  int peak_op;            /* the top-level op where that many are live */
   int64_t total_bytes;    /* the sum of every intermediate (aligned): the memory without reuse */
   int ops_before_fusion;  /* linalg ops (loop nests) of the step before and after fusion */
   int ops_after_fusion;

@@ -311,5 +311,6 @@ out:
   free(R.again);
   free(R.copy);
   free(R.before);
+  g->recompute.done = !rc;
   return rc;
 }
