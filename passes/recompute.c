@@ -156,28 +156,39 @@ typedef struct rstate {
   nv_graph *g;
   nv_diag *d;
   bool *again;       /* forward node id -> recomputed in the backward */
-  nv_node **copy;    /* forward node id -> its copy in the backward (made once) */
+  nv_node **copy;    /* forward node id -> its copy for the use at hand, */
+  int *stamp;        /*   when stamp[id] == use */
+  int use;
   int *before;       /* copy's id - nold -> the backward node it precedes */
+  int ncopies, cap;  /* copies made, room in before */
   int nold;
   int at;            /* the backward node being rewritten */
 } rstate;
 
 /* The backward's copy of the recomputed forward node V (and of the
- * recomputed nodes it reads), made before node R->at. */
+ * recomputed nodes it reads) for the use at hand, made before node R->at.
+ * Each use gets copies of its own while there is room (RECOMPUTE_COPIES):
+ * a copy with one use fuses into its reader and needs no buffer, where a
+ * shared one would be written out in the backward. */
 static nv_node *copy_of(rstate *R, nv_node *v) {
-  if (R->copy[v->id]) return R->copy[v->id];
+  if (R->stamp[v->id] == R->use) return R->copy[v->id];
   nv_node *in[64];
-  if (v->nin > 64) return NULL;
+  if (v->nin > 64 || R->ncopies == R->cap) return NULL;
   for (int j = 0; j < v->nin; j++) {
     in[j] = R->again[v->in[j]->id] ? copy_of(R, v->in[j]) : v->in[j];
     if (!in[j]) return NULL;
   }
   nv_node *c = fe_graph_add(R->g, R->d, v->op, v->nin, in, v, v->loc);
   if (!c) return NULL;
-  R->before[c->id - R->nold] = R->at;
-  c->recompute = c->id - R->nold + 1;
+  R->before[R->ncopies++] = R->at;
+  c->recompute = R->ncopies;
+  R->stamp[v->id] = R->use;
   return R->copy[v->id] = c;
 }
+
+/* The copies of a use's chain: at most this many per recomputed node, then
+ * shared by every later use. */
+#define RECOMPUTE_COPIES 4
 
 /* The nodes in their new order: copies just before the backward node that
  * first read them.  Ids renumbered. */
@@ -187,7 +198,7 @@ static int reorder(rstate *R) {
   nv_node **order = nv_xcalloc((size_t)n + 1, sizeof *order);
   if (!order) return -1;
   for (int i = 0; i < R->nold; i++) {
-    while (c < n && R->before[c - R->nold] == i) order[k++] = g->nodes[c++];
+    while (c < n && R->before[c - R->nold] <= i) order[k++] = g->nodes[c++];
     order[k++] = g->nodes[i];
   }
   while (c < n) order[k++] = g->nodes[c++];
@@ -285,13 +296,21 @@ int ad_recompute(nv_graph *g, nv_diag *d) {
     rc = 0;
     goto out;
   }
-  R.before = nv_xcalloc((size_t)n + 1, sizeof *R.before); /* at most one copy per forward node */
-  if (!R.before) goto out;
+  R.cap = RECOMPUTE_COPIES * nagain + 64;
+  R.before = nv_xcalloc((size_t)R.cap + 1, sizeof *R.before);
+  R.stamp = nv_xcalloc((size_t)n + 1, sizeof *R.stamp);
+  if (!R.before || !R.stamp) goto out;
+  for (int i = 0; i < n; i++) R.stamp[i] = -1;
   for (int i = nf; i < n; i++) {
     nv_node *u = g->nodes[i];
     R.at = i;
-    for (int j = 0; j < u->nin; j++)
-      if (u->in[j]->id < nf && R.again[u->in[j]->id] && !(u->in[j] = copy_of(&R, u->in[j]))) goto out;
+    for (int j = 0; j < u->nin; j++) {
+      if (u->in[j]->id >= nf || !R.again[u->in[j]->id]) continue;
+      /* a chain of its own while a whole one fits (nagain copies at most), else the shared ones */
+      if (R.ncopies + nagain <= R.cap - nagain) R.use++;
+      else if (R.use >= 0) R.use = -2; /* (stamps of -2: the shared copies, made from here on) */
+      if (!(u->in[j] = copy_of(&R, u->in[j]))) goto out;
+    }
   }
   g->recompute.values = g->nnodes - n;
   if (reorder(&R)) goto out;
@@ -310,6 +329,7 @@ out:
   free(f.e);
   free(R.again);
   free(R.copy);
+  free(R.stamp);
   free(R.before);
   g->recompute.done = !rc;
   return rc;
