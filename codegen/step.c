@@ -308,6 +308,11 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
   cJSON_AddNumberToObject(root, "abi_version", NOVA_STEP_ABI_VERSION);
   cJSON_AddStringToObject(root, "entry", g->train ? "train_step" : "forward");
   cJSON_AddStringToObject(root, "precision", g->precision[0] ? g->precision : "fp32");
+  if (g->train) { /* novac --keep-grads: the gradients are outputs (role grad) */
+    bool kept = false;
+    for (int i = 0; i < g->noutputs; i++) kept |= g->outputs[i].role == NOVA_ROLE_GRAD;
+    cJSON_AddBoolToObject(root, "keep_grads", kept);
+  }
   if (g->loss_scale > 0) {
     cJSON *ls = cJSON_AddObjectToObject(root, "loss_scale");
     cJSON_AddNumberToObject(ls, "initial", g->loss_scale);

@@ -78,13 +78,16 @@ static void usage(FILE *f) {
         "                        fp16, none otherwise)\n"
         "  --loss-scale-window=N (--train) clean steps after which the loss scale doubles (2000)\n"
         "  --bf16-master=fp32|none  (--train, bf16) none: parameters stored only in bf16, updated\n"
-        "                        in f32 and stochastically rounded back (default fp32 masters)\n"
-        "  --cpu=NAME            LLVM CPU to generate code for (default host; e.g. x86-64-v3)\n"
+        "                        in f32 and stochastically rounded back (default fp32 masters)\n",
+        f);
+  fputs("  --cpu=NAME            LLVM CPU to generate code for (default host; e.g. x86-64-v3)\n"
         "  --dim=NAME=N          bind a symbolic dimension\n"
         "  -O0 .. -O3            optimisation level (default -O2)\n"
         "  --memory-limit=BYTES  (-O1 and up) recompute cheap activations in the backward pass\n"
         "                        until the planned peak fits BYTES (suffix K, M or G: KiB,\n"
         "                        MiB, GiB), or fail with the smallest peak reached\n"
+        "  --keep-grads          (--train) the gradients are outputs of the step (NAME.grad: novarun\n"
+        "                        --dump writes them); else each lives only until its update\n"
         "  --recompute=cheap|none  (--train, -O1 and up) cheap: the backward recomputes the cheap\n"
         "                        forward values it reads (elementwise, casts, data movement)\n"
         "                        from those it keeps, chosen by a minimum cut of the bytes kept\n"
@@ -289,6 +292,9 @@ static int parse_args(int argc, char **argv, opts *o) {
       o->ad.loss_scale_window = w;
       o->window_set = true;
       nv_sb_printf(&o->flags, " --loss-scale-window=%s", v);
+    } else if (!strcmp(a, "--keep-grads")) {
+      o->ad.keep_grads = true;
+      nv_sb_printf(&o->flags, " --keep-grads");
     } else if ((v = opt_value(argc, argv, &i, "--recompute"))) {
       if (strcmp(v, "cheap") && strcmp(v, "none")) return bad_usage("--recompute takes cheap or none, not '%s'", v);
       o->no_recompute = !strcmp(v, "none");
@@ -669,9 +675,11 @@ static int compile(nv_diag *d, opts *o) {
       fe_graph_destroy(ge);
       return -1;
     }
-  } else if (o->ad.loss || o->ad.freeze || o->ad.train_only) {
-    nv_error_plain(d, "--loss, --freeze and --train-only need --train");
+  } else if (o->ad.loss || o->ad.freeze || o->ad.train_only || o->ad.keep_grads) {
+    nv_error_plain(d, o->ad.keep_grads && !o->ad.loss && !o->ad.freeze && !o->ad.train_only
+                          ? "--keep-grads needs --train" : "--loss, --freeze and --train-only need --train");
     fe_graph_destroy(g);
+    fe_graph_destroy(ge);
     return -1;
   }
   nova_ctx c;

@@ -228,9 +228,11 @@ static void nr_file_part(char *out, size_t n, const char *name) {
 
 int nr_dump(nr_step *s, const nr_options *o) {
   nova_tensor_info info;
-  int n = s->api.num_tensors(s->step);
+  int n = s->api.num_tensors(s->step), loss = 0, grads = 0;
   for (int i = 0; i < n; i++) {
     if (s->api.tensor(s->step, i, &info) != NOVA_OK) return nr_error("%s: cannot query tensor %d", o->step_path, i);
+    loss += info.role == NOVA_ROLE_LOSS;
+    grads += info.role == NOVA_ROLE_GRAD;
     if (info.role != NOVA_ROLE_PARAM && info.role != NOVA_ROLE_LOSS && info.role != NOVA_ROLE_GRAD &&
         info.role != NOVA_ROLE_BUFFER)
       continue;
@@ -249,6 +251,9 @@ int nr_dump(nr_step *s, const nr_options *o) {
       return 1;
     if (nr_write_tensor(path, &got, data)) return 1;
   }
+  if (loss && !grads && !o->quiet)
+    fprintf(stderr, "novarun: note: %s keeps no gradients (novac --keep-grads makes them outputs): --dump wrote "
+            "the loss and the parameters\n", o->step_path);
   return 0;
 }
 

@@ -979,8 +979,8 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
       gr = mul(&A, gr, inv->dtype == gr->dtype ? inv : mk(&A, NV_OP_CAST, 1, &inv, &(nv_node){.to = gr->dtype}));
     char name[600];
     snprintf(name, sizeof name, "%s.grad", p->name);
-    if (!gr || fe_graph_add_output(g, d, name, gr, p->loc)) goto out;
-    g->outputs[g->noutputs - 1].role = NOVA_ROLE_GRAD;
+    if (!gr || (o->keep_grads && fe_graph_add_output(g, d, name, gr, p->loc))) goto out;
+    if (o->keep_grads) g->outputs[g->noutputs - 1].role = NOVA_ROLE_GRAD;
     if (update(&A, o, p, gr, lr, t1, o->bf16_sround ? rng : NULL, stream)) goto out;
     stream += o->bf16_sround && p->dtype == NOVA_DTYPE_BF16;
   }

@@ -7,6 +7,7 @@
  * the loss) and the optimizer update, so that the step computes
  *   train_step(batch..., lr, params..., opt_state...) ->
  *     (loss, other outputs..., grads..., params'..., opt_state'..., nonfinite)
+ * (grads only with keep_grads: else a gradient is an intermediate the update reads)
  * where the primed values are written back over the state by the runtime
  * after each run (role "update").  nonfinite (bool scalar, role "status")
  * is true when the loss or an element of a gradient is NaN or infinite;
@@ -38,6 +39,9 @@ typedef struct ad_options {
    * the step's Philox stream (rng.seed, rng.step; made when the model has
    * no dropout) */
   bool bf16_sround;
+  /* --keep-grads: each gradient is an output of the step (role grad, NAME.grad);
+   * else gradients are intermediates, alive only until the update reads them */
+  bool keep_grads;
 } ad_options;
 
 /* Whether param N is trained: role param, float, not frozen, not matched

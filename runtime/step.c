@@ -383,6 +383,11 @@ static nova_status rt_check_nonfinite(nova_step *step) {
     if (g->tensors[i].role == NOVA_ROLE_GRAD && rt_first_nonfinite(step, i, &at, &v))
       return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite gradients: '%s' holds %s at flat index %zu; %s",
                      g->tensors[i].name, isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", at, unchanged);
+  bool kept = false; /* gradients are outputs (novac --keep-grads): one of them would have been named */
+  for (int i = 0; i < g->ntensors; i++) kept |= g->tensors[i].role == NOVA_ROLE_GRAD;
+  if (!kept)
+    return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite gradients (compile with novac --keep-grads to have the "
+                   "first one named); %s", unchanged);
   return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite loss or gradients; %s", unchanged);
 }
 

@@ -129,7 +129,7 @@ def compile_and_train(model_text, inputs, files=None, flags=(), steps=1):
     inputs and returns (grads, params, loss) as --dump wrote them after the
     last step: dicts param name -> gradient (computed in that step) and
     param name -> value (after its update), and the loss of that step."""
-    _, dumped = _compile_and_run(model_text, inputs, files, ["--train"] + list(flags), True, steps)
+    _, dumped = _compile_and_run(model_text, inputs, files, ["--train", "--keep-grads"] + list(flags), True, steps)
     grads = {k[5:]: v for k, v in dumped.items() if k.startswith("grad.")}
     params = {k[6:]: v for k, v in dumped.items() if k.startswith("param.")}
     return grads, params, dumped.get("loss")

@@ -101,7 +101,7 @@ class Work:
 
     def compile(self, dtype, lr, stats_out=False):
         model(self.p("m.onnx"), dtype, stats_out)
-        run([NOVAC, self.p("m.onnx"), "--train", "--optimizer=sgd", "--lr=%g" % lr, "-o", self.p("m.so")])
+        run([NOVAC, self.p("m.onnx"), "--train", "--keep-grads", "--optimizer=sgd", "--lr=%g" % lr, "-o", self.p("m.so")])
         os.makedirs(self.p("in"), exist_ok=True)
         write_pb(self.p("in/x.pb"), X.astype(dtype), "x")
         return json.load(open(self.p("m.json")))
@@ -202,7 +202,7 @@ def running_statistics_match_pytorch():
             m.graph.node[i].CopyFrom(helper.make_node("Identity", [n.input[0]], [n.output[0]], name=n.name))
     with Work() as w:
         onnx.save(m, w.p("m.onnx"))
-        run([NOVAC, w.p("m.onnx"), "--train", "--optimizer=sgd", "--lr=0.1", "-o", w.p("m.so")])
+        run([NOVAC, w.p("m.onnx"), "--train", "--keep-grads", "--optimizer=sgd", "--lr=0.1", "-o", w.p("m.so")])
         dump = w.p("dump")
         run([NOVARUN, w.p("m.so"), "--inputs", data, "--steps", "1", "--dump", dump, "-q"])
         n = 0

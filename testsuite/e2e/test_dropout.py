@@ -96,7 +96,7 @@ class Work:
 
     def build(self, xshape, wshape, x, seed=None):
         self.W = model(self.p("m.onnx"), xshape, wshape)
-        run([NOVAC, self.p("m.onnx"), "--train", "--optimizer=sgd", "--lr=0.1", "-o", self.p("m.so")])
+        run([NOVAC, self.p("m.onnx"), "--train", "--keep-grads", "--optimizer=sgd", "--lr=0.1", "-o", self.p("m.so")])
         os.makedirs(self.p("in"), exist_ok=True)
         write_pb(self.p("in/x.pb"), x, "x")
         if seed is not None:
@@ -187,7 +187,7 @@ def gpu_sim_mask():
     X = RNG.standard_normal((4, 8)).astype(np.float32)
     with Work() as w:
         model(w.p("m.onnx"), (4, 8), (8, 6))
-        run([NOVAC, w.p("m.onnx"), "--train", "--target=cuda", "--device=h100", "--gpu-sim", "-o", w.p("m.so")])
+        run([NOVAC, w.p("m.onnx"), "--train", "--keep-grads", "--target=cuda", "--device=h100", "--gpu-sim", "-o", w.p("m.so")])
         os.mkdir(w.p("in"))
         write_pb(w.p("in/x.pb"), X, "x")
         run([NOVARUN, w.p("m.so"), "--inputs", w.p("in"), "--seed", "9", "--steps", "2", "--outputs", w.p("o"), "-q"])

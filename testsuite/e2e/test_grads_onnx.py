@@ -71,7 +71,7 @@ def grad_case(name, op, params, consts=None, attrs=None, opset=23, outputs=1, in
             path = os.path.join(d, "m.onnx")
             onnx.save(m, path)
             so = os.path.join(d, "m.so")
-            run([NOVAC, path, "--train", "--optimizer=sgd", "--lr=0", "-o", so])
+            run([NOVAC, path, "--train", "--keep-grads", "--optimizer=sgd", "--lr=0", "-o", so])
             run([NOVARUN, so, "--steps", "1", "--dump", os.path.join(d, "dump"), "-q"])
             for k, v in P0.items():
                 got = read_pb(os.path.join(d, "dump", "grad.%s.pb" % k)).astype(np.float64)

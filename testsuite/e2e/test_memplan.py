@@ -17,7 +17,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MODELS = [("mlp.adamw", os.path.join(ROOT, "examples", "mlp.nova"), ["--dim=batch=16", "--train", "--optimizer=adamw"]),
           ("transformer_block.forward", os.path.join(ROOT, "examples", "transformer_block.nova"), ["--dim=batch=2"]),
           ("gpt_block.adamw", os.path.join(ROOT, "testsuite", "onnx", "models", "gpt_block", "model.onnx"),
-           ["--dim=batch=4", "--train", "--optimizer=adamw"]),
+           ["--dim=batch=4", "--train", "--keep-grads", "--optimizer=adamw"]),
           ("cnn.momentum", os.path.join(ROOT, "testsuite", "onnx", "models", "cnn", "model.onnx"),
            ["--dim=batch=2", "--train", "--optimizer=momentum"])]
 

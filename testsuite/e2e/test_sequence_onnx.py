@@ -212,7 +212,7 @@ def train_case():
         path = os.path.join(d, "m.onnx")
         onnx.save(train_model(P0, W), path)
         so = os.path.join(d, "m.so")
-        run([NOVAC, path, "--train", "--optimizer=sgd", "--lr=0", "-o", so])
+        run([NOVAC, path, "--train", "--keep-grads", "--optimizer=sgd", "--lr=0", "-o", so])
         run([NOVARUN, so, "--steps", "1", "--dump", os.path.join(d, "dump"), "-q"])
         check_close(read_pb(os.path.join(d, "dump", "loss.pb")), loss(P0), 1e-12, "loss")
         for k, v in P0.items():

@@ -21,7 +21,7 @@ def sgd_step(name):
         d = tempfile.mkdtemp(prefix="nova-train-")
         try:
             so = os.path.join(d, "s.so")
-            run([NOVAC, os.path.join(src, "model.onnx"), "--dim=batch=4", "--train", "--optimizer=sgd", "--lr=0.1",
+            run([NOVAC, os.path.join(src, "model.onnx"), "--dim=batch=4", "--train", "--keep-grads", "--optimizer=sgd", "--lr=0.1",
                  "-o", so])
             run([NOVARUN, so, "--inputs", data, "--steps", "1", "--dump", os.path.join(d, "dump"), "-q"])
             check_close(read_pb(os.path.join(d, "dump", "loss.pb")), read_pb(os.path.join(data, "output_1.pb")), 1e-5,
@@ -60,7 +60,7 @@ def adamw_trajectory(name):
         d = tempfile.mkdtemp(prefix="nova-train-")
         try:
             so = os.path.join(d, "s.so")
-            run([NOVAC, os.path.join(src, "model.onnx"), "--dim=batch=4", "--train", "--optimizer=adamw", "--lr=1e-3",
+            run([NOVAC, os.path.join(src, "model.onnx"), "--dim=batch=4", "--train", "--keep-grads", "--optimizer=adamw", "--lr=1e-3",
                  "--beta1=0.9", "--beta2=0.999", "--eps=1e-8", "--weight-decay=0.01", "-o", so])
             log = os.path.join(d, "loss.log")
             run([NOVARUN, so, "--inputs", data, "--steps", str(len(losses)), "--loss-log", log, "-q"])

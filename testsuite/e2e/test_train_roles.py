@@ -54,7 +54,7 @@ class Step:
             model = os.path.join(self.d, "m.onnx")
             save(nodes, inits, value_info=value_info, training_info=training_info, path=model)
             so = os.path.join(self.d, "m.so")
-            self.compile = run([NOVAC, model, "--train", "--optimizer=sgd", "--lr=0.1", "-o", so] + list(flags))
+            self.compile = run([NOVAC, model, "--train", "--keep-grads", "--optimizer=sgd", "--lr=0.1", "-o", so] + list(flags))
             self.manifest = json.load(open(os.path.join(self.d, "m.json")))
             ind = os.path.join(self.d, "in")
             os.mkdir(ind)

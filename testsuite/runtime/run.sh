@@ -465,13 +465,15 @@ if [ -x "$B/bin/novac" ] &&
 fi
 
 # ---- a non-finite loss or gradient: NOVA_ERR_NONFINITE, nothing updated --------
-# every optimizer, with in-place updates (-O2) and with copies after the run (-O0)
+# every optimizer, with in-place updates (-O2) and with copies after the run (-O0,
+# with the gradients kept as outputs: the message names one)
 if [ -x "$B/bin/novac" ] &&
   build nonfinite.build $CC $CFLAGS $SAN $INC "$here/nonfinite_step.c" -ldl -o "$T/nonfinite_step"; then
   for opt in sgd momentum adamw; do
     for O in -O2 -O0; do
       name=nonfinite.$opt$O
-      if ! "$B/bin/novac" "$here/nonfinite.nova" --dim=batch=2 --train --optimizer=$opt $O \
+      keep=; [ "$O" = -O0 ] && keep=--keep-grads
+      if ! "$B/bin/novac" "$here/nonfinite.nova" --dim=batch=2 --train --optimizer=$opt $O $keep \
         -o "$T/nf_$opt$O.so" >"$T/nf.out" 2>&1; then
         fail "$name" "novac failed" "$(cat "$T/nf.out")"
       elif NOVA_NUM_THREADS=1 timeout 60 "$T/nonfinite_step" "$T/nf_$opt$O.so" >"$T/nf.out" 2>&1 &&
