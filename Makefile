@@ -24,7 +24,7 @@ MLIR_LIBS := -lMLIRCAPIRegisterEverything -lMLIRCAPITransforms -lMLIRCAPITarget 
   -lMLIR -lLLVM -lstdc++
 NOVAC_LDLIBS := -L$(LLVM_LIB) $(MLIR_LIBS) -Wl,-rpath,$(LLVM_LIB) -lcjson -lprotobuf-c -lm -lpthread -ldl
 
-NOVAC_SRC  := $(wildcard driver/novac*.c driver/pipeline.c support/diag.c support/util.c support/json.c frontend/*.c passes/*.c codegen/*.c configurator/*.c)
+NOVAC_SRC  := $(wildcard driver/novac*.c driver/pipeline.c driver/memreport.c support/diag.c support/util.c support/json.c frontend/*.c passes/*.c codegen/*.c configurator/*.c)
 NOVARUN_SRC := $(wildcard driver/novarun*.c driver/tensor_pb.c support/util.c support/json.c)
 RT_SRC     := $(wildcard runtime/*.c)
 GEN_ONNX   := $(B)/gen/onnx.pb-c.c

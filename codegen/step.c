@@ -372,6 +372,11 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
     cJSON_AddNumberToObject(mem, "unplanned_peak_bytes", io_bytes + (double)pl->total_bytes);
     cJSON_AddNumberToObject(mem, "lower_bound_bytes", (double)pl->lower_bound);
     cJSON_AddNumberToObject(mem, "peak_op", pl->peak_op);
+    cJSON_AddStringToObject(mem, "peak_at", pl->peak_where);
+    cJSON *bd = cJSON_AddObjectToObject(mem, "at_peak"); /* what the memory at the peak op holds */
+    int64_t kinds[CG_MEM_NKINDS];
+    cg_mem_at(g, pl, pl->peak_op, kinds);
+    for (int k = 0; k < CG_MEM_NKINDS; k++) cJSON_AddNumberToObject(bd, cg_mem_kind_names[k], (double)kinds[k]);
     cJSON_AddNumberToObject(mem, "outputs_computed_in_place", pl->forwarded);
     if (g->recompute.done) {
       cJSON *rc = cJSON_AddObjectToObject(mem, "recompute");
@@ -397,6 +402,8 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
       cJSON_AddItemToArray(lv, cJSON_CreateNumber(e->first));
       cJSON_AddItemToArray(lv, cJSON_CreateNumber(e->last));
       cJSON_AddStringToObject(x, "defined_at", e->where);
+      static const char *const kind[] = {"workspace", "activation", "gradient"};
+      cJSON_AddStringToObject(x, "kind", kind[e->kind]);
       cJSON_AddItemToArray(pa, x);
     }
   }

@@ -23,6 +23,7 @@
 #include "../passes/autodiff.h"
 #include "../support/diag.h"
 #include "novac_device.h"
+#include "memreport.h"
 #include "pipeline.h"
 #include "../support/util.h"
 
@@ -38,6 +39,8 @@ typedef struct opts {
   bool tf32;
   int64_t memory_limit; /* --memory-limit, bytes (0: none) */
   bool no_recompute;    /* --recompute=none */
+  const char *memory_report; /* --memory-report=FILE */
+  const char *nonfinite; /* --nonfinite (NULL: skip-param, skip-step with dynamic loss scaling) */
   const char *precision, *policy; /* --precision (NULL: the model's, else fp32), --precision-policy */
   bool loss_scale_set, window_set;
   const char *bf16_master; /* --bf16-master (NULL: fp32) */
@@ -86,6 +89,14 @@ static void usage(FILE *f) {
         "  --memory-limit=BYTES  (-O1 and up) recompute cheap activations in the backward pass\n"
         "                        until the planned peak fits BYTES (suffix K, M or G: KiB,\n"
         "                        MiB, GiB), or fail with the smallest peak reached\n"
+        "  --memory-report=FILE  the step's memory over its ops (parameters, optimizer state,\n"
+        "                        gradients, activations, workspace; the peak and its op): an SVG\n"
+        "                        picture, or JSON when FILE ends in .json\n"
+        "  --nonfinite=skip-param|skip-step  (--train) a non-finite loss skips the whole step;\n"
+        "                        a non-finite gradient skips its own param's update, each update\n"
+        "                        running as soon as its gradient is complete (skip-param, the\n"
+        "                        default), or the whole step, every update waiting for every\n"
+        "                        gradient (skip-step; the default with dynamic loss scaling)\n"
         "  --keep-grads          (--train) the gradients are outputs of the step (NAME.grad: novarun\n"
         "                        --dump writes them); else each lives only until its update\n"
         "  --recompute=cheap|none  (--train, -O1 and up) cheap: the backward recomputes the cheap\n"
@@ -93,7 +104,7 @@ static void usage(FILE *f) {
         "                        from those it keeps, chosen by a minimum cut of the bytes kept\n"
         "                        (default); none: it keeps every forward value it reads\n"
         "  --dump-after=STAGE    print the IR after STAGE to stderr: amp, autodiff, recompute,\n"
-        "                        frontend, linalg,\n"
+        "                        schedule, frontend, linalg,\n"
         "                        fusion, remat, inplace, fastmath, ukernels, tiling,\n"
         "                        bufferization, inplace-plan, memplan, dealloc, llvm\n"
         "  --time-passes         report the time of each stage\n"
@@ -292,6 +303,14 @@ static int parse_args(int argc, char **argv, opts *o) {
       o->ad.loss_scale_window = w;
       o->window_set = true;
       nv_sb_printf(&o->flags, " --loss-scale-window=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--memory-report"))) {
+      if (!*v) return bad_usage("--memory-report takes a file name%s", "");
+      o->memory_report = v;
+    } else if ((v = opt_value(argc, argv, &i, "--nonfinite"))) {
+      if (strcmp(v, "skip-step") && strcmp(v, "skip-param"))
+        return bad_usage("--nonfinite takes skip-step or skip-param, not '%s'", v);
+      o->nonfinite = v;
+      nv_sb_printf(&o->flags, " --nonfinite=%s", v);
     } else if (!strcmp(a, "--keep-grads")) {
       o->ad.keep_grads = true;
       nv_sb_printf(&o->flags, " --keep-grads");
@@ -373,7 +392,7 @@ static int close_text_out(nv_diag *d, nv_out *out, int rc) {
 /* --dump-after's stages before the target's list (pipeline.c):
  * frontend is the nova IR as built (after autodiff, with --train); amp and
  * autodiff print the graph after that pass, as nova IR. */
-static const char *const graph_stages[] = {"amp", "autodiff", "recompute", "frontend", "linalg", NULL};
+static const char *const graph_stages[] = {"amp", "autodiff", "recompute", "schedule", "frontend", "linalg", NULL};
 
 static bool known_stage(bool cuda, const char *s) {
   for (int i = 0; graph_stages[i]; i++)
@@ -510,6 +529,17 @@ check_dims:
       return NULL;
     }
   return g;
+}
+
+/* The manifest's default path: OUTPUT with .json for .so. */
+static char *manifest_of(const char *output) {
+  size_t n = output ? strlen(output) : 0;
+  char *m = output ? nv_xmalloc(n + 6) : NULL;
+  if (!m) return NULL;
+  memcpy(m, output, n + 1);
+  if (n > 3 && !strcmp(m + n - 3, ".so")) m[n - 3] = 0;
+  strcat(m, ".json");
+  return m;
 }
 
 static char *default_output(const char *input, const char *ext) {
@@ -664,20 +694,24 @@ static int compile(nv_diag *d, opts *o) {
     return -1;
   }
   if (o->train) {
+    /* dynamic loss scaling skips an overflowing step whole */
+    o->ad.nonfinite = o->nonfinite ? (!strcmp(o->nonfinite, "skip-param") ? AD_SKIP_PARAM : AD_SKIP_STEP)
+                      : o->ad.loss_scale > 0 ? AD_SKIP_STEP : AD_SKIP_PARAM;
     if (ad_train(g, d, &o->ad) || dump_graph(o, "autodiff", d, g)) {
       fe_graph_destroy(g);
       fe_graph_destroy(ge);
       return -1;
     }
     stage_done(&tm, "autodiff + optimizer");
-    if ((o->opt_level > 0 && !o->no_recompute && ad_recompute(g, d)) || dump_graph(o, "recompute", d, g)) {
+    if ((o->opt_level > 0 && !o->no_recompute && ad_recompute(g, d)) || dump_graph(o, "recompute", d, g) ||
+        ad_schedule_updates(g) || dump_graph(o, "schedule", d, g)) {
       fe_graph_destroy(g);
       fe_graph_destroy(ge);
       return -1;
     }
-  } else if (o->ad.loss || o->ad.freeze || o->ad.train_only || o->ad.keep_grads) {
-    nv_error_plain(d, o->ad.keep_grads && !o->ad.loss && !o->ad.freeze && !o->ad.train_only
-                          ? "--keep-grads needs --train" : "--loss, --freeze and --train-only need --train");
+  } else if (o->ad.loss || o->ad.freeze || o->ad.train_only || o->ad.keep_grads || o->nonfinite) {
+    nv_error_plain(d, o->ad.loss || o->ad.freeze || o->ad.train_only ? "--loss, --freeze and --train-only need --train"
+                      : o->ad.keep_grads ? "--keep-grads needs --train" : "--nonfinite needs --train");
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
     return -1;
@@ -753,6 +787,20 @@ static int compile(nv_diag *d, opts *o) {
     }
   }
   if (o->explain_config) nd_explain(stdout, &dev, g, cuda ? &gpu : NULL);
+  if (o->memory_report && o->emit == EMIT_SO) { /* not over what the compile writes */
+    char *so = o->output ? NULL : default_output(o->input, ".so");
+    char *man = o->manifest ? NULL : manifest_of(so ? so : o->output);
+    const char *so_path = so ? so : o->output, *man_path = man ? man : o->manifest;
+    bool clash = (so_path && !strcmp(o->memory_report, so_path)) || (man_path && !strcmp(o->memory_report, man_path));
+    free(so);
+    free(man);
+    if (clash) {
+      nv_error_plain(d, "--memory-report=%s would be overwritten by the step or its manifest; name another file",
+                     o->memory_report);
+      goto out;
+    }
+  }
+  if (o->memory_report && nd_memory_report(d, g, co.plan, o->memory_report)) goto out;
   if (o->emit == EMIT_MANIFEST) {
     char cpu[128];
     cg_cpu_name(&co, cpu, sizeof cpu);
@@ -782,15 +830,7 @@ static int compile(nv_diag *d, opts *o) {
     goto out;
   }
   if (!o->output) o->output = out_default = default_output(o->input, ".so");
-  if (!o->manifest) {
-    size_t n = strlen(o->output);
-    man_default = nv_xmalloc(n + 6);
-    if (!man_default) goto out;
-    memcpy(man_default, o->output, n + 1);
-    if (n > 3 && !strcmp(man_default + n - 3, ".so")) man_default[n - 3] = 0;
-    strcat(man_default, ".json");
-    o->manifest = man_default;
-  }
+  if (!o->manifest && !(o->manifest = man_default = manifest_of(o->output))) goto out;
   co.output = o->output;
   co.manifest = o->manifest;
   tm.on = false; /* cg_build_step reports its own stages */

@@ -458,17 +458,30 @@ static const float *nr_loss(nr_step *s, nova_dtype *dt) {
   return NULL;
 }
 
-/* A step the step.so skipped (NOVA_ERR_NONFINITE, LOSS the loss it
- * computed): "step N: non-finite loss; parameters unchanged (WHY)", WHY
- * from the step's message; a warning when SKIPPING, else an error. */
-static void nr_nonfinite(nr_step *s, long long step, double loss, int skipping) {
-  const char *msg = s->api.error(s->step), *what = isfinite(loss) ? "gradients" : "loss";
-  char why[512] = "";
-  const char *p = strstr(msg, "non-finite gradients: "), *end = p ? strstr(p, "; the step updated nothing") : NULL;
+/* A step with a non-finite loss or gradients (NOVA_ERR_NONFINITE, LOSS the
+ * loss it computed): "step N: non-finite loss; parameters unchanged (WHY)",
+ * WHY from the step's message, or with novac --nonfinite=skip-param and a
+ * finite loss "...; K of N parameters kept their values, the others were
+ * updated (WHY)"; a warning when SKIPPING, else an error.  Returns whether
+ * the step updated some parameters. */
+static int nr_nonfinite(const char *msg, long long step, double loss, int skipping) {
+  const char *what = isfinite(loss) ? "gradients" : "loss";
+  char why[512] = "", effect[256] = "parameters unchanged";
+  const char *p = strstr(msg, "non-finite gradients: "), *end = p ? strchr(p, ';') : NULL;
+  const char *part = strstr(msg, "parameters kept their values");
   if (!isfinite(loss)) snprintf(why, sizeof why, " (the loss is %s)", isnan(loss) ? "NaN" : loss > 0 ? "+inf" : "-inf");
   else if (p && end) snprintf(why, sizeof why, " (%.*s)", (int)(end - p - 22), p + 22);
-  if (skipping) nr_warning("step %lld: non-finite %s; parameters unchanged, step skipped%s", step, what, why);
-  else nr_error("step %lld: non-finite %s; parameters unchanged%s", step, what, why);
+  if (part) { /* "K of N parameters kept their values (their updates skipped), the others were updated" */
+    const char *k = part;
+    while (k > msg && k[-1] != ';') k--;
+    while (*k == ' ') k++;
+    int kk = 0, n = 0;
+    if (sscanf(k, "%d of %d", &kk, &n) == 2)
+      snprintf(effect, sizeof effect, "%d of %d parameters kept their values, the others were updated", kk, n);
+  }
+  if (skipping) nr_warning("step %lld: non-finite %s; %s%s%s", step, what, effect, part ? "" : ", step skipped", why);
+  else nr_error("step %lld: non-finite %s; %s%s", step, what, effect, why);
+  return part != NULL;
 }
 
 /* --steps: runs the step N times, with a progress line: step, loss,
@@ -476,9 +489,11 @@ static void nr_nonfinite(nr_step *s, long long step, double loss, int skipping) 
  * from START (the steps a loaded checkpoint had done); B, if not NULL,
  * binds each step's batch, else every step runs on the bound inputs.
  * *DONE = the steps done after it (skipped ones included).  A step that
- * reports NOVA_ERR_NONFINITE changed nothing: with --skip-nonfinite it is
- * counted and training goes on, else training stops there with *DONE at
- * the last good step and *KEEP = 1 (the state is good to save). */
+ * reports NOVA_ERR_NONFINITE changed nothing (or, compiled with novac
+ * --nonfinite=skip-param, no parameter whose gradient was not finite):
+ * with --skip-nonfinite it is counted and training goes on, else training
+ * stops there with *DONE at the last step whose updates the state holds and
+ * *KEEP = 1 (the state holds no non-finite value: good to save). */
 static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long start, long long *done, int *keep) {
   nova_dtype dt = NOVA_DTYPE_F32;
   int tty = isatty(2), every = o->steps > 20 ? (int)(o->steps / 20) : 1;
@@ -501,6 +516,8 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
       return 1;
     }
     nova_status st = s->api.run(s->step);
+    char why[600] = ""; /* the step's message (reading the loss replaces it) */
+    if (st == NOVA_ERR_NONFINITE) snprintf(why, sizeof why, "%s", s->api.error(s->step));
     if (st != NOVA_OK && st != NOVA_ERR_NONFINITE) {
       if (log) fclose(log);
       return nr_error("%s: step %lld failed: %s", s->path, step, s->api.error(s->step));
@@ -524,12 +541,12 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
     if (st == NOVA_ERR_NONFINITE) {
       if (!o->skip_nonfinite) {
         if (log) fclose(log);
-        nr_nonfinite(s, step, loss, 0);
-        *done = step - 1;
+        int partial = nr_nonfinite(why, step, loss, 0);
+        *done = partial ? step : step - 1; /* the state is that after step (partly) or before it */
         *keep = 1;
         return 1;
       }
-      if (!o->quiet && skipped < 10) nr_nonfinite(s, step, loss, 1);
+      if (!o->quiet && skipped < 10) nr_nonfinite(why, step, loss, 1);
       if (!o->quiet && skipped == 9) nr_warning("(further skipped steps are counted, not shown)");
       skipped++;
       *done = step;

@@ -89,8 +89,18 @@ static int st_plan_inplace(np_run *r, const nv_graph *g, MlirModule m, cg_plan *
   return cg_plan_inplace(g, m, plan);
 }
 
+/* The entry argument the loss is written to: after the inputs and params,
+ * the outputs as out-parameters in their order (-1: no training step). */
+static int loss_argument(const nv_graph *g) {
+  int nargs = 0;
+  for (int i = 0; i < g->nnodes; i++) nargs += g->nodes[i]->op == NV_OP_INPUT || g->nodes[i]->op == NV_OP_PARAM;
+  for (int j = 0; g->train && j < g->noutputs; j++)
+    if (g->outputs[j].role == NOVA_ROLE_LOSS) return nargs + j;
+  return -1;
+}
+
 static int st_memplan(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
-  (void)g;
+  plan->loss_arg = loss_argument(g);
   int rc = cg_memplan(r->c, m, plan); /* 1: not plannable (intermediates stay on the heap) */
   r->planned = rc == 0;
   return rc < 0 ? -1 : 0;

@@ -214,6 +214,8 @@ typedef struct nv_graph {
   double loss_scale;    /* dynamic loss scaling's initial scale (0: none), set by autodiff */
   int64_t loss_scale_window; /* clean steps after which the scale doubles */
   int nforward;         /* set by autodiff: nodes[0..nforward) are the forward's */
+  struct nv_node *update_from; /* --nonfinite=skip-param: the first node after the backward pass (the
+                           checks and updates that ad_schedule_updates moves up), else NULL */
   struct {              /* ad_recompute: the forward values the backward reads */
     bool done;          /* ad_recompute ran */
     int values;         /* copies made in the backward */

@@ -28,7 +28,9 @@ typedef struct ad {
   nv_node **grad;  /* by node id: accumulated gradient, or NULL */
   bool *needs;     /* by node id: depends on a trainable parameter */
   int nforward;    /* nodes before the backward pass */
-  nv_node *bad;    /* the optimizer's guard: true when the loss or a gradient is not finite */
+  nv_node *bad;    /* the optimizer's guard: true when the loss or a gradient is not finite
+                      (AD_SKIP_PARAM: the loss, or the param's own gradient, at hand) */
+  nv_node *l0;     /* loss - loss: 0, or NaN for a non-finite loss */
   bool failed;
 } ad;
 
@@ -713,16 +715,19 @@ static nv_node *nonfinite_term(ad *A, nv_node *x, nova_dtype dt) {
  * each update with it (add_update), and so are, here, the updates the
  * frontend made (buffers: BatchNormalization's running statistics,
  * rng.step), so that a skipped step leaves every bit of the state as it
- * was.  The flag is the output "nonfinite" (role status), read by
+ * was.  PER_PARAM (AD_SKIP_PARAM): A->bad is the loss's check alone
+ * (the frontend's updates, adam.step); each param's update is guarded by
+ * the loss's and its own gradient's (ad_train), so that it needs no other
+ * gradient and can run as soon as its own is complete.  The flag is the output "nonfinite" (role status), read by
  * nova_step_run after each run (NOVA_ERR_NONFINITE). */
-static int finite_check(ad *A, nv_node *loss) {
+static int finite_check(ad *A, nv_node *loss, bool per_param) {
   nv_graph *g = A->g;
   A->loc = loss->loc;
-  nv_node *sum = nonfinite_term(A, loss, loss->dtype);
-  for (int i = 0; i < A->nforward; i++)
+  nv_node *sum = A->l0 = nonfinite_term(A, loss, loss->dtype);
+  for (int i = 0; i < A->nforward && !per_param; i++)
     if (g->nodes[i]->op == NV_OP_PARAM && A->needs[i] && A->grad[i])
       sum = add(A, sum, nonfinite_term(A, A->grad[i], loss->dtype));
-  A->bad = u1(A, NV_OP_ISNAN, sum);
+  A->bad = u1(A, NV_OP_ISNAN, sum); /* per param: the loss's alone, for the frontend's updates and adam.step */
   if (!A->bad) return -1;
   for (int i = 0; i < g->noutputs; i++) {
     nv_output *o = &g->outputs[i];
@@ -733,10 +738,9 @@ static int finite_check(ad *A, nv_node *loss) {
   return 0;
 }
 
-/* The flag's name is the step's: a model tensor of that name is refused
- * (0, or -1 after a diagnostic). */
-static int check_flag_name(nv_graph *g, nv_diag *d) {
-  const char *n = "nonfinite";
+/* The flags' names are the step's: a model tensor of either name is
+ * refused (0, or -1 after a diagnostic). */
+static int check_one_name(nv_graph *g, nv_diag *d, const char *n) {
   for (int i = 0; i < g->noutputs; i++)
     if (!strcmp(g->outputs[i].name, n)) {
       nv_error(d, g->outputs[i].loc, "--train: the training step's finite check is the tensor '%s'; rename the "
@@ -751,6 +755,10 @@ static int check_flag_name(nv_graph *g, nv_diag *d) {
       return -1;
     }
   return 0;
+}
+
+static int check_flag_name(nv_graph *g, nv_diag *d) {
+  return check_one_name(g, d, "nonfinite") || check_one_name(g, d, "nonfinite.skipped") ? -1 : 0;
 }
 
 /* ---- dynamic loss scaling ------------------------------------------------------ */
@@ -940,8 +948,15 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     A.loc = loss->loc;
     if (!(scale = scalar_state(&A, "amp.loss_scale", NOVA_DTYPE_F32, o->loss_scale))) goto out;
   }
+  bool per_param = o->nonfinite == AD_SKIP_PARAM;
+  if (per_param && scale) {
+    nv_error_plain(d, "--nonfinite=skip-param cannot be used with dynamic loss scaling: an overflowing step must "
+                      "change nothing but the loss scale (use --nonfinite=skip-step, or --loss-scale=none)");
+    goto out;
+  }
   if (backward(&A, loss, scale)) goto out;
-  if (finite_check(&A, loss) || A.failed) goto out;
+  int after_backward = g->nnodes; /* the nodes from here on: check and update (ad_schedule_updates) */
+  if (finite_check(&A, loss, per_param) || A.failed) goto out;
   if (scale) {
     A.loc = loss->loc;
     inv = dvd(&A, konst(&A, NOVA_DTYPE_F32, 1), scale);
@@ -954,17 +969,23 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
   if (!lr) goto out;
   lr->has_default = true;
   lr->init = (nv_init){.kind = NV_INIT_CONST, .a = o->lr};
-  nv_node *t1 = NULL;
+  nv_node *t1 = NULL, *adam_t = NULL;
   if (o->optimizer == AD_ADAMW) {
     nv_node *t = fe_graph_leaf(g, d, NV_OP_PARAM, "adam.step", NOVA_DTYPE_F32, 0, NULL, nowhere);
     if (!t) goto out;
     t->role = NOVA_ROLE_OPT_STATE;
     A.loc = nowhere;
-    if (!(t1 = add_update(&A, t, add(&A, t, konst(&A, NOVA_DTYPE_F32, 1.0))))) goto out;
+    /* per param: the updates read t + 1 unguarded (a skipped param's result is dropped anyway); the
+     * count advances unless every param was skipped (its update, after them) */
+    adam_t = t;
+    t1 = per_param ? add(&A, t, konst(&A, NOVA_DTYPE_F32, 1.0)) : add_update(&A, t, add(&A, t, konst(&A, NOVA_DTYPE_F32, 1.0)));
+    if (!t1) goto out;
   }
   nv_node *rng[2];
   if (o->bf16_sround && rng_state(&A, rng)) goto out;
   int64_t stream = 0; /* each stochastically rounded param's */
+  nv_node *status = NULL, *skipped = per_param ? konst(&A, NOVA_DTYPE_I32, 0) : NULL; /* per param */
+  int ntrained = 0;
   g->outputs[li].role = NOVA_ROLE_LOSS;
   for (int i = 0; i < nf && !A.failed; i++) {
     nv_node *p = g->nodes[i];
@@ -981,12 +1002,36 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     snprintf(name, sizeof name, "%s.grad", p->name);
     if (!gr || (o->keep_grads && fe_graph_add_output(g, d, name, gr, p->loc))) goto out;
     if (o->keep_grads) g->outputs[g->noutputs - 1].role = NOVA_ROLE_GRAD;
-    if (update(&A, o, p, gr, lr, t1, o->bf16_sround ? rng : NULL, stream)) goto out;
+    nv_node *step_bad = A.bad;
+    if (per_param) { /* guarded by the loss's check and this gradient's alone */
+      A.loc = p->loc;
+      nv_node *term = nonfinite_term(&A, gr, loss->dtype);
+      status = add(&A, status ? status : A.l0, term);
+      A.bad = u1(&A, NV_OP_ISNAN, add(&A, A.l0, term));
+      skipped = add(&A, skipped, mk(&A, NV_OP_CAST, 1, &A.bad, &(nv_node){.to = NOVA_DTYPE_I32}));
+      if (A.failed) goto out;
+    }
+    int rc_u = update(&A, o, p, gr, lr, t1, o->bf16_sround ? rng : NULL, stream);
+    ntrained++;
+    A.bad = step_bad;
+    if (rc_u) goto out;
     stream += o->bf16_sround && p->dtype == NOVA_DTYPE_BF16;
   }
   if (A.failed || nv_diag_count(d)) goto out;
+  if (per_param && adam_t) { /* adam.step, unless the loss or every param's gradient was not finite */
+    A.loc = nowhere;
+    A.bad = b2(&A, NV_OP_OR, A.bad, b2(&A, NV_OP_EQUAL, skipped, konst(&A, NOVA_DTYPE_I32, (double)ntrained)));
+    if (!A.bad || !add_update(&A, adam_t, t1)) goto out;
+  }
+  if (per_param) { /* the step's flag over every gradient; how many params were skipped */
+    A.loc = loss->loc;
+    A.bad = u1(&A, NV_OP_ISNAN, status ? status : A.l0);
+    if (!A.bad || fe_graph_add_output(g, d, "nonfinite.skipped", skipped, loss->loc)) goto out;
+    g->outputs[g->noutputs - 1].role = NOVA_ROLE_STATUS;
+  }
   if (fe_graph_add_output(g, d, "nonfinite", A.bad, loss->loc)) goto out; /* the flag, last */
   g->outputs[g->noutputs - 1].role = NOVA_ROLE_STATUS;
+  g->update_from = per_param && after_backward < g->nnodes ? g->nodes[after_backward] : NULL;
   g->train = true;
   g->nforward = nf;
   rc = 0;

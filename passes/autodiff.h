@@ -12,7 +12,10 @@
  * after each run (role "update").  nonfinite (bool scalar, role "status")
  * is true when the loss or an element of a gradient is NaN or infinite;
  * every primed value is then the old one, bit for bit (the frontend's
- * updates of buffers too).  The graph is emitted as nova IR like any
+ * updates of buffers too); with AD_SKIP_PARAM, only those of the params
+ * whose gradient is not finite (all of them for a non-finite loss), and
+ * the step has one more output, nonfinite.skipped (i32 scalar, role
+ * status): how many params kept their values.  The graph is emitted as nova IR like any
  * other: forward, backward and update are one function.
  */
 #ifndef NOVA_AUTODIFF_H
@@ -21,6 +24,12 @@
 #include "../frontend/graph.h"
 
 typedef enum ad_optimizer { AD_SGD, AD_MOMENTUM, AD_ADAMW } ad_optimizer;
+
+/* What a non-finite loss or gradient skips (--nonfinite): the whole step
+ * (every update waits for every gradient), or each parameter whose own
+ * gradient is not finite (every update as soon as its gradient is
+ * complete; a non-finite loss still skips everything). */
+typedef enum ad_nonfinite { AD_SKIP_STEP, AD_SKIP_PARAM } ad_nonfinite;
 
 typedef struct ad_options {
   const char *loss;         /* output name; NULL: the one scalar float output */
@@ -42,6 +51,7 @@ typedef struct ad_options {
   /* --keep-grads: each gradient is an output of the step (role grad, NAME.grad);
    * else gradients are intermediates, alive only until the update reads them */
   bool keep_grads;
+  ad_nonfinite nonfinite;
 } ad_options;
 
 /* Whether param N is trained: role param, float, not frozen, not matched
@@ -67,5 +77,12 @@ int ad_grad_reach(nv_graph *g, nv_diag *d, const char *loss, bool *reached);
  * Needs g->nforward (ad_train); fills g->recompute.  0, or -1 (out of
  * memory, a diagnostic). */
 int ad_recompute(nv_graph *g, nv_diag *d);
+
+/* With --nonfinite=skip-param (g->update_from set by ad_train): the nodes
+ * after the backward pass move up, each to just after the last node it
+ * depends on (passes/schedule.c), so that each param is updated as soon as
+ * its gradient is complete and the gradient dies there.  After
+ * ad_recompute.  0, or -1 when out of memory. */
+int ad_schedule_updates(nv_graph *g);
 
 #endif

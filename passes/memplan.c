@@ -400,11 +400,95 @@ static int64_t lower_bound(const pbuf *bufs, int nb, int *at) {
   return best;
 }
 
+/* ---- what each buffer holds ------------------------------------------------ */
+
+typedef struct args_use {
+  MlirBlock fb;
+  const bool *which; /* entry argument index -> wanted */
+  intptr_t n;
+  bool hit;
+} args_use;
+
+static MlirWalkResult args_use_cb(MlirOperation op, void *ud) {
+  args_use *u = ud;
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    MlirValue v = mlirOperationGetOperand(op, i);
+    if (!mlirValueIsABlockArgument(v) || !mlirBlockEqual(mlirBlockArgumentGetOwner(v), u->fb)) continue;
+    intptr_t k = mlirBlockArgumentGetArgNumber(v);
+    if (k < u->n && u->which[k]) {
+      u->hit = true;
+      return MlirWalkResultInterrupt;
+    }
+  }
+  return MlirWalkResultAdvance;
+}
+
+/* Whether OP, or an op nested in it, uses an entry argument in WHICH. */
+static bool uses_args(MlirOperation op, MlirBlock fb, const bool *which, intptr_t n) {
+  args_use u = {fb, which, n, false};
+  mlirOperationWalk(op, args_use_cb, &u, MlirWalkPreOrder);
+  return u.hit;
+}
+
+/* Each buffer's kind (cg_buf_kind) in a training step: the forward ends
+ * at the first op that uses the loss's argument (LOSS_ARG); a buffer made
+ * before it and used after it is an activation, one made after it whose
+ * last reader uses a parameter's or optimizer state's argument (the
+ * update, in place) a gradient. */
+static int classify(MlirOperation func, MlirBlock fb, MlirOperation *ops, int n, pbuf *bufs, int nb,
+                    cg_buf_kind *kind, int loss_arg) {
+  int end = -1;
+  for (int i = 0; i < nb; i++) kind[i] = CG_BUF_WORKSPACE;
+  intptr_t na = mlirBlockGetNumArguments(fb);
+  if (loss_arg < 0 || loss_arg >= na) return -1;
+  bool *loss = nv_xcalloc((size_t)na + 1, sizeof *loss), *state = nv_xcalloc((size_t)na + 1, sizeof *state);
+  MlirAttribute aa = mlirOperationGetAttributeByName(func, nova_str("arg_attrs"));
+  if (!loss || !state) goto out;
+  loss[loss_arg] = true;
+  for (intptr_t k = 0; !mlirAttributeIsNull(aa) && mlirAttributeIsAArray(aa) && k < mlirArrayAttrGetNumElements(aa) &&
+                       k < na; k++) {
+    MlirAttribute d = mlirArrayAttrGetElement(aa, k);
+    MlirAttribute r = mlirAttributeIsADictionary(d) ? mlirDictionaryAttrGetElementByName(d, nova_str("nova.role"))
+                                                    : mlirAttributeGetNull();
+    if (mlirAttributeIsNull(r) || !mlirAttributeIsAString(r)) continue;
+    MlirStringRef s = mlirStringAttrGetValue(r);
+    state[k] = (s.length == 5 && !memcmp(s.data, "param", 5)) || (s.length == 9 && !memcmp(s.data, "opt_state", 9));
+  }
+  for (int i = 0; i < n && end < 0; i++)
+    if (!mlirOperationIsNull(ops[i]) && uses_args(ops[i], fb, loss, na)) end = i;
+  for (int i = 0; end >= 0 && i < nb; i++)
+    if (bufs[i].first < end && bufs[i].last >= end) kind[i] = CG_BUF_ACTIVATION;
+    else if (bufs[i].first > end && uses_args(ops[bufs[i].last], fb, state, na)) kind[i] = CG_BUF_GRADIENT;
+out:
+  free(loss);
+  free(state);
+  return end;
+}
+
 static void describe(MlirOperation op, char *out, size_t n) {
   nv_sbuf b = {0};
   mlirLocationPrint(mlirOperationGetLocation(op), cg_print_to_sbuf, &b);
   snprintf(out, n, "%s", b.s ? b.s : "");
   nv_sb_free(&b);
+}
+
+/* loc("FILE":L:C) as FILE:L:C, loc("NAME":0:0) (an ONNX node) as NAME. */
+static void tidy_loc(char *s) {
+  size_t n = strlen(s);
+  if (n < 8 || strncmp(s, "loc(\"", 5) || s[n - 1] != ')') return;
+  char *q = strrchr(s, '"');
+  if (!q || q < s + 5) return;
+  int line = 0, col = 0;
+  bool zero = sscanf(q + 1, ":%d:%d)", &line, &col) == 2 && !line && !col;
+  size_t k = (size_t)(q - (s + 5));
+  memmove(s, s + 5, k);
+  if (zero) s[k] = 0;
+  else {
+    memmove(s + k, q + 1, n - 1 - (size_t)(q + 1 - s));
+    s[k + n - 1 - (size_t)(q + 1 - s)] = 0;
+  }
+  for (char *p = s; *p; p++) /* the printer's escapes of quotes */
+    if (p[0] == '\\' && p[1] == '"') memmove(p, p + 1, strlen(p));
 }
 
 /* A result computed into a buffer of the step's own and then copied into
@@ -458,6 +542,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   pbuf *bufs = nv_xcalloc((size_t)n + 1, sizeof *bufs);
   pbuf **live = nv_xcalloc((size_t)n + 1, sizeof *live);
   int nb = 0, rc = -1;
+  cg_buf_kind *kinds = NULL;
   if (ixrc || !bufs || !live) goto out;
   rc = 1; /* not plannable: the caller keeps heap buffers */
   for (int i = 0; i < n; i++) {
@@ -492,6 +577,22 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
     total += align_up(bufs[i].bytes);
   }
   if (peak < PLAN_ALIGN) peak = PLAN_ALIGN;
+  /* the bound, the op at it (the first after the allocs there: what computes), and the kinds */
+  int peak_op = -1;
+  int64_t lower_bound_bytes = lower_bound(bufs, nb, &peak_op);
+  plan->peak_where[0] = 0;
+  for (int i = peak_op; i >= 0 && i < n; i++)
+    if (!mlirOperationIsNull(ops[i]) && !cg_op_is(ops[i], "memref.alloc") && !cg_op_is(ops[i], "arith.constant")) {
+      describe(ops[i], plan->peak_where, sizeof plan->peak_where);
+      tidy_loc(plan->peak_where);
+      break;
+    }
+  kinds = nv_xcalloc((size_t)nb + 1, sizeof *kinds);
+  if (!kinds) {
+    rc = -1;
+    goto out;
+  }
+  plan->forward_end = classify(func, fb, ops, n, bufs, nb, kinds, plan->loss_arg);
   /* the arena argument */
   MlirContext ctx = mlirOperationGetContext(func);
   MlirType i8 = mlirIntegerTypeGet(ctx, 8);
@@ -556,6 +657,7 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
     e->bytes = bufs[i].bytes;
     e->first = bufs[i].first;
     e->last = bufs[i].last;
+    e->kind = kinds[i];
     describe(a, e->where, sizeof e->where);
     mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(a, 0), mlirOperationGetResult(view, 0));
     mlirOperationDestroy(a);
@@ -563,7 +665,9 @@ int cg_memplan(nova_ctx *c, MlirModule m, cg_plan *plan) {
   plan->n = nb;
   plan->arena_bytes = peak;
   plan->total_bytes = total;
-  plan->lower_bound = lower_bound(bufs, nb, &plan->peak_op);
+  plan->lower_bound = lower_bound_bytes;
+  plan->peak_op = peak_op;
+  plan->nops = n;
   plan->planned = true;
   rc = 0;
   (void)c;
@@ -571,6 +675,7 @@ out:
   index_free(&ix);
   free(bufs);
   free(live);
+  free(kinds);
   return rc;
 }
 
@@ -583,13 +688,32 @@ void cg_plan_free(cg_plan *p) {
   p->planned = false;
 }
 
+const char *const cg_mem_kind_names[CG_MEM_NKINDS] = {"parameters", "optimizer_state", "inputs_outputs",
+                                                       "gradients", "activations", "workspace"};
+
+void cg_mem_at(const nv_graph *g, const cg_plan *plan, int at, int64_t out[CG_MEM_NKINDS]) {
+  for (int k = 0; k < CG_MEM_NKINDS; k++) out[k] = 0;
+  for (int i = 0; i < g->nnodes; i++) { /* the entry's arguments */
+    const nv_node *n = g->nodes[i];
+    int64_t b = fe_numel(n) * (int64_t)fe_dtype_size(n->dtype);
+    if (n->op == NV_OP_INPUT) out[CG_MEM_IO] += b;
+    else if (n->op == NV_OP_PARAM) out[n->role == NOVA_ROLE_OPT_STATE ? CG_MEM_OPT_STATE : CG_MEM_PARAMS] += b;
+  }
+  for (int j = 0; j < g->noutputs; j++) { /* an update in place takes its param's memory */
+    if (plan && plan->inplace && j < plan->noutputs && plan->inplace[j]) continue;
+    const nv_node *n = g->outputs[j].node;
+    out[g->outputs[j].role == NOVA_ROLE_GRAD ? CG_MEM_GRADIENTS : CG_MEM_IO] +=
+        fe_numel(n) * (int64_t)fe_dtype_size(n->dtype);
+  }
+  static const int of_kind[] = {[CG_BUF_WORKSPACE] = CG_MEM_WORKSPACE, [CG_BUF_ACTIVATION] = CG_MEM_ACTIVATIONS,
+                                [CG_BUF_GRADIENT] = CG_MEM_GRADIENTS};
+  for (int i = 0; plan && plan->planned && i < plan->n; i++)
+    if (plan->entries[i].first <= at && at <= plan->entries[i].last)
+      out[of_kind[plan->entries[i].kind]] += align_up(plan->entries[i].bytes);
+}
+
 int64_t cg_io_bytes(const nv_graph *g, const cg_plan *plan) {
-  int64_t io = 0;
-  for (int i = 0; i < g->nnodes; i++) /* the entry's arguments: inputs and params */
-    if (g->nodes[i]->op == NV_OP_INPUT || g->nodes[i]->op == NV_OP_PARAM)
-      io += fe_numel(g->nodes[i]) * (int64_t)fe_dtype_size(g->nodes[i]->dtype);
-  for (int j = 0; j < g->noutputs; j++) /* an update in place takes its param's memory */
-    if (!(plan && plan->inplace && j < plan->noutputs && plan->inplace[j]))
-      io += fe_numel(g->outputs[j].node) * (int64_t)fe_dtype_size(g->outputs[j].node->dtype);
-  return io;
+  int64_t m[CG_MEM_NKINDS];
+  cg_mem_at(g, plan, -1, m); /* before the first op: no intermediate is live */
+  return m[CG_MEM_PARAMS] + m[CG_MEM_OPT_STATE] + m[CG_MEM_IO] + m[CG_MEM_GRADIENTS];
 }

@@ -80,9 +80,15 @@ MlirOperation cg_insert_call(MlirOperation at, MlirLocation loc, MlirAttribute c
  * left with only its return (the caller destroys it). */
 void cg_inline_func(MlirOperation fn, MlirOperation at, const MlirValue *args, MlirValue *results);
 /* ---- static memory plan (memplan.c) ---- */
+/* What an intermediate of a training step holds (memplan.c): a forward
+ * value the backward reads, a gradient (its last reader updates the state
+ * in place), or anything else (in a forward step, everything). */
+typedef enum cg_buf_kind { CG_BUF_WORKSPACE, CG_BUF_ACTIVATION, CG_BUF_GRADIENT } cg_buf_kind;
+
 typedef struct cg_plan_entry {
   int64_t offset, bytes;  /* in the arena */
   int first, last;        /* live range: indices of top-level ops of the entry, inclusive */
+  cg_buf_kind kind;
   char where[160];        /* the defining op's location */
 } cg_plan_entry;
 
@@ -94,6 +100,11 @@ typedef struct cg_plan {
   int64_t lower_bound;    /* the most bytes live at once in the step's op order: no
                              placement of these live ranges needs less arena */
   int peak_op;            /* the top-level op where that many are live */
+  char peak_where[160];   /* its location */
+  int nops;               /* top-level ops of the planned entry */
+  int forward_end;        /* a training step's first op that writes the loss (-1: none) */
+  int loss_arg;           /* set before planning: the entry argument the loss is written to
+                             (a training step; -1: none), which ends the forward pass */
   int64_t total_bytes;    /* the sum of every intermediate (aligned): the memory without reuse */
   int ops_before_fusion;  /* linalg ops (loop nests) of the step before and after fusion */
   int ops_after_fusion;
@@ -111,6 +122,16 @@ typedef struct cg_plan {
 /* The bytes of a step's inputs, parameters, state and outputs (an update
  * computed in place counts once): the planned peak is this plus the arena. */
 int64_t cg_io_bytes(const nv_graph *g, const cg_plan *plan);
+
+/* The step's memory at top-level op AT of the plan, by what it holds:
+ * parameters (and buffers), optimizer state, inputs and outputs (the
+ * caller's; gradients kept as outputs count as gradients), and the
+ * arena's buffers live there by kind.  The first four do not change
+ * during a run; the sum is at most the planned peak. */
+enum { CG_MEM_PARAMS, CG_MEM_OPT_STATE, CG_MEM_IO, CG_MEM_GRADIENTS, CG_MEM_ACTIVATIONS, CG_MEM_WORKSPACE,
+       CG_MEM_NKINDS };
+extern const char *const cg_mem_kind_names[CG_MEM_NKINDS];
+void cg_mem_at(const nv_graph *g, const cg_plan *plan, int at, int64_t out[CG_MEM_NKINDS]);
 
 /* remat.c: with PLAN->memory_limit set, recomputes cheap activations of the
  * fused linalg module M in the backward pass (the fewest, largest first)

@@ -34,6 +34,8 @@ struct nova_step {
   struct rt_cuda *cuda;   /* --target=cuda: device state (rt_cuda.c); NULL on the cpu */
   double last_ms;         /* cpu: wall-clock time of the last run */
   int nonfinite;          /* index of the tensor "nonfinite" (role status) of a training step; -1: none */
+  int skipped;            /* index of "nonfinite.skipped" (i32, role status: novac --nonfinite=skip-param,
+                             the params whose update a non-finite gradient skipped); -1: none */
   char error[RT_ERROR_LEN];
 };
 

@@ -122,11 +122,15 @@ static nova_status rt_step_alloc(nova_step *s) {
     if (g->tensors[i].inplace) s->buffers[i] = s->buffers[g->tensors[i].updates];
   for (int a = 0; a < g->nargs; a++) s->args[a] = s->buffers[g->arg_tensor[a]];
   s->last_ms = -1;
-  s->nonfinite = -1;
-  for (int i = 0; i < g->ntensors; i++)
-    if (g->tensors[i].role == NOVA_ROLE_STATUS && g->tensors[i].dtype == NOVA_DTYPE_BOOL && g->tensors[i].rank == 0 &&
-        !strcmp(g->tensors[i].name, "nonfinite"))
+  s->nonfinite = s->skipped = -1;
+  for (int i = 0; i < g->ntensors; i++) {
+    const rt_tensor_desc *t = &g->tensors[i];
+    if (t->role == NOVA_ROLE_STATUS && t->dtype == NOVA_DTYPE_BOOL && t->rank == 0 && !strcmp(t->name, "nonfinite"))
       s->nonfinite = i;
+    if (t->role == NOVA_ROLE_STATUS && t->dtype == NOVA_DTYPE_I32 && t->rank == 0 &&
+        !strcmp(t->name, "nonfinite.skipped"))
+      s->skipped = i;
+  }
   if (g->arena_bytes && g->target == RT_TARGET_CPU) {
     size_t size = (g->arena_bytes + RT_BUFFER_ALIGN - 1) / RT_BUFFER_ALIGN * RT_BUFFER_ALIGN;
     if (size < g->arena_bytes || !(s->arena = aligned_alloc(RT_BUFFER_ALIGN, size)))
@@ -357,7 +361,9 @@ static int rt_first_nonfinite(nova_step *step, int i, size_t *at, double *v) {
 
 /* After a run of a training step: NOVA_ERR_NONFINITE, naming the loss or
  * the first gradient that holds a NaN or an infinity, when the step's flag
- * says it updated nothing; NOVA_OK otherwise. */
+ * is set; NOVA_OK otherwise.  The message says what the step changed:
+ * nothing, or (novac --nonfinite=skip-param, a finite loss) every param
+ * but the ones whose gradient is not finite. */
 static nova_status rt_check_nonfinite(nova_step *step) {
   if (step->nonfinite < 0) return NOVA_OK;
   const unsigned char *flag = rt_host(step, step->nonfinite);
@@ -365,26 +371,36 @@ static nova_status rt_check_nonfinite(nova_step *step) {
   if (!*flag) return NOVA_OK;
   const rt_graph *g = step->graph;
   const char *unchanged = "the step updated nothing: parameters and optimizer state are unchanged";
-  char scaled[160];
-  for (int i = 0; i < g->ntensors; i++) /* dynamic loss scaling: the scale, halved by this step */
+  char scaled[160], some[200];
+  int trained = 0;
+  bool kept = false; /* gradients are outputs (novac --keep-grads): one of them is named */
+  for (int i = 0; i < g->ntensors; i++) {
+    kept |= g->tensors[i].role == NOVA_ROLE_GRAD;
+    trained += g->tensors[i].role == NOVA_ROLE_UPDATE && g->tensors[i].updates >= 0 &&
+               g->tensors[g->tensors[i].updates].role == NOVA_ROLE_PARAM;
     if (g->tensors[i].role == NOVA_ROLE_OPT_STATE && !strcmp(g->tensors[i].name, "amp.loss_scale")) {
-      const float *sc = rt_host(step, i);
+      const float *sc = rt_host(step, i); /* dynamic loss scaling: the scale, halved by this step */
       snprintf(scaled, sizeof scaled, "loss scale overflow: the step updated only its loss scale, now %g (parameters "
                "and optimizer state are unchanged)", sc ? (double)*sc : 0.0);
       unchanged = scaled;
     }
+  }
   size_t at;
   double v;
   for (int i = 0; i < g->ntensors; i++)
     if (g->tensors[i].role == NOVA_ROLE_LOSS && rt_first_nonfinite(step, i, &at, &v))
       return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite loss: '%s' is %s; %s", g->tensors[i].name,
                      isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", unchanged);
+  const int32_t *nskip = step->skipped >= 0 ? rt_host(step, step->skipped) : NULL;
+  if (nskip && *nskip < trained) { /* a finite loss: the params with finite gradients were updated */
+    snprintf(some, sizeof some, "%d of %d parameters kept their values (their updates skipped), the others were "
+             "updated", (int)*nskip, trained);
+    unchanged = some;
+  }
   for (int i = 0; i < g->ntensors; i++)
     if (g->tensors[i].role == NOVA_ROLE_GRAD && rt_first_nonfinite(step, i, &at, &v))
       return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite gradients: '%s' holds %s at flat index %zu; %s",
                      g->tensors[i].name, isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", at, unchanged);
-  bool kept = false; /* gradients are outputs (novac --keep-grads): one of them would have been named */
-  for (int i = 0; i < g->ntensors; i++) kept |= g->tensors[i].role == NOVA_ROLE_GRAD;
   if (!kept)
     return rt_fail(step, NOVA_ERR_NONFINITE, "non-finite gradients (compile with novac --keep-grads to have the "
                    "first one named); %s", unchanged);

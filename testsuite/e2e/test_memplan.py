@@ -192,6 +192,152 @@ case("memplan.recompute_cheap", recompute_cheap([]))
 case("memplan.recompute_cheap.cuda", recompute_cheap(["--target=cuda", "--device=h100", "--gpu-sim"]))
 
 
+def memory_report():
+    """--memory-report: the JSON's series agrees with the manifest (the
+    peak's op and bytes, constant parameters and optimizer state, the peak
+    of the series at most the planned peak), a training step shows
+    activations and gradients; the SVG is well-formed and names the peak;
+    bad uses exit 1 and write nothing."""
+    import xml.etree.ElementTree as ET
+    d = tempfile.mkdtemp(prefix="nova-report-")
+    try:
+        rj, rs = os.path.join(d, "r.json"), os.path.join(d, "r.svg")
+        _, m = manifest(GPT[1], GPT[2] + ["--memory-report=" + rj], d, "s")
+        run([NOVAC, GPT[1], "-o", os.path.join(d, "t.so"), "--memory-report=" + rs] + GPT[2])
+        with open(rj) as f:
+            r = json.load(f)
+        mem = m["memory"]
+        kinds = r["kinds"]
+        if kinds != ["parameters", "optimizer_state", "inputs_outputs", "gradients", "activations", "workspace"]:
+            raise Failure("kinds %r" % kinds)
+        peak = r["peak"]
+        if peak["op"] != mem["peak_op"] or peak["at"] != mem["peak_at"] or not peak["at"]:
+            raise Failure("peak %r, manifest %r at %r" % (peak, mem["peak_op"], mem["peak_at"]))
+        if dict(zip(kinds, peak["bytes"])) != mem["at_peak"] or sum(peak["bytes"]) != peak["total_bytes"]:
+            raise Failure("peak bytes %r, manifest %r" % (peak, mem["at_peak"]))
+        series = r["series"]
+        ops = [p[0] for p in series]
+        if ops != sorted(set(ops)) or ops[0] != 0 or ops[-1] > r["ops"]:
+            raise Failure("series ops not increasing from 0: %r" % ops[:20])
+        if any(p[1:4] != series[0][1:4] for p in series):
+            raise Failure("parameters, optimizer state or inputs and outputs change during the step")
+        top = max(sum(p[1:]) for p in series)
+        if top != peak["total_bytes"] or top > mem["planned_peak_bytes"]:
+            raise Failure("series peak %d, report's %d, planned %d" % (top, peak["total_bytes"],
+                                                                      mem["planned_peak_bytes"]))
+        if r["lower_bound_bytes"] != mem["lower_bound_bytes"] or not 0 < r["forward_end"] < r["ops"]:
+            raise Failure("report %r" % {k: v for k, v in r.items() if k != "series"})
+        if not max(p[4] for p in series) > 0 or not max(p[5] for p in series) > 0:
+            raise Failure("a training step without gradients or activations in the arena")
+        svg = ET.parse(rs).getroot()
+        text = " ".join(t.text or "" for t in svg.iter("{http://www.w3.org/2000/svg}text"))
+        if "peak" not in text or "activations" not in text or len(list(svg.iter("{http://www.w3.org/2000/svg}path"))) != 6:
+            raise Failure("svg: %s" % text[:300])
+        for flags, msg in ((["-O0", "--memory-report=" + os.path.join(d, "o0.svg")], "no memory plan"),
+                           (["--memory-report=" + os.path.join(d, "u.json")], "would be overwritten"),
+                           (["--memory-report=" + os.path.join(d, "no", "such", "dir.svg")], "cannot write")):
+            p = run([NOVAC, GPT[1], "-o", os.path.join(d, "u.so")] + GPT[2] + flags, expect_rc=1)
+            if msg not in p.stderr or os.path.exists(os.path.join(d, "o0.svg")) or os.path.exists(os.path.join(d, "u.so")):
+                raise Failure("%s: %s" % (flags, p.stderr))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+case("memplan.memory_report", memory_report)
+
+
+# ---- each update as soon as its gradient is complete (--nonfinite=skip-param) ----
+
+def updates_early():
+    """By default each param's update runs as soon as its gradient is
+    complete, so the arena never holds every gradient at once (the
+    report's gradients stay below their sum), the planned peak is no
+    higher than with --nonfinite=skip-step (every update after the whole
+    backward pass), and training gives the same results."""
+    d = tempfile.mkdtemp(prefix="nova-early-")
+    try:
+        rj = os.path.join(d, "r.json")
+        free = [f for f in GPT[2] if f != "--keep-grads"]   # gradients in the arena
+        _, m0 = manifest(GPT[1], free + ["--nonfinite=skip-step"], d, "s0")
+        _, m1 = manifest(GPT[1], free + ["--memory-report=" + rj], d, "s1")
+        check_plan(m1["memory"])
+        with open(rj) as f:
+            r = json.load(f)
+        grads = sum(t["bytes"] for t in m1["tensors"] if t["role"] == "param" and t.get("trained", True)
+                    and any(u.get("updates") == t["name"] for u in m1["tensors"]))
+        most = max(p[4] for p in r["series"])
+        if m1.get("keep_grads") is not False or not 0 < most < grads * 0.75:
+            raise Failure("gradients live at once: %d bytes of %d (kept: %r)" % (most, grads, m1.get("keep_grads")))
+        if not m1["memory"]["planned_peak_bytes"] <= m0["memory"]["planned_peak_bytes"]:
+            raise Failure("planned peak %d, with every update last %d" % (m1["memory"]["planned_peak_bytes"],
+                                                                          m0["memory"]["planned_peak_bytes"]))
+        names = [t["name"] for t in m1["tensors"] if t["role"] == "status"]
+        if names != ["nonfinite.skipped", "nonfinite"] or [t["name"] for t in m0["tensors"] if t["role"] == "status"] != ["nonfinite"]:
+            raise Failure("status tensors %r" % names)
+        so0, _ = manifest(GPT[1], GPT[2] + ["--nonfinite=skip-step"], d, "k0")
+        so1, _ = manifest(GPT[1], GPT[2], d, "k1")
+        same_training(so0, so1, d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+SKIP_MODEL = """input x: f32[2, 3]
+label t: f32[2, 2]
+param w: f32[3, 2] = xavier
+param b: f32[2] = zeros
+param u: f32[2] = ones
+d = x @ w + b - t
+output loss = reduce_mean(sqrt(d * d)) + reduce_sum(u * u)
+"""
+
+
+def skip_param():
+    """A batch with x = 0 and t = b = 0: d = 0, whose sqrt has a NaN
+    gradient, so w's and b's gradients are NaN while u's is 2u.  With
+    --nonfinite=skip-param (the default) u is updated (1 - 0.01 * 2) and w
+    and b keep their values; with skip-step nothing changes.  Both report
+    the step; the flags are checked."""
+    import numpy as np
+    from harness import read_pb, write_pb
+    d = tempfile.mkdtemp(prefix="nova-skip-")
+    try:
+        src = os.path.join(d, "m.nova")
+        with open(src, "w") as f:
+            f.write(SKIP_MODEL)
+        ind = os.path.join(d, "in")
+        os.mkdir(ind)
+        write_pb(os.path.join(ind, "x.pb"), np.zeros((2, 3), np.float32), "x")
+        write_pb(os.path.join(ind, "t.pb"), np.zeros((2, 2), np.float32), "t")
+        got = {}
+        for mode in ("skip-param", "skip-step"):
+            so = os.path.join(d, mode + ".so")
+            run([NOVAC, src, "--train", "--lr=0.01", "--nonfinite=" + mode, "-o", so])
+            out = os.path.join(d, mode)
+            p = run([NOVARUN, so, "--inputs", ind, "--steps", "1", "--skip-nonfinite", "--dump", out])
+            want = ("non-finite gradients; 2 of 3 parameters kept their values, the others were updated"
+                    if mode == "skip-param" else "non-finite gradients; parameters unchanged, step skipped")
+            if want not in p.stderr:
+                raise Failure("%s: %s" % (mode, p.stderr))
+            got[mode] = {k: read_pb(os.path.join(out, "param.%s.pb" % k)) for k in ("w", "b", "u")}
+        a, b = got["skip-param"], got["skip-step"]
+        if not (np.array_equal(a["w"], b["w"]) and np.array_equal(a["b"], b["b"]) and np.all(b["u"] == 1)
+                and np.allclose(a["u"], 0.98, rtol=1e-6)):
+            raise Failure("after the step: skip-param %r, skip-step %r" % (a, b))
+        for flags, rc, msg in ((["--train", "--nonfinite=sometimes"], 2, "--nonfinite takes skip-step or skip-param"),
+                               (["--nonfinite=skip-step"], 1, "--nonfinite needs --train"),
+                               (["--train", "--precision=fp16", "--nonfinite=skip-param"], 1,
+                                "cannot be used with dynamic loss scaling")):
+            p = run([NOVAC, src, "-o", os.path.join(d, "x.so")] + flags, expect_rc=rc)
+            if msg not in p.stderr:
+                raise Failure("%s: %s" % (flags, p.stderr))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+case("memplan.updates_early", updates_early)
+case("memplan.skip_param", skip_param)
+
+
 def remat_reduces(target):
     """A limit just under the step's planned peak: some activations are
     recomputed, the plan fits the limit and passes the overlap check, and
