@@ -165,6 +165,10 @@ typedef struct rstate {
   int at;            /* the backward node being rewritten */
 } rstate;
 
+/* The copies of a use's chain: at most this many per recomputed node, then
+ * shared by every later use. */
+#define RECOMPUTE_COPIES 4
+
 /* The backward's copy of the recomputed forward node V (and of the
  * recomputed nodes it reads) for the use at hand, made before node R->at.
  * Each use gets copies of its own while there is room (RECOMPUTE_COPIES):
@@ -185,10 +189,6 @@ static nv_node *copy_of(rstate *R, nv_node *v) {
   R->stamp[v->id] = R->use;
   return R->copy[v->id] = c;
 }
-
-/* The copies of a use's chain: at most this many per recomputed node, then
- * shared by every later use. */
-#define RECOMPUTE_COPIES 4
 
 /* The nodes in their new order: copies just before the backward node that
  * first read them.  Ids renumbered. */
