@@ -104,7 +104,8 @@ tv lw_empty(lw *L, int rank, const int64_t *shape, nova_dtype dt) {
   tv t = lw_fresh(L, rank, shape, dt);
   /* a value ad_recompute copied into the backward: its destination is
    * tagged, so that CSE does not merge the copy with the forward's op */
-  if (L->recompute) lw_emit(L, "%%v%d = tensor.empty() {nova.recompute = %lld} : %s", t.id, (long long)L->recompute, TT(t));
+  if (L->recompute)
+    lw_emit(L, "%%v%d = tensor.empty() {nova.recompute = %lld} : %s", t.id, (long long)L->recompute, TT(t));
   else lw_emit(L, "%%v%d = tensor.empty() : %s", t.id, TT(t));
   return t;
 }

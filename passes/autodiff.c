@@ -9,7 +9,8 @@
  * it differentiates.  The optimizer's update of each trained param
  * follows (SGD, momentum, AdamW; a bf16 param of --bf16-master=none is
  * updated in f32 and stochastically rounded back), every state it writes
- * guarded by the step's finite check.
+ * guarded by the step's finite check (--nonfinite=skip-param: by the
+ * loss's and the param's own gradient's).
  */
 #include "autodiff.h"
 
@@ -716,10 +717,11 @@ static nv_node *nonfinite_term(ad *A, nv_node *x, nova_dtype dt) {
  * frontend made (buffers: BatchNormalization's running statistics,
  * rng.step), so that a skipped step leaves every bit of the state as it
  * was.  PER_PARAM (AD_SKIP_PARAM): A->bad is the loss's check alone
- * (the frontend's updates, adam.step); each param's update is guarded by
- * the loss's and its own gradient's (ad_train), so that it needs no other
- * gradient and can run as soon as its own is complete.  The flag is the output "nonfinite" (role status), read by
- * nova_step_run after each run (NOVA_ERR_NONFINITE). */
+ * (the frontend's updates); each param's update is guarded by the loss's
+ * and its own gradient's (ad_train), so that it needs no other gradient
+ * and can run as soon as its own is complete.  The flag is the output
+ * "nonfinite" (role status), read by nova_step_run after each run
+ * (NOVA_ERR_NONFINITE). */
 static int finite_check(ad *A, nv_node *loss, bool per_param) {
   nv_graph *g = A->g;
   A->loc = loss->loc;
@@ -978,7 +980,8 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     /* per param: the updates read t + 1 unguarded (a skipped param's result is dropped anyway); the
      * count advances unless every param was skipped (its update, after them) */
     adam_t = t;
-    t1 = per_param ? add(&A, t, konst(&A, NOVA_DTYPE_F32, 1.0)) : add_update(&A, t, add(&A, t, konst(&A, NOVA_DTYPE_F32, 1.0)));
+    t1 = add(&A, t, konst(&A, NOVA_DTYPE_F32, 1.0));
+    if (!per_param) t1 = add_update(&A, t, t1);
     if (!t1) goto out;
   }
   nv_node *rng[2];
