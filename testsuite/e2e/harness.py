@@ -74,6 +74,31 @@ def run(cmd, expect_rc=0):
     return p
 
 
+def check_plan_of(manifest_path):
+    """The memory plan in a step's manifest: no two intermediates live at the
+    same time share a byte (a sweep over the buffers by offset), each lies in
+    the arena, and the arena is no smaller than the most bytes live at once.
+    Every training step the suites compile goes through it."""
+    import json
+    with open(manifest_path) as f:
+        mem = json.load(f)["memory"]
+    if mem.get("intermediates") != "planned-arena":
+        return
+    plan, arena = mem["plan"], mem["arena_bytes"]
+    for e in plan:
+        if e["offset"] < 0 or e["offset"] % 64 or e["offset"] + e["bytes"] > arena:
+            raise Failure("buffer outside the %d-byte arena: %r" % (arena, e))
+    by_offset = sorted(plan, key=lambda e: e["offset"])
+    for i, a in enumerate(by_offset):
+        for b in by_offset[i + 1:]:
+            if b["offset"] >= a["offset"] + a["bytes"]:
+                break
+            if not (a["live"][1] < b["live"][0] or b["live"][1] < a["live"][0]):
+                raise Failure("buffers live at the same time overlap:\n %r\n %r" % (a, b))
+    if not arena >= mem["lower_bound_bytes"]:
+        raise Failure("arena %d below the bytes live at once, %d" % (arena, mem["lower_bound_bytes"]))
+
+
 def _compile_and_run(model_text, inputs, files, flags, dump, steps):
     """Compiles and runs once (or trains `steps` steps); returns (outputs in
     order, dict of everything --dump wrote: NAME.pb -> array, or None)."""
@@ -87,6 +112,8 @@ def _compile_and_run(model_text, inputs, files, flags, dump, steps):
             f.write(model_text)
         so = os.path.join(d, "model.so")
         run([NOVAC, model, "-o", so] + list(flags))
+        if "--train" in flags:
+            check_plan_of(os.path.join(d, "model.json"))
         ind = os.path.join(d, "in")
         os.mkdir(ind)
         for name, arr in inputs.items():

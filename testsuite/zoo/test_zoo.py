@@ -45,7 +45,7 @@ import onnx  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
 
 import harness  # noqa: E402
-from harness import NOVAC, NOVARUN, Failure, check_close, read_pb, run  # noqa: E402
+from harness import NOVAC, NOVARUN, Failure, check_close, check_plan_of, read_pb, run  # noqa: E402
 
 SUITE = "zoo"
 LR = 0.1
@@ -166,34 +166,11 @@ def check_untrained(ref, dumped, inits, after=None):
                 raise Failure("initializer '%s' is not a trained PyTorch parameter but the step changed it" % name)
 
 
-def check_plan(manifest_path):
-    """The memory plan of the compiled step: no two intermediates live at the
-    same time share a byte (a sweep over the buffers by offset), each lies
-    in the arena; the arena is no smaller than the most bytes live at once."""
-    with open(manifest_path) as f:
-        mem = json.load(f)["memory"]
-    if mem.get("intermediates") != "planned-arena":
-        return
-    plan, arena = mem["plan"], mem["arena_bytes"]
-    for e in plan:
-        if e["offset"] < 0 or e["offset"] % 64 or e["offset"] + e["bytes"] > arena:
-            raise Failure("buffer outside the %d-byte arena: %r" % (arena, e))
-    by_offset = sorted(plan, key=lambda e: e["offset"])
-    for i, a in enumerate(by_offset):
-        for b in by_offset[i + 1:]:
-            if b["offset"] >= a["offset"] + a["bytes"]:
-                break
-            if not (a["live"][1] < b["live"][0] or b["live"][1] < a["live"][0]):
-                raise Failure("buffers live at the same time overlap:\n %r\n %r" % (a, b))
-    if not arena >= mem["lower_bound_bytes"]:
-        raise Failure("arena %d below the bytes live at once, %d" % (arena, mem["lower_bound_bytes"]))
-
-
 def step(case_dir, ref, d, steps=1, loss_log=None):
     so = os.path.join(d, "s.so")
     model = os.path.join(case_dir, "model.onnx")
     run([NOVAC, model] + novac_flags(ref, model) + ["-o", so])
-    check_plan(os.path.join(d, "s.json"))
+    check_plan_of(os.path.join(d, "s.json"))
     dump = os.path.join(d, "dump%d" % steps)
     cmd = [NOVARUN, so, "--inputs", os.path.join(case_dir, "test_data_set_0"), "--steps", str(steps),
            "--dump", dump, "-q"]
