@@ -36,8 +36,6 @@ static int by_op(const void *a, const void *b) {
  * ranges (each range adds its bytes at its first op and takes them back
  * after its last); their number, or -1. */
 static int series(const nv_graph *g, const cg_plan *p, point **out) {
-  static const int of_kind[] = {[CG_BUF_WORKSPACE] = CG_MEM_WORKSPACE, [CG_BUF_ACTIVATION] = CG_MEM_ACTIVATIONS,
-                                [CG_BUF_GRADIENT] = CG_MEM_GRADIENTS};
   event *ev = nv_xcalloc(2 * (size_t)p->n + 1, sizeof *ev);
   point *pt = nv_xcalloc(2 * (size_t)p->n + 2, sizeof *pt);
   if (!ev || !pt) {
@@ -47,8 +45,9 @@ static int series(const nv_graph *g, const cg_plan *p, point **out) {
   }
   for (int i = 0; i < p->n; i++) {
     int64_t b = (p->entries[i].bytes + 63) / 64 * 64;
-    ev[2 * i] = (event){p->entries[i].first, of_kind[p->entries[i].kind], b};
-    ev[2 * i + 1] = (event){p->entries[i].last + 1, of_kind[p->entries[i].kind], -b};
+    int k = cg_mem_kind_of(p->entries[i].kind);
+    ev[2 * i] = (event){p->entries[i].first, k, b};
+    ev[2 * i + 1] = (event){p->entries[i].last + 1, k, -b};
   }
   qsort(ev, 2 * (size_t)p->n, sizeof *ev, by_op);
   point cur = {0};

@@ -691,6 +691,10 @@ void cg_plan_free(cg_plan *p) {
 const char *const cg_mem_kind_names[CG_MEM_NKINDS] = {"parameters", "optimizer_state", "inputs_outputs",
                                                        "gradients", "activations", "workspace"};
 
+int cg_mem_kind_of(cg_buf_kind k) {
+  return k == CG_BUF_ACTIVATION ? CG_MEM_ACTIVATIONS : k == CG_BUF_GRADIENT ? CG_MEM_GRADIENTS : CG_MEM_WORKSPACE;
+}
+
 void cg_mem_at(const nv_graph *g, const cg_plan *plan, int at, int64_t out[CG_MEM_NKINDS]) {
   for (int k = 0; k < CG_MEM_NKINDS; k++) out[k] = 0;
   for (int i = 0; i < g->nnodes; i++) { /* the entry's arguments */
@@ -705,11 +709,9 @@ void cg_mem_at(const nv_graph *g, const cg_plan *plan, int at, int64_t out[CG_ME
     out[g->outputs[j].role == NOVA_ROLE_GRAD ? CG_MEM_GRADIENTS : CG_MEM_IO] +=
         fe_numel(n) * (int64_t)fe_dtype_size(n->dtype);
   }
-  static const int of_kind[] = {[CG_BUF_WORKSPACE] = CG_MEM_WORKSPACE, [CG_BUF_ACTIVATION] = CG_MEM_ACTIVATIONS,
-                                [CG_BUF_GRADIENT] = CG_MEM_GRADIENTS};
   for (int i = 0; plan && plan->planned && i < plan->n; i++)
     if (plan->entries[i].first <= at && at <= plan->entries[i].last)
-      out[of_kind[plan->entries[i].kind]] += align_up(plan->entries[i].bytes);
+      out[cg_mem_kind_of(plan->entries[i].kind)] += align_up(plan->entries[i].bytes);
 }
 
 int64_t cg_io_bytes(const nv_graph *g, const cg_plan *plan) {

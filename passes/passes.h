@@ -131,6 +131,7 @@ int64_t cg_io_bytes(const nv_graph *g, const cg_plan *plan);
 enum { CG_MEM_PARAMS, CG_MEM_OPT_STATE, CG_MEM_IO, CG_MEM_GRADIENTS, CG_MEM_ACTIVATIONS, CG_MEM_WORKSPACE,
        CG_MEM_NKINDS };
 extern const char *const cg_mem_kind_names[CG_MEM_NKINDS];
+int cg_mem_kind_of(cg_buf_kind k); /* the CG_MEM_* an arena buffer of kind K counts in */
 void cg_mem_at(const nv_graph *g, const cg_plan *plan, int at, int64_t out[CG_MEM_NKINDS]);
 
 /* remat.c: with PLAN->memory_limit set, recomputes cheap activations of the
