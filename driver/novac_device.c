@@ -72,7 +72,8 @@ int nd_check_memory(nv_diag *d, const cfg_device *dev, const nv_graph *g, const 
     if (x->op == NV_OP_INPUT || x->op == NV_OP_PARAM)
       tensors += (double)((fe_numel(x) * (int64_t)fe_dtype_size(x->dtype) + CG_GPU_ALIGN - 1) / CG_GPU_ALIGN * CG_GPU_ALIGN);
   }
-  for (int i = 0; i < g->noutputs; i++) {
+  for (int i = 0; i < g->noutputs; i++) { /* an update computed in place shares its param's buffer */
+    if (gpu->plan.inplace && i < gpu->plan.noutputs && gpu->plan.inplace[i]) continue;
     const nv_node *x = g->outputs[i].node;
     tensors += (double)((fe_numel(x) * (int64_t)fe_dtype_size(x->dtype) + CG_GPU_ALIGN - 1) / CG_GPU_ALIGN * CG_GPU_ALIGN);
   }
