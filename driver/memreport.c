@@ -8,6 +8,7 @@
  * there.  FILE ending in .json gets the numbers (the values at each op
  * where they change); any other name an SVG picture of stacked areas.
  */
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,25 +83,35 @@ static int64_t total(const int64_t *v) {
   return t;
 }
 
-static void write_json(FILE *f, const cg_plan *p, const point *pt, int npts, const int64_t *peak) {
-  fprintf(f, "{\n  \"ops\": %d,\n  \"forward_end\": %d,\n  \"arena_bytes\": %lld,\n  \"lower_bound_bytes\": %lld,\n",
-          p->nops, p->forward_end, (long long)p->arena_bytes, (long long)p->lower_bound);
-  fprintf(f, "  \"kinds\": [");
-  for (int k = 0; k < CG_MEM_NKINDS; k++) fprintf(f, "%s\"%s\"", k ? ", " : "", cg_mem_kind_names[k]);
-  fprintf(f, "],\n  \"peak\": {\"op\": %d, \"at\": \"", p->peak_op);
-  for (const char *s = p->peak_where; *s; s++) /* a JSON string */
-    if (*s == '"' || *s == '\\') fprintf(f, "\\%c", *s);
-    else if ((unsigned char)*s < 32) fprintf(f, "\\u%04x", *s);
-    else fputc(*s, f);
-  fprintf(f, "\", \"total_bytes\": %lld, \"bytes\": [", (long long)total(peak));
-  for (int k = 0; k < CG_MEM_NKINDS; k++) fprintf(f, "%s%lld", k ? ", " : "", (long long)peak[k]);
-  fprintf(f, "]},\n  \"series\": [\n");
+/* The report as JSON (cJSON, like the manifest); NULL when out of memory. */
+static char *report_json(const cg_plan *p, const point *pt, int npts, const int64_t *peak) {
+  nv_json_oom_take();
+  cJSON *root = cJSON_CreateObject();
+  cJSON_AddNumberToObject(root, "ops", p->nops);
+  cJSON_AddNumberToObject(root, "forward_end", p->forward_end);
+  cJSON_AddNumberToObject(root, "arena_bytes", (double)p->arena_bytes);
+  cJSON_AddNumberToObject(root, "lower_bound_bytes", (double)p->lower_bound);
+  cJSON_AddItemToObject(root, "kinds", cJSON_CreateStringArray(cg_mem_kind_names, CG_MEM_NKINDS));
+  cJSON *pk = cJSON_AddObjectToObject(root, "peak");
+  cJSON_AddNumberToObject(pk, "op", p->peak_op);
+  cJSON_AddStringToObject(pk, "at", p->peak_where);
+  cJSON_AddNumberToObject(pk, "total_bytes", (double)total(peak));
+  cJSON *pb = cJSON_AddArrayToObject(pk, "bytes");
+  for (int k = 0; k < CG_MEM_NKINDS; k++) cJSON_AddItemToArray(pb, cJSON_CreateNumber((double)peak[k]));
+  cJSON *ser = cJSON_AddArrayToObject(root, "series"); /* [op, bytes by kind...] where they change */
   for (int i = 0; i < npts; i++) {
-    fprintf(f, "    [%d", pt[i].op);
-    for (int k = 0; k < CG_MEM_NKINDS; k++) fprintf(f, ", %lld", (long long)pt[i].v[k]);
-    fprintf(f, "]%s\n", i + 1 < npts ? "," : "");
+    cJSON *row = cJSON_CreateArray();
+    cJSON_AddItemToArray(row, cJSON_CreateNumber(pt[i].op));
+    for (int k = 0; k < CG_MEM_NKINDS; k++) cJSON_AddItemToArray(row, cJSON_CreateNumber((double)pt[i].v[k]));
+    cJSON_AddItemToArray(ser, row);
   }
-  fprintf(f, "  ]\n}\n");
+  char *text = cJSON_PrintUnformatted(root);
+  cJSON_Delete(root);
+  if (nv_json_oom_take()) { /* an item is missing: no report rather than a wrong one */
+    cJSON_free(text);
+    return NULL;
+  }
+  return text;
 }
 
 #define W 960
@@ -190,8 +201,19 @@ int nd_memory_report(nv_diag *d, const nv_graph *g, const cg_plan *p, const char
     return -1;
   }
   size_t n = strlen(path);
-  if (n > 5 && !strcmp(path + n - 5, ".json")) write_json(f, p, pt, npts, peak);
-  else write_svg(f, g, p, pt, npts, peak);
+  if (n > 5 && !strcmp(path + n - 5, ".json")) {
+    char *text = report_json(p, pt, npts, peak);
+    if (text) fprintf(f, "%s\n", text);
+    else nv_error_plain(d, "--memory-report: out of memory");
+    cJSON_free(text);
+    if (!text) {
+      fclose(f);
+      free(pt);
+      return -1;
+    }
+  } else {
+    write_svg(f, g, p, pt, npts, peak);
+  }
   free(pt);
   if (ferror(f) | fclose(f)) {
     nv_error_plain(d, "--memory-report: writing '%s' failed", path);

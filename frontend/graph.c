@@ -1139,6 +1139,13 @@ nv_node *fe_graph_add(nv_graph *g, nv_diag *d, nv_op op, int nin, nv_node **in,
   return n;
 }
 
+void fe_graph_set_order(nv_graph *g, nv_node *const *order) {
+  for (int i = 0; i < g->nnodes; i++) {
+    g->nodes[i] = order[i];
+    g->nodes[i]->id = i;
+  }
+}
+
 void fe_graph_truncate(nv_graph *g, int mark) {
   while (g->nnodes > mark) {
     nv_node *n = g->nodes[--g->nnodes];

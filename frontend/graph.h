@@ -248,6 +248,9 @@ int fe_rng_state(nv_graph *g, nv_diag *d, nv_loc loc, nv_node **seed, nv_node **
  * Returns 0, or -1 after a diagnostic at loc.  Labels computed otherwise
  * are not checked (the one-hot selection reads no memory out of range). */
 int fe_mark_labels(nv_diag *d, nv_node *labels, int64_t classes, bool has_ii, int64_t ii, nv_loc loc);
+/* Puts G's nodes in ORDER (a permutation of them, every node after its
+ * operands) and renumbers their ids to match. */
+void fe_graph_set_order(nv_graph *g, nv_node *const *order);
 /* Drops the nodes made from `mark` on (nothing before them may use them). */
 void fe_graph_truncate(nv_graph *g, int mark);
 

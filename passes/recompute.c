@@ -202,10 +202,7 @@ static int reorder(rstate *R) {
     order[k++] = g->nodes[i];
   }
   while (c < n) order[k++] = g->nodes[c++];
-  for (int i = 0; i < n; i++) {
-    g->nodes[i] = order[i];
-    g->nodes[i]->id = i;
-  }
+  fe_graph_set_order(g, order);
   free(order);
   return 0;
 }

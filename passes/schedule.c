@@ -65,10 +65,7 @@ int ad_schedule_updates(nv_graph *g) {
   }
   for (int b = 1; b <= from; b++) order[count[b] - 1] = g->nodes[b - 1];
   for (int i = from; i < n; i++) order[count[after[i] + 1]++] = g->nodes[i];
-  for (int i = 0; i < n; i++) {
-    g->nodes[i] = order[i];
-    g->nodes[i]->id = i;
-  }
+  fe_graph_set_order(g, order);
   rc = 0;
 out:
   free(last);

@@ -6,6 +6,7 @@ Every test prints one line, 'PASS: e2e :: NAME' or 'FAIL: e2e :: NAME' (another
 suite name than e2e if case() is given one), and the reason on the following
 lines when it fails.
 """
+import json
 import math
 import os
 import shutil
@@ -75,19 +76,25 @@ def run(cmd, expect_rc=0):
 
 
 def check_plan_of(manifest_path):
-    """The memory plan in a step's manifest: no two intermediates live at the
-    same time share a byte (a sweep over the buffers by offset), each lies in
-    the arena, and the arena is no smaller than the most bytes live at once.
+    """The memory plan in a step's manifest (check_plan_mem), when it has one.
     Every training step the suites compile goes through it."""
-    import json
     with open(manifest_path) as f:
         mem = json.load(f)["memory"]
-    if mem.get("intermediates") != "planned-arena":
-        return
+    if mem.get("intermediates") == "planned-arena":
+        check_plan_mem(mem)
+
+
+def check_plan_mem(mem):
+    """A manifest's planned memory: no two intermediates live at the same time
+    share a byte (a sweep over the buffers by offset), each lies in the arena,
+    64-byte aligned, with a live range that is not empty, and the arena is no
+    smaller than the most bytes live at once."""
     plan, arena = mem["plan"], mem["arena_bytes"]
     for e in plan:
         if e["offset"] < 0 or e["offset"] % 64 or e["offset"] + e["bytes"] > arena:
             raise Failure("buffer outside the %d-byte arena: %r" % (arena, e))
+        if e["live"][0] > e["live"][1]:
+            raise Failure("empty live range %r" % e)
     by_offset = sorted(plan, key=lambda e: e["offset"])
     for i, a in enumerate(by_offset):
         for b in by_offset[i + 1:]:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 
-from harness import NOVAC, NOVARUN, Failure, case, results, run
+from harness import NOVAC, NOVARUN, Failure, case, check_plan_mem, results, run
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MODELS = [("mlp.adamw", os.path.join(ROOT, "examples", "mlp.nova"), ["--dim=batch=16", "--train", "--optimizer=adamw"]),
@@ -33,18 +33,8 @@ def check_plan(mem):
     """The independent overlap check."""
     if mem.get("intermediates") != "planned-arena":
         raise Failure("intermediates: %r, expected planned-arena" % mem.get("intermediates"))
-    plan, arena = mem["plan"], mem["arena_bytes"]
-    for e in plan:
-        if e["offset"] % 64 or e["offset"] < 0 or e["offset"] + e["bytes"] > arena:
-            raise Failure("buffer %r lies outside the %d-byte arena or is misaligned" % (e, arena))
-        if e["live"][0] > e["live"][1]:
-            raise Failure("empty live range %r" % e)
-    for i, a in enumerate(plan):
-        for b in plan[i + 1:]:
-            live = not (a["live"][1] < b["live"][0] or b["live"][1] < a["live"][0])
-            overlap = a["offset"] < b["offset"] + b["bytes"] and b["offset"] < a["offset"] + a["bytes"]
-            if live and overlap:
-                raise Failure("buffers live at the same time overlap:\n %r\n %r" % (a, b))
+    check_plan_mem(mem)
+    arena = mem["arena_bytes"]
     if arena > max(mem["intermediate_bytes"], 64):
         raise Failure("arena %d larger than the intermediates' sum %d" % (arena, mem["intermediate_bytes"]))
     if mem["planned_peak_bytes"] > mem["unplanned_peak_bytes"]:
