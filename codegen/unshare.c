@@ -155,12 +155,34 @@ static void unshare_block(MlirBlock b);
 /* The clones go before `at`: the first op of the run of ops from the
  * writer's source op (one location), so that each source op's code stays
  * contiguous (outline.c outlines such runs). */
+/* Whether DEF lies more than FAR_OPS ops before AT in their block (a
+ * fresh destination made there would hold its buffer all that time:
+ * CSE keeps the first of the fills it merges, in the forward pass, for a
+ * writer in the backward). */
+#define FAR_OPS 16
+static bool far_before(MlirOperation def, MlirOperation at) {
+  if (!mlirOperationIsBeforeInBlock(def, at)) return false;
+  int k = 0;
+  for (MlirOperation o = def; !mlirOperationIsNull(o) && !mlirOperationEqual(o, at); o = mlirOperationGetNextInBlock(o))
+    if (++k > FAR_OPS) return true;
+  return false;
+}
+
 static void unshare_op(MlirBlock b, MlirOperation op, MlirOperation at) {
   intptr_t first = 0, n = 0;
   bool writes = written(op, &first, &n);
   for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
     MlirValue v = mlirOperationGetOperand(op, i);
-    if (!mlirTypeIsARankedTensor(mlirValueGetType(v)) || !mlirValueIsAOpResult(v) || !has_other_uses(v)) continue;
+    if (!mlirTypeIsARankedTensor(mlirValueGetType(v)) || !mlirValueIsAOpResult(v)) continue;
+    if (!has_other_uses(v)) { /* its one writer: made just before it, if made far before */
+      MlirOperation def = mlirOpResultGetOwner(v);
+      if (writes && i >= first && i < first + n && mlirBlockEqual(mlirOperationGetBlock(def), b) &&
+          far_before(def, at) && cheap(v, at, 0)) {
+        mlirOperationSetOperand(op, i, clone_before(b, at, v));
+        erase_if_dead(v, at);
+      }
+      continue;
+    }
     MlirOperation def = mlirOpResultGetOwner(v);
     /* a read: only of a fill (not of an empty tensor) made for another source op */
     if (!(writes && i >= first && i < first + n) &&

@@ -703,12 +703,6 @@ static int compile(nv_diag *d, opts *o) {
       return -1;
     }
     stage_done(&tm, "autodiff + optimizer");
-    if ((o->opt_level > 0 && !o->no_recompute && ad_recompute(g, d)) || dump_graph(o, "recompute", d, g) ||
-        ad_schedule_updates(g) || dump_graph(o, "schedule", d, g)) {
-      fe_graph_destroy(g);
-      fe_graph_destroy(ge);
-      return -1;
-    }
   } else if (o->ad.loss || o->ad.freeze || o->ad.train_only || o->ad.keep_grads || o->nonfinite) {
     nv_error_plain(d, o->ad.loss || o->ad.freeze || o->ad.train_only ? "--loss, --freeze and --train-only need --train"
                       : o->ad.keep_grads ? "--keep-grads needs --train" : "--nonfinite needs --train");
@@ -728,6 +722,32 @@ static int compile(nv_diag *d, opts *o) {
     fe_graph_destroy(ge);
     return -1;
   }
+  cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block, o->tf32, o->memory_limit};
+  if (o->train && (o->opt_level > 0 && !o->no_recompute)) {
+    ad_remat pick = {-1, 0};
+    if (o->memory_limit) { /* what the backward recomputes: measured plans (driver/pipeline.c) */
+      np_run r = {.c = &c, .dev = &dev, .gpu = cuda ? &go : NULL, .opt_level = o->opt_level};
+      np_fit fit;
+      if (np_fit_recompute(&r, g, o->memory_limit, &pick, &fit)) goto out;
+      if (o->verbose)
+        fprintf(stderr, "novac: --memory-limit: %d plans measured; %s: peak %.1f MiB (cheap ops alone: %.1f MiB)\n",
+                fit.trials, pick.mu < 0 ? "recomputing cheap ops" : "recomputing by segments", fit.peak / 1048576.0,
+                fit.peak_cheap / 1048576.0);
+      stage_done(&tm, "recompute for --memory-limit");
+      if (pick.mu >= 0 && fit.peak > o->memory_limit) { /* (the linalg stage's cheap candidates: no more) */
+        char l[64], a[64], b[64];
+        nv_error_plain(d, "--memory-limit: the step does not fit in %s: its planned peak is %s with cheap values "
+                       "recomputed; recomputing the layers from checkpoints (%d plans measured), the smallest peak "
+                       "reached is %s, at %s",
+                       nv_human_bytes(l, sizeof l, o->memory_limit), nv_human_bytes(a, sizeof a, fit.peak_cheap),
+                       fit.trials, nv_human_bytes(b, sizeof b, fit.peak), fit.where);
+        goto out;
+      }
+    }
+    if (ad_recompute(g, d, pick.mu < 0 ? NULL : &pick)) goto out;
+  }
+  if (o->train && (dump_graph(o, "recompute", d, g) || ad_schedule_updates(g) || dump_graph(o, "schedule", d, g)))
+    goto out;
   nova = nova_build_module(&c, g);
   if (mlirModuleIsNull(nova) || nova_verify(&c, nova, "frontend")) goto out;
   stage_done(&tm, "build nova IR");
@@ -763,7 +783,6 @@ static int compile(nv_diag *d, opts *o) {
                    .time_passes = o->time_passes, .verbose = o->verbose,
                    .keep_temps = getenv("NOVAC_KEEP_TEMPS") != NULL};
   if (cuda) {
-    cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block, o->tf32, o->memory_limit};
     np_run r = {.c = &c, .dev = &dev, .gpu = &go, .gpu_out = &gpu, .opt_level = o->opt_level,
                 .dump_after = o->dump_after, .time_passes = o->time_passes};
     if (np_lower(&r, g, lin, NULL)) goto out;

@@ -10,10 +10,13 @@
  * memplan again on copies of the module, to measure the peak each set of
  * recomputed values gives (passes/remat.c), without verifying or printing.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../passes/autodiff.h"
+#include "../passes/nova_ir.h"
 #include "../support/util.h"
 #include "pipeline.h"
 
@@ -210,4 +213,127 @@ int np_lower(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
   int n = 0;
   while (list(r->gpu != NULL)[n].name) n++;
   return run_range(r, g, m, plan, 0, n - 1, true);
+}
+
+/* ---- --memory-limit: what the backward recomputes (passes/recompute.c) ---- */
+
+typedef struct fit_trial {
+  ad_remat a;
+  int64_t peak;               /* -1: not planned */
+  struct nv_recompute_stats st;
+  char where[160];            /* the op at the peak */
+} fit_trial;
+
+/* The peak of the step of G with T->a's recomputation: G through the nova
+ * IR, linalg and R's stages up to the memory plan, then G as it was.  0,
+ * or -1 after a diagnostic. */
+static int graph_trial(np_run *r, nv_graph *g, fit_trial *t) {
+  nv_graph_state st;
+  nv_diag *d = r->c->diag;
+  if (fe_graph_save(g, &st)) {
+    nv_error_plain(d, "out of memory while trying recomputations");
+    return -1;
+  }
+  int rc = -1;
+  MlirModule nova = {NULL}, lin = {NULL};
+  cg_plan p = {0};
+  cg_gpu gpu = {0};
+  cg_gpu_options go = r->gpu ? *r->gpu : (cg_gpu_options){0};
+  np_run tr = *r;
+  tr.planned = 0;
+  t->peak = -1;
+  if (ad_recompute(g, d, &t->a) || ad_schedule_updates(g)) goto out;
+  t->st = g->recompute;
+  nova = nova_build_module(r->c, g);
+  if (mlirModuleIsNull(nova)) goto out;
+  lin = cg_lower_to_linalg(r->c, nova);
+  if (mlirModuleIsNull(lin)) goto out;
+  cg_plan *pl = &p;
+  if (r->gpu) {
+    go.memory_limit = 0; /* (no linalg remat in a trial) */
+    tr.gpu = &go;
+    tr.gpu_out = &gpu;
+    if (cg_gpu_init(r->c, r->dev, &go, &gpu)) goto out;
+    pl = &gpu.plan;
+  }
+  if (run_range(&tr, g, lin, pl, 0, np_stage_index(r->gpu != NULL, "memplan"), false)) goto out;
+  if (tr.planned) {
+    t->peak = cg_io_bytes(g, pl) + pl->arena_bytes;
+    snprintf(t->where, sizeof t->where, "%s", pl->peak_where);
+  }
+  rc = 0;
+  if (getenv("NOVAC_DEBUG_REMAT"))
+    fprintf(stderr, "recompute: mu %g, segments of %lld bytes (%d): peak %lld, %d values (%d expensive), "
+            "%.3g flops\n", t->a.mu, (long long)t->a.segment_bytes, t->st.segments, (long long)t->peak,
+            t->st.values, t->st.heavy, t->st.flops);
+out:
+  cg_plan_free(&p);
+  cg_gpu_free(&gpu);
+  if (!mlirModuleIsNull(lin)) mlirModuleDestroy(lin);
+  if (!mlirModuleIsNull(nova)) mlirModuleDestroy(nova);
+  fe_graph_restore(g, &st);
+  return rc;
+}
+
+static bool lower_peak(const fit_trial *a, const fit_trial *b) {
+  return a->peak >= 0 && (b->peak < 0 || a->peak < b->peak);
+}
+
+int np_fit_recompute(np_run *r, nv_graph *g, int64_t limit, ad_remat *out, np_fit *fit) {
+  memset(fit, 0, sizeof *fit);
+  *out = (ad_remat){-1, 0};
+  if (cg_limit_below_state(r->c->diag, g, limit)) return -1;
+  fit_trial t = {.a = {-1, 0}}, best;
+  if (graph_trial(r, g, &t)) return -1;
+  best = t;
+  fit->trials = 1;
+  fit->peak_cheap = t.peak;
+  if (t.peak >= 0 && t.peak <= limit) goto done;
+  const char *force = getenv("NOVAC_DEBUG_REMAT_FORCE"); /* "MU:SEGMENT_BYTES": that one, measured */
+  if (force) {
+    t = (fit_trial){.a = {strtod(force, NULL), strchr(force, ':') ? strtoll(strchr(force, ':') + 1, NULL, 10) : 0}};
+    if (graph_trial(r, g, &t)) return -1;
+    best = t;
+    goto done;
+  }
+  /* the segments: each recomputed whole from its start (mu 0), the
+   * forward cut into more and more; the peak falls with the values kept
+   * through the backward, then rises with the checkpoints */
+  int64_t total = t.st.saved_before;
+  static const int parts[] = {2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64};
+  int worse = 0;
+  for (size_t i = 0; i < sizeof parts / sizeof *parts && total > 0 && worse < 2; i++) {
+    t = (fit_trial){.a = {0, total / parts[i] > 0 ? total / parts[i] : 1}};
+    if (graph_trial(r, g, &t)) return -1;
+    fit->trials++;
+    if (lower_peak(&t, &best)) {
+      best = t;
+      worse = 0;
+    } else {
+      worse++;
+    }
+  }
+  if (best.peak >= 0 && best.peak <= limit && best.a.mu >= 0) {
+    /* the least recomputation that still fits: mu as high as it can be,
+     * by bisection of its logarithm (2^-24 .. 2^2 bytes a flop) */
+    double lo = -24, hi = 2;
+    for (int i = 0; i < 7; i++) {
+      double m = (lo + hi) / 2;
+      t = (fit_trial){.a = {exp2(m), best.a.segment_bytes}};
+      if (graph_trial(r, g, &t)) return -1;
+      fit->trials++;
+      if (t.peak >= 0 && t.peak <= limit) {
+        lo = m;
+        if (t.st.flops < best.st.flops) best = t;
+      } else {
+        hi = m;
+      }
+    }
+  }
+done:
+  *out = best.a;
+  fit->peak = best.peak;
+  fit->flops = best.st.flops;
+  snprintf(fit->where, sizeof fit->where, "%s", best.where);
+  return 0;
 }

@@ -3,6 +3,7 @@
 #define NOVA_PIPELINE_H
 
 #include "../codegen/codegen.h"
+#include "../passes/autodiff.h"
 
 typedef struct np_run {
   nova_ctx *c;
@@ -22,6 +23,22 @@ typedef struct np_run {
  * R->gpu_out, whose memory limit comes from R->gpu); 0, or -1 after a
  * diagnostic. */
 int np_lower(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan);
+/* What np_fit_recompute found. */
+typedef struct np_fit {
+  int trials;                /* plans measured */
+  int64_t peak_cheap;        /* the peak with cheap ops recomputed (the default; -1: not planned) */
+  int64_t peak;              /* and with the choice */
+  double flops;              /* the choice's recomputation */
+  char where[160];           /* the op at its peak */
+} np_fit;
+
+/* --memory-limit=LIMIT for the training step G (passes/recompute.c): the
+ * recomputation whose measured plan fits LIMIT with the fewest flops
+ * recomputed, else the one with the smallest peak, into OUT (mu < 0:
+ * recomputing cheap ops is enough).  Each plan is measured on G through
+ * the nova IR, linalg and R's stages up to the memory plan (R set up as
+ * for np_lower); G is left as it was.  0, or -1 after a diagnostic. */
+int np_fit_recompute(np_run *r, nv_graph *g, int64_t limit, ad_remat *out, np_fit *fit);
 /* The index of stage NAME in the list of the cuda target (GPU) or the cpu
  * target (-1: none), and the name of stage I (NULL past the last). */
 int np_stage_index(bool gpu, const char *name);

@@ -1155,6 +1155,58 @@ void fe_graph_truncate(nv_graph *g, int mark) {
   }
 }
 
+int fe_graph_save(const nv_graph *g, nv_graph_state *s) {
+  memset(s, 0, sizeof *s);
+  size_t nin = 0;
+  for (int i = 0; i < g->nnodes; i++) nin += (size_t)g->nodes[i]->nin;
+  s->order = nv_xmalloc(sizeof *s->order * ((size_t)g->nnodes + 1));
+  s->in = nv_xmalloc(sizeof *s->in * (nin + 1));
+  if (!s->order || !s->in) {
+    free(s->order);
+    free(s->in);
+    return -1;
+  }
+  memcpy(s->order, g->nodes, sizeof *s->order * (size_t)g->nnodes);
+  nin = 0;
+  for (int i = 0; i < g->nnodes; i++)
+    for (int j = 0; j < g->nodes[i]->nin; j++) s->in[nin++] = g->nodes[i]->in[j];
+  s->nnodes = g->nnodes;
+  s->nforward = g->nforward;
+  s->update_from = g->update_from;
+  s->recompute = g->recompute;
+  return 0;
+}
+
+void fe_graph_restore(nv_graph *g, nv_graph_state *s) {
+  /* the nodes made since are those not in the saved order: after it */
+  for (int i = 0; i < g->nnodes; i++) g->nodes[i]->id = -1;
+  for (int i = 0; i < s->nnodes; i++) s->order[i]->id = i;
+  int k = s->nnodes;
+  for (int i = 0; i < g->nnodes; i++)
+    if (g->nodes[i]->id < 0) g->nodes[i]->id = k++;
+  nv_node **order = g->nodes; /* in place: by id */
+  for (int i = 0; i < g->nnodes;) {
+    int to = order[i]->id;
+    if (to == i) {
+      i++;
+      continue;
+    }
+    nv_node *t = order[to];
+    order[to] = order[i];
+    order[i] = t;
+  }
+  size_t nin = 0;
+  for (int i = 0; i < s->nnodes; i++)
+    for (int j = 0; j < g->nodes[i]->nin; j++) g->nodes[i]->in[j] = s->in[nin++];
+  fe_graph_truncate(g, s->nnodes);
+  g->nforward = s->nforward;
+  g->update_from = s->update_from;
+  g->recompute = s->recompute;
+  free(s->order);
+  free(s->in);
+  memset(s, 0, sizeof *s);
+}
+
 int fe_graph_add_output(nv_graph *g, nv_diag *d, const char *name, nv_node *n, nv_loc loc) {
   for (int i = 0; i < g->nnodes; i++) {
     const nv_node *x = g->nodes[i];

@@ -216,10 +216,13 @@ typedef struct nv_graph {
   int nforward;         /* set by autodiff: nodes[0..nforward) are the forward's */
   struct nv_node *update_from; /* --nonfinite=skip-param: the first node after the backward pass (the
                            checks and updates that ad_schedule_updates moves up), else NULL */
-  struct {              /* ad_recompute: the forward values the backward reads */
+  struct nv_recompute_stats { /* ad_recompute: the forward values the backward reads */
     bool done;          /* ad_recompute ran */
     int values;         /* copies made in the backward */
     int64_t saved_before, saved_after; /* bytes of those it read before, and keeps now */
+    int heavy;          /* forward values recomputed that are no cheap op (matmuls, ...) */
+    int segments;       /* the forward's segments (1: not cut) */
+    double flops;       /* the copies' arithmetic */
   } recompute;
   int ninits;           /* ONNX with --train: every initializer nodes use, in file order */
   nv_initializer *inits;
@@ -253,6 +256,19 @@ int fe_mark_labels(nv_diag *d, nv_node *labels, int64_t classes, bool has_ii, in
 void fe_graph_set_order(nv_graph *g, nv_node *const *order);
 /* Drops the nodes made from `mark` on (nothing before them may use them). */
 void fe_graph_truncate(nv_graph *g, int mark);
+/* A training graph's state before passes that rewire operands, add nodes
+ * and reorder (ad_recompute, ad_schedule_updates), to try them and go
+ * back: fe_graph_save fills S (0, or -1 when out of memory);
+ * fe_graph_restore puts G back as it was and frees S's arrays (the
+ * nodes made since are dropped). */
+typedef struct nv_graph_state {
+  int nnodes, nforward;
+  nv_node **order, **in;   /* the nodes in order; every node's operands, in that order */
+  nv_node *update_from;
+  struct nv_recompute_stats recompute;
+} nv_graph_state;
+int fe_graph_save(const nv_graph *g, nv_graph_state *s);
+void fe_graph_restore(nv_graph *g, nv_graph_state *s);
 
 /* Data-movement nodes for importers and passes: x itself when nothing
  * changes, NULL if x is NULL or after a diagnostic. */

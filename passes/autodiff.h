@@ -71,12 +71,22 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o);
  * 0, or -1 with diagnostics (no loss, an op without a backward rule). */
 int ad_grad_reach(nv_graph *g, nv_diag *d, const char *loss, bool *reached);
 
+/* What recomputation may cost (--memory-limit): mu < 0, only cheap ops
+ * (free); else every pure op at mu bytes a flop, the forward cut into
+ * segments of about segment_bytes of values the backward reads (0: one
+ * segment, in which only cheap ops are recomputed). */
+typedef struct ad_remat {
+  double mu;
+  int64_t segment_bytes;
+} ad_remat;
+
 /* The forward values the backward reads, chosen by a minimum cut of the
  * bytes kept (passes/recompute.c): cheap ones (elementwise, casts, data
- * movement) are recomputed in the backward from the values it keeps.
+ * movement) are recomputed in the backward from the values it keeps, and
+ * with O (NULL: cheap ones only) expensive ones too, at O's price.
  * Needs g->nforward (ad_train); fills g->recompute.  0, or -1 (out of
  * memory, a diagnostic). */
-int ad_recompute(nv_graph *g, nv_diag *d);
+int ad_recompute(nv_graph *g, nv_diag *d, const ad_remat *o);
 
 /* With --nonfinite=skip-param (g->update_from set by ad_train): the nodes
  * after the backward pass move up, each to just after the last node it

@@ -142,6 +142,9 @@ void cg_mem_at(const nv_graph *g, const cg_plan *plan, int at, int64_t out[CG_ME
  * cannot fit: the message gives the smallest peak reached). */
 typedef int (*cg_plan_fn)(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan *plan, void *ud);
 int cg_fit_memory(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan_fn plan_fn, void *ud, cg_plan *plan);
+/* -1 after a diagnostic when LIMIT is below G's parameters and optimizer
+ * state alone (no plan can fit), else 0. */
+int cg_limit_below_state(nv_diag *d, const nv_graph *g, int64_t limit);
 
 /* inplace.c: before bufferization, for each result j of the entry that
  * updates argument PARAM_ARG[j] (-1: none), makes the update compute into

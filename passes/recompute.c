@@ -39,10 +39,27 @@
  * arithmetic on the same values, so the step's results do not change
  * beyond the order of rounding inside fused loops.
  *
+ * Under --memory-limit (ad_remat with mu >= 0) every pure op can be
+ * recomputed, matmuls and convolutions included, at a price: an edge
+ *
+ *   source -> v_in     (mu flops(v))   recomputing v costs its flops
+ *
+ * so the cut minimizes bytes kept + mu x flops recomputed.  Recomputation
+ * from far back would hold the recomputed values of every earlier layer
+ * at once, so the forward is cut into segments of about segment_bytes of
+ * the values the backward reads, at the points where the fewest bytes
+ * cross (the residual stream between two layers): a value that crosses a
+ * segment's start is kept (a checkpoint), and a recomputation chain stays
+ * within its segment.  An expensive copy is made once, before its first
+ * backward reader, and shared by the later ones; nothing of the last
+ * segment is recomputed but cheap ops (the backward reads it first).  The
+ * driver chooses segment_bytes and mu by measuring the plans they give.
+ *
  * The cut is Dinic's maximum flow (BFS levels, blocking flows by an
  * iterative DFS: a chain of 100,000 nodes needs no deep recursion).
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +67,7 @@
 #include "autodiff.h"
 
 #define RECOMPUTE_DEPTH 16
+#define SEGMENT_DEPTH 1024 /* (copy_of recurses along a chain) */
 #define CAP_INF (INT64_MAX / 4)
 
 static bool cheap(nv_op op) {
@@ -67,6 +85,35 @@ static bool cheap(nv_op op) {
     return true;
   default:
     return false;
+  }
+}
+
+/* Ops that give the same value again from the same operands: not the
+ * leaves, not the random ones (dropout, stochastic rounding). */
+static bool pure(const nv_node *v) {
+  switch (v->op) {
+  case NV_OP_INPUT: case NV_OP_PARAM: case NV_OP_CONSTANT: case NV_OP_DROPOUT: case NV_OP_STOCHASTIC_ROUND:
+    return false;
+  default:
+    return v->nin <= 64;
+  }
+}
+
+/* The arithmetic of computing V: multiply-adds count two; other ops one
+ * per element they read or write. */
+static double node_flops(const nv_node *v) {
+  double out = (double)fe_numel(v);
+  switch (v->op) {
+  case NV_OP_MATMUL: return 2 * out * (double)v->in[0]->shape[v->in[0]->rank - 1];
+  case NV_OP_CONV: /* weight [Cout, Cin / groups, k...] */
+    return 2 * out * (double)fe_numel(v->in[1]) / (double)(v->in[1]->shape[0] > 0 ? v->in[1]->shape[0] : 1);
+  case NV_OP_ATTENTION: /* q [B, H, S, D], k [B, Hk, T, D], v [B, Hk, T, Dv] */
+    return 2 * (double)fe_numel(v->in[0]) * (double)v->in[1]->shape[2] + 2 * out * (double)v->in[1]->shape[2];
+  default: {
+    double f = out;
+    for (int j = 0; j < v->nin; j++) f += (double)fe_numel(v->in[j]);
+    return f;
+  }
   }
 }
 
@@ -163,6 +210,9 @@ typedef struct rstate {
   int ncopies, cap;  /* copies made, room in before */
   int nold;
   int at;            /* the backward node being rewritten */
+  bool *heavy;       /* forward node id -> recomputed once, shared by its readers */
+  nv_node **shared;  /*   and that copy, once made */
+  double flops;      /* the copies' arithmetic */
 } rstate;
 
 /* The copies of a use's chain: at most this many per recomputed node, then
@@ -175,7 +225,9 @@ typedef struct rstate {
  * a copy with one use fuses into its reader and needs no buffer, where a
  * shared one would be written out in the backward. */
 static nv_node *copy_of(rstate *R, nv_node *v) {
-  if (R->stamp[v->id] == R->use) return R->copy[v->id];
+  bool one = R->heavy[v->id];
+  if (one && R->shared[v->id]) return R->shared[v->id];
+  if (!one && R->stamp[v->id] == R->use) return R->copy[v->id];
   nv_node *in[64];
   if (v->nin > 64 || R->ncopies == R->cap) return NULL;
   for (int j = 0; j < v->nin; j++) {
@@ -186,6 +238,8 @@ static nv_node *copy_of(rstate *R, nv_node *v) {
   if (!c) return NULL;
   R->before[R->ncopies++] = R->at;
   c->recompute = R->ncopies;
+  R->flops += node_flops(c);
+  if (one) return R->shared[v->id] = c;
   R->stamp[v->id] = R->use;
   return R->copy[v->id] = c;
 }
@@ -209,18 +263,81 @@ static int reorder(rstate *R) {
 
 static int64_t node_bytes(const nv_node *v) { return fe_numel(v) * (int64_t)fe_dtype_size(v->dtype); }
 
-int ad_recompute(nv_graph *g, nv_diag *d) {
+/* The segments of the forward nodes [0, NF) (ad_remat): each holds at
+ * most BUDGET bytes of values the backward reads (ACT; or one node), and
+ * the starts are where the fewest bytes cross in all (values made before
+ * a start and read by the forward after it, not counting those alive
+ * anyway: KEPT), by dynamic programming over the start points.  Sets
+ * PINNED for the values crossing a segment's start and *NSEG; returns the
+ * start of the last segment (0: one segment), -1 when out of memory. */
+static int segment(const nv_graph *g, int nf, const int64_t *act, const bool *kept, int64_t budget, bool *pinned,
+                   int *nseg) {
+  int *lastf = nv_xcalloc((size_t)nf + 1, sizeof *lastf), *nb = nv_xcalloc((size_t)nf + 2, sizeof *nb);
+  int *from = nv_xcalloc((size_t)nf + 2, sizeof *from);
+  int64_t *cross = nv_xcalloc((size_t)nf + 2, sizeof *cross), *pre = nv_xcalloc((size_t)nf + 2, sizeof *pre);
+  int64_t *cost = nv_xcalloc((size_t)nf + 2, sizeof *cost);
+  int last = -1;
+  *nseg = 1;
+  if (!lastf || !nb || !from || !cross || !pre || !cost) goto out;
+  for (int i = 0; i < nf; i++) {
+    lastf[i] = i;
+    for (int j = 0; j < g->nodes[i]->nin; j++) lastf[g->nodes[i]->in[j]->id] = i;
+  }
+  for (int v = 0; v < nf; v++) { /* v crosses the points v + 1 .. lastf[v] (a point p: before node p) */
+    pre[v + 1] = pre[v] + act[v];
+    if (!kept[v] && lastf[v] > v) {
+      cross[v + 1] += node_bytes(g->nodes[v]);
+      cross[lastf[v] + 1] -= node_bytes(g->nodes[v]);
+    }
+  }
+  for (int p = 1; p <= nf; p++) cross[p] += cross[p - 1];
+  cross[nf] = 0; /* (the end: no start there) */
+  /* cost[p]: the least bytes crossing the starts of segments tiling [0, p) */
+  for (int p = 1; p <= nf; p++) {
+    cost[p] = INT64_MAX;
+    for (int q = p - 1; q >= 0 && (q == p - 1 || pre[p] - pre[q] <= budget); q--)
+      if (cost[q] != INT64_MAX && cost[q] + cross[p] + 1 < cost[p]) { /* (+1: fewer starts, at a tie) */
+        cost[p] = cost[q] + cross[p] + 1;
+        from[p] = q;
+      }
+  }
+  last = 0;
+  for (int p = from[nf]; p > 0; p = from[p]) {
+    nb[p] = 1;
+    if (!last) last = p;
+    (*nseg)++;
+    if (getenv("NOVAC_DEBUG_REMAT"))
+      fprintf(stderr, "recompute: segment from node %d (%s), %lld bytes cross\n", p,
+              g->nodes[p]->loc.file ? g->nodes[p]->loc.file : "", (long long)cross[p]);
+  }
+  for (int p = 1; p <= nf; p++) nb[p] += nb[p - 1]; /* starts at or before p */
+  for (int v = 0; v < nf; v++) pinned[v] = !kept[v] && nb[lastf[v]] > nb[v];
+out:
+  free(lastf);
+  free(nb);
+  free(from);
+  free(cross);
+  free(pre);
+  free(cost);
+  return last;
+}
+
+int ad_recompute(nv_graph *g, nv_diag *d, const ad_remat *o) {
   int nf = g->nforward, n = g->nnodes, rc = -1;
+  double mu = o ? o->mu : -1;
   memset(&g->recompute, 0, sizeof g->recompute);
   if (!g->train || nf <= 0 || nf > n) return 0;
   bool *read = nv_xcalloc((size_t)n + 1, sizeof *read);      /* forward nodes the backward reads */
   bool *kept = nv_xcalloc((size_t)n + 1, sizeof *kept);      /* alive anyway: free to keep */
   bool *need = nv_xcalloc((size_t)n + 1, sizeof *need);      /* in the network */
   bool *easy = nv_xcalloc((size_t)n + 1, sizeof *easy);      /* cheap and not too deep */
+  bool *heavy = nv_xcalloc((size_t)n + 1, sizeof *heavy);    /* easy, but not cheap: costs its flops */
+  bool *pinned = nv_xcalloc((size_t)n + 1, sizeof *pinned);  /* crosses a segment's start: kept */
+  int64_t *act = nv_xcalloc((size_t)n + 1, sizeof *act);
   int *depth = nv_xcalloc((size_t)n + 1, sizeof *depth), *slot = nv_xcalloc((size_t)n + 1, sizeof *slot);
   flow f = {0};
   rstate R = {.g = g, .d = d, .nold = n};
-  if (!read || !kept || !need || !easy || !depth || !slot) goto out;
+  if (!read || !kept || !need || !easy || !heavy || !pinned || !act || !depth || !slot) goto out;
   for (int i = nf; i < n; i++)
     for (int j = 0; j < g->nodes[i]->nin; j++)
       if (g->nodes[i]->in[j]->id < nf) read[g->nodes[i]->in[j]->id] = true;
@@ -229,12 +346,23 @@ int ad_recompute(nv_graph *g, nv_diag *d) {
   for (int i = 0; i < nf; i++) {
     nv_node *v = g->nodes[i];
     if (v->op == NV_OP_INPUT || v->op == NV_OP_PARAM || v->op == NV_OP_CONSTANT) kept[i] = true;
-    if (kept[i] || !cheap(v->op)) continue;
+    act[i] = read[i] && !kept[i] ? node_bytes(v) : 0;
+  }
+  int lastseg = nf; /* from here on, nothing but cheap ops is recomputed */
+  g->recompute.segments = 1;
+  if (mu >= 0 && o->segment_bytes > 0 &&
+      (lastseg = segment(g, nf, act, kept, o->segment_bytes, pinned, &g->recompute.segments)) < 0)
+    goto out;
+  for (int i = 0; i < nf; i++) {
+    nv_node *v = g->nodes[i];
+    bool c = cheap(v->op), h = !c && mu >= 0 && i < lastseg && pure(v);
+    if (kept[i] || pinned[i] || (!c && !h)) continue;
     int dep = 0;
     for (int j = 0; j < v->nin; j++)
       if (easy[v->in[j]->id] && depth[v->in[j]->id] > dep) dep = depth[v->in[j]->id];
     depth[i] = dep + 1;
-    easy[i] = depth[i] <= RECOMPUTE_DEPTH && v->nin <= 64;
+    easy[i] = depth[i] <= (mu >= 0 ? SEGMENT_DEPTH : RECOMPUTE_DEPTH) && v->nin <= 64;
+    heavy[i] = easy[i] && h;
   }
   int nn = 0;
   for (int i = nf - 1; i >= 0; i--) {
@@ -271,6 +399,8 @@ int ad_recompute(nv_graph *g, nv_diag *d) {
     if (!easy[i]) flow_edge(&f, S, 2 * s, CAP_INF);
     else
       for (int j = 0; j < v->nin; j++) flow_edge(&f, 2 * slot[v->in[j]->id] + 1, 2 * s, CAP_INF);
+    double price = heavy[i] ? 2 * mu * node_flops(v) : 0;
+    if (price > 0) flow_edge(&f, S, 2 * s, price < (double)(CAP_INF / 2) ? (int64_t)price + 1 : CAP_INF);
     if (read[i]) flow_edge(&f, 2 * s + 1, T, CAP_INF);
   }
   while (flow_bfs(&f, S, T)) flow_block(&f, S, T, path);
@@ -278,16 +408,20 @@ int ad_recompute(nv_graph *g, nv_diag *d) {
   flow_bfs(&f, S, T); /* what the source still reaches: its side of the cut */
   R.again = nv_xcalloc((size_t)n + 1, sizeof *R.again);
   R.copy = nv_xcalloc((size_t)n + 1, sizeof *R.copy);
-  if (!R.again || !R.copy) goto out;
+  R.shared = nv_xcalloc((size_t)n + 1, sizeof *R.shared);
+  R.heavy = heavy;
+  if (!R.again || !R.copy || !R.shared) goto out;
   int nagain = 0;
   for (int i = 0; i < nf; i++) {
     if (!need[i]) continue;
     if (f.level[2 * slot[i]] < 0) { /* the sink's side: recomputed */
       R.again[i] = true;
       nagain++;
+      g->recompute.heavy += heavy[i];
     } else if (!kept[i] && f.level[2 * slot[i] + 1] < 0) { /* cut: kept for the backward */
       g->recompute.saved_after += node_bytes(g->nodes[i]);
     }
+    heavy[i] &= R.again[i];
   }
   if (!nagain) {
     rc = 0;
@@ -310,6 +444,7 @@ int ad_recompute(nv_graph *g, nv_diag *d) {
     }
   }
   g->recompute.values = g->nnodes - n;
+  g->recompute.flops = R.flops;
   if (reorder(&R)) goto out;
   rc = 0;
 out:
@@ -317,6 +452,9 @@ out:
   free(kept);
   free(need);
   free(easy);
+  free(heavy);
+  free(pinned);
+  free(act);
   free(depth);
   free(slot);
   free(f.head);
@@ -326,6 +464,7 @@ out:
   free(f.e);
   free(R.again);
   free(R.copy);
+  free(R.shared);
   free(R.stamp);
   free(R.before);
   g->recompute.done = !rc;

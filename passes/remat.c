@@ -341,24 +341,23 @@ static int64_t trial(nova_ctx *c, const nv_graph *g, MlirModule m, const cand *c
   return peak;
 }
 
-static void human(char *buf, size_t n, int64_t b) {
-  if (b >= 10LL << 20)
-    snprintf(buf, n, "%lld bytes (%.1f MiB)", (long long)b, (double)b / (1 << 20));
-  else
-    snprintf(buf, n, "%lld bytes", (long long)b);
+#define human nv_human_bytes
+
+int cg_limit_below_state(nv_diag *d, const nv_graph *g, int64_t limit) {
+  int64_t kinds[CG_MEM_NKINDS];
+  cg_mem_at(g, NULL, -1, kinds); /* what no recomputation changes: said without searching */
+  if (limit >= kinds[CG_MEM_PARAMS] + kinds[CG_MEM_OPT_STATE]) return 0;
+  char l0[64], p0[64];
+  human(l0, sizeof l0, limit);
+  human(p0, sizeof p0, kinds[CG_MEM_PARAMS] + kinds[CG_MEM_OPT_STATE]);
+  nv_error_plain(d, "--memory-limit: the step does not fit in %s: its parameters and optimizer state alone take %s", l0,
+                 p0);
+  return -1;
 }
 
 int cg_fit_memory(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan_fn plan_fn, void *ud, cg_plan *plan) {
-  int64_t limit = plan->memory_limit, kinds[CG_MEM_NKINDS];
-  cg_mem_at(g, NULL, -1, kinds); /* what no recomputation changes: said without searching */
-  if (limit < kinds[CG_MEM_PARAMS] + kinds[CG_MEM_OPT_STATE]) {
-    char l0[64], p0[64];
-    human(l0, sizeof l0, limit);
-    human(p0, sizeof p0, kinds[CG_MEM_PARAMS] + kinds[CG_MEM_OPT_STATE]);
-    nv_error_plain(c->diag, "--memory-limit: the step does not fit in %s: its parameters and optimizer state alone "
-                   "take %s", l0, p0);
-    return -1;
-  }
+  int64_t limit = plan->memory_limit;
+  if (cg_limit_below_state(c->diag, g, limit)) return -1;
   cand *cs = NULL;
   int n = find_candidates(m, &cs);
   if (n < 0) {

@@ -603,3 +603,11 @@ int nv_close_stdout(void) {
   if (bad) errno = e ? e : EIO;
   return bad ? -1 : 0;
 }
+
+const char *nv_human_bytes(char *buf, size_t n, int64_t b) {
+  if (b >= 10LL << 20)
+    snprintf(buf, n, "%lld bytes (%.1f MiB)", (long long)b, (double)b / (1 << 20));
+  else
+    snprintf(buf, n, "%lld bytes", (long long)b);
+  return buf;
+}

@@ -5,6 +5,7 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stddef.h>
 
 typedef struct nv_sbuf {
@@ -51,6 +52,8 @@ int nv_glob_count(const char *globs);
  * no leading blank or '+' (which those skip or take); the caller still
  * checks that the number ends the string. */
 bool nv_number_token(const char *v);
+/* BYTES for a message: "N bytes", with " (X.Y MiB)" from 10 MiB on; BUF. */
+const char *nv_human_bytes(char *buf, size_t n, int64_t bytes);
 
 /* ---- durable output ------------------------------------------------------
  * Every file novac and novarun write goes through nv_out: the bytes go to a

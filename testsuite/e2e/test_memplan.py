@@ -328,23 +328,32 @@ case("memplan.updates_early", updates_early)
 case("memplan.skip_param", skip_param)
 
 
-def remat_reduces(target):
+def remat_reduces(target, extra=()):
     """A limit just under the step's planned peak: some activations are
-    recomputed, the plan fits the limit and passes the overlap check, and
-    training gives the same losses, gradients and parameters."""
+    recomputed (matmuls included, from checkpoints, in the graph; with
+    --recompute=none, cheap ones in linalg), the plan fits the limit and
+    passes the overlap check, and training gives the same losses,
+    gradients and parameters."""
     def go():
         d = tempfile.mkdtemp(prefix="nova-remat-")
         try:
-            so0, m0 = manifest(GPT[1], GPT[2] + target, d, "s0")
+            # (sgd: see recompute_cheap; a recomputed matmul rounds as it fuses in the backward)
+            flags = [f for f in GPT[2] if not f.startswith("--optimizer")] + ["--optimizer=sgd"] + target + list(extra)
+            so0, m0 = manifest(GPT[1], flags, d, "s0")
             p0 = m0["memory"]["planned_peak_bytes"]
-            so1, m1 = manifest(GPT[1], GPT[2] + target + ["--memory-limit=%d" % (p0 - 1)], d, "s1")
+            so1, m1 = manifest(GPT[1], flags + ["--memory-limit=%d" % (p0 - 1)], d, "s1")
             mem = m1["memory"]
             check_plan(mem)
-            rm = mem.get("remat") or {}
-            if mem.get("memory_limit") != p0 - 1 or rm.get("peak_without_bytes") != p0:
+            rm, rc = mem.get("remat") or {}, mem.get("recompute") or {}
+            if mem.get("memory_limit") != p0 - 1:
                 raise Failure("manifest memory: %r" % {k: v for k, v in mem.items() if k != "plan"})
-            if not rm.get("recomputed", 0) >= 1 or not rm.get("recomputed_bytes", 0) > 0:
-                raise Failure("nothing recomputed: %r" % rm)
+            if extra:  # the linalg stage alone
+                if rm.get("peak_without_bytes") != p0 or "recompute" in mem:
+                    raise Failure("manifest memory: %r" % {k: v for k, v in mem.items() if k != "plan"})
+                if not rm.get("recomputed", 0) >= 1 or not rm.get("recomputed_bytes", 0) > 0:
+                    raise Failure("nothing recomputed: %r" % rm)
+            elif not rc.get("expensive_values", 0) >= 1 or not rc.get("flops", 0) > 0 or rc.get("segments", 0) < 2:
+                raise Failure("no matmul recomputed from a checkpoint: %r" % rc)
             if not mem["planned_peak_bytes"] <= p0 - 1:
                 raise Failure("planned peak %d above the limit %d" % (mem["planned_peak_bytes"], p0 - 1))
             if target:
@@ -435,6 +444,7 @@ def threads_same_results():
 case("threads.same_results_1_2_3", threads_same_results)
 case("memplan.remat_same_gradients", remat_reduces([]))
 case("memplan.remat.cuda", remat_reduces(["--target=cuda", "--device=h100"]))
+case("memplan.remat_linalg_same_gradients", remat_reduces([], ["--recompute=none"]))
 case("memplan.remat_limits", remat_cannot_fit)
 print("# memplan: %d passed, %d failed" % (results["pass"], results["fail"]))
 sys.exit(0)
