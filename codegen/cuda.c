@@ -809,9 +809,12 @@ int cg_gpu_nvvm(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_o
   if (nova_verify(c, m, "merging GPU modules")) return -1;
   if (getenv("NOVAC_DEBUG_GPU_IR")) nova_print_op(mlirModuleGetOperation(m), stderr);
   nv_sbuf p = {0};
+  /* PTX ISA 8.1 (CUDA 12.1 drivers): a kernel takes up to 32,764 bytes of
+   * parameters, not 4,352 (the fused non-finite check of the 144M-parameter
+   * GPT reads a scalar of every parameter: 9,728 bytes) */
   nv_sb_printf(&p,
                "builtin.module(func.func(convert-scf-to-cf),gpu-lower-to-nvvm-pipeline{cubin-chip=%s "
-               "cubin-features=+ptx80 cubin-format=isa opt-level=%d})",
+               "cubin-features=+ptx81 cubin-format=isa opt-level=%d})",
                out->chip, o->opt_level > 3 ? 3 : o->opt_level < 0 ? 0 : o->opt_level);
   int rc = p.oom ? -1 : cg_run_pipeline(c, m, p.s, "lowering to NVVM and PTX");
   nv_sb_free(&p);

@@ -385,6 +385,7 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
       cJSON_AddNumberToObject(rc, "kept_bytes_without", (double)g->recompute.saved_before);
       cJSON_AddNumberToObject(rc, "expensive_values", g->recompute.heavy);
       cJSON_AddNumberToObject(rc, "segments", g->recompute.segments);
+      cJSON_AddNumberToObject(rc, "segments_recomputed", g->recompute.segments_recomputed);
       cJSON_AddNumberToObject(rc, "flops", g->recompute.flops);
     }
     if (pl->memory_limit > 0) {

@@ -86,9 +86,10 @@ static void usage(FILE *f) {
   fputs("  --cpu=NAME            LLVM CPU to generate code for (default host; e.g. x86-64-v3)\n"
         "  --dim=NAME=N          bind a symbolic dimension\n"
         "  -O0 .. -O3            optimisation level (default -O2)\n"
-        "  --memory-limit=BYTES  (-O1 and up) recompute cheap activations in the backward pass\n"
-        "                        until the planned peak fits BYTES (suffix K, M or G: KiB,\n"
-        "                        MiB, GiB), or fail with the smallest peak reached\n"
+        "  --memory-limit=BYTES  (-O1 and up) recompute activations in the backward pass, matmuls\n"
+        "                        too (layers from checkpoints), until the planned peak fits\n"
+        "                        BYTES (suffix K, M or G: KiB, MiB, GiB) with the fewest flops,\n"
+        "                        or fail with the smallest peak reached and its op\n"
         "  --memory-report=FILE  the step's memory over its ops (parameters, optimizer state,\n"
         "                        gradients, activations, workspace; the peak and its op): an SVG\n"
         "                        picture, or JSON when FILE ends in .json\n"
@@ -724,7 +725,7 @@ static int compile(nv_diag *d, opts *o) {
   }
   cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block, o->tf32, o->memory_limit};
   if (o->train && (o->opt_level > 0 && !o->no_recompute)) {
-    ad_remat pick = {-1, 0};
+    ad_remat pick = {-1, 0, 0};
     if (o->memory_limit) { /* what the backward recomputes: measured plans (driver/pipeline.c) */
       np_run r = {.c = &c, .dev = &dev, .gpu = cuda ? &go : NULL, .opt_level = o->opt_level};
       np_fit fit;

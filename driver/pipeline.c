@@ -263,9 +263,9 @@ static int graph_trial(np_run *r, nv_graph *g, fit_trial *t) {
   }
   rc = 0;
   if (getenv("NOVAC_DEBUG_REMAT"))
-    fprintf(stderr, "recompute: mu %g, segments of %lld bytes (%d): peak %lld, %d values (%d expensive), "
-            "%.3g flops\n", t->a.mu, (long long)t->a.segment_bytes, t->st.segments, (long long)t->peak,
-            t->st.values, t->st.heavy, t->st.flops);
+    fprintf(stderr, "recompute: mu %g, segments of %lld bytes (%d, %d recomputed): peak %lld, %d values (%d "
+            "expensive), %.3g flops\n", t->a.mu, (long long)t->a.segment_bytes, t->st.segments,
+            t->st.segments_recomputed, (long long)t->peak, t->st.values, t->st.heavy, t->st.flops);
 out:
   cg_plan_free(&p);
   cg_gpu_free(&gpu);
@@ -281,9 +281,9 @@ static bool lower_peak(const fit_trial *a, const fit_trial *b) {
 
 int np_fit_recompute(np_run *r, nv_graph *g, int64_t limit, ad_remat *out, np_fit *fit) {
   memset(fit, 0, sizeof *fit);
-  *out = (ad_remat){-1, 0};
+  *out = (ad_remat){-1, 0, 0};
   if (cg_limit_below_state(r->c->diag, g, limit)) return -1;
-  fit_trial t = {.a = {-1, 0}}, best;
+  fit_trial t = {.a = {-1, 0, 0}}, best;
   if (graph_trial(r, g, &t)) return -1;
   best = t;
   fit->trials = 1;
@@ -291,7 +291,8 @@ int np_fit_recompute(np_run *r, nv_graph *g, int64_t limit, ad_remat *out, np_fi
   if (t.peak >= 0 && t.peak <= limit) goto done;
   const char *force = getenv("NOVAC_DEBUG_REMAT_FORCE"); /* "MU:SEGMENT_BYTES": that one, measured */
   if (force) {
-    t = (fit_trial){.a = {strtod(force, NULL), strchr(force, ':') ? strtoll(strchr(force, ':') + 1, NULL, 10) : 0}};
+    const char *c1 = strchr(force, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL; /* MU:BYTES[:SEGMENTS] */
+    t = (fit_trial){.a = {strtod(force, NULL), c1 ? strtoll(c1 + 1, NULL, 10) : 0, c2 ? atoi(c2 + 1) : 0}};
     if (graph_trial(r, g, &t)) return -1;
     best = t;
     goto done;
@@ -303,7 +304,7 @@ int np_fit_recompute(np_run *r, nv_graph *g, int64_t limit, ad_remat *out, np_fi
   static const int parts[] = {2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64};
   int worse = 0;
   for (size_t i = 0; i < sizeof parts / sizeof *parts && total > 0 && worse < 2; i++) {
-    t = (fit_trial){.a = {0, total / parts[i] > 0 ? total / parts[i] : 1}};
+    t = (fit_trial){.a = {0, total / parts[i] > 0 ? total / parts[i] : 1, 0}};
     if (graph_trial(r, g, &t)) return -1;
     fit->trials++;
     if (lower_peak(&t, &best)) {
@@ -314,12 +315,29 @@ int np_fit_recompute(np_run *r, nv_graph *g, int64_t limit, ad_remat *out, np_fi
     }
   }
   if (best.peak >= 0 && best.peak <= limit && best.a.mu >= 0) {
-    /* the least recomputation that still fits: mu as high as it can be,
-     * by bisection of its logarithm (2^-24 .. 2^2 bytes a flop) */
+    /* the least recomputation that still fits: as few segments as can be
+     * (the first ones: their activations live longest), by bisection */
+    int lo = 0, hi = best.st.segments_recomputed;
+    while (hi - lo > 1) {
+      int mid = (lo + hi) / 2;
+      t = (fit_trial){.a = {0, best.a.segment_bytes, mid}};
+      if (graph_trial(r, g, &t)) return -1;
+      fit->trials++;
+      if (t.peak >= 0 && t.peak <= limit) {
+        hi = mid;
+        best = t;
+      } else {
+        lo = mid;
+      }
+    }
+  }
+  if (best.peak >= 0 && best.peak <= limit && best.a.mu >= 0) {
+    /* then within them, mu as high as it can be, by bisection of its
+     * logarithm (2^-24 .. 2^2 bytes a flop) */
     double lo = -24, hi = 2;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 6; i++) {
       double m = (lo + hi) / 2;
-      t = (fit_trial){.a = {exp2(m), best.a.segment_bytes}};
+      t = (fit_trial){.a = {exp2(m), best.a.segment_bytes, best.a.segments_recomputed}};
       if (graph_trial(r, g, &t)) return -1;
       fit->trials++;
       if (t.peak >= 0 && t.peak <= limit) {

@@ -222,6 +222,7 @@ typedef struct nv_graph {
     int64_t saved_before, saved_after; /* bytes of those it read before, and keeps now */
     int heavy;          /* forward values recomputed that are no cheap op (matmuls, ...) */
     int segments;       /* the forward's segments (1: not cut) */
+    int segments_recomputed; /* those whose expensive values may be recomputed (the first ones) */
     double flops;       /* the copies' arithmetic */
   } recompute;
   int ninits;           /* ONNX with --train: every initializer nodes use, in file order */

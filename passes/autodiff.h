@@ -74,10 +74,12 @@ int ad_grad_reach(nv_graph *g, nv_diag *d, const char *loss, bool *reached);
 /* What recomputation may cost (--memory-limit): mu < 0, only cheap ops
  * (free); else every pure op at mu bytes a flop, the forward cut into
  * segments of about segment_bytes of values the backward reads (0: one
- * segment, in which only cheap ops are recomputed). */
+ * segment, in which only cheap ops are recomputed), expensive ones
+ * recomputed in the first segments_recomputed of them. */
 typedef struct ad_remat {
   double mu;
   int64_t segment_bytes;
+  int segments_recomputed; /* > 0: expensive ops only in the first this many (0: all but the last) */
 } ad_remat;
 
 /* The forward values the backward reads, chosen by a minimum cut of the

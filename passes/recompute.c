@@ -270,8 +270,8 @@ static int64_t node_bytes(const nv_node *v) { return fe_numel(v) * (int64_t)fe_d
  * anyway: KEPT), by dynamic programming over the start points.  Sets
  * PINNED for the values crossing a segment's start and *NSEG; returns the
  * start of the last segment (0: one segment), -1 when out of memory. */
-static int segment(const nv_graph *g, int nf, const int64_t *act, const bool *kept, int64_t budget, bool *pinned,
-                   int *nseg) {
+static int segment(const nv_graph *g, int nf, const int64_t *act, const bool *kept, int64_t budget, int nrec,
+                   bool *pinned, int *nseg) {
   int *lastf = nv_xcalloc((size_t)nf + 1, sizeof *lastf), *nb = nv_xcalloc((size_t)nf + 2, sizeof *nb);
   int *from = nv_xcalloc((size_t)nf + 2, sizeof *from);
   int64_t *cross = nv_xcalloc((size_t)nf + 2, sizeof *cross), *pre = nv_xcalloc((size_t)nf + 2, sizeof *pre);
@@ -301,13 +301,16 @@ static int segment(const nv_graph *g, int nf, const int64_t *act, const bool *ke
         from[p] = q;
       }
   }
+  for (int p = from[nf]; p > 0; p = from[p]) (*nseg)++;
+  /* the first NREC segments are recomputed (all but the last: 0), up to LAST */
   last = 0;
-  for (int p = from[nf]; p > 0; p = from[p]) {
+  int k = *nseg - 1;
+  for (int p = from[nf]; p > 0; p = from[p], k--) {
+    if (nrec > 0 && k > nrec) continue;
     nb[p] = 1;
     if (!last) last = p;
-    (*nseg)++;
     if (getenv("NOVAC_DEBUG_REMAT"))
-      fprintf(stderr, "recompute: segment from node %d (%s), %lld bytes cross\n", p,
+      fprintf(stderr, "recompute: segment %d from node %d (%s), %lld bytes cross\n", k, p,
               g->nodes[p]->loc.file ? g->nodes[p]->loc.file : "", (long long)cross[p]);
   }
   for (int p = 1; p <= nf; p++) nb[p] += nb[p - 1]; /* starts at or before p */
@@ -351,8 +354,14 @@ int ad_recompute(nv_graph *g, nv_diag *d, const ad_remat *o) {
   int lastseg = nf; /* from here on, nothing but cheap ops is recomputed */
   g->recompute.segments = 1;
   if (mu >= 0 && o->segment_bytes > 0 &&
-      (lastseg = segment(g, nf, act, kept, o->segment_bytes, pinned, &g->recompute.segments)) < 0)
+      (lastseg = segment(g, nf, act, kept, o->segment_bytes, o->segments_recomputed, pinned,
+                         &g->recompute.segments)) < 0)
     goto out;
+  if (lastseg > 0) {
+    int all = g->recompute.segments - 1;
+    g->recompute.segments_recomputed = o->segments_recomputed > 0 && o->segments_recomputed < all
+                                       ? o->segments_recomputed : all;
+  }
   for (int i = 0; i < nf; i++) {
     nv_node *v = g->nodes[i];
     bool c = cheap(v->op), h = !c && mu >= 0 && i < lastseg && pure(v);
