@@ -357,7 +357,7 @@ int ad_recompute(nv_graph *g, nv_diag *d, const ad_remat *o) {
       (lastseg = segment(g, nf, act, kept, o->segment_bytes, o->segments_recomputed, pinned,
                          &g->recompute.segments)) < 0)
     goto out;
-  if (lastseg > 0) {
+  if (mu >= 0 && o->segment_bytes > 0 && lastseg > 0) {
     int all = g->recompute.segments - 1;
     g->recompute.segments_recomputed = o->segments_recomputed > 0 && o->segments_recomputed < all
                                        ? o->segments_recomputed : all;
