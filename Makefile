@@ -41,7 +41,7 @@ RT_HDRS     := $(RT_DIR)/include/nova/step.h $(RT_DIR)/include/rt_graph.h
 # the LD_PRELOAD fault-injection shim of testsuite/faults (not installed)
 FAULT_LIB   := $(B)/lib/libnvfault.so
 
-.PHONY: check-tsan check-asan-fast all deps check-deps demo check check-gpu check-asan check-lit check-e2e check-bad check-unit check-onnx fuzz fuzz-onnx fuzz-nova fuzz-st fuzz-pb install clean
+.PHONY: check-all check-tsan check-asan-fast all deps check-deps demo check check-gpu check-asan check-lit check-e2e check-bad check-unit check-onnx fuzz fuzz-onnx fuzz-nova fuzz-st fuzz-pb install clean
 all: check-deps $(BIN_NOVAC) $(BIN_NOVARUN) $(RT_LIB) $(RT_HDRS) $(FAULT_LIB)
 
 # ---- dependencies -------------------------------------------------------
@@ -121,6 +121,11 @@ demo: deps-auto
 check: deps-auto
 	@$(MAKE) --no-print-directory all
 	@sh testsuite/run.sh $(B)
+
+# make check with its long variants whole (the zoo under --memory-limit: every model).
+check-all: deps-auto
+	@$(MAKE) --no-print-directory all
+	@NOVA_CHECK_ALL=1 sh testsuite/run.sh $(B)
 
 # The numeric suites on this machine's GPU (--target=cuda --device=auto);
 # prints a skip message and passes where there is no GPU.

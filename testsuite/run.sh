@@ -121,6 +121,16 @@ suite calls-zoo env NOVAC_KERNEL_CALLS=1 NOVA_TEST_TAG=calls/ python3 testsuite/
 for t in grads_onnx batchnorm_train dropout eval; do
   suite "calls-$t" env NOVAC_KERNEL_CALLS=1 NOVA_TEST_TAG=calls/ python3 "testsuite/e2e/test_$t.py"
 done
+# the whole-model numeric tests with each training step compiled under
+# --memory-limit at 0.75x its plan (passes/recompute.c: matmuls, norms and
+# softmaxes recomputed from checkpoints): the same results.  Four models;
+# NOVA_CHECK_ALL=1 (make check-all) every one (15 min on 2 cores).
+if [ "${NOVA_CHECK_ALL:-0}" = 1 ]; then
+  suite remat-zoo env NOVA_TEST_MEMORY_FRACTION=0.75 NOVA_TEST_TAG=remat/ python3 testsuite/zoo/test_zoo.py
+else
+  suite remat-zoo env NOVA_TEST_MEMORY_FRACTION=0.75 NOVA_TEST_TAG=remat/ python3 testsuite/zoo/test_zoo.py \
+    gpt2.ts resnet18.dynamo llama.ts dropbn_train.ts
+fi
 [ -f testsuite/runtime/run.sh ] && suite runtime sh testsuite/runtime/run.sh "$B"
 [ -f testsuite/bad/run.sh ] && suite bad sh testsuite/bad/run.sh "$B"
 # the Nth allocation, write or fsync failed, compiles and training runs

@@ -33,6 +33,7 @@ import collections
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -166,10 +167,31 @@ def check_untrained(ref, dumped, inits, after=None):
                 raise Failure("initializer '%s' is not a trained PyTorch parameter but the step changed it" % name)
 
 
+# NOVA_TEST_MEMORY_FRACTION=F: each training step compiled with --memory-limit at F x its planned
+# peak (or, where that is below what recomputation reaches, at the smallest peak novac reached):
+# the backward recomputes expensive values from checkpoints, and every check below still holds.
+MEMORY_FRACTION = float(os.environ.get("NOVA_TEST_MEMORY_FRACTION", "0"))
+
+
+def compile_step(model, flags, so):
+    run([NOVAC, model] + flags + ["-o", so])
+    if not MEMORY_FRACTION or "--train" not in flags:
+        return
+    with open(so[:-3] + ".json") as f:
+        peak = json.load(f)["memory"]["planned_peak_bytes"]
+    limit = ["--memory-limit=%d" % int(peak * MEMORY_FRACTION)]
+    p = run([NOVAC, model] + flags + limit + ["-o", so], expect_rc=None)
+    if p.returncode:
+        m = re.search(r"the smallest peak reached is ([0-9]+) bytes", p.stderr)
+        if p.returncode != 1 or not m:
+            raise Failure("novac --memory-limit: %s" % p.stderr.strip()[-400:])
+        run([NOVAC, model] + flags + ["--memory-limit=" + m.group(1), "-o", so])
+
+
 def step(case_dir, ref, d, steps=1, loss_log=None):
     so = os.path.join(d, "s.so")
     model = os.path.join(case_dir, "model.onnx")
-    run([NOVAC, model] + novac_flags(ref, model) + ["-o", so])
+    compile_step(model, novac_flags(ref, model), so)
     check_plan_of(os.path.join(d, "s.json"))
     dump = os.path.join(d, "dump%d" % steps)
     cmd = [NOVARUN, so, "--inputs", os.path.join(case_dir, "test_data_set_0"), "--steps", str(steps),
