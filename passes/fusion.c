@@ -4,8 +4,10 @@
  * Changes: producers merged into their consumers by MLIR's
  * linalg-fuse-elementwise-ops, after canonicalize and CSE, within two bounds
  * set by barriers (calls that give a producer a second use, removed
- * afterwards): the size of a fused body (below), and contractions and
- * reductions keep f32 operands where a producer extends an f16/bf16 value
+ * afterwards): the size of a fused body (below), a producer that
+ * computes read by a broadcast (a contraction's operand) stays apart, and
+ * contractions and reductions keep f32 operands where a producer extends
+ * an f16/bf16 value
  * (--precision: the CPU tiler vectorizes 16-bit types in elementwise ops
  * only).  Where the target's contractions read bf16 operands themselves
  * (HALF_CONTRACTIONS: codegen/cpu_ukernel.c), the bf16 values such an
@@ -154,10 +156,45 @@ static void half_barriers(cap_state *s, MlirOperation op, int *barriers) {
   }
 }
 
+/* Whether OP's body computes (has an op besides its yield). */
+static bool computes(MlirOperation op) {
+  MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  MlirOperation o = mlirBlockGetFirstOperation(b);
+  return !mlirOperationIsNull(o) && !cg_op_is(o, "linalg.yield");
+}
+
+/* Whether OP reads its operand I at fewer loops than it has: the same
+ * element at every iteration of the others (a matmul's operands, a row
+ * statistic broadcast over the row). */
+static bool broadcast_read(MlirOperation op, intptr_t i) {
+  if (!cg_op_is(op, "linalg.generic")) return true; /* linalg.matmul and the other named contractions */
+  MlirAttribute maps = mlirOperationGetAttributeByName(op, nova_str("indexing_maps"));
+  if (mlirAttributeIsNull(maps) || !mlirAttributeIsAArray(maps) || i >= mlirArrayAttrGetNumElements(maps)) return true;
+  MlirAttribute a = mlirArrayAttrGetElement(maps, i);
+  if (!mlirAttributeIsAAffineMap(a)) return true;
+  MlirAffineMap m = mlirAffineMapAttrGetValue(a);
+  return mlirAffineMapGetNumResults(m) < mlirAffineMapGetNumDims(m);
+}
+
+/* A producer that computes, read by OP as a broadcast, keeps its result
+ * (a barrier): merged into OP its body would run again at every
+ * iteration of the loops it does not depend on (an erf-GELU merged into
+ * the matmul that reads it, once per output column: a training step 16x
+ * slower).  Copies and transposes (a body of just a yield) still fuse. */
+static void broadcast_barriers(cap_state *s, MlirOperation op, int *barriers) {
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    MlirOperation p = fusable_producer(s, op, i);
+    if (mlirOperationIsNull(p) || !computes(p) || !broadcast_read(op, i)) continue;
+    add_barrier(s, mlirOperationGetOperand(op, i), op);
+    ++*barriers;
+  }
+}
+
 static void visit(cap_state *s, MlirOperation op, int *barriers) {
   intptr_t n = mlirOperationGetNumOperands(op);
   int64_t total = body_ops(op);
   half_barriers(s, op, barriers);
+  broadcast_barriers(s, op, barriers);
   for (intptr_t i = 0; i < n; i++) {
     MlirOperation p = fusable_producer(s, op, i);
     if (!mlirOperationIsNull(p)) total += estimate(s, p);
@@ -249,7 +286,10 @@ int cg_fusion_barriers(MlirModule m, bool half_contractions) {
     for (MlirOperation op = mlirBlockGetFirstOperation(mlirRegionGetFirstBlock(r)); !mlirOperationIsNull(op);
          op = mlirOperationGetNextInBlock(op))
       if (cg_op_is(op, "linalg.generic")) visit(&s, op, &barriers);
-      else if (cg_op_is(op, "linalg.matmul")) half_barriers(&s, op, &barriers);
+      else if (cg_op_is(op, "linalg.matmul") || cg_op_is(op, "linalg.batch_matmul")) {
+        half_barriers(&s, op, &barriers);
+        broadcast_barriers(&s, op, &barriers);
+      }
   }
   cg_ptrmap_free(&s.size);
   free(s.est);
