@@ -182,7 +182,9 @@ static bool broadcast_read(MlirOperation op, intptr_t i) {
  * the matmul that reads it, once per output column: a training step 16x
  * slower).  Copies and transposes (a body of just a yield) still fuse. */
 static void broadcast_barriers(cap_state *s, MlirOperation op, int *barriers) {
-  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+  MlirAttribute seg = mlirOperationGetAttributeByName(op, nova_str("operandSegmentSizes"));
+  if (mlirAttributeIsNull(seg) || !mlirAttributeIsADenseI32Array(seg)) return;
+  for (intptr_t i = 0; i < mlirDenseI32ArrayGetElement(seg, 0); i++) { /* the inputs, not the inits */
     MlirOperation p = fusable_producer(s, op, i);
     if (mlirOperationIsNull(p) || !computes(p) || !broadcast_read(op, i)) continue;
     add_barrier(s, mlirOperationGetOperand(op, i), op);

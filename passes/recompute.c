@@ -351,7 +351,7 @@ int ad_recompute(nv_graph *g, nv_diag *d, const ad_remat *o) {
     if (v->op == NV_OP_INPUT || v->op == NV_OP_PARAM || v->op == NV_OP_CONSTANT) kept[i] = true;
     act[i] = read[i] && !kept[i] ? node_bytes(v) : 0;
   }
-  int lastseg = nf; /* from here on, nothing but cheap ops is recomputed */
+  int lastseg = 0; /* from here on, nothing but cheap ops is recomputed (one segment: nothing expensive) */
   g->recompute.segments = 1;
   if (mu >= 0 && o->segment_bytes > 0 &&
       (lastseg = segment(g, nf, act, kept, o->segment_bytes, o->segments_recomputed, pinned,
