@@ -17,7 +17,11 @@
  * but constants), the producing ops are cloned right before the writer, which
  * then writes into its own copy.  The values are the same; the IR is the
  * one before CSE, and bufferization analyses each write against its own
- * few uses.  Producers left without uses are erased.
+ * few uses.  Producers left without uses are erased.  Such a destination
+ * with one writer that was made more than FAR_OPS ops before it (CSE
+ * keeps the first of the fills it merges: one in the forward pass for a
+ * writer in the backward) is made again just before it: a buffer is held
+ * from where its tensor is made.
  */
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
@@ -152,9 +156,6 @@ static void erase_if_dead(MlirValue v, MlirOperation keep) {
 
 static void unshare_block(MlirBlock b);
 
-/* The clones go before `at`: the first op of the run of ops from the
- * writer's source op (one location), so that each source op's code stays
- * contiguous (outline.c outlines such runs). */
 /* Whether DEF lies more than FAR_OPS ops before AT in their block (a
  * fresh destination made there would hold its buffer all that time:
  * CSE keeps the first of the fills it merges, in the forward pass, for a
@@ -168,6 +169,9 @@ static bool far_before(MlirOperation def, MlirOperation at) {
   return false;
 }
 
+/* The clones go before `at`: the first op of the run of ops from the
+ * writer's source op (one location), so that each source op's code stays
+ * contiguous (outline.c outlines such runs). */
 static void unshare_op(MlirBlock b, MlirOperation op, MlirOperation at) {
   intptr_t first = 0, n = 0;
   bool writes = written(op, &first, &n);
