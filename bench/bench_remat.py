@@ -14,7 +14,6 @@ what recomputation reaches is reported with novac's message.  Prints a
 Markdown table.
 """
 import argparse
-import json
 import os
 import platform
 import re
@@ -26,20 +25,15 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import bench_cpu  # noqa: E402
+import bench_memory  # noqa: E402
 
 
 def compile_step(build, model, extra, d, tag):
-    so = os.path.join(d, tag + ".so")
-    cmd = [os.path.join(build, "bin", "novac"), model, "--train", "--optimizer=adamw", "--lr=1e-3",
-           "--dim=batch=%d" % bench_cpu.WORKLOADS["gpt4"]["batch"], "-o", so] + extra
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    wall = time.perf_counter() - t0
-    if p.returncode:
-        return {"error": (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1], "compile_s": wall}
-    with open(so[:-3] + ".json") as f:
-        mem = json.load(f)["memory"]
-    return {"so": so, "compile_s": wall, "peak": mem["planned_peak_bytes"], "recompute": mem.get("recompute", {})}
+    """bench_memory's compile (AdamW, gpt4's batch), with the step's path."""
+    r = bench_memory.novac_memory(build, model, bench_cpu.WORKLOADS["gpt4"]["batch"], ["--lr=1e-3"] + extra, d, tag)
+    if "error" not in r:
+        r.update(so=os.path.join(d, tag + ".so"), peak=r["planned_peak_bytes"])
+    return r
 
 
 def novarun(build, args):
@@ -72,8 +66,7 @@ def main():
             lim = int(p0 * f)
             rows.append(("%.2fx (%d)" % (f, lim), compile_step(args.build, model, ["--memory-limit=%d" % lim], d,
                                                                 "s%d" % len(rows))))
-        env = dict(os.environ, NOVA_NUM_THREADS="1")
-        os.environ.update(env)
+        os.environ["NOVA_NUM_THREADS"] = "1"
         for _, r in rows:
             if "so" not in r:
                 continue
@@ -102,9 +95,9 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for name, r in rows:
         if "error" in r:
-            print("| %s | %s | | | | | | %.1f |" % (name, r["error"], r["compile_s"]))
+            print("| %s | %s | | | | | | |" % (name, r["error"]))
             continue
-        rc = r["recompute"]
+        rc = r.get("recompute", {})
         same = all(abs(a - b) <= 1e-5 * max(1.0, abs(a)) for a, b in zip(base["losses"], r["losses"]))
         print("| %s | %.1f (%.2f) | %s | %s | %.2f | %.1f (%.2f) | %s | %.1f |" % (
             name, r["peak"] / 2**20, r["peak"] / base["peak"], rc.get("segments", "-"),

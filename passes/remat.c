@@ -341,15 +341,14 @@ static int64_t trial(nova_ctx *c, const nv_graph *g, MlirModule m, const cand *c
   return peak;
 }
 
-#define human nv_human_bytes
 
 int cg_limit_below_state(nv_diag *d, const nv_graph *g, int64_t limit) {
   int64_t kinds[CG_MEM_NKINDS];
   cg_mem_at(g, NULL, -1, kinds); /* what no recomputation changes: said without searching */
   if (limit >= kinds[CG_MEM_PARAMS] + kinds[CG_MEM_OPT_STATE]) return 0;
   char l0[64], p0[64];
-  human(l0, sizeof l0, limit);
-  human(p0, sizeof p0, kinds[CG_MEM_PARAMS] + kinds[CG_MEM_OPT_STATE]);
+  nv_human_bytes(l0, sizeof l0, limit);
+  nv_human_bytes(p0, sizeof p0, kinds[CG_MEM_PARAMS] + kinds[CG_MEM_OPT_STATE]);
   nv_error_plain(d, "--memory-limit: the step does not fit in %s: its parameters and optimizer state alone take %s", l0,
                  p0);
   return -1;
@@ -367,7 +366,7 @@ int cg_fit_memory(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan_fn plan_
   int rc = -1;
   bool *use = NULL;
   char a[64], b[64], l[64];
-  human(l, sizeof l, limit);
+  nv_human_bytes(l, sizeof l, limit);
   if (getenv("NOVAC_DEBUG_REMAT"))
     for (int i = 0; i < n; i++)
       fprintf(stderr, "remat: candidate %d: op %d result %d, %lld bytes, late uses from op %d\n", i, cs[i].op,
@@ -393,8 +392,8 @@ int cg_fit_memory(nova_ctx *c, const nv_graph *g, MlirModule m, cg_plan_fn plan_
       use[i] = false;
   }
   if (best > limit) {
-    human(a, sizeof a, peak0);
-    human(b, sizeof b, best);
+    nv_human_bytes(a, sizeof a, peak0);
+    nv_human_bytes(b, sizeof b, best);
     nv_error_plain(c->diag,
                    "--memory-limit: the step does not fit in %s: its planned peak is %s; recomputing cheap "
                    "activations in the backward pass instead of keeping them (%d candidates), the smallest "
