@@ -341,7 +341,6 @@ static int64_t trial(nova_ctx *c, const nv_graph *g, MlirModule m, const cand *c
   return peak;
 }
 
-
 int cg_limit_below_state(nv_diag *d, const nv_graph *g, int64_t limit) {
   int64_t kinds[CG_MEM_NKINDS];
   cg_mem_at(g, NULL, -1, kinds); /* what no recomputation changes: said without searching */
