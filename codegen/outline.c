@@ -373,6 +373,11 @@ static int outline_func(nova_ctx *c, outliner *o, MlirOperation fn) {
         mlirLocationPrint(mlirOperationGetLocation(op), cg_print_to_sbuf, &l);
         fprintf(stderr, "novac: %s: %s\n", pt->name, l.s ? l.s : "?");
         nv_sb_free(&l);
+        if (getenv("NOVAC_DEBUG_OUTLINE_OPS")) {
+          mlirOperationPrint(op, cg_print_to_sbuf, &l);
+          fprintf(stderr, "%s\n", l.s ? l.s : "?");
+          nv_sb_free(&l);
+        }
       }
       if (outline_one(o->m, op, pt->name, o->cap, o->args, o->vm, &pt->fn, &pt->call)) {
         nv_error_plain(c->diag, "internal: cannot outline loop nest %d of the step", o->k - 1);

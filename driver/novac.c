@@ -39,6 +39,7 @@ typedef struct opts {
   bool tf32;
   int64_t memory_limit; /* --memory-limit, bytes (0: none) */
   bool no_recompute;    /* --recompute=none */
+  bool fused_attention; /* --attention=fused */
   const char *memory_report; /* --memory-report=FILE */
   const char *nonfinite; /* --nonfinite (NULL: skip-param, skip-step with dynamic loss scaling) */
   const char *precision, *policy; /* --precision (NULL: the model's, else fp32), --precision-policy */
@@ -104,7 +105,12 @@ static void usage(FILE *f) {
         "                        forward values it reads (elementwise, casts, data movement)\n"
         "                        from those it keeps, chosen by a minimum cut of the bytes kept\n"
         "                        (default); none: it keeps every forward value it reads\n"
-        "  --dump-after=STAGE    print the IR after STAGE to stderr: amp, autodiff, recompute,\n"
+        "  --attention=decomposed|fused  (-O1 and up) decomposed: attention written out op by op\n"
+        "                        is compiled as written (default); fused: it becomes one attention\n"
+        "                        op (softmax(q k^T scaled and masked) v), whose backward recomputes\n"
+        "                        the scores from q and k instead of keeping every layer's\n"
+        "                        probabilities\n"
+        "  --dump-after=STAGE    print the IR after STAGE to stderr: amp, attention, autodiff, recompute,\n"
         "                        schedule, frontend, linalg,\n"
         "                        fusion, remat, inplace, fastmath, ukernels, tiling,\n"
         "                        bufferization, inplace-plan, memplan, dealloc, llvm\n"
@@ -319,6 +325,11 @@ static int parse_args(int argc, char **argv, opts *o) {
       if (strcmp(v, "cheap") && strcmp(v, "none")) return bad_usage("--recompute takes cheap or none, not '%s'", v);
       o->no_recompute = !strcmp(v, "none");
       nv_sb_printf(&o->flags, " --recompute=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--attention"))) {
+      if (strcmp(v, "fused") && strcmp(v, "decomposed"))
+        return bad_usage("--attention takes decomposed or fused, not '%s'", v);
+      o->fused_attention = !strcmp(v, "fused");
+      nv_sb_printf(&o->flags, " --attention=%s", v);
     } else if (!strcmp(a, "--gpu-sim")) {
       o->gpu_sim = true;
       nv_sb_printf(&o->flags, " --gpu-sim");
@@ -393,7 +404,7 @@ static int close_text_out(nv_diag *d, nv_out *out, int rc) {
 /* --dump-after's stages before the target's list (pipeline.c):
  * frontend is the nova IR as built (after autodiff, with --train); amp and
  * autodiff print the graph after that pass, as nova IR. */
-static const char *const graph_stages[] = {"amp", "autodiff", "recompute", "schedule", "frontend", "linalg", NULL};
+static const char *const graph_stages[] = {"amp", "attention", "autodiff", "recompute", "schedule", "frontend", "linalg", NULL};
 
 static bool known_stage(bool cuda, const char *s) {
   for (int i = 0; graph_stages[i]; i++)
@@ -641,6 +652,18 @@ static int apply_precision(nv_diag *d, opts *o, nv_graph *g, nv_graph *ge, bool 
   return rc;
 }
 
+/* --attention=fused (-O1 and up): attention written out op by op becomes
+ * one attention op (passes/attention.c), in the step and its evaluation
+ * entry alike.  (Not the default: on the cpu its lowering is slower than the
+ * ops as written; --memory-limit recomputes their probabilities instead.) */
+static int fuse_attention(nv_diag *d, const opts *o, nv_graph *g, nv_graph *ge) {
+  if (o->opt_level == 0 || !o->fused_attention) return 0;
+  int n = 0, ne = 0;
+  if (ad_fuse_attention(g, d, &n) || (ge && ad_fuse_attention(ge, o->eval_diag ? o->eval_diag : d, &ne))) return -1;
+  if (o->verbose && n) fprintf(stderr, "novac: --attention=fused: %d attention%s fused\n", n, n == 1 ? "" : "s");
+  return 0;
+}
+
 static int compile(nv_diag *d, opts *o) {
   timer tm = {o->time_passes, now_ms(), 0};
   bool cuda = !strcmp(o->target, "cuda");
@@ -694,6 +717,11 @@ static int compile(nv_diag *d, opts *o) {
     fe_graph_destroy(ge);
     return -1;
   }
+  if (fuse_attention(d, o, g, ge) || dump_graph(o, "attention", d, g)) {
+    fe_graph_destroy(g);
+    fe_graph_destroy(ge);
+    return -1;
+  }
   if (o->train) {
     /* dynamic loss scaling skips an overflowing step whole */
     o->ad.nonfinite = o->nonfinite ? (!strcmp(o->nonfinite, "skip-param") ? AD_SKIP_PARAM : AD_SKIP_STEP)
@@ -725,15 +753,15 @@ static int compile(nv_diag *d, opts *o) {
   }
   cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block, o->tf32, o->memory_limit};
   if (o->train && (o->opt_level > 0 && !o->no_recompute)) {
-    ad_remat pick = {-1, 0, 0};
+    ad_remat pick = {-1, 0, 0, false};
     if (o->memory_limit) { /* what the backward recomputes: measured plans (driver/pipeline.c) */
       np_run r = {.c = &c, .dev = &dev, .gpu = cuda ? &go : NULL, .opt_level = o->opt_level};
       np_fit fit;
       if (np_fit_recompute(&r, g, o->memory_limit, &pick, &fit)) goto out;
       if (o->verbose)
         fprintf(stderr, "novac: --memory-limit: %d plans measured; %s: peak %.1f MiB (cheap ops alone: %.1f MiB)\n",
-                fit.trials, pick.mu < 0 ? "recomputing cheap ops" : "recomputing by segments", fit.peak / 1048576.0,
-                fit.peak_cheap / 1048576.0);
+                fit.trials, pick.mu >= 0 ? "recomputing by segments" : pick.rows ? "recomputing cheap ops, norms and "
+                "attention probabilities" : "recomputing cheap ops", fit.peak / 1048576.0, fit.peak_cheap / 1048576.0);
       stage_done(&tm, "recompute for --memory-limit");
       if (pick.mu >= 0 && fit.peak > o->memory_limit) { /* (the linalg stage's cheap candidates: no more) */
         char l[64], a[64], b[64];
@@ -745,7 +773,7 @@ static int compile(nv_diag *d, opts *o) {
         goto out;
       }
     }
-    if (ad_recompute(g, d, pick.mu < 0 ? NULL : &pick)) goto out;
+    if (ad_recompute(g, d, pick.mu < 0 && !pick.rows ? NULL : &pick)) goto out;
   }
   if (o->train && (dump_graph(o, "recompute", d, g) || ad_schedule_updates(g) || dump_graph(o, "schedule", d, g)))
     goto out;

@@ -281,18 +281,26 @@ static bool lower_peak(const fit_trial *a, const fit_trial *b) {
 
 int np_fit_recompute(np_run *r, nv_graph *g, int64_t limit, ad_remat *out, np_fit *fit) {
   memset(fit, 0, sizeof *fit);
-  *out = (ad_remat){-1, 0, 0};
+  *out = (ad_remat){-1, 0, 0, false};
   if (cg_limit_below_state(r->c->diag, g, limit)) return -1;
-  fit_trial t = {.a = {-1, 0, 0}}, best;
+  fit_trial t = {.a = {-1, 0, 0, false}}, best;
   if (graph_trial(r, g, &t)) return -1;
   best = t;
   fit->trials = 1;
   fit->peak_cheap = t.peak;
   if (t.peak >= 0 && t.peak <= limit) goto done;
+  /* norms and attention probabilities recomputed too: a pass over rows
+   * each, and the scores' matmul (flash attention's price) */
+  t = (fit_trial){.a = {-1, 0, 0, true}};
+  if (graph_trial(r, g, &t)) return -1;
+  fit->trials++;
+  fit->peak_rows = t.peak;
+  if (lower_peak(&t, &best)) best = t;
+  if (best.peak >= 0 && best.peak <= limit) goto done;
   const char *force = getenv("NOVAC_DEBUG_REMAT_FORCE"); /* "MU:SEGMENT_BYTES": that one, measured */
   if (force) {
     const char *c1 = strchr(force, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL; /* MU:BYTES[:SEGMENTS] */
-    t = (fit_trial){.a = {strtod(force, NULL), c1 ? strtoll(c1 + 1, NULL, 10) : 0, c2 ? atoi(c2 + 1) : 0}};
+    t = (fit_trial){.a = {strtod(force, NULL), c1 ? strtoll(c1 + 1, NULL, 10) : 0, c2 ? atoi(c2 + 1) : 0, true}};
     if (graph_trial(r, g, &t)) return -1;
     best = t;
     goto done;
@@ -304,7 +312,7 @@ int np_fit_recompute(np_run *r, nv_graph *g, int64_t limit, ad_remat *out, np_fi
   static const int parts[] = {2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64};
   int worse = 0;
   for (size_t i = 0; i < sizeof parts / sizeof *parts && total > 0 && worse < 2; i++) {
-    t = (fit_trial){.a = {0, total / parts[i] > 0 ? total / parts[i] : 1, 0}};
+    t = (fit_trial){.a = {0, total / parts[i] > 0 ? total / parts[i] : 1, 0, true}};
     if (graph_trial(r, g, &t)) return -1;
     fit->trials++;
     if (lower_peak(&t, &best)) {
@@ -320,7 +328,7 @@ int np_fit_recompute(np_run *r, nv_graph *g, int64_t limit, ad_remat *out, np_fi
     int lo = 0, hi = best.st.segments_recomputed;
     while (hi - lo > 1) {
       int mid = (lo + hi) / 2;
-      t = (fit_trial){.a = {0, best.a.segment_bytes, mid}};
+      t = (fit_trial){.a = {0, best.a.segment_bytes, mid, true}};
       if (graph_trial(r, g, &t)) return -1;
       fit->trials++;
       if (t.peak >= 0 && t.peak <= limit) {
@@ -337,7 +345,7 @@ int np_fit_recompute(np_run *r, nv_graph *g, int64_t limit, ad_remat *out, np_fi
     double lo = -24, hi = 2;
     for (int i = 0; i < 6; i++) {
       double m = (lo + hi) / 2;
-      t = (fit_trial){.a = {exp2(m), best.a.segment_bytes, best.a.segments_recomputed}};
+      t = (fit_trial){.a = {exp2(m), best.a.segment_bytes, best.a.segments_recomputed, true}};
       if (graph_trial(r, g, &t)) return -1;
       fit->trials++;
       if (t.peak >= 0 && t.peak <= limit) {

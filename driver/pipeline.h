@@ -27,6 +27,7 @@ int np_lower(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan);
 typedef struct np_fit {
   int trials;                /* plans measured */
   int64_t peak_cheap;        /* the peak with cheap ops recomputed (the default; -1: not planned) */
+  int64_t peak_rows;         /* and with norms and attention probabilities as well (0: not tried) */
   int64_t peak;              /* and with the choice */
   double flops;              /* the choice's recomputation */
   char where[160];           /* the op at its peak */

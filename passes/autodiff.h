@@ -71,6 +71,18 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o);
  * 0, or -1 with diagnostics (no loss, an op without a backward rule). */
 int ad_grad_reach(nv_graph *g, nv_diag *d, const char *loss, bool *reached);
 
+/* Attention written out op by op (softmax of q k^T scaled and masked,
+ * times v) becomes one NV_OP_ATTENTION (passes/attention.c), whose
+ * backward recomputes the probabilities: before ad_train.  *FUSED: how
+ * many.  0, or -1 (out of memory, a diagnostic). */
+int ad_fuse_attention(nv_graph *g, nv_diag *d, int *fused);
+/* The same attentions among G's first N nodes (the forward of a training
+ * step), left as they are: MARK[id] set for each one's scores matmul, the
+ * ops between it and the softmax, and the softmax (what the backward may
+ * compute again from q and k instead of keeping the probabilities).  0, or
+ * -1 when out of memory. */
+int ad_attention_marks(nv_graph *g, int n, bool *mark);
+
 /* What recomputation may cost (--memory-limit): mu < 0, only cheap ops
  * (free); else every pure op at mu bytes a flop, the forward cut into
  * segments of about segment_bytes of values the backward reads (0: one
@@ -80,6 +92,9 @@ typedef struct ad_remat {
   double mu;
   int64_t segment_bytes;
   int segments_recomputed; /* > 0: expensive ops only in the first this many (0: all but the last) */
+  bool rows;               /* (also implied by mu >= 0) norms are recomputed like cheap ops, and each
+                              attention's scores and probabilities from its q and k, as flash attention
+                              does (ad_attention_marks), instead of being kept */
 } ad_remat;
 
 /* The forward values the backward reads, chosen by a minimum cut of the

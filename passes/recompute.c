@@ -328,6 +328,7 @@ out:
 int ad_recompute(nv_graph *g, nv_diag *d, const ad_remat *o) {
   int nf = g->nforward, n = g->nnodes, rc = -1;
   double mu = o ? o->mu : -1;
+  bool rows = o && (o->rows || mu >= 0); /* norms and attention probabilities too */
   memset(&g->recompute, 0, sizeof g->recompute);
   if (!g->train || nf <= 0 || nf > n) return 0;
   bool *read = nv_xcalloc((size_t)n + 1, sizeof *read);      /* forward nodes the backward reads */
@@ -335,12 +336,15 @@ int ad_recompute(nv_graph *g, nv_diag *d, const ad_remat *o) {
   bool *need = nv_xcalloc((size_t)n + 1, sizeof *need);      /* in the network */
   bool *easy = nv_xcalloc((size_t)n + 1, sizeof *easy);      /* cheap and not too deep */
   bool *heavy = nv_xcalloc((size_t)n + 1, sizeof *heavy);    /* easy, but not cheap: costs its flops */
+  bool *attn = nv_xcalloc((size_t)n + 1, sizeof *attn);      /* an attention's scores and probabilities */
   bool *pinned = nv_xcalloc((size_t)n + 1, sizeof *pinned);  /* crosses a segment's start: kept */
   int64_t *act = nv_xcalloc((size_t)n + 1, sizeof *act);
   int *depth = nv_xcalloc((size_t)n + 1, sizeof *depth), *slot = nv_xcalloc((size_t)n + 1, sizeof *slot);
   flow f = {0};
   rstate R = {.g = g, .d = d, .nold = n};
-  if (!read || !kept || !need || !easy || !heavy || !pinned || !act || !depth || !slot) goto out;
+  if (!read || !kept || !need || !easy || !heavy || !attn || !pinned || !act || !depth || !slot ||
+      (rows && ad_attention_marks(g, nf, attn)))
+    goto out;
   for (int i = nf; i < n; i++)
     for (int j = 0; j < g->nodes[i]->nin; j++)
       if (g->nodes[i]->in[j]->id < nf) read[g->nodes[i]->in[j]->id] = true;
@@ -364,7 +368,8 @@ int ad_recompute(nv_graph *g, nv_diag *d, const ad_remat *o) {
   }
   for (int i = 0; i < nf; i++) {
     nv_node *v = g->nodes[i];
-    bool c = cheap(v->op), h = !c && mu >= 0 && i < lastseg && pure(v);
+    bool norm = v->op == NV_OP_LAYER_NORM || v->op == NV_OP_RMS_NORM; /* a pass over each row */
+    bool c = (cheap(v->op) || (rows && norm)) && !attn[i], h = !c && (attn[i] || (mu >= 0 && i < lastseg && pure(v)));
     if (kept[i] || pinned[i] || (!c && !h)) continue;
     int dep = 0;
     for (int j = 0; j < v->nin; j++)
@@ -462,6 +467,7 @@ out:
   free(need);
   free(easy);
   free(heavy);
+  free(attn);
   free(pinned);
   free(act);
   free(depth);
