@@ -184,19 +184,50 @@ static nv_node *build_bias(matcher *M, nv_diag *d, nova_dtype dt, double *scale,
   return b ? b : fe_graph_leaf(g, d, NV_OP_CONSTANT, NULL, dt, 0, NULL, loc);
 }
 
-/* y = softmax(chain(q k^T)) v: the scores' matmul (the chain in M->st,
- * the softmax in *p), or NULL. */
-static nv_node *match(matcher *M, nv_node *y, nv_node **p) {
-  if (y->op != NV_OP_MATMUL || y->rank < 2 || y->rank > 4) return NULL;
-  if (y->dtype != NOVA_DTYPE_F32 && y->dtype != NOVA_DTYPE_F64) return NULL;
-  nv_node *v = y->in[1];
-  *p = y->in[0];
-  if ((*p)->op != NV_OP_SOFTMAX || (*p)->id >= M->n0 || M->uses[(*p)->id] != 1 || (*p)->rank != y->rank ||
-      (*p)->axis != (*p)->rank - 1 || v->dtype != y->dtype || !same_batch(*p, v))
+/* For ad_attention_marks, where the ops stay as they are (only what the
+ * backward recomputes is chosen): any chain of single-use elementwise ops
+ * of the scores' shape (casts of a mixed precision, a softcap's tanh, masks
+ * of any value).  The matmul, or NULL. */
+static nv_node *walk_loose(matcher *M, nv_node *z, const nv_node *shape) {
+  if (z->id >= M->n0 || M->uses[z->id] != 1 || !same_shape(z, shape) || !fe_dtype_is_float(z->dtype)) return NULL;
+  if (z->op == NV_OP_MATMUL) return z;
+  switch (z->op) {
+  case NV_OP_MUL: case NV_OP_DIV: case NV_OP_ADD: case NV_OP_SUB: case NV_OP_WHERE: case NV_OP_CAST:
+  case NV_OP_TANH: case NV_OP_NEG:
+    break;
+  default:
     return NULL;
+  }
+  if (M->nst == MAX_STEPS) return NULL;
+  int mark = M->nst;
+  M->st[M->nst++] = (step){.node = z};
+  for (int i = 0; i < z->nin; i++) {
+    nv_node *r = walk_loose(M, z->in[i], shape);
+    if (r) return r;
+    M->nst = mark + 1;
+  }
+  M->nst = mark;
+  return NULL;
+}
+
+/* y = softmax(chain(q k^T)) v: the scores' matmul (the chain in M->st,
+ * the softmax in *p), or NULL.  LOOSE: the chain as walk_loose takes it,
+ * and a cast between the softmax and y. */
+static nv_node *match(matcher *M, nv_node *y, nv_node **p, bool loose) {
+  if (y->op != NV_OP_MATMUL || y->rank < 2 || y->rank > 4) return NULL;
+  if (!loose && y->dtype != NOVA_DTYPE_F32 && y->dtype != NOVA_DTYPE_F64) return NULL;
+  nv_node *v = y->in[1];
   M->nst = 0;
-  nv_node *s = walk(M, (*p)->in[0], *p);
-  if (!s || s->in[0]->dtype != y->dtype || s->in[1]->dtype != y->dtype || !same_batch(s->in[0], s) ||
+  *p = y->in[0];
+  if (loose && (*p)->op == NV_OP_CAST && (*p)->id < M->n0 && M->uses[(*p)->id] == 1) {
+    M->st[M->nst++] = (step){.node = *p};
+    *p = (*p)->in[0];
+  }
+  if ((*p)->op != NV_OP_SOFTMAX || (*p)->id >= M->n0 || M->uses[(*p)->id] != 1 || (*p)->rank != y->rank ||
+      (*p)->axis != (*p)->rank - 1 || (!loose && v->dtype != y->dtype) || !same_batch(*p, v))
+    return NULL;
+  nv_node *s = loose ? walk_loose(M, (*p)->in[0], *p) : walk(M, (*p)->in[0], *p);
+  if (!s || (!loose && (s->in[0]->dtype != y->dtype || s->in[1]->dtype != y->dtype)) || !same_batch(s->in[0], s) ||
       !same_batch(s->in[1], s))
     return NULL;
   return s;
@@ -232,7 +263,7 @@ int ad_attention_marks(nv_graph *g, int n, bool *mark) {
   matcher M = {.g = g, .n0 = n, .uses = count_uses(g, n)};
   if (!M.uses) return -1;
   for (int i = 0; i < n; i++) {
-    nv_node *p, *s = M.uses[i] ? match(&M, g->nodes[i], &p) : NULL;
+    nv_node *p, *s = M.uses[i] ? match(&M, g->nodes[i], &p, true) : NULL;
     if (!s) continue;
     mark[s->id] = mark[p->id] = true;
     for (int j = 0; j < M.nst; j++) mark[M.st[j].node->id] = true;
@@ -294,7 +325,7 @@ int ad_fuse_attention(nv_graph *g, nv_diag *d, int *fused) {
   int rc = -1;
   if (!M.uses || !repl) goto out;
   for (int i = 0; i < n0; i++) {
-    nv_node *p, *s = M.uses[i] ? match(&M, g->nodes[i], &p) : NULL;
+    nv_node *p, *s = M.uses[i] ? match(&M, g->nodes[i], &p, false) : NULL;
     if (!s) continue;
     if (!(repl[i] = fuse(&M, d, g->nodes[i], s))) goto out;
     ++*fused;

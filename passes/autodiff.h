@@ -76,11 +76,12 @@ int ad_grad_reach(nv_graph *g, nv_diag *d, const char *loss, bool *reached);
  * backward recomputes the probabilities: before ad_train.  *FUSED: how
  * many.  0, or -1 (out of memory, a diagnostic). */
 int ad_fuse_attention(nv_graph *g, nv_diag *d, int *fused);
-/* The same attentions among G's first N nodes (the forward of a training
- * step), left as they are: MARK[id] set for each one's scores matmul, the
- * ops between it and the softmax, and the softmax (what the backward may
- * compute again from q and k instead of keeping the probabilities).  0, or
- * -1 when out of memory. */
+/* The attentions among G's first N nodes (the forward of a training step),
+ * left as they are: MARK[id] set for each one's scores matmul, the
+ * elementwise ops between it and the softmax (any single-use ones: casts
+ * too), the softmax and a cast after it (what the backward may compute
+ * again from q and k instead of keeping the probabilities).  0, or -1 when
+ * out of memory. */
 int ad_attention_marks(nv_graph *g, int n, bool *mark);
 
 /* What recomputation may cost (--memory-limit): mu < 0, only cheap ops
