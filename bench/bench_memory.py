@@ -6,7 +6,8 @@ backward reads chosen by recomputation (the default) and without it
 (--recompute=none), against PyTorch eager's measured peak (the tensors
 alive before a steady step plus the highest point of its allocations,
 torch.profiler) and XLA's memory_analysis() (arguments + outputs + temp -
-aliased) of the same step.
+aliased) of the same step; and the smallest plan novac's --memory-limit
+search reaches (a limit just above the parameters and optimizer state).
 
     python3 bench/bench_memory.py [--only mlp,gpt_block,gpt4,resnet18] [--build DIR] [--out FILE]
 
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -50,6 +52,22 @@ def novac_memory(build, model, batch, extra, d, tag):
     mem.pop("plan", None)
     mem["compile_s"] = time.perf_counter() - t0
     return mem
+
+
+def novac_smallest(build, model, batch, d, tag):
+    """The smallest peak --memory-limit reaches (bytes; its message when a
+    limit just above the parameters and optimizer state does not fit), or
+    an error string."""
+    def attempt(limit):
+        r = novac_memory(build, model, batch, ["--memory-limit=%d" % limit], d, tag)
+        return r.get("planned_peak_bytes"), r.get("error", "")
+    _, err = attempt(1)
+    m = re.search(r"alone take (\d+) bytes", err)
+    if not m:
+        return "no floor in: " + err
+    peak, err = attempt(int(m.group(1)) + 1)
+    m = re.search(r"smallest peak reached is (\d+) bytes", err)
+    return peak or (int(m.group(1)) if m else err)
 
 
 def resnet_spec(d):
@@ -114,6 +132,7 @@ def run_workload(bench, wl, build, d):
     batch = bench_cpu.WORKLOADS[wl]["batch"]
     rows["novac"] = novac_memory(build, spec["novac_model"], batch, [], d, wl)
     rows["novac_none"] = novac_memory(build, spec["novac_model"], batch, ["--recompute=none"], d, wl + "_none")
+    rows["novac_min"] = novac_smallest(build, spec["novac_model"], batch, d, wl + "_min")
     return bench_cpu.WORKLOADS[wl]["title"], rows
 
 
@@ -125,6 +144,7 @@ def run_resnet(build, d):
     rows = {"eager": torch_resnet_peak(model, batch), "xla": "no JAX model"}
     rows["novac"] = novac_memory(build, path, RESNET_BATCH, [], d, "resnet18")
     rows["novac_none"] = novac_memory(build, path, RESNET_BATCH, ["--recompute=none"], d, "resnet18_none")
+    rows["novac_min"] = novac_smallest(build, path, RESNET_BATCH, d, "resnet18_min")
     return "torchvision resnet18 (10 classes, 64x64), batch %d" % RESNET_BATCH, rows
 
 
@@ -145,24 +165,29 @@ def main():
              "Command: `python3 bench/bench_memory.py`. MiB; ratios are novac's planned peak over the peer's.",
              "",
              "| workload | novac planned peak | = tensors + arena | arena / lower bound | recomputed values "
-             "| novac --recompute=none | PyTorch eager peak | XLA memory_analysis | novac / eager | novac / XLA |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| novac --recompute=none | PyTorch eager peak | XLA memory_analysis | novac / eager | novac / XLA "
+             "| smallest --memory-limit plan | its / eager |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for wl in args.only.split(","):
         title, rows = run_resnet(args.build, d) if wl == "resnet18" else run_workload(bench, wl, args.build, d)
         nv, none = rows.get("novac") or {}, rows.get("novac_none") or {}
         peak = nv.get("planned_peak_bytes")
         eager, xla = rows.get("eager"), rows.get("xla")
 
-        def ratio(b):
-            return "%.2f" % (peak / b) if peak and isinstance(b, (int, float)) and b else "-"
+        def ratio(b, top=None):
+            top = top or peak
+            return "%.2f" % (top / b) if top and isinstance(b, (int, float)) and b else "-"
+        small = rows.get("novac_min")
+        small = small if isinstance(small, int) else None
         lb = nv.get("lower_bound_bytes")
         rc = nv.get("recompute") or {}
-        lines.append("| %s | %s | %s + %s | %s | %s (%s -> %s MiB kept) | %s | %s | %s | %s | %s |" % (
+        lines.append("| %s | %s | %s + %s | %s | %s (%s -> %s MiB kept) | %s | %s | %s | %s | %s | %s | %s |" % (
             title, mib(peak) if peak else nv.get("error", "-"), mib(nv.get("tensor_bytes")),
             mib(nv.get("arena_bytes")), "%.3f" % (nv["arena_bytes"] / lb) if lb else "-",
             rc.get("values", "-"), mib(rc.get("kept_bytes_without")), mib(rc.get("kept_bytes")),
             mib(none.get("planned_peak_bytes")) if none.get("planned_peak_bytes") else none.get("error", "-"),
-            cell(eager), cell(xla), ratio(eager), ratio(xla)))
+            cell(eager), cell(xla), ratio(eager), ratio(xla), mib(small) if small else cell(rows.get("novac_min")),
+            ratio(eager, small) if small else "-"))
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
     print()
