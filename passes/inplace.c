@@ -23,6 +23,10 @@
  *     no second buffer, no copy during or after the run.
  * Updates bufferization did not place in their parameter keep their own
  * buffer and the copy after the run.
+ * The same way, before bufferization, every other elementwise op into a
+ * new tensor that reads a value for the last time, element for element,
+ * computes into that value's tensor (reuse_dying; NOVAC_NO_REUSE turns it
+ * off): the buffer is reused where the value dies.
  */
 #include <mlir-c/BuiltinAttributes.h>
 #include <stdlib.h>
@@ -31,45 +35,102 @@
 #include "../support/util.h"
 #include "passes.h"
 
-/* If the value RESULT (an update of the argument P) comes from an
- * all-parallel linalg.generic with a tensor.empty destination that reads P
- * with the destination's indexing map, P becomes its destination. */
-static void retarget(MlirValue result, MlirValue p) {
-  if (!mlirValueIsAOpResult(result)) return;
-  MlirOperation g = mlirOpResultGetOwner(result);
-  if (!cg_op_is(g, "linalg.generic") || mlirOperationGetNumResults(g) != 1) return;
+/* G if it is an all-parallel linalg.generic with one result whose
+ * destination is a tensor.empty (its payload never reads the destination's
+ * element); its indexing maps in *MAPS and operand count in *N. */
+static bool empty_elementwise(MlirOperation g, MlirAttribute *maps, intptr_t *n) {
+  if (!cg_op_is(g, "linalg.generic") || mlirOperationGetNumResults(g) != 1) return false;
   MlirAttribute seg = mlirOperationGetAttributeByName(g, nova_str("operandSegmentSizes"));
   MlirAttribute it = mlirOperationGetAttributeByName(g, nova_str("iterator_types"));
-  MlirAttribute maps = mlirOperationGetAttributeByName(g, nova_str("indexing_maps"));
-  if (mlirAttributeIsNull(seg) || mlirAttributeIsNull(it) || mlirAttributeIsNull(maps) ||
-      mlirDenseI32ArrayGetElement(seg, 1) != 1 || !mlirTypeEqual(mlirValueGetType(result), mlirValueGetType(p)))
-    return;
+  *maps = mlirOperationGetAttributeByName(g, nova_str("indexing_maps"));
+  if (mlirAttributeIsNull(seg) || mlirAttributeIsNull(it) || mlirAttributeIsNull(*maps) ||
+      mlirDenseI32ArrayGetElement(seg, 1) != 1)
+    return false;
   for (intptr_t i = 0; i < mlirArrayAttrGetNumElements(it); i++) {
     nv_sbuf b = {0};
     mlirAttributePrint(mlirArrayAttrGetElement(it, i), cg_print_to_sbuf, &b);
     bool par = b.s && strstr(b.s, "parallel");
     nv_sb_free(&b);
-    if (!par) return;
+    if (!par) return false;
   }
-  intptr_t n = mlirOperationGetNumOperands(g);
-  MlirValue init = mlirOperationGetOperand(g, n - 1);
-  if (!mlirValueIsAOpResult(init) || !cg_op_is(mlirOpResultGetOwner(init), "tensor.empty")) return;
+  *n = mlirOperationGetNumOperands(g);
+  MlirValue init = mlirOperationGetOperand(g, *n - 1);
+  return mlirValueIsAOpResult(init) && cg_op_is(mlirOpResultGetOwner(init), "tensor.empty");
+}
+
+/* G (empty_elementwise) computes into its operand X instead, which it
+ * reads with the destination's indexing map: the payload reads X's element
+ * from the destination's, and the input X is left unused (canonicalization
+ * drops it).  Once tiled, each tile reads the tensor the loop carries,
+ * which keeps bufferization in place. */
+static void compute_into(MlirOperation g, MlirAttribute maps, intptr_t n, MlirValue x) {
+  MlirAttribute omap = mlirArrayAttrGetElement(maps, n - 1);
+  mlirOperationSetOperand(g, n - 1, x);
+  MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(g, 0));
+  if (!mlirBlockIsNull(b) && mlirBlockGetNumArguments(b) == n)
+    for (intptr_t i = 0; i + 1 < n; i++)
+      if (mlirValueEqual(mlirOperationGetOperand(g, i), x) && mlirAttributeEqual(mlirArrayAttrGetElement(maps, i), omap))
+        mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(b, i), mlirBlockGetArgument(b, n - 1));
+}
+
+/* If the value RESULT (an update of the argument P) comes from an
+ * empty_elementwise generic that reads P with the destination's indexing
+ * map, P becomes its destination. */
+static void retarget(MlirValue result, MlirValue p) {
+  MlirAttribute maps;
+  intptr_t n;
+  if (!mlirValueIsAOpResult(result) || !mlirTypeEqual(mlirValueGetType(result), mlirValueGetType(p))) return;
+  MlirOperation g = mlirOpResultGetOwner(result);
+  if (!empty_elementwise(g, &maps, &n)) return;
   MlirAttribute omap = mlirArrayAttrGetElement(maps, n - 1);
   for (intptr_t k = 0; k + 1 < n; k++)
     if (mlirValueEqual(mlirOperationGetOperand(g, k), p) && mlirAttributeEqual(mlirArrayAttrGetElement(maps, k), omap)) {
-      /* the payload never read the destination's element (it was empty);
-       * now it reads P's element there, and the input P is left unused
-       * (canonicalization drops it): once tiled, each tile reads the
-       * tensor the loop carries, which keeps bufferization in place */
-      mlirOperationSetOperand(g, n - 1, p);
-      MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(g, 0));
-      if (!mlirBlockIsNull(b) && mlirBlockGetNumArguments(b) == n)
-        for (intptr_t i = 0; i + 1 < n; i++)
-          if (mlirValueEqual(mlirOperationGetOperand(g, i), p) &&
-              mlirAttributeEqual(mlirArrayAttrGetElement(maps, i), omap))
-            mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(b, i), mlirBlockGetArgument(b, n - 1));
+      compute_into(g, maps, n, p);
       return;
     }
+}
+
+/* Whether X, read by G (in block B), is read there for the last time: made
+ * by a linalg op of B (its own buffer, no view of another), every other
+ * reader an op of B before G, and G reads it only with the map OMAP. */
+static bool dies_at(MlirValue x, MlirOperation g, MlirBlock b, MlirAttribute maps, MlirAttribute omap) {
+  if (!mlirValueIsAOpResult(x)) return false;
+  MlirOperation def = mlirOpResultGetOwner(x);
+  MlirStringRef nm = mlirIdentifierStr(mlirOperationGetName(def));
+  if (nm.length < 7 || memcmp(nm.data, "linalg.", 7) || !mlirBlockEqual(mlirOperationGetBlock(def), b)) return false;
+  for (MlirOpOperand u = mlirValueGetFirstUse(x); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u)) {
+    MlirOperation r = mlirOpOperandGetOwner(u);
+    if (mlirOperationEqual(r, g)) {
+      if (!mlirAttributeEqual(mlirArrayAttrGetElement(maps, mlirOpOperandGetOperandNumber(u)), omap)) return false;
+    } else if (!mlirBlockEqual(mlirOperationGetBlock(r), b) || !mlirOperationIsBeforeInBlock(r, g)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Each elementwise op into a new tensor that reads a value for the last
+ * time, element for element, computes into that value's tensor instead:
+ * the value's buffer is reused where it dies (as XLA shares an elementwise
+ * op's operand buffer), not held beside a new one.  A backward's chains
+ * of elementwise ops (a GELU's gradient, the softmax cross-entropy's)
+ * then need one buffer, not one per op. */
+static void reuse_dying(MlirBlock b) {
+  for (MlirOperation g = mlirBlockGetFirstOperation(b); !mlirOperationIsNull(g); g = mlirOperationGetNextInBlock(g)) {
+    MlirAttribute maps;
+    intptr_t n;
+    if (!empty_elementwise(g, &maps, &n)) continue;
+    MlirAttribute omap = mlirArrayAttrGetElement(maps, n - 1);
+    MlirType t = mlirValueGetType(mlirOperationGetResult(g, 0));
+    for (intptr_t k = 0; k + 1 < n; k++) {
+      MlirValue x = mlirOperationGetOperand(g, k);
+      if (mlirTypeEqual(mlirValueGetType(x), t) && mlirAttributeEqual(mlirArrayAttrGetElement(maps, k), omap) &&
+          dies_at(x, g, b, maps, omap)) {
+        compute_into(g, maps, n, x);
+        break;
+      }
+    }
+  }
 }
 
 int cg_mark_writable(MlirModule m, const int *param_arg, int n) {
@@ -81,6 +142,7 @@ int cg_mark_writable(MlirModule m, const int *param_arg, int n) {
   for (int j = 0; j < n && !mlirOperationIsNull(ret); j++)
     if (param_arg[j] >= 0 && param_arg[j] < nargs && j < mlirOperationGetNumOperands(ret))
       retarget(mlirOperationGetOperand(ret, j), mlirBlockGetArgument(fb, param_arg[j]));
+  if (!getenv("NOVAC_NO_REUSE")) reuse_dying(fb);
   MlirAttribute aa = mlirOperationGetAttributeByName(func, nova_str("arg_attrs"));
   if (mlirAttributeIsNull(aa) || !mlirAttributeIsAArray(aa)) return 0;
   MlirContext ctx = mlirOperationGetContext(func);
