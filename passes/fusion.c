@@ -16,6 +16,11 @@
  * kept in 16 bits, not as a shared f32 copy.  The counts of
  * linalg ops before and after go to the manifest.
  *
+ * After fusing, a producer that computes its value from much smaller
+ * tensors and that several loops read, each element once, is copied into
+ * each of them (copy_cheap_producers), and fusion runs again: a broadcast
+ * is recomputed where it is read instead of being held at full size.
+ *
  * The cap: a bound on how much elementwise fusion merges into one op.
  *
  * linalg-fuse-elementwise-ops merges a producer into its consumer by
@@ -34,6 +39,7 @@
  * calls and the functions afterwards.  Steps whose fused bodies stay under
  * the cap (every model in the zoo) are fused exactly as without it.
  */
+#include <mlir-c/AffineMap.h>
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
 #include <stdio.h>
@@ -334,6 +340,188 @@ static MlirWalkResult count_linalg(MlirOperation op, void *ud) {
   return MlirWalkResultAdvance;
 }
 
+/* ---- cheap producers copied into each reader -------------------------------- */
+
+static int64_t value_elements(MlirValue v) {
+  MlirType t = mlirValueGetType(v);
+  if (!mlirTypeIsARankedTensor(t) || !mlirShapedTypeHasStaticShape(t)) return -1;
+  int64_t e = 1;
+  for (intptr_t i = 0; i < mlirShapedTypeGetRank(t); i++) e *= mlirShapedTypeGetDimSize(t, i);
+  return e;
+}
+
+
+static bool reshape_op(MlirOperation op) {
+  return cg_op_is(op, "tensor.expand_shape") || cg_op_is(op, "tensor.collapse_shape");
+}
+
+/* Whether the use U is an input of a linalg.generic of block B that reads
+ * each element once: its map a projected permutation whose missing loops
+ * all have extent 1. */
+static bool reads_each_once(MlirOpOperand u, MlirBlock b) {
+  MlirOperation c = mlirOpOperandGetOwner(u);
+  intptr_t k = mlirOpOperandGetOperandNumber(u);
+  if (!cg_op_is(c, "linalg.generic") || !mlirBlockEqual(mlirOperationGetBlock(c), b)) return false;
+  MlirAttribute maps = mlirOperationGetAttributeByName(c, nova_str("indexing_maps"));
+  MlirAttribute seg = mlirOperationGetAttributeByName(c, nova_str("operandSegmentSizes"));
+  if (mlirAttributeIsNull(maps) || mlirAttributeIsNull(seg) || k >= mlirDenseI32ArrayGetElement(seg, 0)) return false;
+  MlirAffineMap m = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, k));
+  if (!mlirAffineMapIsProjectedPermutation(m)) return false;
+  intptr_t nd = mlirAffineMapGetNumDims(m);
+  if (nd > 16) return false;
+  int64_t extent[16];
+  bool used[16] = {0};
+  for (intptr_t d = 0; d < nd; d++) extent[d] = -1;
+  for (intptr_t j = 0; j < mlirOperationGetNumOperands(c) && j < mlirArrayAttrGetNumElements(maps); j++) {
+    MlirType t = mlirValueGetType(mlirOperationGetOperand(c, j));
+    MlirAffineMap mj = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, j));
+    if (!mlirTypeIsARankedTensor(t) || mlirAffineMapGetNumResults(mj) != mlirShapedTypeGetRank(t)) continue;
+    for (intptr_t i = 0; i < mlirAffineMapGetNumResults(mj); i++) {
+      MlirAffineExpr e = mlirAffineMapGetResult(mj, i);
+      if (mlirAffineExprIsADim(e)) extent[mlirAffineDimExprGetPosition(e)] = mlirShapedTypeGetDimSize(t, i);
+    }
+  }
+  for (intptr_t i = 0; i < mlirAffineMapGetNumResults(m); i++)
+    used[mlirAffineDimExprGetPosition(mlirAffineMapGetResult(m, i))] = true;
+  for (intptr_t d = 0; d < nd; d++)
+    if (!used[d] && extent[d] != 1) return false;
+  return true;
+}
+
+/* Readers through an expand_shape R (of P's result) that only inserts unit
+ * dimensions read P itself: each reader's map for R loses the unit
+ * results (always index 0), so that fusion can merge a copy of P into it
+ * (it does not fuse through such a reshape when P broadcasts). */
+static void read_through_unit_expand(MlirOperation r, MlirValue src) {
+  MlirAttribute re = mlirOperationGetAttributeByName(r, nova_str("reassociation"));
+  MlirType rt = mlirValueGetType(mlirOperationGetResult(r, 0));
+  if (!cg_op_is(r, "tensor.expand_shape") || mlirAttributeIsNull(re) || !mlirTypeIsARankedTensor(rt)) return;
+  intptr_t rank = mlirShapedTypeGetRank(rt);
+  bool keep[16] = {0};
+  if (rank > 16) return;
+  for (intptr_t g = 0; g < mlirArrayAttrGetNumElements(re); g++) {
+    MlirAttribute grp = mlirArrayAttrGetElement(re, g);
+    intptr_t n = mlirArrayAttrGetNumElements(grp), kept = -1;
+    for (intptr_t i = 0; i < n; i++) {
+      int64_t d = mlirIntegerAttrGetValueInt(mlirArrayAttrGetElement(grp, i));
+      if (mlirShapedTypeGetDimSize(rt, d) != 1) {
+        if (kept >= 0) return; /* two real dimensions from one: a real reshape */
+        kept = d;
+      }
+    }
+    if (kept < 0 && n) kept = mlirIntegerAttrGetValueInt(mlirArrayAttrGetElement(grp, 0));
+    if (kept >= 0) keep[kept] = true;
+  }
+  MlirValue v = mlirOperationGetResult(r, 0);
+  for (MlirOpOperand w = mlirValueGetFirstUse(v); !mlirOpOperandIsNull(w); w = mlirOpOperandGetNextUse(w))
+    if (!reads_each_once(w, mlirOperationGetBlock(r))) return;
+  for (MlirOpOperand w = mlirValueGetFirstUse(v); !mlirOpOperandIsNull(w);) {
+    MlirOpOperand next = mlirOpOperandGetNextUse(w);
+    MlirOperation c = mlirOpOperandGetOwner(w);
+    intptr_t k = mlirOpOperandGetOperandNumber(w);
+    MlirAttribute maps = mlirOperationGetAttributeByName(c, nova_str("indexing_maps"));
+    intptr_t nm = mlirArrayAttrGetNumElements(maps);
+    MlirAffineMap m = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, k));
+    MlirAffineExpr ex[16];
+    intptr_t ne = 0;
+    for (intptr_t i = 0; i < mlirAffineMapGetNumResults(m); i++)
+      if (keep[i]) ex[ne++] = mlirAffineMapGetResult(m, i);
+    MlirContext ctx = mlirOperationGetContext(c);
+    MlirAttribute *el = nv_xcalloc((size_t)nm + 1, sizeof *el);
+    if (!el) return;
+    for (intptr_t i = 0; i < nm; i++) el[i] = mlirArrayAttrGetElement(maps, i);
+    el[k] = mlirAffineMapAttrGet(mlirAffineMapGet(ctx, mlirAffineMapGetNumDims(m), 0, ne, ex));
+    mlirOperationSetAttributeByName(c, nova_str("indexing_maps"), mlirArrayAttrGet(ctx, nm, el));
+    free(el);
+    mlirOperationSetOperand(c, k, src);
+    w = next;
+  }
+}
+
+/* A producer that fused elementwise computes its value from much smaller
+ * tensors (broadcasts, comparisons with an index: the one-hot rows of a
+ * cross-entropy's gradient), read by several linalg.generics that each
+ * visit every element once: a copy of it before each reader, which fusion
+ * then merges into that reader, instead of one full-size tensor that all
+ * of them read (a 1 GiB one for a 50,257-word vocabulary at 7 x 1024
+ * positions).  The number of copies made. */
+static int copy_cheap_producers(MlirModule m, const cap_state *s) {
+  int made = 0;
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f)) {
+    if (!cg_op_is(f, "func.func")) continue;
+    MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
+    if (mlirBlockIsNull(b)) continue;
+    for (MlirOperation p = mlirBlockGetFirstOperation(b); !mlirOperationIsNull(p); p = mlirOperationGetNextInBlock(p)) {
+      if (!cg_op_is(p, "linalg.generic") || mlirOperationGetNumResults(p) != 1 || !all_parallel(s, p) ||
+          body_ops(p) > 16)
+        continue;
+      MlirValue r = mlirOperationGetResult(p, 0);
+      int64_t out = value_elements(r), in = 0;
+      intptr_t n = mlirOperationGetNumOperands(p);
+      for (intptr_t i = 0; i + 1 < n && out > 0; i++) {
+        int64_t e = value_elements(mlirOperationGetOperand(p, i));
+        in = e < 0 ? out : in + e;
+      }
+      if (out <= 0 || in * 4 > out) continue;
+      for (MlirOpOperand u = mlirValueGetFirstUse(r); !mlirOpOperandIsNull(u);) {
+        MlirOpOperand next = mlirOpOperandGetNextUse(u);
+        if (cg_op_is(mlirOpOperandGetOwner(u), "tensor.expand_shape"))
+          read_through_unit_expand(mlirOpOperandGetOwner(u), r);
+        u = next;
+      }
+      /* every reader a generic of this block visiting each element once, as an input, directly or
+       * through one reshape */
+      int readers = 0;
+      bool ok = true;
+      for (MlirOpOperand u = mlirValueGetFirstUse(r); ok && !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u)) {
+        MlirOperation c = mlirOpOperandGetOwner(u);
+        if (reshape_op(c) && mlirBlockEqual(mlirOperationGetBlock(c), b)) {
+          for (MlirOpOperand w = mlirValueGetFirstUse(mlirOperationGetResult(c, 0)); ok && !mlirOpOperandIsNull(w);
+               w = mlirOpOperandGetNextUse(w), readers++)
+            ok = reads_each_once(w, b);
+        } else {
+          ok = reads_each_once(u, b);
+          readers++;
+        }
+      }
+      if (!ok || readers < 2) continue;
+      /* each reader but the first gets a copy (and of the reshape) made right before it */
+      bool first = true;
+      for (MlirOpOperand u = mlirValueGetFirstUse(r); !mlirOpOperandIsNull(u);) {
+        MlirOpOperand next = mlirOpOperandGetNextUse(u);
+        MlirOperation c = mlirOpOperandGetOwner(u);
+        if (!reshape_op(c)) {
+          if (!first) {
+            MlirOperation copy = mlirOperationClone(p);
+            mlirBlockInsertOwnedOperationBefore(b, c, copy);
+            mlirOperationSetOperand(c, mlirOpOperandGetOperandNumber(u), mlirOperationGetResult(copy, 0));
+            made++;
+          }
+          first = false;
+        } else {
+          for (MlirOpOperand w = mlirValueGetFirstUse(mlirOperationGetResult(c, 0)); !mlirOpOperandIsNull(w);) {
+            MlirOpOperand wn = mlirOpOperandGetNextUse(w);
+            if (!first) {
+              MlirOperation reader = mlirOpOperandGetOwner(w);
+              MlirOperation copy = mlirOperationClone(p), view = mlirOperationClone(c);
+              mlirBlockInsertOwnedOperationBefore(b, reader, copy);
+              mlirBlockInsertOwnedOperationBefore(b, reader, view);
+              mlirOperationSetOperand(view, 0, mlirOperationGetResult(copy, 0));
+              mlirOperationSetOperand(reader, mlirOpOperandGetOperandNumber(w), mlirOperationGetResult(view, 0));
+              made++;
+            }
+            first = false;
+            w = wn;
+          }
+        }
+        u = next;
+      }
+    }
+  }
+  return made;
+}
+
 int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, bool half_contractions, cg_plan *stats) {
   mlirOperationWalk(mlirModuleGetOperation(m), count_linalg, &stats->ops_before_fusion, MlirWalkPreOrder);
   if (opt_level > 0) {
@@ -344,6 +532,13 @@ int cg_fuse(nova_ctx *c, MlirModule m, int opt_level, bool half_contractions, cg
     if (barriers && getenv("NOVAC_DEBUG_PIPELINES")) fprintf(stderr, "novac: %d fusion barriers\n", barriers);
     int rc = cg_run_pipeline(c, m, "builtin.module(func.func(linalg-fuse-elementwise-ops))", "fusion");
     if (barriers) cg_drop_fusion_barriers(m);
+    cap_state cs = {.parallel = mlirAttributeParseGet(mlirOperationGetContext(mlirModuleGetOperation(m)),
+                                                      nova_str("#linalg.iterator_type<parallel>"))};
+    if (!rc && !getenv("NOVAC_NO_PRODUCER_COPIES") && copy_cheap_producers(m, &cs) > 0) { /* and fused again */
+      barriers = cg_fusion_barriers(m, half_contractions);
+      rc = cg_run_pipeline(c, m, "builtin.module(func.func(linalg-fuse-elementwise-ops))", "fusion");
+      if (barriers) cg_drop_fusion_barriers(m);
+    }
     if (rc || cg_run_pipeline(c, m, "builtin.module(func.func(canonicalize{region-simplify=disabled max-iterations=1}))",
                               "fusion"))
       return -1;
