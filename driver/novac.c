@@ -758,10 +758,15 @@ static int compile(nv_diag *d, opts *o) {
       np_run r = {.c = &c, .dev = &dev, .gpu = cuda ? &go : NULL, .opt_level = o->opt_level};
       np_fit fit;
       if (np_fit_recompute(&r, g, o->memory_limit, &pick, &fit)) goto out;
-      if (o->verbose)
-        fprintf(stderr, "novac: --memory-limit: %d plans measured; %s: peak %.1f MiB (cheap ops alone: %.1f MiB)\n",
+      if (o->verbose) {
+        char rows[64] = "";
+        if (fit.peak_rows > 0 && pick.mu >= 0)
+          snprintf(rows, sizeof rows, "; with norms and attention: %.1f MiB", fit.peak_rows / 1048576.0);
+        fprintf(stderr, "novac: --memory-limit: %d plans measured; %s: peak %.1f MiB (cheap ops alone: %.1f MiB%s)\n",
                 fit.trials, pick.mu >= 0 ? "recomputing by segments" : pick.rows ? "recomputing cheap ops, norms and "
-                "attention probabilities" : "recomputing cheap ops", fit.peak / 1048576.0, fit.peak_cheap / 1048576.0);
+                "attention probabilities" : "recomputing cheap ops", fit.peak / 1048576.0, fit.peak_cheap / 1048576.0,
+                rows);
+      }
       stage_done(&tm, "recompute for --memory-limit");
       if (pick.mu >= 0 && fit.peak > o->memory_limit) { /* (the linalg stage's cheap candidates: no more) */
         char l[64], a[64], b[64];

@@ -20,7 +20,15 @@
  * dtype is f32 or f64 (under --precision=bf16/fp16 the chain is split by
  * casts to the softmax's f32 and stays as it is).  The operands are viewed
  * as [B, H, S, D] (a reshape, free); k^T's transpose is undone (folded
- * into the transpose that made it, usually to none).
+ * into the transpose that made it, usually to none).  This is
+ * --attention=fused, not the default: on the cpu the ops as written run
+ * faster than nova.attention's lowering and its backward.
+ *
+ * ad_attention_marks finds the same pattern, more loosely (any single-use
+ * elementwise ops between the scores and the softmax, casts included), and
+ * changes nothing: it tells ad_recompute which forward values it may
+ * compute again in the backward (the scores' matmul, those ops, the
+ * softmax), the memory of flash attention under --memory-limit.
  */
 #include <math.h>
 #include <stdlib.h>

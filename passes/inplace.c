@@ -69,7 +69,8 @@ static void compute_into(MlirOperation g, MlirAttribute maps, intptr_t n, MlirVa
   MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(g, 0));
   if (!mlirBlockIsNull(b) && mlirBlockGetNumArguments(b) == n)
     for (intptr_t i = 0; i + 1 < n; i++)
-      if (mlirValueEqual(mlirOperationGetOperand(g, i), x) && mlirAttributeEqual(mlirArrayAttrGetElement(maps, i), omap))
+      if (mlirValueEqual(mlirOperationGetOperand(g, i), x) &&
+          mlirAttributeEqual(mlirArrayAttrGetElement(maps, i), omap))
         mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(b, i), mlirBlockGetArgument(b, n - 1));
 }
 
@@ -84,7 +85,8 @@ static void retarget(MlirValue result, MlirValue p) {
   if (!empty_elementwise(g, &maps, &n)) return;
   MlirAttribute omap = mlirArrayAttrGetElement(maps, n - 1);
   for (intptr_t k = 0; k + 1 < n; k++)
-    if (mlirValueEqual(mlirOperationGetOperand(g, k), p) && mlirAttributeEqual(mlirArrayAttrGetElement(maps, k), omap)) {
+    if (mlirValueEqual(mlirOperationGetOperand(g, k), p) &&
+        mlirAttributeEqual(mlirArrayAttrGetElement(maps, k), omap)) {
       compute_into(g, maps, n, p);
       return;
     }

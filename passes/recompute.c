@@ -55,6 +55,14 @@
  * segment is recomputed but cheap ops (the backward reads it first).  The
  * driver chooses segment_bytes and mu by measuring the plans they give.
  *
+ * With o->rows (and under mu >= 0), layer and RMS norms count as cheap
+ * ops (a pass over each row), and each attention written out op by op
+ * (ad_attention_marks: q k^T, the elementwise ops to its softmax, the
+ * softmax) may be recomputed from q and k, which the backward keeps anyway
+ * for the scores' own gradient: flash attention's memory, no [S, T] matrix
+ * kept per layer, for the scores' matmul once more.  Such a copy is made
+ * once and shared, like an expensive one (costing mu x its flops).
+ *
  * The cut is Dinic's maximum flow (BFS levels, blocking flows by an
  * iterative DFS: a chain of 100,000 nodes needs no deep recursion).
  */
@@ -369,7 +377,8 @@ int ad_recompute(nv_graph *g, nv_diag *d, const ad_remat *o) {
   for (int i = 0; i < nf; i++) {
     nv_node *v = g->nodes[i];
     bool norm = v->op == NV_OP_LAYER_NORM || v->op == NV_OP_RMS_NORM; /* a pass over each row */
-    bool c = (cheap(v->op) || (rows && norm)) && !attn[i], h = !c && (attn[i] || (mu >= 0 && i < lastseg && pure(v)));
+    bool c = (cheap(v->op) || (rows && norm)) && !attn[i];
+    bool h = !c && (attn[i] || (mu >= 0 && i < lastseg && pure(v)));
     if (kept[i] || pinned[i] || (!c && !h)) continue;
     int dep = 0;
     for (int j = 0; j < v->nin; j++)
