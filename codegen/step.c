@@ -292,6 +292,47 @@ typedef struct so_sum {
   uint64_t bytes, fnv;
 } so_sum;
 
+/* "file:line:col", or the file alone (an ONNX node's). */
+static const char *loc_text(char *buf, size_t n, nv_loc l) {
+  if (!l.file) snprintf(buf, n, "?");
+  else if (l.line > 0) snprintf(buf, n, "%s:%d:%d", l.file, l.line, l.col);
+  else snprintf(buf, n, "%s", l.file);
+  return buf;
+}
+
+/* --data-parallel (passes/comm.c): each bucket's all-reduce, what it sums
+ * and where it starts and must end; "data_parallel" says how the step
+ * expects to be run. */
+static void add_collectives(cJSON *root, const nv_graph *g) {
+  cJSON *cs = cJSON_AddArrayToObject(root, "collectives");
+  if (!g->comm.nbuckets) return;
+  char buf[512];
+  for (int b = 0; b < g->comm.nbuckets; b++) {
+    const struct nv_bucket *bk = &g->comm.buckets[b];
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "bucket", b);
+    cJSON_AddStringToObject(c, "kind", "all_reduce");
+    cJSON_AddStringToObject(c, "reduction", "sum");
+    cJSON_AddNumberToObject(c, "bytes", (double)bk->bytes);
+    cJSON *ts = cJSON_AddArrayToObject(c, "gradients_of");
+    for (int i = 0; i < g->nnodes; i++)
+      if (g->nodes[i]->op == NV_OP_ALL_REDUCE && g->nodes[i]->axis == b && g->nodes[i]->name)
+        cJSON_AddItemToArray(ts, cJSON_CreateString(g->nodes[i]->name));
+    if (bk->after >= 0 && bk->after < g->nnodes)
+      cJSON_AddStringToObject(c, "starts_after", loc_text(buf, sizeof buf, g->nodes[bk->after]->loc));
+    if (bk->first_read) {
+      snprintf(buf, sizeof buf, "the first use of the summed gradient of %s", bk->first_read);
+      cJSON_AddStringToObject(c, "ends_before", buf);
+    }
+    cJSON_AddItemToArray(cs, c);
+  }
+  cJSON *dp = cJSON_AddObjectToObject(root, "data_parallel");
+  cJSON_AddNumberToObject(dp, "bucket_bytes", (double)g->comm.bucket_bytes);
+  cJSON_AddNumberToObject(dp, "buckets", g->comm.nbuckets);
+  cJSON_AddStringToObject(dp, "scale_input", "comm.scale");
+  cJSON_AddArrayToObject(dp, "backends"); /* none yet: a world of one rank */
+}
+
 static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const char *hash, const cg_options *o,
                            const char *cpu, const so_sum *sum) {
   nv_json_oom_take();
@@ -426,7 +467,7 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
   cJSON_AddNumberToObject(k, "nova_ops", nops);
   cJSON_AddItemToArray(ks, k);
   cJSON_AddArrayToObject(root, "streams");
-  cJSON_AddArrayToObject(root, "collectives");
+  add_collectives(root, g);
   if (o->gpu) {
     cJSON_ReplaceItemInObject(root, "target", cJSON_CreateString("cuda"));
     cg_cuda_manifest(root, o->gpu);

@@ -40,6 +40,7 @@ typedef struct opts {
   int64_t memory_limit; /* --memory-limit, bytes (0: none) */
   bool no_recompute;    /* --recompute=none */
   bool fused_attention; /* --attention=fused */
+  int64_t bucket_bytes; /* --data-parallel: --bucket-size (default 25 MiB) */
   const char *memory_report; /* --memory-report=FILE */
   const char *nonfinite; /* --nonfinite (NULL: skip-param, skip-step with dynamic loss scaling) */
   const char *precision, *policy; /* --precision (NULL: the model's, else fp32), --precision-policy */
@@ -101,6 +102,10 @@ static void usage(FILE *f) {
         "                        gradient (skip-step; the default with dynamic loss scaling)\n"
         "  --keep-grads          (--train) the gradients are outputs of the step (NAME.grad: novarun\n"
         "                        --dump writes them); else each lives only until its update\n"
+        "  --data-parallel       (--train) each gradient is summed over the ranks the step runs\n"
+        "                        as (nova.all_reduce, in buckets placed after their last gradient)\n"
+        "                        and scaled by the input comm.scale; a world of one rank for now\n"
+        "  --bucket-size=BYTES   (--data-parallel) the all-reduces' buckets (default 25M)\n"
         "  --recompute=cheap|none  (--train, -O1 and up) cheap: the backward recomputes the cheap\n"
         "                        forward values it reads (elementwise, casts, data movement)\n"
         "                        from those it keeps, chosen by a minimum cut of the bytes kept\n"
@@ -177,6 +182,19 @@ _Noreturn static void exit_stdout(int rc) {
     exit(1);
   }
   exit(rc);
+}
+
+/* A positive byte count, with an optional K, M or G suffix (2^10, 2^20,
+ * 2^30), into *OUT; 0, or -1. */
+static int parse_bytes(const char *v, int64_t *out) {
+  char *end;
+  errno = 0;
+  long long b = strtoll(v, &end, 10);
+  int sh = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+  if (sh) end++;
+  if (!nv_number_token(v) || *end || errno || b <= 0 || b > (INT64_MAX >> sh)) return -1;
+  *out = (int64_t)b << sh;
+  return 0;
 }
 
 static int parse_args(int argc, char **argv, opts *o) {
@@ -269,14 +287,8 @@ static int parse_args(int argc, char **argv, opts *o) {
       o->gpu_block = (int)b;
       nv_sb_printf(&o->flags, " --gpu-block=%ld", b);
     } else if ((v = opt_value(argc, argv, &i, "--memory-limit"))) {
-      char *end;
-      errno = 0;
-      long long b = strtoll(v, &end, 10);
-      int sh = *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
-      if (sh) end++;
-      if (!nv_number_token(v) || *end || errno || b <= 0 || b > (INT64_MAX >> sh))
+      if (parse_bytes(v, &o->memory_limit))
         return bad_usage("--memory-limit takes a positive number of bytes (suffix K, M or G allowed), not '%s'", v);
-      o->memory_limit = (int64_t)b << sh;
       nv_sb_printf(&o->flags, " --memory-limit=%s", v);
     } else if ((v = opt_value(argc, argv, &i, "--matmul-precision"))) {
       if (strcmp(v, "highest") && strcmp(v, "tf32"))
@@ -325,6 +337,13 @@ static int parse_args(int argc, char **argv, opts *o) {
       if (strcmp(v, "cheap") && strcmp(v, "none")) return bad_usage("--recompute takes cheap or none, not '%s'", v);
       o->no_recompute = !strcmp(v, "none");
       nv_sb_printf(&o->flags, " --recompute=%s", v);
+    } else if (!strcmp(a, "--data-parallel")) {
+      o->ad.data_parallel = true;
+      nv_sb_printf(&o->flags, " --data-parallel");
+    } else if ((v = opt_value(argc, argv, &i, "--bucket-size"))) {
+      if (parse_bytes(v, &o->bucket_bytes))
+        return bad_usage("--bucket-size takes a positive number of bytes (suffix K, M or G allowed), not '%s'", v);
+      nv_sb_printf(&o->flags, " --bucket-size=%s", v);
     } else if ((v = opt_value(argc, argv, &i, "--attention"))) {
       if (strcmp(v, "fused") && strcmp(v, "decomposed"))
         return bad_usage("--attention takes decomposed or fused, not '%s'", v);
@@ -732,13 +751,22 @@ static int compile(nv_diag *d, opts *o) {
       return -1;
     }
     stage_done(&tm, "autodiff + optimizer");
-  } else if (o->ad.loss || o->ad.freeze || o->ad.train_only || o->ad.keep_grads || o->nonfinite) {
+  } else if (o->ad.loss || o->ad.freeze || o->ad.train_only || o->ad.keep_grads || o->nonfinite ||
+             o->ad.data_parallel || o->bucket_bytes) {
     nv_error_plain(d, o->ad.loss || o->ad.freeze || o->ad.train_only ? "--loss, --freeze and --train-only need --train"
-                      : o->ad.keep_grads ? "--keep-grads needs --train" : "--nonfinite needs --train");
+                      : o->ad.keep_grads ? "--keep-grads needs --train"
+                      : o->nonfinite ? "--nonfinite needs --train" : "--data-parallel and --bucket-size need --train");
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
     return -1;
   }
+  if (o->bucket_bytes && !o->ad.data_parallel) {
+    nv_error_plain(d, "--bucket-size needs --data-parallel");
+    fe_graph_destroy(g);
+    fe_graph_destroy(ge);
+    return -1;
+  }
+  if (o->ad.data_parallel && !o->bucket_bytes) o->bucket_bytes = (int64_t)25 << 20; /* PyTorch DDP's */
   nova_ctx c;
   int rc = -1;
   MlirModule nova = {NULL}, lin = {NULL}, enova = {NULL}, elin = {NULL};
@@ -755,7 +783,8 @@ static int compile(nv_diag *d, opts *o) {
   if (o->train && (o->opt_level > 0 && !o->no_recompute)) {
     ad_remat pick = {-1, 0, 0, false};
     if (o->memory_limit) { /* what the backward recomputes: measured plans (driver/pipeline.c) */
-      np_run r = {.c = &c, .dev = &dev, .gpu = cuda ? &go : NULL, .opt_level = o->opt_level};
+      np_run r = {.c = &c, .dev = &dev, .gpu = cuda ? &go : NULL, .opt_level = o->opt_level,
+                  .bucket_bytes = o->ad.data_parallel ? o->bucket_bytes : 0};
       np_fit fit;
       if (np_fit_recompute(&r, g, o->memory_limit, &pick, &fit)) goto out;
       if (o->verbose) {
@@ -780,7 +809,8 @@ static int compile(nv_diag *d, opts *o) {
     }
     if (ad_recompute(g, d, pick.mu < 0 && !pick.rows ? NULL : &pick)) goto out;
   }
-  if (o->train && (dump_graph(o, "recompute", d, g) || ad_schedule_updates(g) || dump_graph(o, "schedule", d, g)))
+  if (o->train && (dump_graph(o, "recompute", d, g) || ad_schedule_updates(g) ||
+                   (o->ad.data_parallel && ad_comm_schedule(g, o->bucket_bytes)) || dump_graph(o, "schedule", d, g)))
     goto out;
   nova = nova_build_module(&c, g);
   if (mlirModuleIsNull(nova) || nova_verify(&c, nova, "frontend")) goto out;

@@ -639,6 +639,27 @@ static int nr_bind_rng_seed(nr_step *s, uint64_t seed) {
   return 0;
 }
 
+/* A step compiled with novac --data-parallel (its input comm.scale) sums
+ * its gradients over the ranks it is launched as; this novarun has no
+ * transport between processes yet: launched as one of several (mpirun,
+ * srun, torchrun's variables), it refuses rather than train each rank
+ * apart.  A world of one runs the step as it is (comm.scale 1). */
+static int nr_check_world(nr_step *s) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "WORLD_SIZE"};
+  nova_tensor_info info;
+  bool dp = false;
+  for (int i = 0, n = s->api.num_tensors(s->step); i < n && !dp; i++)
+    dp = s->api.tensor(s->step, i, &info) == NOVA_OK && !strcmp(info.name, "comm.scale");
+  for (size_t k = 0; dp && k < sizeof vars / sizeof *vars; k++) {
+    const char *v = getenv(vars[k]);
+    if (v && atol(v) > 1)
+      return nr_error("%s=%s: this step is data-parallel (novac --data-parallel), but novarun cannot reach other "
+                      "processes yet; run it as one process (a world of one), or compile it without "
+                      "--data-parallel", vars[k], v);
+  }
+  return 0;
+}
+
 /* Order: the checkpoint, then the batch source, then the output folders:
  * nothing is created or run unless every input checked out. */
 static int nr_main(const nr_options *o) {
@@ -647,6 +668,7 @@ static int nr_main(const nr_options *o) {
   long long start = 0, done = 0;
   int keep = 0; /* a failed run left the state good to save */
   int rc = nr_open(&s, o->step_path);
+  if (!rc) rc = nr_check_world(&s);
   if (!rc && o->load_path) rc = nr_checkpoint_load(&s, o->load_path, &start);
   if (!rc && (o->data_path || (o->seed_set && !o->inputs_dir))) rc = nr_batches_create(&s, o, &b);
   else if (!rc) rc = nr_bind_inputs(&s, o, &s.nbound);

@@ -242,7 +242,9 @@ static int graph_trial(np_run *r, nv_graph *g, fit_trial *t) {
   np_run tr = *r;
   tr.planned = 0;
   t->peak = -1;
-  if (ad_recompute(g, d, &t->a) || ad_schedule_updates(g)) goto out;
+  if (ad_recompute(g, d, &t->a) || ad_schedule_updates(g) ||
+      (r->bucket_bytes > 0 && ad_comm_schedule(g, r->bucket_bytes)))
+    goto out;
   t->st = g->recompute;
   nova = nova_build_module(r->c, g);
   if (mlirModuleIsNull(nova)) goto out;

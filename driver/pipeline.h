@@ -15,6 +15,7 @@ typedef struct np_run {
   bool time_passes;       /* --time-passes: each stage's time on stderr */
   int planned;            /* set by the memplan stage: the intermediates got an arena */
   bool idle;              /* set by a stage that had nothing to do (remat without a limit, ...) */
+  int64_t bucket_bytes;   /* --data-parallel's buckets (0: not data-parallel): the trials place them too */
 } np_run;
 
 /* Lowers the linalg module M of the step of G to the LLVM dialect through

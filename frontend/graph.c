@@ -46,6 +46,7 @@ void fe_graph_destroy(nv_graph *g) {
   for (int i = 0; i < g->noutputs; i++) free(g->outputs[i].name);
   for (int i = 0; i < g->ninits; i++) free(g->inits[i].name), free(g->inits[i].reason);
   free(g->inits);
+  free(g->comm.buckets);
   free(g->nodes);
   free(g->outputs);
   free(g);
@@ -1099,6 +1100,10 @@ static int infer(nv_diag *d, nv_node *n) {
   case NV_OP_STOCHASTIC_ROUND: return infer_sround(d, n, in[0], in[1], in[2]);
   case NV_OP_RMS_NORM: return infer_rms_norm(d, n, in[0], in[1]);
   case NV_OP_ROTARY: return infer_rotary(d, n, in[0], in[1], in[2]);
+  case NV_OP_ALL_REDUCE: /* the sum over the ranks of data-parallel training (passes/comm.c) */
+    if (need_float(d, n, in[0], "operand")) return -1;
+    n->dtype = in[0]->dtype;
+    return set_shape(d, n, in[0]->rank, in[0]->shape);
   case NV_OP_COUNT: break;
   }
   nv_error(d, n->loc, "internal: no shape rule for op %d", (int)n->op);

@@ -105,7 +105,8 @@
   X(SHR, "shr", 2, 2)                           \
   X(ATTENTION, "attention", 4, 4)             \
   X(RMS_NORM, "rms_norm", 2, 2)                 \
-  X(ROTARY, "rotary", 3, 3)
+  X(ROTARY, "rotary", 3, 3)                     \
+  X(ALL_REDUCE, "all_reduce", 1, 1)
 
 /* How scatter_elements / scatter_nd combine an update with the value there. */
 enum { NV_SCATTER_NONE, NV_SCATTER_ADD, NV_SCATTER_MUL, NV_SCATTER_MAX, NV_SCATTER_MIN };
@@ -151,7 +152,7 @@ struct nv_node {
   int rank;
   int64_t shape[NOVA_MAX_RANK];
   /* attributes (which are meaningful depends on op) */
-  int64_t axis;         /* softmax, log_softmax, concat, slice, gather */
+  int64_t axis;         /* softmax, log_softmax, concat, slice, gather; all_reduce: its bucket */
   int nlist;            /* axes (reductions), perm, target shape */
   int64_t list[NOVA_MAX_RANK];
   bool keepdims;
@@ -225,6 +226,16 @@ typedef struct nv_graph {
     int segments_recomputed; /* those whose expensive values may be recomputed (the first ones) */
     double flops;       /* the copies' arithmetic */
   } recompute;
+  struct nv_comm {      /* --data-parallel (passes/comm.c): the gradient all-reduces' buckets */
+    int64_t bucket_bytes;
+    int nbuckets;
+    struct nv_bucket {
+      int64_t bytes;
+      int tensors;
+      int after, before; /* it starts after node `after` (its last gradient), ends before node `before` */
+      const char *first_read; /* the param whose summed gradient node `before` reads (borrowed) */
+    } *buckets;         /* owned */
+  } comm;
   int ninits;           /* ONNX with --train: every initializer nodes use, in file order */
   nv_initializer *inits;
 } nv_graph;

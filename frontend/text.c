@@ -365,6 +365,7 @@ static const char *allowed_attrs(nv_op op) {
   case NV_OP_SLICE: return "axis start end step";
   case NV_OP_RMS_NORM: return "eps";
   case NV_OP_ROTARY: return "interleaved";
+  case NV_OP_ALL_REDUCE: return "bucket";
   default: return "";
   }
 }
@@ -665,6 +666,10 @@ static ev parse_primary(parser *P) {
       nv_op op = nv_op_lookup(t.text);
       if (op == NV_OP_COUNT) {
         nv_error(P->d, t.loc, "unknown op '%s'", t.text);
+        return fail_ev(P);
+      }
+      if (op == NV_OP_ALL_REDUCE) {
+        nv_error(P->d, t.loc, "all_reduce is made by novac --data-parallel, not written in a model");
         return fail_ev(P);
       }
       return parse_call(P, op, t.loc);

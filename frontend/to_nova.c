@@ -164,6 +164,7 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
     out[k++] = named(ctx, "eps", mlirFloatAttrDoubleGet(ctx, mlirF64TypeGet(ctx), n->eps));
     break;
   case NV_OP_ROTARY: out[k++] = named(ctx, "interleaved", i64_attr(ctx, n->mode)); break;
+  case NV_OP_ALL_REDUCE: out[k++] = named(ctx, "bucket", i64_attr(ctx, n->axis)); break;
   default: break;
   }
   return k;

@@ -590,6 +590,7 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
   }
   case NV_OP_CONV_GRAD_WEIGHT: case NV_OP_MAX_POOL_GRAD: case NV_OP_AVG_POOL_GRAD:
   case NV_OP_STOCHASTIC_ROUND: /* (the optimizer's: after the backward pass) */
+  case NV_OP_ALL_REDUCE:       /* (--data-parallel's: after it too) */
   case NV_OP_COUNT:
     return false; /* no second derivatives */
   }
@@ -931,6 +932,28 @@ static int choose_params(ad *A, const ad_options *o) {
   return ntrain ? ntrain : -1;
 }
 
+/* --data-parallel: each trained param's gradient summed over the ranks
+ * (nova.all_reduce, bucketed and placed by passes/comm.c) and scaled by the
+ * input comm.scale (1 / the number of ranks, set by the runtime; 1 by
+ * default), a multiply the update fuses: every check and update reads the
+ * mean gradient of the global batch. */
+static int all_reduce_grads(ad *A, int nf) {
+  nv_node *s = fe_graph_leaf(A->g, A->d, NV_OP_INPUT, "comm.scale", NOVA_DTYPE_F32, 0, NULL, (nv_loc){0});
+  if (!s) return -1;
+  s->has_default = true;
+  s->init = (nv_init){.kind = NV_INIT_CONST, .a = 1};
+  for (int i = 0; i < nf; i++) {
+    nv_node *p = A->g->nodes[i], *gr = A->grad[i];
+    if (p->op != NV_OP_PARAM || !A->needs[i] || !gr) continue;
+    A->loc = p->loc;
+    nv_node *r = mk(A, NV_OP_ALL_REDUCE, 1, &gr, &(nv_node){.axis = 0});
+    if (r && !(r->name = nv_xstrdup(p->name))) return -1; /* (the param it is the gradient of: the manifest's) */
+    A->grad[i] = mul(A, r, s->dtype == gr->dtype ? s : mk(A, NV_OP_CAST, 1, &s, &(nv_node){.to = gr->dtype}));
+    if (!A->grad[i]) return -1;
+  }
+  return 0;
+}
+
 int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
   nv_loc nowhere = {0};
   int li = find_loss(g, d, o->loss);
@@ -958,6 +981,7 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
   }
   if (backward(&A, loss, scale)) goto out;
   int after_backward = g->nnodes; /* the nodes from here on: check and update (ad_schedule_updates) */
+  if (o->data_parallel && all_reduce_grads(&A, nf)) goto out;
   if (finite_check(&A, loss, per_param) || A.failed) goto out;
   if (scale) {
     A.loc = loss->loc;

@@ -52,6 +52,9 @@ typedef struct ad_options {
    * else gradients are intermediates, alive only until the update reads them */
   bool keep_grads;
   ad_nonfinite nonfinite;
+  /* --data-parallel: each gradient is summed over the ranks (nova.all_reduce) and scaled by the
+   * input comm.scale before the checks and updates read it */
+  bool data_parallel;
 } ad_options;
 
 /* Whether param N is trained: role param, float, not frozen, not matched
@@ -112,5 +115,12 @@ int ad_recompute(nv_graph *g, nv_diag *d, const ad_remat *o);
  * its gradient is complete and the gradient dies there.  After
  * ad_recompute.  0, or -1 when out of memory. */
 int ad_schedule_updates(nv_graph *g);
+
+/* --data-parallel (passes/comm.c): the all-reduces of the gradients in
+ * buckets of at least BUCKET_BYTES, in the order the gradients come, each
+ * bucket's placed right after its last gradient (what reads them after
+ * it); g->comm describes the buckets.  After ad_schedule_updates.  0, or
+ * -1 when out of memory. */
+int ad_comm_schedule(nv_graph *g, int64_t bucket_bytes);
 
 #endif

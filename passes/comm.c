@@ -1,0 +1,157 @@
+/* comm.c: the gradient all-reduces of data-parallel training, in buckets
+ * (ad_comm_schedule).
+ *
+ * Requires: a training graph from ad_train with --data-parallel (each
+ * trained param's gradient read through one nova.all_reduce, named after
+ * the param), after ad_recompute and ad_schedule_updates.
+ * Changes: each all_reduce's bucket (its axis field) and the node order;
+ * g->comm gets the buckets for the manifest.
+ *
+ * The all-reduces are grouped, in the order the backward produces the
+ * gradients (the last layer's first), into buckets of at least
+ * bucket_bytes (the last one smaller), as PyTorch's DDP does: one
+ * collective per bucket instead of one per tensor.  A bucket's all-reduces
+ * are placed together right after its last gradient is complete, and
+ * everything that reads them (the mean's scaling, the checks, the
+ * updates) after them: the nodes are put in topological order by a key,
+ * each node's own position except an all-reduce's, just after the last
+ * gradient of its bucket, and its readers', after that (keys only grow
+ * along the edges); among ready nodes the smallest key goes first, so
+ * nothing else moves but what has to wait for a bucket.  The values do
+ * not change.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../support/util.h"
+#include "autodiff.h"
+
+static int64_t node_bytes(const nv_node *n) { return fe_numel(n) * (int64_t)fe_dtype_size(n->dtype); }
+
+/* ---- a binary heap of node ids by key ---- */
+
+typedef struct heap {
+  int *v, n;
+  const double *key;
+} heap;
+
+static bool less(const heap *h, int a, int b) {
+  return h->key[a] < h->key[b] || (h->key[a] == h->key[b] && a < b);
+}
+
+static void push(heap *h, int x) {
+  int i = h->n++;
+  h->v[i] = x;
+  while (i > 0 && less(h, h->v[i], h->v[(i - 1) / 2])) {
+    int p = (i - 1) / 2, t = h->v[p];
+    h->v[p] = h->v[i];
+    h->v[i] = t;
+    i = p;
+  }
+}
+
+static int pop(heap *h) {
+  int top = h->v[0];
+  h->v[0] = h->v[--h->n];
+  for (int i = 0;;) {
+    int l = 2 * i + 1, r = l + 1, m = i;
+    if (l < h->n && less(h, h->v[l], h->v[m])) m = l;
+    if (r < h->n && less(h, h->v[r], h->v[m])) m = r;
+    if (m == i) break;
+    int t = h->v[m];
+    h->v[m] = h->v[i];
+    h->v[i] = t;
+    i = m;
+  }
+  return top;
+}
+
+int ad_comm_schedule(nv_graph *g, int64_t bucket_bytes) {
+  int n = g->nnodes, rc = -1, nb = 0;
+  double *key = nv_xcalloc((size_t)n + 1, sizeof *key);
+  int *indeg = nv_xcalloc((size_t)n + 1, sizeof *indeg), *nusers = nv_xcalloc((size_t)n + 1, sizeof *nusers);
+  int *last = nv_xcalloc((size_t)n + 1, sizeof *last); /* bucket -> the position of its last gradient */
+  int **users = nv_xcalloc((size_t)n + 1, sizeof *users);
+  nv_node **order = nv_xcalloc((size_t)n + 1, sizeof *order);
+  heap h = {.v = nv_xcalloc((size_t)n + 1, sizeof(int)), .key = key};
+  if (!key || !indeg || !nusers || !last || !users || !order || !h.v) goto out;
+  /* the buckets, in the order the gradients come */
+  int64_t fill = 0;
+  for (int i = 0; i < n; i++) {
+    nv_node *v = g->nodes[i];
+    key[i] = i;
+    if (v->op != NV_OP_ALL_REDUCE) continue;
+    if (fill >= bucket_bytes && fill > 0) nb++, fill = 0;
+    v->axis = nb;
+    fill += node_bytes(v);
+    last[nb] = v->in[0]->id;
+  }
+  if (fill > 0) nb++;
+  /* an all-reduce's key: just after its bucket's last gradient; a node that reads one (or reads
+   * such a reader), just after that: the bucket's all-reduces stay together */
+  for (int i = 0; i < n; i++) {
+    nv_node *v = g->nodes[i];
+    if (v->op == NV_OP_ALL_REDUCE) key[i] = last[v->axis] + 0.25;
+    for (int j = 0; j < v->nin; j++) {
+      nv_node *u = v->in[j];
+      double k = key[u->id] + (u->op == NV_OP_ALL_REDUCE ? 0.25 : 0);
+      if (u->op != NV_OP_INPUT && u->op != NV_OP_PARAM && k > key[i]) key[i] = k;
+    }
+  }
+  /* Kahn's order by key; inputs and params are the step's arguments, there before any node (as
+   * ad_schedule_updates leaves them: lr and comm.scale, made after the backward, stay there) */
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < g->nodes[i]->nin; j++) nusers[g->nodes[i]->in[j]->id]++;
+  for (int i = 0; i < n; i++)
+    if (nusers[i] && !(users[i] = nv_xmalloc(sizeof **users * (size_t)nusers[i]))) goto out;
+  memset(nusers, 0, sizeof *nusers * (size_t)n); /* (filled again, without the arguments' readers) */
+  for (int i = 0; i < n; i++) {
+    nv_node *v = g->nodes[i];
+    for (int j = 0; j < v->nin; j++) {
+      nv_node *u = v->in[j];
+      if (u->op == NV_OP_INPUT || u->op == NV_OP_PARAM) continue;
+      indeg[i]++;
+      users[u->id][nusers[u->id]++] = i;
+    }
+  }
+  for (int i = 0; i < n; i++)
+    if (!indeg[i]) push(&h, i);
+  int k = 0;
+  while (h.n) {
+    int x = pop(&h);
+    order[k++] = g->nodes[x];
+    for (int j = 0; j < nusers[x]; j++)
+      if (!--indeg[users[x][j]]) push(&h, users[x][j]);
+  }
+  if (k != n) goto out; /* (a cycle: cannot be) */
+  fe_graph_set_order(g, order);
+  /* the buckets for the manifest: bytes, members, after which node they start, before which they end */
+  free(g->comm.buckets);
+  g->comm = (struct nv_comm){.bucket_bytes = bucket_bytes, .nbuckets = nb};
+  if (nb && !(g->comm.buckets = nv_xcalloc((size_t)nb, sizeof *g->comm.buckets))) goto out;
+  for (int b = 0; b < nb; b++) g->comm.buckets[b].before = n;
+  for (int i = 0; i < n; i++) {
+    nv_node *v = g->nodes[i];
+    for (int q = 0; q < v->nin; q++) /* the first reader of a bucket's sums */
+      if (v->in[q]->op == NV_OP_ALL_REDUCE && i < g->comm.buckets[v->in[q]->axis].before) {
+        g->comm.buckets[v->in[q]->axis].before = i;
+        g->comm.buckets[v->in[q]->axis].first_read = v->in[q]->name;
+      }
+    if (v->op != NV_OP_ALL_REDUCE) continue;
+    struct nv_bucket *bk = &g->comm.buckets[v->axis];
+    bk->bytes += node_bytes(v);
+    bk->tensors++;
+    if (v->in[0]->id > bk->after) bk->after = v->in[0]->id;
+  }
+  rc = 0;
+out:
+  for (int i = 0; users && i < n; i++) free(users[i]);
+  free(users);
+  free(key);
+  free(indeg);
+  free(nusers);
+  free(last);
+  free(order);
+  free(h.v);
+  return rc;
+}

@@ -1,0 +1,77 @@
+"""--data-parallel in a world of one rank: the step sums each gradient over
+the ranks (nova.all_reduce, bucketed) and scales it by comm.scale (1 by
+default), so one process trains exactly as the same step without the flag:
+the same losses, gradients and parameters, bit for bit, with AdamW, either
+--nonfinite mode and small buckets.  novarun refuses to run such a step as
+one of several processes (it has no transport between them yet)."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from harness import NOVAC, NOVARUN, Failure, case, read_pb, results, run
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+GPT = os.path.join(ROOT, "testsuite", "onnx", "models", "gpt_block", "model.onnx")
+BLOCK = os.path.join(ROOT, "examples", "transformer_block.nova")
+
+
+def train(so, d, tag):
+    """3 steps on random batches (--seed): (loss lines, {name: array} of --dump)."""
+    log, dump = os.path.join(d, tag + ".loss"), os.path.join(d, tag + ".dump")
+    run([NOVARUN, so, "--seed", "5", "--steps", "3", "--loss-log", log, "--dump", dump, "-q"])
+    with open(log) as f:
+        losses = f.read().splitlines()
+    return losses, {fn: read_pb(os.path.join(dump, fn)) for fn in sorted(os.listdir(dump))}
+
+
+def same_as_single(src, flags):
+    def go():
+        import numpy as np
+        d = tempfile.mkdtemp(prefix="nova-dp-")
+        try:
+            a, b = os.path.join(d, "a.so"), os.path.join(d, "b.so")
+            run([NOVAC, src, "-o", a] + flags)
+            run([NOVAC, src, "-o", b, "--data-parallel", "--bucket-size=4K"] + flags)
+            la, ta = train(a, d, "a")
+            lb, tb = train(b, d, "b")
+            if la != lb or len(la) != 3:
+                raise Failure("losses differ: %s vs %s" % (la, lb))
+            if sorted(ta) != sorted(tb) or not any(k.startswith("grad.") for k in ta):
+                raise Failure("dumped tensors differ: %s vs %s" % (sorted(ta), sorted(tb)))
+            for k in ta:
+                if not np.array_equal(ta[k], tb[k]):
+                    raise Failure("%s differs: max |diff| %g" % (k, np.max(np.abs(ta[k].astype(np.float64) - tb[k]))))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    return go
+
+
+def refuses_many():
+    d = tempfile.mkdtemp(prefix="nova-dp-")
+    try:
+        so = os.path.join(d, "s.so")
+        run([NOVAC, BLOCK, "-o", so, "--dim=batch=2", "--train", "--data-parallel"])
+        for var in ("OMPI_COMM_WORLD_SIZE", "WORLD_SIZE", "PMI_SIZE"):
+            p = subprocess.run([NOVARUN, so, "--seed", "1", "--steps", "1"], capture_output=True, text=True,
+                               timeout=120, env=dict(os.environ, **{var: "2"}))
+            if p.returncode != 1 or "%s=2: this step is data-parallel" % var not in p.stderr:
+                raise Failure("%s=2: exit %d: %s" % (var, p.returncode, p.stderr))
+        # a world of one, said so: runs
+        run([NOVARUN, so, "--seed", "1", "--steps", "1", "-q"])
+        p = subprocess.run([NOVARUN, so, "--seed", "1", "--steps", "1", "-q"], capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, WORLD_SIZE="1"))
+        if p.returncode:
+            raise Failure("WORLD_SIZE=1: %s" % p.stderr)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+case("data_parallel.world_of_one.gpt_block", same_as_single(GPT, ["--dim=batch=4", "--train", "--optimizer=adamw",
+                                                                  "--keep-grads"]))
+case("data_parallel.world_of_one.skip_step", same_as_single(BLOCK, ["--dim=batch=2", "--train", "--optimizer=adamw",
+                                                                   "--keep-grads", "--nonfinite=skip-step"]))
+case("data_parallel.refuses_more_ranks", refuses_many)
+print("# data_parallel: %d passed, %d failed" % (results["pass"], results["fail"]))
+sys.exit(0)
