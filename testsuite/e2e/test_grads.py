@@ -44,6 +44,8 @@ NOT_DIFFERENTIABLE = {
     "input": "a leaf: inputs take no gradient",
     "dropout": "a random mask: its gradient (the mask recomputed) against numpy's Philox in test_dropout.py",
     "param": "a leaf: the gradient's destination (every case has params)",
+    "all_reduce": "made by novac --data-parallel after the backward pass, never written in a model (the text "
+                  "format refuses it: lit nova/data_parallel.test)",
     "constant": "a leaf: constants take no gradient",
     "equal": "bool result, not differentiable (used as a where condition)",
     "less": "bool result, not differentiable (used as a where condition)",
