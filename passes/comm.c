@@ -66,6 +66,12 @@ static int pop(heap *h) {
   return top;
 }
 
+/* qsort: all-reduces by the position of the gradient they read. */
+static int by_operand(const void *a, const void *b) {
+  int x = (*(nv_node *const *)a)->in[0]->id, y = (*(nv_node *const *)b)->in[0]->id;
+  return (x > y) - (x < y);
+}
+
 int ad_comm_schedule(nv_graph *g, int64_t bucket_bytes) {
   int n = g->nnodes, rc = -1, nb = 0;
   double *key = nv_xcalloc((size_t)n + 1, sizeof *key);
@@ -75,12 +81,17 @@ int ad_comm_schedule(nv_graph *g, int64_t bucket_bytes) {
   nv_node **order = nv_xcalloc((size_t)n + 1, sizeof *order);
   heap h = {.v = nv_xcalloc((size_t)n + 1, sizeof(int)), .key = key};
   if (!key || !indeg || !nusers || !last || !users || !order || !h.v) goto out;
-  /* the buckets, in the order the gradients come */
-  int64_t fill = 0;
+  /* the buckets, in the order the gradients come (with --nonfinite=skip-step the all-reduces are
+   * still in the params' order, after the whole backward) */
+  int nar = 0;
   for (int i = 0; i < n; i++) {
-    nv_node *v = g->nodes[i];
     key[i] = i;
-    if (v->op != NV_OP_ALL_REDUCE) continue;
+    if (g->nodes[i]->op == NV_OP_ALL_REDUCE) order[nar++] = g->nodes[i];
+  }
+  qsort(order, (size_t)nar, sizeof *order, by_operand);
+  int64_t fill = 0;
+  for (int i = 0; i < nar; i++) {
+    nv_node *v = order[i];
     if (fill >= bucket_bytes && fill > 0) nb++, fill = 0;
     v->axis = nb;
     fill += node_bytes(v);
