@@ -165,16 +165,21 @@ static nv_node *untranspose(nv_graph *g, nv_diag *d, nv_node *kt, nv_loc loc) {
 
 /* The bias: the chain's steps applied to 0, innermost first; *scale gets
  * the product of its scalings. */
-static nv_node *build_bias(matcher *M, nv_diag *d, nova_dtype dt, double *scale, nv_loc loc) {
+/* The product of the chain's scalings (M->st from walk). */
+static double chain_scale(const matcher *M) {
+  double scale = 1, c = 0;
+  for (int i = M->nst - 1; i >= 0; i--)
+    if ((M->st[i].kind == ST_MUL || M->st[i].kind == ST_DIV) && float_const(M->g, M->st[i].arg, &c))
+      scale = M->st[i].kind == ST_MUL ? scale * c : scale / c;
+  return scale;
+}
+
+static nv_node *build_bias(matcher *M, nv_diag *d, nova_dtype dt, nv_loc loc) {
   nv_graph *g = M->g;
   nv_node *b = NULL;
-  *scale = 1;
   for (int i = M->nst - 1; i >= 0; i--) {
     step *s = &M->st[i];
-    double c = 0;
     if (s->kind == ST_MUL || s->kind == ST_DIV) {
-      float_const(g, s->arg, &c);
-      *scale = s->kind == ST_MUL ? *scale * c : *scale / c;
       if (!b) continue;
       b = fe_graph_add(g, d, s->kind == ST_MUL ? NV_OP_MUL : NV_OP_DIV, 2, (nv_node *[]){b, s->arg}, NULL, loc);
     } else if (s->kind == ST_ADD) {
@@ -236,7 +241,7 @@ static nv_node *match(matcher *M, nv_node *y, nv_node **p, bool loose) {
     return NULL;
   nv_node *s = loose ? walk_loose(M, (*p)->in[0], *p) : walk(M, (*p)->in[0], *p);
   if (!s || (!loose && (s->in[0]->dtype != y->dtype || s->in[1]->dtype != y->dtype)) || !same_batch(s->in[0], s) ||
-      !same_batch(s->in[1], s))
+      !same_batch(s->in[1], s) || (!loose && !isfinite(chain_scale(M)))) /* (a division by 0: left as written) */
     return NULL;
   return s;
 }
@@ -246,13 +251,12 @@ static nv_node *match(matcher *M, nv_node *y, nv_node **p, bool loose) {
 static nv_node *fuse(matcher *M, nv_diag *d, nv_node *y, nv_node *s) {
   nv_graph *g = M->g;
   nv_loc loc = y->loc;
-  double scale;
-  nv_node *bias = build_bias(M, d, y->dtype, &scale, loc);
+  double scale = chain_scale(M);
+  nv_node *bias = build_bias(M, d, y->dtype, loc);
   nv_node *k = bias ? untranspose(g, d, s->in[1], loc) : NULL;
   nv_node *in[4] = {as4(g, d, s->in[0], loc), as4(g, d, k, loc), as4(g, d, y->in[1], loc), bias};
   nv_node attrs = {.scale = scale};
-  nv_node *a = in[0] && in[1] && in[2] && bias && isfinite(scale)
-                   ? fe_graph_add(g, d, NV_OP_ATTENTION, 4, in, &attrs, loc) : NULL;
+  nv_node *a = in[0] && in[1] && in[2] && bias ? fe_graph_add(g, d, NV_OP_ATTENTION, 4, in, &attrs, loc) : NULL;
   return a ? fe_reshape(g, d, a, y->rank, y->shape, loc) : NULL;
 }
 

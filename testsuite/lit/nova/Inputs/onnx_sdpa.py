@@ -6,6 +6,7 @@ variant:
   probs_out  causal, with the probabilities also an output (kept: not fused)
   fill_small the fill is -1e4 (not a mask that rounds every score away: not fused)
   rank3      heads merged into the batch ([B*H, T, D]), Mul by the scale
+  div_zero   causal, but the scores divided by 0 (no finite scale: not fused)
 and two helpers: `onnx_sdpa.py DIR causal_inputs` writes q, k, v (.pb) into
 DIR; `onnx_sdpa.py A.pb compare B.pb` fails unless the tensors agree within
 1e-5 of the largest magnitude."""
@@ -34,7 +35,7 @@ if variant == "compare":
 shape = [B * H, T, D] if variant == "rank3" else [B, H, T, D]
 perm = [0, 2, 1] if variant == "rank3" else [0, 1, 3, 2]
 inits = [numpy_helper.from_array(~np.tril(np.ones((T, T), bool)), "above")]  # (a buffer: an initializer)
-consts = {"sqrt_d": np.array(8 ** 0.5, np.float32), "inv_sqrt_d": np.array(8 ** -0.5, np.float32),
+consts = {"sqrt_d": np.array(0 if variant == "div_zero" else 8 ** 0.5, np.float32), "inv_sqrt_d": np.array(8 ** -0.5, np.float32),
           "ninf": np.array(-np.inf, np.float32), "fmin": np.array(np.finfo(np.float32).min, np.float32),
           "small": np.array(-1e4, np.float32),
           "pad_bias": np.where(np.arange(T) < T - 1, 0, np.finfo(np.float32).min).astype(np.float32).reshape(1, 1, 1, T)}
