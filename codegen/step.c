@@ -305,7 +305,8 @@ static const char *loc_text(char *buf, size_t n, nv_loc l) {
  * expects to be run. */
 static void add_collectives(cJSON *root, const nv_graph *g) {
   cJSON *cs = cJSON_AddArrayToObject(root, "collectives");
-  if (!g->comm.nbuckets) return;
+  cJSON **names = g->comm.nbuckets ? nv_xcalloc((size_t)g->comm.nbuckets, sizeof *names) : NULL;
+  if (!names) return;
   char buf[512];
   for (int b = 0; b < g->comm.nbuckets; b++) {
     const struct nv_bucket *bk = &g->comm.buckets[b];
@@ -314,10 +315,7 @@ static void add_collectives(cJSON *root, const nv_graph *g) {
     cJSON_AddStringToObject(c, "kind", "all_reduce");
     cJSON_AddStringToObject(c, "reduction", "sum");
     cJSON_AddNumberToObject(c, "bytes", (double)bk->bytes);
-    cJSON *ts = cJSON_AddArrayToObject(c, "gradients_of");
-    for (int i = 0; i < g->nnodes; i++)
-      if (g->nodes[i]->op == NV_OP_ALL_REDUCE && g->nodes[i]->axis == b && g->nodes[i]->name)
-        cJSON_AddItemToArray(ts, cJSON_CreateString(g->nodes[i]->name));
+    names[b] = cJSON_AddArrayToObject(c, "gradients_of"); /* (filled below, in one pass over the nodes) */
     if (bk->after >= 0 && bk->after < g->nnodes)
       cJSON_AddStringToObject(c, "starts_after", loc_text(buf, sizeof buf, g->nodes[bk->after]->loc));
     if (bk->first_read) {
@@ -326,6 +324,12 @@ static void add_collectives(cJSON *root, const nv_graph *g) {
     }
     cJSON_AddItemToArray(cs, c);
   }
+  for (int i = 0; i < g->nnodes; i++) {
+    const nv_node *v = g->nodes[i];
+    if (v->op == NV_OP_ALL_REDUCE && v->name && v->axis >= 0 && v->axis < g->comm.nbuckets)
+      cJSON_AddItemToArray(names[v->axis], cJSON_CreateString(v->name));
+  }
+  free(names);
   cJSON *dp = cJSON_AddObjectToObject(root, "data_parallel");
   cJSON_AddNumberToObject(dp, "bucket_bytes", (double)g->comm.bucket_bytes);
   cJSON_AddNumberToObject(dp, "buckets", g->comm.nbuckets);

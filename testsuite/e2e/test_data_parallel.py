@@ -4,6 +4,7 @@ default), so one process trains exactly as the same step without the flag:
 the same losses, gradients and parameters, bit for bit, with AdamW, either
 --nonfinite mode and small buckets.  novarun refuses to run such a step as
 one of several processes (it has no transport between them yet)."""
+import json
 import os
 import shutil
 import subprocess
@@ -34,6 +35,10 @@ def same_as_single(src, flags):
             a, b = os.path.join(d, "a.so"), os.path.join(d, "b.so")
             run([NOVAC, src, "-o", a] + flags)
             run([NOVAC, src, "-o", b, "--data-parallel", "--bucket-size=4K"] + flags)
+            with open(b[:-3] + ".json") as f:   # (the sums are there: the same results are no accident)
+                m = json.load(f)
+            if len(m["collectives"]) < 2 or not any(t["name"] == "comm.scale" for t in m["tensors"]):
+                raise Failure("no buckets or no comm.scale in the manifest: %r" % m["collectives"])
             la, ta = train(a, d, "a")
             lb, tb = train(b, d, "b")
             if la != lb or len(la) != 3:
