@@ -155,6 +155,30 @@ bool cg_contract_loop_sizes(MlirOperation op, int nl, int64_t *size, int (*dim_o
 bool cg_cpu_bf16_dot(const cfg_device *host, int opt_level);
 int cg_cpu_bf16_contractions(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level, int *count);
 int cg_cpu_contract_calls(nova_ctx *c, MlirModule m);
+/* Building ops before AT in BLOCK (cpu_ukernel.c): an op; an integer
+ * constant; the address of memref V's first element (aligned pointer plus
+ * offset, i64) and, when STRIDES is not NULL, its strides (index, rank of
+ * them); the declaration of an external function of NARGS i64 arguments
+ * (at most 16) and no result. */
+typedef struct cg_builder {
+  MlirContext ctx;
+  MlirLocation loc;
+  MlirBlock block;
+  MlirOperation at;
+} cg_builder;
+MlirOperation cg_build(cg_builder *b, const char *name, int nops, const MlirValue *ops, int nres, const MlirType *rt,
+                       int na, const MlirNamedAttribute *attrs);
+MlirValue cg_build_const(cg_builder *b, MlirType t, int64_t v);
+MlirValue cg_memref_address(cg_builder *b, MlirValue v, MlirValue *strides);
+void cg_declare_i64_func(MlirModule m, const char *name, int nargs);
+/* comm_calls.c: novac --data-parallel.  The lowering makes each
+ * nova.all_reduce a call of a declared function CG_COMM_MARKER<id>
+ * {nova.comm = bucket}; after bufferization, cg_comm_calls makes each one
+ * the runtime's start (where it is) and wait (before the first op that
+ * reads the sum) on the cpu (CPU), and the value itself elsewhere (a world
+ * of one).  0, or -1 after a diagnostic. */
+#define CG_COMM_MARKER "__nova_all_reduce_"
+int cg_comm_calls(nova_ctx *c, MlirModule m, bool cpu);
 /* Bufferizes a linalg module in place: results become out-parameters
  * (identity layouts); with DEALLOC, buffer deallocation is inserted. */
 int cg_bufferize(nova_ctx *c, MlirModule m, int opt_level, bool dealloc);

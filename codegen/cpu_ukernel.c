@@ -92,15 +92,8 @@ int cg_cpu_bf16_contractions(nova_ctx *c, MlirModule m, const cfg_device *host, 
 
 /* ---- the calls ------------------------------------------------------- */
 
-typedef struct builder {
-  MlirContext ctx;
-  MlirLocation loc;
-  MlirBlock block;
-  MlirOperation at;
-} builder;
-
-static MlirOperation make(builder *b, const char *name, int nops, const MlirValue *ops, int nres, const MlirType *rt,
-                          int na, const MlirNamedAttribute *attrs) {
+MlirOperation cg_build(cg_builder *b, const char *name, int nops, const MlirValue *ops, int nres, const MlirType *rt,
+                       int na, const MlirNamedAttribute *attrs) {
   MlirOperationState st = mlirOperationStateGet(nova_str(name), b->loc);
   if (nops) mlirOperationStateAddOperands(&st, nops, ops);
   if (nres) mlirOperationStateAddResults(&st, nres, rt);
@@ -110,29 +103,33 @@ static MlirOperation make(builder *b, const char *name, int nops, const MlirValu
   return op;
 }
 
-static MlirValue val1(builder *b, const char *name, int nops, const MlirValue *ops, MlirType t) {
-  return mlirOperationGetResult(make(b, name, nops, ops, 1, &t, 0, NULL), 0);
+static MlirValue val1(cg_builder *b, const char *name, int nops, const MlirValue *ops, MlirType t) {
+  return mlirOperationGetResult(cg_build(b, name, nops, ops, 1, &t, 0, NULL), 0);
 }
 
-static MlirValue cst(builder *b, MlirType t, int64_t v) {
+MlirValue cg_build_const(cg_builder *b, MlirType t, int64_t v) {
   MlirNamedAttribute a = nattr(b->ctx, "value", mlirIntegerAttrGet(t, v));
-  return mlirOperationGetResult(make(b, "arith.constant", 0, NULL, 1, &t, 1, &a), 0);
+  return mlirOperationGetResult(cg_build(b, "arith.constant", 0, NULL, 1, &t, 1, &a), 0);
 }
 
-/* The strided metadata of memref V: its address (aligned pointer plus
- * offset, as i64) and its strides (index). */
-static MlirValue address_and_strides(builder *b, MlirValue v, MlirValue *strides) {
+MlirValue cg_memref_address(cg_builder *b, MlirValue v, MlirValue *strides) {
   MlirType t = mlirValueGetType(v), ix = mlirIndexTypeGet(b->ctx), i64 = mlirIntegerTypeGet(b->ctx, 64);
   intptr_t rank = mlirShapedTypeGetRank(t);
   MlirType et = mlirShapedTypeGetElementType(t);
-  MlirType rt[2 + 2 * UK_MAXL];
+  MlirType *rt = malloc((size_t)(2 + 2 * rank) * sizeof *rt);
+  if (!rt) return (MlirValue){NULL};
   rt[0] = mlirMemRefTypeGet(et, 0, NULL, mlirAttributeGetNull(), mlirMemRefTypeGetMemorySpace(t));
   for (intptr_t i = 1; i < 2 + 2 * rank; i++) rt[i] = ix;
-  MlirOperation md = make(b, "memref.extract_strided_metadata", 1, &v, (int)(2 + 2 * rank), rt, 0, NULL);
-  for (intptr_t r = 0; r < rank; r++) strides[r] = mlirOperationGetResult(md, 2 + rank + r);
+  MlirOperation md = cg_build(b, "memref.extract_strided_metadata", 1, &v, (int)(2 + 2 * rank), rt, 0, NULL);
+  free(rt);
+  for (intptr_t r = 0; strides && r < rank; r++) strides[r] = mlirOperationGetResult(md, 2 + rank + r);
   MlirValue base = mlirOperationGetResult(md, 0);
   MlirValue p = val1(b, "memref.extract_aligned_pointer_as_index", 1, &base, ix);
-  MlirValue off[2] = {mlirOperationGetResult(md, 1), cst(b, ix, mlirTypeIsAF32(et) ? 4 : 2)};
+  int64_t esize = mlirTypeIsAInteger(et) ? (mlirIntegerTypeGetWidth(et) + 7) / 8
+                  : mlirTypeIsAF64(et)   ? 8
+                  : mlirTypeIsAF32(et)   ? 4
+                                         : 2;
+  MlirValue off[2] = {mlirOperationGetResult(md, 1), cg_build_const(b, ix, esize)};
   MlirValue bytes = val1(b, "arith.muli", 2, off, ix);
   MlirValue sum[2] = {p, bytes};
   MlirValue a = val1(b, "arith.addi", 2, sum, ix);
@@ -185,24 +182,24 @@ static bool emit_call(MlirContext ctx, MlirOperation op) {
   int64_t blocks[3] = {0, 0, 0};
   if (!mlirAttributeIsNull(blk) && mlirAttributeIsADenseI64Array(blk) && mlirDenseArrayGetNumElements(blk) == 3)
     for (int i = 0; i < 3; i++) blocks[i] = mlirDenseI64ArrayGetElement(blk, i);
-  builder b = {ctx, mlirOperationGetLocation(op), mlirOperationGetBlock(op), op};
+  cg_builder b = {ctx, mlirOperationGetLocation(op), mlirOperationGetBlock(op), op};
   MlirType ix = mlirIndexTypeGet(ctx), i64 = mlirIntegerTypeGet(ctx, 64);
   MlirValue addr[3], strides[3][UK_MAXL];
-  for (int i = 0; i < 3; i++) addr[i] = address_and_strides(&b, mlirOperationGetOperand(op, i), strides[i]);
+  for (int i = 0; i < 3; i++) addr[i] = cg_memref_address(&b, mlirOperationGetOperand(op, i), strides[i]);
   /* the descriptor: L, m, n, k, mc, nc, kc, sizes, strides of A, B, C per loop */
   int nd = 7 + 4 * nl;
   int64_t shape = nd;
   MlirType dt = mlirMemRefTypeGet(i64, 1, &shape, mlirAttributeGetNull(), mlirAttributeGetNull());
   MlirNamedAttribute seg = nattr(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 2, (int32_t[]){0, 0}));
-  MlirValue desc = mlirOperationGetResult(make(&b, "memref.alloca", 0, NULL, 1, &dt, 1, &seg), 0);
+  MlirValue desc = mlirOperationGetResult(cg_build(&b, "memref.alloca", 0, NULL, 1, &dt, 1, &seg), 0);
   int64_t head[7] = {nl, lm, ln, lk, blocks[0], blocks[1], blocks[2]};
   for (int j = 0; j < nd; j++) {
     MlirValue v;
-    if (j < 7) v = cst(&b, i64, head[j]);
-    else if (j < 7 + nl) v = cst(&b, i64, size[j - 7]);
+    if (j < 7) v = cg_build_const(&b, i64, head[j]);
+    else if (j < 7 + nl) v = cg_build_const(&b, i64, size[j - 7]);
     else {
       int i = (j - 7 - nl) / nl, l = (j - 7 - nl) % nl;
-      MlirValue s = cst(&b, ix, 0);
+      MlirValue s = cg_build_const(&b, ix, 0);
       MlirType t = mlirValueGetType(mlirOperationGetOperand(op, i));
       for (intptr_t r = 0; r < mlirShapedTypeGetRank(t); r++)
         if (dim_of[i][r] == l) {
@@ -211,8 +208,8 @@ static bool emit_call(MlirContext ctx, MlirOperation op) {
         }
       v = val1(&b, "arith.index_cast", 1, &s, i64);
     }
-    MlirValue st[3] = {v, desc, cst(&b, ix, j)};
-    make(&b, "memref.store", 3, st, 0, NULL, 0, NULL);
+    MlirValue st[3] = {v, desc, cg_build_const(&b, ix, j)};
+    cg_build(&b, "memref.store", 3, st, 0, NULL, 0, NULL);
   }
   MlirValue dp = val1(&b, "memref.extract_aligned_pointer_as_index", 1, &desc, ix);
   MlirValue args[4] = {addr[0], addr[1], addr[2], val1(&b, "arith.index_cast", 1, &dp, i64)};
@@ -232,17 +229,21 @@ int cg_cpu_contract_calls(nova_ctx *c, MlirModule m) {
   for (size_t i = 0; i < ops.n; i++) n += emit_call(c->ctx, ops.v[i]);
   free(ops.v);
   if (!n) return 0;
-  /* its declaration: func.func private @UK_FUNC(i64, i64, i64, i64), no body */
-  MlirContext ctx = c->ctx;
-  MlirType i64 = mlirIntegerTypeGet(ctx, 64), tin[4] = {i64, i64, i64, i64};
+  cg_declare_i64_func(m, UK_FUNC, 4);
+  return 0;
+}
+
+void cg_declare_i64_func(MlirModule m, const char *name, int nargs) {
+  MlirContext ctx = mlirModuleGetContext(m);
+  MlirType i64 = mlirIntegerTypeGet(ctx, 64), tin[16];
+  for (int i = 0; i < nargs && i < 16; i++) tin[i] = i64;
   MlirNamedAttribute fa[3] = {
-      nattr(ctx, "sym_name", mlirStringAttrGet(ctx, nova_str(UK_FUNC))),
-      nattr(ctx, "function_type", mlirTypeAttrGet(mlirFunctionTypeGet(ctx, 4, tin, 0, NULL))),
+      nattr(ctx, "sym_name", mlirStringAttrGet(ctx, nova_str(name))),
+      nattr(ctx, "function_type", mlirTypeAttrGet(mlirFunctionTypeGet(ctx, nargs < 16 ? nargs : 16, tin, 0, NULL))),
       nattr(ctx, "sym_visibility", mlirStringAttrGet(ctx, nova_str("private")))};
   MlirOperationState fs = mlirOperationStateGet(nova_str("func.func"), mlirLocationUnknownGet(ctx));
   mlirOperationStateAddAttributes(&fs, 3, fa);
   MlirRegion body = mlirRegionCreate();
   mlirOperationStateAddOwnedRegions(&fs, 1, &body);
   mlirBlockInsertOwnedOperation(mlirModuleGetBody(m), 0, mlirOperationCreate(&fs));
-  return 0;
 }

@@ -29,6 +29,7 @@ typedef struct lw {
   vmap_ent *map;       /* open addressing, MlirValue.ptr -> tv */
   size_t mapcap;
   int64_t recompute;   /* the nova op's nova.recompute tag (0: none): its tensor.empty ops carry it */
+  nv_sbuf decls;       /* module-level declarations (the all-reduce markers' functions) */
 } lw;
 
 

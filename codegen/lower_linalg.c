@@ -943,9 +943,17 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
     r = lower_rms_norm(L, in[0], in[1], mlirFloatAttrGetValueDouble(mlirOperationGetAttributeByName(op, nova_str("eps"))));
     break;
   case NV_OP_ROTARY: r = lower_rotary(L, in[0], in[1], in[2], lw_iattr(op, "interleaved") != 0); break;
-  case NV_OP_ALL_REDUCE: /* the sum over a world of one rank: the value (the step.so has no transport to more
-                            ranks yet: the manifest's data_parallel.backends is empty, novarun refuses more) */
-    r = in[0];
+  case NV_OP_ALL_REDUCE:
+    /* a call of a declared function (opaque to fusion and bufferization alike) that
+     * codegen/comm_calls.c makes the runtime's start and wait after bufferization */
+    if (lw_tv_numel(&in[0]) == 0) {
+      r = in[0];
+      break;
+    }
+    r = lw_fresh(L, in[0].rank, in[0].shape, in[0].dt);
+    lw_emit(L, "%%v%d = func.call @" CG_COMM_MARKER "%d(%%v%d) {nova.comm = %lld : i64} : (%s) -> %s", r.id, r.id,
+            in[0].id, (long long)lw_iattr(op, "bucket"), TT(in[0]), TT(r));
+    nv_sb_printf(&L->decls, "  func.func private @" CG_COMM_MARKER "%d(%s) -> %s\n", r.id, TT(in[0]), TT(r));
     break;
   default:
     nv_error_plain(L->c->diag, "internal: no lowering for nova.%s", nv_op_name(kind));
@@ -1056,7 +1064,9 @@ MlirModule cg_lower_to_linalg(nova_ctx *c, MlirModule m) {
     nv_sb_free(&b);
     free(rv);
   }
-  nv_sb_printf(&L.out, "  }\n}\n");
+  nv_sb_printf(&L.out, "  }\n%s}\n", L.decls.s ? L.decls.s : "");
+  if (L.decls.oom) L.out.oom = true;
+  nv_sb_free(&L.decls);
   free(L.map);
   MlirModule out = {NULL};
   if (!rc && !L.out.oom) {

@@ -81,10 +81,17 @@ static const char usage_text[] =
     "\n"
     "Exit status: 0 success, 1 error (bad step.so, input or run), 2 bad usage.\n";
 
+int nr_rank = -1; /* >= 0: this process's rank in a world of several */
+
+static void nr_prefix(const char *what) {
+  if (nr_rank >= 0) fprintf(stderr, "novarun: rank %d: %s", nr_rank, what);
+  else fprintf(stderr, "novarun: %s", what);
+}
+
 int nr_error(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fputs("novarun: ", stderr);
+  nr_prefix("");
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);
@@ -94,7 +101,7 @@ int nr_error(const char *fmt, ...) {
 void nr_warning(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  fputs("novarun: warning: ", stderr);
+  nr_prefix("warning: ");
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);
@@ -336,6 +343,7 @@ static int nr_load(const char *path, nr_api *api) {
   /* optional: a step.so from before it has no graph hash to report */
   if (!NR_SYM(api, graph_hash, "nova_step_graph_hash")) api->graph_hash = NULL;
   if (!NR_SYM(api, eval, "nova_step_eval")) api->eval = NULL;
+  if (!NR_SYM(api, world, "nova_step_world") || !NR_SYM(api, all_sum, "nova_step_all_sum")) api->world = NULL;
   if (!NR_SYM(api, last_run_ms, "nova_step_last_run_ms")) api->last_run_ms = NULL;
   if (!NR_SYM(api, target, "nova_step_target")) api->target = NULL;
   if (!NR_SYM(api, set_profiling, "nova_step_set_profiling") || !NR_SYM(api, num_launches, "nova_step_num_launches") ||
@@ -524,6 +532,13 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
     }
     const void *lp = nr_loss(s, &dt);
     double loss = !lp ? 0 : dt == NOVA_DTYPE_F64 ? *(const double *)lp : *(const float *)lp;
+    if (s->world > 1) { /* the loss of the global batch: the mean of the ranks' (equal shares) */
+      if (s->api.all_sum(s->step, &loss, 1) != NOVA_OK) {
+        if (log) fclose(log);
+        return nr_error("%s: step %lld: %s", s->path, step, s->api.error(s->step));
+      }
+      loss /= s->world;
+    }
     if (log) fprintf(log, "%lld %.9g\n", step, loss);
     if (st == NOVA_ERR_NONFINITE && scaled) { /* an overflow: the step halved its loss scale */
       skipped++;
@@ -560,7 +575,7 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
       return nr_error("step %lld: the loss is %g; training diverged (lower --lr?)", step, loss);
     }
     if (!o->quiet && (tty || k == 1 || k % every == 0 || k == o->steps)) {
-      double el = nr_now() - t0, rate = el > 0 ? (double)k * (double)(batch ? batch : 1) / el : 0;
+      double el = nr_now() - t0, rate = el > 0 ? (double)k * (double)(batch ? batch : 1) * s->world / el : 0;
       char sc[48] = "";
       if (scaled) snprintf(sc, sizeof sc, "  scale %g", nr_state_scalar(s, "amp.loss_scale"));
       fprintf(stderr, "%sstep %lld/%lld  loss %.6f%s  %.0f samples/s  ETA %.1f s%s", tty ? "\r" : "", step,
@@ -639,23 +654,30 @@ static int nr_bind_rng_seed(nr_step *s, uint64_t seed) {
   return 0;
 }
 
-/* A step compiled with novac --data-parallel (its input comm.scale) sums
- * its gradients over the ranks it is launched as; this novarun has no
- * transport between processes yet: launched as one of several (mpirun,
- * srun, torchrun's variables), it refuses rather than train each rank
- * apart.  A world of one runs the step as it is (comm.scale 1). */
+/* The processes launched together: a step compiled with novac
+ * --data-parallel (its input comm.scale) joined its launcher's world when
+ * it opened (nova_step_world); any other step launched as one of several
+ * processes would train a copy of its own in each, which is refused. */
 static int nr_check_world(nr_step *s) {
   static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS", "WORLD_SIZE"};
   nova_tensor_info info;
   bool dp = false;
+  s->rank = 0, s->world = 1;
   for (int i = 0, n = s->api.num_tensors(s->step); i < n && !dp; i++)
     dp = s->api.tensor(s->step, i, &info) == NOVA_OK && !strcmp(info.name, "comm.scale");
-  for (size_t k = 0; dp && k < sizeof vars / sizeof *vars; k++) {
+  if (dp && s->api.world) s->world = s->api.world(s->step, &s->rank);
+  if (s->world > 1) nr_rank = s->rank;
+  for (size_t k = 0; s->world == 1 && k < sizeof vars / sizeof *vars; k++) {
     const char *v = getenv(vars[k]);
-    if (v && atol(v) > 1)
-      return nr_error("%s=%s: this step is data-parallel (novac --data-parallel), but novarun cannot reach other "
-                      "processes yet; run it as one process (a world of one), or compile it without "
-                      "--data-parallel", vars[k], v);
+    if (!v || atol(v) <= 1) continue;
+    if (!dp)
+      return nr_error("%s=%s: launched as %s processes, but this step is not data-parallel: each would train a copy "
+                      "of its own; compile it with novac --data-parallel", vars[k], v, v);
+    if (!s->api.world)
+      return nr_error("%s=%s: this step.so comes from a novac without a transport between processes; compile it "
+                      "again", vars[k], v);
+    return nr_error("%s=%s, but the step joined no MPI world: start the processes with mpirun (or srun with "
+                    "PMI/PMIx)", vars[k], v);
   }
   return 0;
 }
@@ -669,6 +691,11 @@ static int nr_main(const nr_options *o) {
   int keep = 0; /* a failed run left the state good to save */
   int rc = nr_open(&s, o->step_path);
   if (!rc) rc = nr_check_world(&s);
+  nr_options ro = *o; /* ranks other than 0 train silently and write nothing */
+  if (!rc && s.rank > 0) {
+    ro.quiet = 1, ro.print = 0, ro.save_path = NULL, ro.outputs_dir = NULL, ro.dump_dir = NULL, ro.loss_log = NULL;
+    o = &ro;
+  }
   if (!rc && o->load_path) rc = nr_checkpoint_load(&s, o->load_path, &start);
   if (!rc && (o->data_path || (o->seed_set && !o->inputs_dir))) rc = nr_batches_create(&s, o, &b);
   else if (!rc) rc = nr_bind_inputs(&s, o, &s.nbound);

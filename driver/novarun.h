@@ -26,6 +26,8 @@ typedef struct nr_api {
   int (*num_launches)(const nova_step *);
   nova_status (*launch)(const nova_step *, int, const char **, double *);
   nova_status (*eval)(nova_step *); /* NULL in a step.so older than it */
+  int (*world)(const nova_step *, int *);                 /* NULL in a step.so older than them */
+  nova_status (*all_sum)(nova_step *, double *, int);
 } nr_api;
 
 typedef struct nr_options {
@@ -59,6 +61,7 @@ typedef struct nr_step {
   nova_step *step;
   const char *path;
   int nbound;   /* inputs bound from --inputs */
+  int rank, world; /* a data-parallel step's place among the processes launched (0 of 1: alone) */
 } nr_step;
 
 /* Checks that PATH is a whole 64-bit ELF shared object (novarun_elf.c):
@@ -67,8 +70,10 @@ typedef struct nr_step {
  * 0, or -1 with the reason in WHY. */
 int nr_check_elf(const char *path, char *why, size_t n);
 
-/* Prints "novarun: MESSAGE" on stderr; returns 1, the exit status of a
+/* Prints "novarun: MESSAGE" on stderr ("novarun: rank R: MESSAGE" in a
+ * data-parallel run of several processes); returns 1, the exit status of a
  * user error. */
+extern int nr_rank;
 int nr_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void nr_warning(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

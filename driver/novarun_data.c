@@ -7,12 +7,17 @@
  * Step k takes samples (k-1)*B ... k*B-1, modulo S: the data wraps around,
  * and a batch that straddles the end continues with the first samples.
  * Inputs with a default value (a training step's lr) may be left out.
+ * A data-parallel step run as N processes: step k's global batch is the
+ * N*B samples from (k-1)*N*B on (mod S), and rank r takes those at r, r+N,
+ * r+2N, ... of it, B of them.
  *
  * --seed: a fresh synthetic batch for every step, a function of the seed,
  * the step number and the tensor only (so a run resumed from a checkpoint
  * sees the batches the uninterrupted run would have): standard normal
  * values for floating-point tensors, uniform integers in [0, index_bound)
  * for index tensors, uniform 0/1 for bool.  Inputs with a default keep it.
+ * Each rank of a data-parallel run has a stream of its own (rank 0 that of
+ * a run alone).
  */
 #include <math.h>
 #include <stdio.h>
@@ -41,6 +46,7 @@ struct nr_batches {
   int have_file;
   uint64_t samples;        /* --data: S */
   uint64_t seed;           /* --seed */
+  int rank, world;         /* a data-parallel run's share: rank of world */
   int nfeeds;
   nr_feed *feeds;
 };
@@ -127,12 +133,21 @@ static int nr_data_create(nr_batches *b, const nr_options *o, const nova_tensor_
   return 0;
 }
 
-/* Reads samples [(STEP-1)*B, STEP*B) mod S of F into its buffer. */
+/* Reads samples [(STEP-1)*B, STEP*B) mod S of F into its buffer; in a
+ * world of N, rank r's: (STEP-1)*N*B + r + N*j mod S, j < B. */
 static int nr_data_fill(nr_batches *b, nr_feed *f, long long step) {
-  uint64_t S = b->samples, B = f->rows;
+  uint64_t S = b->samples, B = f->rows, N = (uint64_t)b->world;
+  unsigned char *buf = f->buf;
+  if (N > 1) {
+    uint64_t base = (uint64_t)((nr_u128)((uint64_t)(step - 1) % S) * (B * N % S) % S);
+    for (uint64_t j = 0; j < B; j++) {
+      uint64_t at = (uint64_t)(((nr_u128)base + (uint64_t)b->rank + (nr_u128)N * j) % S);
+      if (nr_st_read(&b->file, f->src->begin + at * f->row_bytes, buf + j * f->row_bytes, f->row_bytes)) return 1;
+    }
+    return 0;
+  }
   uint64_t start = (uint64_t)((nr_u128)((uint64_t)(step - 1) % S) * B % S);
   uint64_t first = S - start < B ? S - start : B; /* rows before the end; the rest wrap to sample 0 */
-  unsigned char *buf = f->buf;
   if (nr_st_read(&b->file, f->src->begin + start * f->row_bytes, buf, (size_t)(first * f->row_bytes))) return 1;
   if (first < B && nr_st_read(&b->file, f->src->begin, buf + first * f->row_bytes, (size_t)((B - first) * f->row_bytes)))
     return 1;
@@ -191,6 +206,7 @@ static int nr_seed_check(const nova_tensor_info *info) {
 /* The batch of STEP for F: its own stream of (seed, step, tensor). */
 static void nr_seed_fill(const nr_batches *b, nr_feed *f, long long step) {
   uint64_t state = nr_mix(nr_mix(nr_mix(b->seed) ^ (uint64_t)step) + f->stream);
+  if (b->rank > 0) state = nr_mix(state + (uint64_t)b->rank);
   size_t n = f->info.nbytes / rt_dtype_size(f->info.dtype);
   double spare = 0;
   for (size_t i = 0; i < n; i++) {
@@ -229,6 +245,7 @@ int nr_batches_create(nr_step *s, const nr_options *o, nr_batches **out) {
   nova_tensor_info *v = calloc((size_t)(n > 0 ? n : 1), sizeof *v);
   *out = NULL;
   if (b) b->feeds = calloc((size_t)(n > 0 ? n : 1), sizeof *b->feeds);
+  if (b) b->rank = s->rank, b->world = s->world > 0 ? s->world : 1;
   if (!b || !v || !b->feeds) rc = nr_error("out of memory");
   for (int i = 0; !rc && i < n; i++) rc = nr_tensor(s, i, &v[i]);
   if (!rc && o->data_path) {

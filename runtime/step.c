@@ -19,6 +19,7 @@
 
 #include "rt_dtype.h"
 #include "rt_init.h"
+#include "rt_comm.h"
 #include "rt_step.h"
 
 nova_status rt_fail(nova_step *s, nova_status status, const char *fmt, ...) {
@@ -115,6 +116,52 @@ static nova_status rt_eval_alloc(nova_step *s) {
   return NOVA_OK;
 }
 
+/* A data-parallel step (novac --data-parallel): joins the launcher's
+ * world and makes comm.scale 1/world (the sum of the ranks' gradients, each
+ * the mean over its own samples, becomes the mean over all of them). */
+static nova_status rt_comm_open(nova_step *s) {
+  if (s->graph->target != RT_TARGET_CPU) {
+    int rank, n;
+    (void)rt_comm_init(s->error, sizeof s->error);
+    if ((n = rt_comm_world(&rank)) > 1)
+      return rt_fail(s, NOVA_ERR_COMM, "launched as %d ranks: the cuda target has no transport between "
+                     "processes yet; run it as one process", n);
+    return NOVA_OK;
+  }
+  if (rt_comm_init(s->error, sizeof s->error)) return NOVA_ERR_COMM;
+  *(float *)s->buffers[s->comm_scale] = 1.0f / (float)rt_comm_world(NULL);
+  return NOVA_OK;
+}
+
+/* Before the first run in a world of more than one: every rank must run
+ * the same step (graph hash) from the same parameters (a checksum of
+ * their bytes), else the sums would mix unrelated gradients. */
+static nova_status rt_comm_check(nova_step *s) {
+  const rt_graph *g = s->graph;
+  int rank, n = rt_comm_world(&rank);
+  s->comm_checked = 1;
+  if (n <= 1) return NOVA_OK;
+  struct { char hash[48]; uint64_t params; } mine = {{0}, 0xcbf29ce484222325ull}, *all = calloc((size_t)n, sizeof mine);
+  if (!all) return rt_fail(s, NOVA_ERR_NO_MEMORY, "out of memory");
+  snprintf(mine.hash, sizeof mine.hash, "%s", g->graph_hash ? g->graph_hash : "");
+  for (int i = 0; i < g->ntensors; i++) /* FNV-1a over every parameter's bytes */
+    if (g->tensors[i].role == NOVA_ROLE_PARAM)
+      for (size_t k = 0; k < s->nbytes[i]; k++) mine.params = (mine.params ^ ((unsigned char *)s->buffers[i])[k]) * 0x100000001b3ull;
+  nova_status st = NOVA_OK;
+  if (rt_comm_allgather(&mine, sizeof mine, all, s->error, sizeof s->error)) st = NOVA_ERR_COMM;
+  for (int r = 1; r < n && st == NOVA_OK; r++) {
+    if (strcmp(all[r].hash, all[0].hash))
+      st = rt_fail(s, NOVA_ERR_COMM, "rank %d runs another step.so than rank 0 (graph hash %.16s, rank 0: %.16s): "
+                   "every rank must load the same step", r, all[r].hash, all[0].hash);
+    else if (all[r].params != all[0].params)
+      st = rt_fail(s, NOVA_ERR_COMM, "rank %d starts from other parameters than rank 0 (checksum %016llx, rank 0: "
+                   "%016llx): every rank must load the same checkpoint", r, (unsigned long long)all[r].params,
+                   (unsigned long long)all[0].params);
+  }
+  free(all);
+  return st;
+}
+
 /* Allocates the per-tensor arrays and buffers of S for S->graph, whose
  * header rt_graph_check_header accepted.  Fills nbytes via the descriptor
  * checks; returns NOVA_ERR_ABI (message in S) for a malformed descriptor. */
@@ -137,7 +184,7 @@ static nova_status rt_step_alloc(nova_step *s) {
   rt_release_init(g);
   for (int a = 0; a < g->nargs; a++) s->args[a] = s->buffers[g->arg_tensor[a]];
   s->last_ms = -1;
-  s->nonfinite = s->skipped = -1;
+  s->nonfinite = s->skipped = s->comm_scale = -1;
   for (int i = 0; i < g->ntensors; i++) {
     const rt_tensor_desc *t = &g->tensors[i];
     if (t->role == NOVA_ROLE_STATUS && t->dtype == NOVA_DTYPE_BOOL && t->rank == 0 && !strcmp(t->name, "nonfinite"))
@@ -145,7 +192,10 @@ static nova_status rt_step_alloc(nova_step *s) {
     if (t->role == NOVA_ROLE_STATUS && t->dtype == NOVA_DTYPE_I32 && t->rank == 0 &&
         !strcmp(t->name, "nonfinite.skipped"))
       s->skipped = i;
+    if (t->role == NOVA_ROLE_INPUT && t->dtype == NOVA_DTYPE_F32 && t->rank == 0 && !strcmp(t->name, "comm.scale"))
+      s->comm_scale = i;
   }
+  if (s->comm_scale >= 0 && rt_comm_open(s) != NOVA_OK) return NOVA_ERR_COMM;
   if (g->arena_bytes && g->target == RT_TARGET_CPU) {
     size_t size = (g->arena_bytes + RT_BUFFER_ALIGN - 1) / RT_BUFFER_ALIGN * RT_BUFFER_ALIGN;
     if (size < g->arena_bytes || !(s->arena = aligned_alloc(RT_BUFFER_ALIGN, size)))
@@ -432,10 +482,12 @@ static nova_status rt_run(nova_step *step) {
     if (st == NOVA_OK) st = rt_check_nonfinite(step);
     return st == NOVA_OK ? rt_ok(step) : st;
   }
+  if (step->comm_scale >= 0 && !step->comm_checked && (st = rt_comm_check(step)) != NOVA_OK) return st;
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   g->entry(step->args);
   clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (step->comm_scale >= 0) rt_comm_step_done();
   step->last_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
   /* a training step's new parameters and optimizer state replace the old */
   for (int i = 0; i < g->ntensors; i++)
@@ -480,6 +532,19 @@ NOVA_API nova_status nova_step_eval(nova_step *step) { RT_EXCLUSIVE(step, rt_eva
 NOVA_API nova_status nova_step_get(nova_step *step, const char *name, const void **data, nova_tensor_info *info) {
   RT_EXCLUSIVE(step, rt_get(step, name, data, info));
 }
+
+NOVA_API int nova_step_world(const nova_step *step, int *rank) {
+  if (rank) *rank = 0;
+  if (!rt_handle_live(step) || !step->graph || step->comm_scale < 0) return 1;
+  return rt_comm_world(rank);
+}
+
+static nova_status rt_all_sum(nova_step *step, double *v, int n) {
+  if (!v || n < 0) return rt_fail(step, NOVA_ERR_INVALID_ARGUMENT, "nova_step_all_sum: %s", v ? "n < 0" : "v is NULL");
+  if (step->comm_scale < 0) return rt_ok(step);
+  return rt_comm_sum(v, n, step->error, sizeof step->error) ? NOVA_ERR_COMM : rt_ok(step);
+}
+NOVA_API nova_status nova_step_all_sum(nova_step *step, double *v, int n) { RT_EXCLUSIVE(step, rt_all_sum(step, v, n)); }
 
 NOVA_API const char *nova_step_graph_hash(const nova_step *step) {
   return rt_handle_live(step) && step->graph && step->graph->graph_hash ? step->graph->graph_hash : "";

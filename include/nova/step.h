@@ -79,8 +79,10 @@ typedef enum nova_status {
   NOVA_ERR_BUSY = 12,            /* another thread is in a call on the same step */
   NOVA_ERR_INVALID_HANDLE = 13,  /* the step was closed, or never came from nova_step_open */
   NOVA_ERR_NOT_FINITE = 14,      /* a hyper-parameter (lr) that is NaN, infinite or negative */
-  NOVA_ERR_NONFINITE = 15        /* the loss or a gradient was NaN or infinite; params and
+  NOVA_ERR_NONFINITE = 15,       /* the loss or a gradient was NaN or infinite; params and
                                     optimizer state are unchanged (nova_step_run) */
+  NOVA_ERR_COMM = 16             /* a data-parallel step could not join its launcher's world, or
+                                    the ranks run different steps or parameters */
 } nova_status;
 
 /* Element types; the values are ONNX TensorProto.DataType codes. */
@@ -170,6 +172,15 @@ nova_status nova_step_eval(nova_step *step);
 /* Borrowed view of any tensor's current value (outputs after a run). */
 nova_status nova_step_get(nova_step *step, const char *name, const void **data,
                           nova_tensor_info *info);
+
+/* Data-parallel steps (novac --data-parallel): the number of ranks the
+ * step's gradients are summed over (1 for any other step, and for a process
+ * that no MPI launcher started) and, in *RANK, this process's rank.  The
+ * step joins the launcher's world at nova_step_open. */
+int nova_step_world(const nova_step *step, int *rank);
+/* V[0..N) summed over the ranks of a data-parallel step, in place: every
+ * rank must call it, with the same N (a world of one leaves V as it is). */
+nova_status nova_step_all_sum(nova_step *step, double *v, int n);
 
 /* The structural hash of the graph the step was compiled from (hex, as in
  * the manifest's graph_hash); "" if unknown.  Borrowed. */
