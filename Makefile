@@ -46,7 +46,7 @@ all: check-deps $(BIN_NOVAC) $(BIN_NOVARUN) $(RT_LIB) $(RT_HDRS) $(FAULT_LIB)
 
 # ---- dependencies -------------------------------------------------------
 APT_PKGS := libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools libprotobuf-c-dev \
-  protobuf-c-compiler libcjson-dev libonnx-dev gcc make python3 python3-pip
+  protobuf-c-compiler libcjson-dev libonnx-dev gcc make python3 python3-pip openmpi-bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 deps:
 	$(SUDO) apt-get update

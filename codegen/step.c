@@ -303,7 +303,7 @@ static const char *loc_text(char *buf, size_t n, nv_loc l) {
 /* --data-parallel (passes/comm.c): each bucket's all-reduce, what it sums
  * and where it starts and must end; "data_parallel" says how the step
  * expects to be run. */
-static void add_collectives(cJSON *root, const nv_graph *g) {
+static void add_collectives(cJSON *root, const nv_graph *g, bool cpu) {
   cJSON *cs = cJSON_AddArrayToObject(root, "collectives");
   cJSON **names = g->comm.nbuckets ? nv_xcalloc((size_t)g->comm.nbuckets, sizeof *names) : NULL;
   if (!names) return;
@@ -334,7 +334,8 @@ static void add_collectives(cJSON *root, const nv_graph *g) {
   cJSON_AddNumberToObject(dp, "bucket_bytes", (double)g->comm.bucket_bytes);
   cJSON_AddNumberToObject(dp, "buckets", g->comm.nbuckets);
   cJSON_AddStringToObject(dp, "scale_input", "comm.scale");
-  cJSON_AddArrayToObject(dp, "backends"); /* none yet: a world of one rank */
+  cJSON *be = cJSON_AddArrayToObject(dp, "backends"); /* cuda: none yet, a world of one rank */
+  if (cpu) cJSON_AddItemToArray(be, cJSON_CreateString("mpi"));
 }
 
 static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const char *hash, const cg_options *o,
@@ -471,7 +472,7 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
   cJSON_AddNumberToObject(k, "nova_ops", nops);
   cJSON_AddItemToArray(ks, k);
   cJSON_AddArrayToObject(root, "streams");
-  add_collectives(root, g);
+  add_collectives(root, g, !o->gpu);
   if (o->gpu) {
     cJSON_ReplaceItemInObject(root, "target", cJSON_CreateString("cuda"));
     cg_cuda_manifest(root, o->gpu);

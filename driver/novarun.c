@@ -4,7 +4,8 @@
  *
  *   novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]
  *                   [--skip-nonfinite] [--max-overflow-steps K] [--lr F] [--load FILE]
- *                   [--save FILE] [--outputs DIR] [--dump DIR] [--repeat N] [--print] [--profile] [-q]
+ *                   [--save FILE] [--outputs DIR] [--dump DIR] [--repeat N] [--print] [--profile]
+ *                   [--comm-timeout S] [-q]
  *
  * Exit status: 0 success, 1 user error (one `novarun: ...` line on
  * stderr), 2 bad usage.  See man/novarun.1.
@@ -32,7 +33,7 @@ static const char usage_text[] =
     "usage: novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]\n"
     "                       [--skip-nonfinite] [--max-overflow-steps K] [--lr F] [--load FILE]\n"
     "                       [--save FILE] [--outputs DIR] [--dump DIR] [--eval] [--repeat N]\n"
-    "                       [--print] [--profile] [-q]\n"
+    "                       [--print] [--profile] [--comm-timeout S] [-q]\n"
     "       novarun -h | --help | --version\n"
     "\n"
     "Runs a step compiled by novac once (or N times), or trains it for N steps,\n"
@@ -42,7 +43,9 @@ static const char usage_text[] =
     "                 step's order) or DIR/NAME.pb\n"
     "  --data FILE    batches from a safetensors file: for an input [B,...] of the\n"
     "                 step, a tensor of the same name [S,...] of S samples; step k\n"
-    "                 takes samples (k-1)*B .. k*B-1, wrapping around modulo S\n"
+    "                 takes samples (k-1)*B .. k*B-1, wrapping around modulo S (a\n"
+    "                 data-parallel step on N ranks: of the N*B samples from (k-1)*N*B,\n"
+    "                 rank r takes r, r+N, ...)\n"
     "  --seed N       synthetic batches from seed N (0 to 2^64-1): standard normal\n"
     "                 floats, uniform indices below each index input's bound; also\n"
     "                 the seed of the step's dropout (rng.seed), and only that with\n"
@@ -76,6 +79,9 @@ static const char usage_text[] =
     "  --print        print the first values and min/max/mean of each output\n"
     "  --profile      (--target=cuda steps) time every kernel launch of the last run\n"
     "                 with CUDA events and print them, the slowest first\n"
+    "  --comm-timeout S  a data-parallel step launched by mpirun: a gradient\n"
+    "                 all-reduce not done within S seconds (a rank stopped or hangs)\n"
+    "                 ends the job, naming the ranks missing (default 300)\n"
     "  -q             no summary on stderr\n"
     "  -h, --help     this help;  --version  the version\n"
     "\n"
@@ -194,6 +200,14 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
     o->max_overflow = strtol(v, &end, 10);
     if (errno || !nv_number_token(v) || end == v || *end || o->max_overflow < 0 || o->max_overflow > NR_MAX_REPEAT)
       return nr_usage_error("--max-overflow-steps needs an integer from 0 to %ld, not '%s'", NR_MAX_REPEAT, v);
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--comm-timeout", &missing))) {
+    char *end;
+    errno = 0;
+    o->comm_timeout = strtol(v, &end, 10);
+    if (errno || !nv_number_token(v) || end == v || *end || o->comm_timeout < 1 || o->comm_timeout > 1000000)
+      return nr_usage_error("--comm-timeout needs a number of seconds from 1 to 1000000, not '%s'", v);
     return -1;
   }
   if ((v = nr_option_value(argc, argv, i, "--loss-log", &missing))) {
@@ -689,6 +703,11 @@ static int nr_main(const nr_options *o) {
   nr_batches *b = NULL;
   long long start = 0, done = 0;
   int keep = 0; /* a failed run left the state good to save */
+  if (o->comm_timeout) { /* read by the step's runtime when it joins the launcher's world */
+    char t[32];
+    snprintf(t, sizeof t, "%ld", o->comm_timeout);
+    setenv("NOVA_COMM_TIMEOUT", t, 1);
+  }
   int rc = nr_open(&s, o->step_path);
   if (!rc) rc = nr_check_world(&s);
   nr_options ro = *o; /* ranks other than 0 train silently and write nothing */

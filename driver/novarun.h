@@ -51,6 +51,7 @@ typedef struct nr_options {
   int eval;                /* --eval: run the evaluation entry (after --steps, if any) */
   int skip_nonfinite;      /* --skip-nonfinite: count and skip steps the step.so reports
                               non-finite (NOVA_ERR_NONFINITE) instead of stopping */
+  long comm_timeout;       /* --comm-timeout S (0: the default, NOVA_COMM_TIMEOUT or 300) */
   long max_overflow;       /* --max-overflow-steps K: a loss-scaled step that overflows K+1
                               times in a row stops training (default 20) */
 } nr_options;

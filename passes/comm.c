@@ -13,12 +13,17 @@
  * collective per bucket instead of one per tensor.  A bucket's all-reduces
  * are placed together right after its last gradient is complete, and
  * everything that reads them (the mean's scaling, the checks, the
- * updates) after them: the nodes are put in topological order by a key,
- * each node's own position except an all-reduce's, just after the last
- * gradient of its bucket, and its readers', after that (keys only grow
+ * updates) after the next bucket's all-reduces (the last bucket's: at the
+ * end), so that each sum runs while the backward computes the next
+ * bucket's gradients (codegen/comm_calls.c waits for it before its first
+ * reader): the nodes are put in topological order by a key, each node's
+ * own position except an all-reduce's, just after the last gradient of
+ * its bucket, and its readers', after the next bucket's (keys only grow
  * along the edges); among ready nodes the smallest key goes first, so
  * nothing else moves but what has to wait for a bucket.  The values do
- * not change.
+ * not change, nor does the memory: a gradient's buffer is free once its
+ * all-reduce has started (the runtime holds the bucket), and its sum's is
+ * made where it is waited for.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -99,13 +104,14 @@ int ad_comm_schedule(nv_graph *g, int64_t bucket_bytes) {
   }
   if (fill > 0) nb++;
   /* an all-reduce's key: just after its bucket's last gradient; a node that reads one (or reads
-   * such a reader), just after that: the bucket's all-reduces stay together */
+   * such a reader), just after the next bucket's all-reduces, or at the end: the bucket's
+   * all-reduces stay together, and the sum has the next bucket's backward to run behind */
   for (int i = 0; i < n; i++) {
     nv_node *v = g->nodes[i];
     if (v->op == NV_OP_ALL_REDUCE) key[i] = last[v->axis] + 0.25;
     for (int j = 0; j < v->nin; j++) {
       nv_node *u = v->in[j];
-      double k = key[u->id] + (u->op == NV_OP_ALL_REDUCE ? 0.25 : 0);
+      double k = u->op != NV_OP_ALL_REDUCE ? key[u->id] : u->axis + 1 < nb ? last[u->axis + 1] + 0.5 : n + 0.5;
       if (u->op != NV_OP_INPUT && u->op != NV_OP_PARAM && k > key[i]) key[i] = k;
     }
   }

@@ -241,7 +241,7 @@ static void init_once(void) {
   C.m.Comm_rank(C.m.world, &C.rank);
   C.m.Comm_size(C.m.world, &size);
   if (size != C.size) {
-    set_error("%s=%ld, but MPI_COMM_WORLD has %d ranks", var, n, size);
+    set_error("%s=%ld, but MPI_COMM_WORLD has %d rank%s: start the processes with mpirun", var, n, size, size == 1 ? "" : "s");
     return;
   }
   if (pthread_create(&C.thread, NULL, comm_thread, NULL)) {

@@ -6,6 +6,7 @@
  * returns a status, recording a message for nova_step_error() where it has
  * a step to record it in.
  */
+#include <link.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -133,6 +134,51 @@ static nova_status rt_comm_open(nova_step *s) {
   return NOVA_OK;
 }
 
+/* FNV-1a of the executable segments of the object that holds G (the
+ * step's code: the optimizer and every constant compiled into it) and of
+ * its tensors' names, roles, dtypes and shapes. */
+typedef struct rt_code_scan {
+  const void *at;
+  uint64_t h;
+} rt_code_scan;
+
+static uint64_t rt_fnv(uint64_t h, const void *p, size_t n) {
+  for (size_t k = 0; k < n; k++) h = (h ^ ((const unsigned char *)p)[k]) * 0x100000001b3ull;
+  return h;
+}
+
+static int rt_code_cb(struct dl_phdr_info *info, size_t size, void *ud) {
+  (void)size;
+  rt_code_scan *c = ud;
+  uintptr_t at = (uintptr_t)c->at;
+  bool mine = false;
+  for (int i = 0; i < info->dlpi_phnum && !mine; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+    mine = ph->p_type == PT_LOAD && at >= lo && at < lo + ph->p_memsz;
+  }
+  if (!mine) return 0;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+    if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X))
+      c->h = rt_fnv(c->h, (const void *)(info->dlpi_addr + ph->p_vaddr), ph->p_filesz);
+  }
+  return 1;
+}
+
+static uint64_t rt_code_hash(const rt_graph *g) {
+  rt_code_scan c = {g, 0xcbf29ce484222325ull};
+  dl_iterate_phdr(rt_code_cb, &c);
+  for (int i = 0; i < g->ntensors; i++) {
+    const rt_tensor_desc *t = &g->tensors[i];
+    c.h = rt_fnv(c.h, t->name, strlen(t->name) + 1);
+    int32_t v[3] = {t->role, t->dtype, t->rank};
+    c.h = rt_fnv(c.h, v, sizeof v);
+    c.h = rt_fnv(c.h, t->shape, (size_t)t->rank * sizeof *t->shape);
+  }
+  return c.h;
+}
+
 /* Before the first run in a world of more than one: every rank must run
  * the same step (graph hash) from the same parameters (a checksum of
  * their bytes), else the sums would mix unrelated gradients. */
@@ -141,7 +187,8 @@ static nova_status rt_comm_check(nova_step *s) {
   int rank, n = rt_comm_world(&rank);
   s->comm_checked = 1;
   if (n <= 1) return NOVA_OK;
-  struct { char hash[48]; uint64_t params; } mine = {{0}, 0xcbf29ce484222325ull}, *all = calloc((size_t)n, sizeof mine);
+  struct { char hash[48]; uint64_t code, params; } mine = {{0}, rt_code_hash(g), 0xcbf29ce484222325ull},
+                                                  *all = calloc((size_t)n, sizeof mine);
   if (!all) return rt_fail(s, NOVA_ERR_NO_MEMORY, "out of memory");
   snprintf(mine.hash, sizeof mine.hash, "%s", g->graph_hash ? g->graph_hash : "");
   for (int i = 0; i < g->ntensors; i++) /* FNV-1a over every parameter's bytes */
@@ -150,9 +197,10 @@ static nova_status rt_comm_check(nova_step *s) {
   nova_status st = NOVA_OK;
   if (rt_comm_allgather(&mine, sizeof mine, all, s->error, sizeof s->error)) st = NOVA_ERR_COMM;
   for (int r = 1; r < n && st == NOVA_OK; r++) {
-    if (strcmp(all[r].hash, all[0].hash))
-      st = rt_fail(s, NOVA_ERR_COMM, "rank %d runs another step.so than rank 0 (graph hash %.16s, rank 0: %.16s): "
-                   "every rank must load the same step", r, all[r].hash, all[0].hash);
+    if (strcmp(all[r].hash, all[0].hash) || all[r].code != all[0].code)
+      st = rt_fail(s, NOVA_ERR_COMM, "rank %d runs another step.so than rank 0 (graph hash %.16s, code %016llx; rank "
+                   "0: %.16s, %016llx): every rank must load the same step.so", r, all[r].hash,
+                   (unsigned long long)all[r].code, all[0].hash, (unsigned long long)all[0].code);
     else if (all[r].params != all[0].params)
       st = rt_fail(s, NOVA_ERR_COMM, "rank %d starts from other parameters than rank 0 (checksum %016llx, rank 0: "
                    "%016llx): every rank must load the same checkpoint", r, (unsigned long long)all[r].params,

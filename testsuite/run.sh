@@ -92,6 +92,7 @@ suite e2e-ops python3 testsuite/e2e/test_ops.py
 suite e2e-gemm python3 testsuite/e2e/test_gemm.py
 suite e2e-memplan python3 testsuite/e2e/test_memplan.py
 suite e2e-data-parallel python3 testsuite/e2e/test_data_parallel.py
+suite e2e-data-parallel-mpi python3 testsuite/e2e/test_data_parallel_mpi.py
 suite e2e-examples python3 testsuite/e2e/test_examples.py
 suite e2e-onnx-models python3 testsuite/e2e/test_onnx_models.py
 suite e2e-fold python3 testsuite/e2e/test_fold.py

@@ -15,6 +15,7 @@ command -v "$protoc" >/dev/null 2>&1 || missing="$missing protobuf-c-compiler"
 [ -f /usr/include/cjson/cJSON.h ] || missing="$missing libcjson-dev"
 [ -f "$onnx_proto" ] || missing="$missing libonnx-dev"
 command -v cc >/dev/null 2>&1 || missing="$missing gcc"
+[ "$tests" != --tests ] || command -v mpirun >/dev/null 2>&1 || missing="$missing openmpi-bin"
 [ "$tests" != --tests ] || python3 -c 'import numpy' >/dev/null 2>&1 || missing="$missing numpy(pip)"
 [ "$tests" != --tests ] || python3 -c 'import onnx' >/dev/null 2>&1 || missing="$missing onnx(pip)"
 if [ -n "$missing" ]; then

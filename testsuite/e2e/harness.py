@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -218,3 +219,48 @@ def case(name, fn, suite="e2e"):
 
 
 erf = np.vectorize(math.erf)
+
+
+# ---- safetensors, independently of novarun ---------------------------------------------------
+
+ST_TYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32, "BOOL": np.bool_}
+ST_NAMES = {np.dtype(v): k for k, v in ST_TYPES.items()}
+
+
+def st_parts(path):
+    """(header dict, data bytes) of a safetensors file."""
+    blob = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    return json.loads(blob[8:8 + n]), blob[8 + n:]
+
+
+def st_read(path):
+    """(dict name -> array, metadata dict)."""
+    header, data = st_parts(path)
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        out[name] = np.frombuffer(data[b:end], dtype=ST_TYPES[e["dtype"]]).reshape(e["shape"])
+    return out, header.get("__metadata__", {})
+
+
+def st_raw(path, header, data):
+    """Writes HEADER (a dict, or bytes as they are) and DATA as a safetensors file."""
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+def st_write(path, tensors, metadata=None):
+    header, data = {}, b""
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        raw = a.astype(a.dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": ST_NAMES[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    st_raw(path, header, data)

@@ -23,57 +23,12 @@ import tempfile
 
 import numpy as np
 
-from harness import NOVAC, NOVARUN, Failure, case, read_pb, run, write_pb
+from harness import NOVAC, NOVARUN, Failure, case, read_pb, run, st_parts, st_raw, st_read, st_write, write_pb
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MLP = os.path.join(ROOT, "examples", "mlp.nova")
 B = 8  # --dim=batch=8
 WORK = tempfile.mkdtemp(prefix="nova-ckpt-")
-ST_TYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32, "BOOL": np.bool_}
-ST_NAMES = {np.dtype(v): k for k, v in ST_TYPES.items()}
-
-# ---- safetensors, independently of novarun ---------------------------------------------------
-
-
-def st_parts(path):
-    """(header dict, data bytes) of a safetensors file."""
-    blob = open(path, "rb").read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    return json.loads(blob[8:8 + n]), blob[8 + n:]
-
-
-def st_read(path):
-    """(dict name -> array, metadata dict)."""
-    header, data = st_parts(path)
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        b, end = e["data_offsets"]
-        out[name] = np.frombuffer(data[b:end], dtype=ST_TYPES[e["dtype"]]).reshape(e["shape"])
-    return out, header.get("__metadata__", {})
-
-
-def st_raw(path, header, data):
-    """Writes HEADER (a dict, or bytes as they are) and DATA as a safetensors file."""
-    text = header if isinstance(header, bytes) else json.dumps(header).encode()
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + data)
-
-
-def st_write(path, tensors, metadata=None):
-    header, data = {}, b""
-    if metadata is not None:
-        header["__metadata__"] = metadata
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        raw = a.astype(a.dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": ST_NAMES[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [len(data), len(data) + len(raw)]}
-        data += raw
-    st_raw(path, header, data)
-
-
 # ---- steps and batches -----------------------------------------------------------------------
 
 _steps = {}

@@ -2,8 +2,8 @@
 the ranks (nova.all_reduce, bucketed) and scales it by comm.scale (1 by
 default), so one process trains exactly as the same step without the flag:
 the same losses, gradients and parameters, bit for bit, with AdamW, either
---nonfinite mode and small buckets.  novarun refuses to run such a step as
-one of several processes (it has no transport between them yet)."""
+--nonfinite mode and small buckets.  Launcher variables without a launcher
+are refused with a clear error.  (Two ranks: test_data_parallel_mpi.py.)"""
 import json
 import os
 import shutil
@@ -53,15 +53,20 @@ def same_as_single(src, flags):
     return go
 
 
-def refuses_many():
+def refuses_false_worlds():
+    """Launcher variables without a launcher: a clear error, never a hang or a
+    world of one that trains alone (mpirun runs: test_data_parallel_mpi.py)."""
     d = tempfile.mkdtemp(prefix="nova-dp-")
     try:
         so = os.path.join(d, "s.so")
         run([NOVAC, BLOCK, "-o", so, "--dim=batch=2", "--train", "--data-parallel"])
-        for var in ("OMPI_COMM_WORLD_SIZE", "WORLD_SIZE", "PMI_SIZE"):
+        for var, want in (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE=2, but MPI_COMM_WORLD has 1 rank"),
+                          ("PMI_SIZE", "PMI_SIZE=2, but MPI_COMM_WORLD has 1 rank"),
+                          ("WORLD_SIZE", "WORLD_SIZE=2, but this process was not started by an MPI launcher"),
+                          ("SLURM_NTASKS", "SLURM_NTASKS=2, but the step joined no MPI world")):
             p = subprocess.run([NOVARUN, so, "--seed", "1", "--steps", "1"], capture_output=True, text=True,
                                timeout=120, env=dict(os.environ, **{var: "2"}))
-            if p.returncode != 1 or "%s=2: this step is data-parallel" % var not in p.stderr:
+            if p.returncode != 1 or want not in p.stderr:
                 raise Failure("%s=2: exit %d: %s" % (var, p.returncode, p.stderr))
         # a world of one, said so: runs
         run([NOVARUN, so, "--seed", "1", "--steps", "1", "-q"])
@@ -77,6 +82,6 @@ case("data_parallel.world_of_one.gpt_block", same_as_single(GPT, ["--dim=batch=4
                                                                   "--keep-grads"]))
 case("data_parallel.world_of_one.skip_step", same_as_single(BLOCK, ["--dim=batch=2", "--train", "--optimizer=adamw",
                                                                    "--keep-grads", "--nonfinite=skip-step"]))
-case("data_parallel.refuses_more_ranks", refuses_many)
+case("data_parallel.refuses_false_worlds", refuses_false_worlds)
 print("# data_parallel: %d passed, %d failed" % (results["pass"], results["fail"]))
 sys.exit(0)
