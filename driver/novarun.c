@@ -5,7 +5,7 @@
  *   novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]
  *                   [--skip-nonfinite] [--max-overflow-steps K] [--lr F] [--load FILE]
  *                   [--save FILE] [--outputs DIR] [--dump DIR] [--repeat N] [--print] [--profile]
- *                   [--comm-timeout S] [-q]
+ *                   [--trace FILE] [--comm-timeout S] [-q]
  *
  * Exit status: 0 success, 1 user error (one `novarun: ...` line on
  * stderr), 2 bad usage.  See man/novarun.1.
@@ -33,7 +33,7 @@ static const char usage_text[] =
     "usage: novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]\n"
     "                       [--skip-nonfinite] [--max-overflow-steps K] [--lr F] [--load FILE]\n"
     "                       [--save FILE] [--outputs DIR] [--dump DIR] [--eval] [--repeat N]\n"
-    "                       [--print] [--profile] [--comm-timeout S] [-q]\n"
+    "                       [--print] [--profile] [--trace FILE] [--comm-timeout S] [-q]\n"
     "       novarun -h | --help | --version\n"
     "\n"
     "Runs a step compiled by novac once (or N times), or trains it for N steps,\n"
@@ -79,6 +79,10 @@ static const char usage_text[] =
     "  --print        print the first values and min/max/mean of each output\n"
     "  --profile      (--target=cuda steps) time every kernel launch of the last run\n"
     "                 with CUDA events and print them, the slowest first\n"
+    "  --trace FILE   write a Chrome/Perfetto trace (JSON) of the runs: each run and\n"
+    "                 parallel loop nest on a compute track, each gradient bucket's\n"
+    "                 all-reduce on a communication track, one process per rank; the\n"
+    "                 summary says how much of the all-reduces was hidden\n"
     "  --comm-timeout S  a data-parallel step launched by mpirun: a gradient\n"
     "                 all-reduce not done within S seconds (a rank stopped or hangs)\n"
     "                 ends the job, naming the ranks missing (default 300)\n"
@@ -200,6 +204,10 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
     o->max_overflow = strtol(v, &end, 10);
     if (errno || !nv_number_token(v) || end == v || *end || o->max_overflow < 0 || o->max_overflow > NR_MAX_REPEAT)
       return nr_usage_error("--max-overflow-steps needs an integer from 0 to %ld, not '%s'", NR_MAX_REPEAT, v);
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--trace", &missing))) {
+    o->trace_path = v;
     return -1;
   }
   if ((v = nr_option_value(argc, argv, i, "--comm-timeout", &missing))) {
@@ -358,6 +366,8 @@ static int nr_load(const char *path, nr_api *api) {
   if (!NR_SYM(api, graph_hash, "nova_step_graph_hash")) api->graph_hash = NULL;
   if (!NR_SYM(api, eval, "nova_step_eval")) api->eval = NULL;
   if (!NR_SYM(api, world, "nova_step_world") || !NR_SYM(api, all_sum, "nova_step_all_sum")) api->world = NULL;
+  if (!NR_SYM(api, trace_start, "nova_step_trace_start") || !NR_SYM(api, trace_write, "nova_step_trace_write"))
+    api->trace_start = NULL;
   if (!NR_SYM(api, last_run_ms, "nova_step_last_run_ms")) api->last_run_ms = NULL;
   if (!NR_SYM(api, target, "nova_step_target")) api->target = NULL;
   if (!NR_SYM(api, set_profiling, "nova_step_set_profiling") || !NR_SYM(api, num_launches, "nova_step_num_launches") ||
@@ -696,6 +706,30 @@ static int nr_check_world(nr_step *s) {
   return 0;
 }
 
+static int nr_trace_start(nr_step *s) {
+  if (!s->api.trace_start) return nr_error("%s: --trace: this step.so has no tracing (compile it again)", s->path);
+  if (s->api.trace_start(s->step) != NOVA_OK) return nr_error("--trace: %s", s->api.error(s->step));
+  return 0;
+}
+
+/* --trace: every rank gives its events, rank 0 writes the file and says
+ * how much of the gradient all-reduces the compute did not wait for. */
+static int nr_trace_write(nr_step *s, const nr_options *o) {
+  nova_trace_summary t;
+  if (s->api.trace_write(s->step, o->trace_path, &t) != NOVA_OK)
+    return nr_error("--trace %s: %s", o->trace_path, s->api.error(s->step));
+  if (s->rank > 0 || o->quiet) return 0;
+  fprintf(stderr, "novarun: trace of %d run%s written to %s", t.steps, t.steps == 1 ? "" : "s", o->trace_path);
+  if (t.steps && t.allreduce_ms > 0) {
+    double hid = 100 * (1 - t.waited_ms / t.allreduce_ms);
+    double hid_but = t.allreduce_ms_but_last > 0 ? 100 * (1 - t.waited_ms_but_last / t.allreduce_ms_but_last) : 100;
+    fprintf(stderr, ": all-reduce %.3f ms per run, %.0f%% hidden behind compute (%.0f%% without each run's last bucket)",
+            t.allreduce_ms / t.steps, hid < 0 ? 0 : hid, hid_but < 0 ? 0 : hid_but);
+  }
+  fprintf(stderr, "%s\n", t.dropped ? " (the buffer was full: later events were not kept)" : "");
+  return 0;
+}
+
 /* Order: the checkpoint, then the batch source, then the output folders:
  * nothing is created or run unless every input checked out. */
 static int nr_main(const nr_options *o) {
@@ -727,7 +761,9 @@ static int nr_main(const nr_options *o) {
       rc = nr_error("--lr: %s (the step has no run-time learning rate: compile it with novac --train)",
                     s.api.error(s.step));
   }
+  if (!rc && o->trace_path) rc = nr_trace_start(&s);
   if (!rc) rc = nr_execute(&s, o, b, start, &done, &keep);
+  if (!rc && o->trace_path) rc = nr_trace_write(&s, o);
   /* after the steps, each result is written even when another could not be
    * (a full disk): the checkpoint first, the trained state being the one
    * that cannot be made again without training again; after a non-finite

@@ -28,6 +28,8 @@ typedef struct nr_api {
   nova_status (*eval)(nova_step *); /* NULL in a step.so older than it */
   int (*world)(const nova_step *, int *);                 /* NULL in a step.so older than them */
   nova_status (*all_sum)(nova_step *, double *, int);
+  nova_status (*trace_start)(nova_step *);                /* NULL in a step.so older than them */
+  nova_status (*trace_write)(nova_step *, const char *, nova_trace_summary *);
 } nr_api;
 
 typedef struct nr_options {
@@ -51,6 +53,7 @@ typedef struct nr_options {
   int eval;                /* --eval: run the evaluation entry (after --steps, if any) */
   int skip_nonfinite;      /* --skip-nonfinite: count and skip steps the step.so reports
                               non-finite (NOVA_ERR_NONFINITE) instead of stopping */
+  const char *trace_path;  /* --trace FILE: a Chrome/Perfetto trace of the runs */
   long comm_timeout;       /* --comm-timeout S (0: the default, NOVA_COMM_TIMEOUT or 300) */
   long max_overflow;       /* --max-overflow-steps K: a loss-scaled step that overflows K+1
                               times in a row stops training (default 20) */

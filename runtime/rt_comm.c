@@ -45,6 +45,7 @@
 #include "rt_comm.h"
 #include "rt_dtype.h"
 #include "rt_init.h"
+#include "rt_trace.h"
 
 /* The calls the generated code makes (declared by codegen/comm_calls.c). */
 void nova_rt_comm_start(int64_t src, int64_t count, int64_t dtype, int64_t bucket, int64_t offset, int64_t bucket_count,
@@ -86,7 +87,7 @@ typedef struct bucket {
   int members, arrived;    /* starts this step, of members */
   int state;               /* 0 idle, 1 handed to the thread, 2 running, 3 summed */
   intptr_t req;
-  double deadline;
+  double deadline, handed; /* handed: when the last member arrived (the trace) */
   int step;
 } bucket;
 
@@ -343,6 +344,11 @@ static void *comm_thread(void *arg) {
       bucket *b = &C.b[running[i]];
       C.m.Test(&b->req, &flag, C.m.status_ignore);
       if (flag) {
+        if (atomic_load_explicit(&rt_trace_on, memory_order_relaxed)) {
+          rt_event e = {b->handed, now_s(), RT_EV_ALLREDUCE, RT_TRACK_COMM, b->step, running[i],
+                        b->count * (b->f64 ? 8 : 4)};
+          rt_trace_add(&e);
+        }
         pthread_mutex_lock(&C.mu);
         b->state = 3;
         pthread_cond_broadcast(&C.cv);
@@ -410,6 +416,7 @@ void nova_rt_comm_start(int64_t src, int64_t count, int64_t dtype, int64_t bucke
     b->step = C.step;
     if (C.state == 1 && C.size > 1) {
       b->state = 1;
+      b->handed = now_s();
       C.queue[C.qtail] = (int)bucket_id;
       C.qtail = (C.qtail + 1) % COMM_MAX_BUCKETS;
       pthread_cond_broadcast(&C.cv);
@@ -424,7 +431,14 @@ void nova_rt_comm_wait(int64_t dst, int64_t count, int64_t dtype, int64_t bucket
   if (bucket_id < 0 || bucket_id >= COMM_MAX_BUCKETS) abort();
   bucket *b = &C.b[bucket_id];
   pthread_mutex_lock(&C.mu);
-  while (b->state != 3) pthread_cond_wait(&C.cv, &C.mu);
+  if (b->state != 3) {
+    double t0 = now_s();
+    while (b->state != 3) pthread_cond_wait(&C.cv, &C.mu);
+    if (atomic_load_explicit(&rt_trace_on, memory_order_relaxed)) {
+      rt_event e = {t0, now_s(), RT_EV_WAIT, RT_TRACK_COMPUTE, b->step, (int32_t)bucket_id, 0};
+      rt_trace_add(&e);
+    }
+  }
   pthread_mutex_unlock(&C.mu);
   void *d = (void *)(intptr_t)dst;
   if (b->f64) {

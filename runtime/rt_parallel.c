@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "rt_trace.h"
+
 #define RT_MAX_THREADS 64
 #define RT_SPIN 20000 /* polls before a worker sleeps */
 
@@ -149,7 +151,7 @@ __attribute__((destructor)) static void pool_stop(void) {
   pthread_mutex_unlock(&pool.busy);
 }
 
-void nova_rt_parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int64_t step) {
+static void parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int64_t step) {
   int64_t n = step > 0 && ub > lb ? (ub - lb + step - 1) / step : 0;
   if (!atomic_load_explicit(&pool.ready, memory_order_acquire)) {
     pthread_mutex_lock(&start_mu);
@@ -178,4 +180,17 @@ void nova_rt_parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int
   run_share(0);
   while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) relax();
   pthread_mutex_unlock(&pool.busy);
+}
+
+/* (traced: one event per loop nest on the compute track) */
+void nova_rt_parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int64_t step) {
+  if (!atomic_load_explicit(&rt_trace_on, memory_order_relaxed)) {
+    parallel_for(task, argv, lb, ub, step);
+    return;
+  }
+  rt_event e = {.t0 = rt_trace_now(), .kind = RT_EV_LOOP, .track = RT_TRACK_COMPUTE, .step = -1,
+                .arg = (int64_t)(intptr_t)task};
+  parallel_for(task, argv, lb, ub, step);
+  e.t1 = rt_trace_now();
+  rt_trace_add(&e);
 }

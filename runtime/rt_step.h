@@ -37,6 +37,7 @@ struct nova_step {
   int skipped;            /* index of "nonfinite.skipped" (i32, role status: novac --nonfinite=skip-param,
                              the params whose update a non-finite gradient skipped); -1: none */
   int comm_scale;         /* index of "comm.scale" (novac --data-parallel: 1/world, set at open); -1: none */
+  int runs;               /* nova_step_run calls that ran the entry (the trace's step numbers) */
   int comm_checked;       /* the ranks agreed on the step and the params (first run of a world > 1) */
   char error[RT_ERROR_LEN];
 };

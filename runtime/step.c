@@ -22,6 +22,7 @@
 #include "rt_init.h"
 #include "rt_comm.h"
 #include "rt_step.h"
+#include "rt_trace.h"
 
 nova_status rt_fail(nova_step *s, nova_status status, const char *fmt, ...) {
   va_list ap;
@@ -535,6 +536,12 @@ static nova_status rt_run(nova_step *step) {
   clock_gettime(CLOCK_MONOTONIC, &t0);
   g->entry(step->args);
   clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (atomic_load_explicit(&rt_trace_on, memory_order_relaxed)) {
+    rt_event e = {(double)t0.tv_sec + (double)t0.tv_nsec * 1e-9, (double)t1.tv_sec + (double)t1.tv_nsec * 1e-9,
+                  RT_EV_STEP, RT_TRACK_COMPUTE, -1, step->runs, 0};
+    rt_trace_add(&e);
+  }
+  step->runs++;
   if (step->comm_scale >= 0) rt_comm_step_done();
   step->last_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
   /* a training step's new parameters and optimizer state replace the old */

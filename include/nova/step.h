@@ -182,6 +182,25 @@ int nova_step_world(const nova_step *step, int *rank);
  * rank must call it, with the same N (a world of one leaves V as it is). */
 nova_status nova_step_all_sum(nova_step *step, double *v, int n);
 
+/* Tracing (novarun --trace): from nova_step_trace_start on, the runtime
+ * records each run, each parallel loop nest, each gradient bucket's
+ * all-reduce and each wait for one.  nova_step_trace_write stops it and
+ * writes the events of every rank (a data-parallel step: every rank calls
+ * it; rank 0 writes) to PATH as a Chrome/Perfetto trace (JSON; PATH NULL:
+ * none), and fills *SUMMARY (may be NULL): milliseconds per rank, over the
+ * traced runs. */
+typedef struct nova_trace_summary {
+  int steps;                    /* traced runs */
+  double step_ms;               /* their time (rank 0) */
+  double allreduce_ms;          /* the all-reduces' time, from the bucket's last gradient to its sum */
+  double waited_ms;             /* the compute track's time waiting for sums (the rest was hidden) */
+  double allreduce_ms_but_last; /* both without each run's last bucket */
+  double waited_ms_but_last;
+  int dropped;                  /* events not kept (the buffer holds 65536) */
+} nova_trace_summary;
+nova_status nova_step_trace_start(nova_step *step);
+nova_status nova_step_trace_write(nova_step *step, const char *path, nova_trace_summary *summary);
+
 /* The structural hash of the graph the step was compiled from (hex, as in
  * the manifest's graph_hash); "" if unknown.  Borrowed. */
 const char *nova_step_graph_hash(const nova_step *step);
