@@ -324,16 +324,25 @@ static void add_collectives(cJSON *root, const nv_graph *g, bool cpu) {
     }
     cJSON_AddItemToArray(cs, c);
   }
+  int64_t *elems = nv_xcalloc((size_t)g->comm.nbuckets, sizeof *elems);
+  bool *f64 = nv_xcalloc((size_t)g->comm.nbuckets, sizeof *f64);
   for (int i = 0; i < g->nnodes; i++) {
     const nv_node *v = g->nodes[i];
-    if (v->op == NV_OP_ALL_REDUCE && v->name && v->axis >= 0 && v->axis < g->comm.nbuckets)
-      cJSON_AddItemToArray(names[v->axis], cJSON_CreateString(v->name));
+    if (v->op != NV_OP_ALL_REDUCE || v->axis < 0 || v->axis >= g->comm.nbuckets) continue;
+    if (v->name) cJSON_AddItemToArray(names[v->axis], cJSON_CreateString(v->name));
+    if (elems) elems[v->axis] += fe_numel(v);
+    if (f64) f64[v->axis] |= v->dtype == NOVA_DTYPE_F64;
   }
+  double staging = 0; /* runtime/rt_comm.c: a bucket's elements in f32, f64 if one of them is */
+  for (int b = 0; elems && f64 && b < g->comm.nbuckets; b++) staging += (double)elems[b] * (f64[b] ? 8 : 4);
   free(names);
+  free(elems);
+  free(f64);
   cJSON *dp = cJSON_AddObjectToObject(root, "data_parallel");
   cJSON_AddNumberToObject(dp, "bucket_bytes", (double)g->comm.bucket_bytes);
   cJSON_AddNumberToObject(dp, "buckets", g->comm.nbuckets);
   cJSON_AddStringToObject(dp, "scale_input", "comm.scale");
+  cJSON_AddNumberToObject(dp, "staging_bytes", cpu ? staging : 0);
   cJSON *be = cJSON_AddArrayToObject(dp, "backends"); /* cuda: none yet, a world of one rank */
   if (cpu) cJSON_AddItemToArray(be, cJSON_CreateString("mpi"));
 }

@@ -9,8 +9,9 @@
  *
  * The all-reduces are grouped, in the order the backward produces the
  * gradients (the last layer's first), into buckets of at least
- * bucket_bytes (the last one smaller), as PyTorch's DDP does: one
- * collective per bucket instead of one per tensor.  A bucket's all-reduces
+ * bucket_bytes (the last one smaller; the first at most 1 MiB, so that
+ * the first sum starts early), as PyTorch's DDP does: one collective per
+ * bucket instead of one per tensor.  A bucket's all-reduces
  * are placed together right after its last gradient is complete, and
  * everything that reads them (the mean's scaling, the checks, the
  * updates) after the next bucket's all-reduces (the last bucket's: at the
@@ -94,10 +95,10 @@ int ad_comm_schedule(nv_graph *g, int64_t bucket_bytes) {
     if (g->nodes[i]->op == NV_OP_ALL_REDUCE) order[nar++] = g->nodes[i];
   }
   qsort(order, (size_t)nar, sizeof *order, by_operand);
-  int64_t fill = 0;
+  int64_t fill = 0, first_cap = bucket_bytes < (1 << 20) ? bucket_bytes : (1 << 20);
   for (int i = 0; i < nar; i++) {
     nv_node *v = order[i];
-    if (fill >= bucket_bytes && fill > 0) nb++, fill = 0;
+    if (fill >= (nb ? bucket_bytes : first_cap) && fill > 0) nb++, fill = 0;
     v->axis = nb;
     fill += node_bytes(v);
     last[nb] = v->in[0]->id;

@@ -9,8 +9,9 @@
  * f64 gradients; bf16/f16 widened to f32), so the gradient's own buffer is
  * free again when it returns; the bucket's last start hands the bucket to
  * the communication thread, which runs MPI_Iallreduce (sum) on it while the
- * backward goes on, polling it (MPI_Test, sleeping in between, so that the
- * thread takes no core from the compute threads).  wait blocks until the
+ * backward goes on, polling it (MPI_Test: with short sleeps in between
+ * while the compute threads work, so as not to take their cores; at full
+ * speed while one waits for a sum).  wait blocks until the
  * bucket's sum is there and copies its slice out (rounded back to bf16/f16).
  * The buckets are started in the order the step reaches them, the same on
  * every rank, as MPI requires of collectives.
@@ -34,6 +35,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -107,6 +109,7 @@ static struct {
   int nb;                  /* buckets seen */
   int queue[COMM_MAX_BUCKETS], qhead, qtail; /* handed over, in order */
   int step;                /* runs of a data-parallel step so far */
+  int waiters;             /* compute threads blocked in nova_rt_comm_wait */
   bool failed;
 } C = {.once = PTHREAD_ONCE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
@@ -359,9 +362,16 @@ static void *comm_thread(void *arg) {
         comm_fail(running[i]);
       }
     }
-    if (!progress && nrun) { /* no core spent spinning: the compute threads need both */
-      nanosleep(&(struct timespec){0, nap_ns}, NULL);
-      if (nap_ns < 500000) nap_ns *= 2;
+    if (!progress && nrun) {
+      /* the compute thread waits for a sum: its core is free, poll at full speed; else poll with
+       * short sleeps in between, so as not to take a core from the backward */
+      if (__atomic_load_n(&C.waiters, __ATOMIC_RELAXED) > 0) {
+        sched_yield();
+        nap_ns = 20000;
+      } else {
+        nanosleep(&(struct timespec){0, nap_ns}, NULL);
+        if (nap_ns < 200000) nap_ns *= 2;
+      }
     }
     pthread_mutex_lock(&C.mu);
   }
@@ -433,7 +443,9 @@ void nova_rt_comm_wait(int64_t dst, int64_t count, int64_t dtype, int64_t bucket
   pthread_mutex_lock(&C.mu);
   if (b->state != 3) {
     double t0 = now_s();
+    __atomic_add_fetch(&C.waiters, 1, __ATOMIC_RELAXED);
     while (b->state != 3) pthread_cond_wait(&C.cv, &C.mu);
+    __atomic_sub_fetch(&C.waiters, 1, __ATOMIC_RELAXED);
     if (atomic_load_explicit(&rt_trace_on, memory_order_relaxed)) {
       rt_event e = {t0, now_s(), RT_EV_WAIT, RT_TRACK_COMPUTE, b->step, (int32_t)bucket_id, 0};
       rt_trace_add(&e);
