@@ -726,7 +726,7 @@ static nv_node *nonfinite_term(ad *A, nv_node *x, nova_dtype dt) {
 static int finite_check(ad *A, nv_node *loss, bool per_param) {
   nv_graph *g = A->g;
   A->loc = loss->loc;
-  nv_node *sum = A->l0 = nonfinite_term(A, loss, loss->dtype);
+  nv_node *sum = A->l0 = A->l0 ? A->l0 : nonfinite_term(A, loss, loss->dtype);
   for (int i = 0; i < A->nforward && !per_param; i++)
     if (g->nodes[i]->op == NV_OP_PARAM && A->needs[i] && A->grad[i])
       sum = add(A, sum, nonfinite_term(A, A->grad[i], loss->dtype));
@@ -978,6 +978,14 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     nv_error_plain(d, "--nonfinite=skip-param cannot be used with dynamic loss scaling: an overflowing step must "
                       "change nothing but the loss scale (use --nonfinite=skip-step, or --loss-scale=none)");
     goto out;
+  }
+  if (o->data_parallel) {
+    /* the loss's check summed over the ranks too (NaN if one rank's loss is not finite), so that
+     * every rank skips the same steps; made before the backward, it goes in the first bucket */
+    A.loc = loss->loc;
+    nv_node *t = nonfinite_term(&A, loss, loss->dtype);
+    A.l0 = t ? mk(&A, NV_OP_ALL_REDUCE, 1, &t, &(nv_node){.axis = 0}) : NULL;
+    if (!A.l0 || !(A.l0->name = nv_xstrdup("nonfinite.loss"))) goto out;
   }
   if (backward(&A, loss, scale)) goto out;
   int after_backward = g->nnodes; /* the nodes from here on: check and update (ad_schedule_updates) */

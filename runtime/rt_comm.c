@@ -67,8 +67,7 @@ typedef struct mpi_api {
   int (*Comm_rank)(mpi_h, int *);
   int (*Comm_size)(mpi_h, int *);
   int (*Iallreduce)(const void *, void *, int, mpi_h, mpi_h, mpi_h, intptr_t *);
-  int (*Allgather)(const void *, int, mpi_h, void *, int, mpi_h, mpi_h);
-  int (*Allreduce)(const void *, void *, int, mpi_h, mpi_h, mpi_h);
+  int (*Iallgather)(const void *, int, mpi_h, void *, int, mpi_h, mpi_h, intptr_t *);
   int (*Test)(intptr_t *, int *, void *);
   int (*Isend)(const void *, int, mpi_h, int, int, mpi_h, intptr_t *);
   int (*Iprobe)(int, int, mpi_h, int *, void *);
@@ -170,8 +169,7 @@ static int load_mpi(void) {
   SYM(Comm_rank, "MPI_Comm_rank");
   SYM(Comm_size, "MPI_Comm_size");
   SYM(Iallreduce, "MPI_Iallreduce");
-  SYM(Allgather, "MPI_Allgather");
-  SYM(Allreduce, "MPI_Allreduce");
+  SYM(Iallgather, "MPI_Iallgather");
   SYM(Test, "MPI_Test");
   SYM(Isend, "MPI_Isend");
   SYM(Iprobe, "MPI_Iprobe");
@@ -273,13 +271,12 @@ int rt_comm_world(int *rank) {
 
 /* ---- the collectives ---------------------------------------------------- */
 
-static void comm_fail(int bi) __attribute__((noreturn));
+static void comm_fail(const char *what, int step, int bi) __attribute__((noreturn));
 
-/* A bucket that timed out: tell every other rank, listen a moment for the
+/* A collective that timed out (WHAT, in run STEP): tell every other rank, listen a moment for the
  * ranks that timed out too, name those that did not, and abort the job. */
-static void comm_fail(int bi) {
-  bucket *b = &C.b[bi];
-  int msg[3] = {C.rank, b->step, bi};
+static void comm_fail(const char *what, int step, int bi) {
+  int msg[3] = {C.rank, step, bi};
   intptr_t *req = calloc((size_t)C.size, sizeof *req);
   char *heard = calloc((size_t)C.size, 1);
   if (req && heard) {
@@ -304,13 +301,27 @@ static void comm_fail(int bi) {
   for (int r = 0; heard && r < C.size && len + 16 < sizeof who; r++)
     if (!heard[r]) len += (size_t)snprintf(who + len, sizeof who - len, "%s%d", missing++ ? ", " : "", r);
   fprintf(stderr,
-          "novarun: rank %d: the all-reduce of gradient bucket %d in step %d did not finish within %g s "
-          "(--comm-timeout): %s%s%s\n",
-          C.rank, bi, b->step + 1, C.timeout_s, missing ? (missing > 1 ? "ranks " : "rank ") : "",
+          "novarun: rank %d: %s in step %d did not finish within %g s (--comm-timeout): %s%s%s\n",
+          C.rank, what, step + 1, C.timeout_s, missing ? (missing > 1 ? "ranks " : "rank ") : "",
           missing ? who : "a rank stopped or hangs", missing ? " never joined it (stopped or hung); stopping the job" : "");
   fflush(stderr);
   C.m.Abort(C.m.world, 1);
   abort();
+}
+
+/* Waits for the request REQ of a collective made outside the step (a
+ * host-side sum or gather, every rank taking part), polling as the
+ * communication thread does, within the timeout. */
+static void wait_request(intptr_t *req, const char *what) {
+  double deadline = now_s() + C.timeout_s;
+  for (long spins = 0;; spins++) {
+    int flag = 0;
+    C.m.Test(req, &flag, C.m.status_ignore);
+    if (flag) return;
+    if (now_s() > deadline) comm_fail(what, C.step - 1, -1);
+    if (spins < 1000) sched_yield();
+    else nanosleep(&(struct timespec){0, 100000}, NULL);
+  }
 }
 
 static void *comm_thread(void *arg) {
@@ -359,7 +370,9 @@ static void *comm_thread(void *arg) {
         running[i--] = running[--nrun];
         progress = true;
       } else if (t > b->deadline) {
-        comm_fail(running[i]);
+        char what[64];
+        snprintf(what, sizeof what, "the all-reduce of gradient bucket %d", running[i]);
+        comm_fail(what, b->step, running[i]);
       }
     }
     if (!progress && nrun) {
@@ -474,10 +487,12 @@ void rt_comm_step_done(void) {
 
 int rt_comm_sum(double *v, int n, char *err, size_t errlen) {
   if (C.state != 1 || C.size == 1) return 0;
-  if (C.m.Allreduce(C.m.in_place, v, n, C.m.f64, C.m.sum, C.m.world) != 0) {
-    snprintf(err, errlen, "MPI_Allreduce failed");
+  intptr_t req = 0;
+  if (C.m.Iallreduce(C.m.in_place, v, n, C.m.f64, C.m.sum, C.m.world, &req) != 0) {
+    snprintf(err, errlen, "MPI_Iallreduce failed");
     return -1;
   }
+  wait_request(&req, "the sum of the loss over the ranks");
   return 0;
 }
 
@@ -486,9 +501,11 @@ int rt_comm_allgather(const void *mine, size_t bytes, void *all, char *err, size
     memcpy(all, mine, bytes);
     return 0;
   }
-  if (C.m.Allgather(mine, (int)bytes, C.m.byte, all, (int)bytes, C.m.byte, C.m.world) != 0) {
-    snprintf(err, errlen, "MPI_Allgather failed");
+  intptr_t req = 0;
+  if (C.m.Iallgather(mine, (int)bytes, C.m.byte, all, (int)bytes, C.m.byte, C.m.world, &req) != 0) {
+    snprintf(err, errlen, "MPI_Iallgather failed");
     return -1;
   }
+  wait_request(&req, "a gather over the ranks (the step check or the trace)");
   return 0;
 }
