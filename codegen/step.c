@@ -319,7 +319,7 @@ static void add_collectives(cJSON *root, const nv_graph *g, bool cpu) {
     if (bk->after >= 0 && bk->after < g->nnodes)
       cJSON_AddStringToObject(c, "starts_after", loc_text(buf, sizeof buf, g->nodes[bk->after]->loc));
     if (bk->first_read) {
-      snprintf(buf, sizeof buf, "the first use of the summed gradient of %s", bk->first_read);
+      snprintf(buf, sizeof buf, "the first use of the sum of %s", bk->first_read);
       cJSON_AddStringToObject(c, "ends_before", buf);
     }
     cJSON_AddItemToArray(cs, c);
