@@ -177,7 +177,9 @@ void cg_declare_i64_func(MlirModule m, const char *name, int nargs);
  * the runtime's start (where it is) and wait (before the first op that
  * reads the sum) on the cpu (CPU), and the value itself elsewhere (a world
  * of one).  0, or -1 after a diagnostic. */
-#define CG_COMM_MARKER "__nova_all_reduce_"
+#define CG_COMM_MARKER "__nova_comm_"
+/* the markers' kinds (nova.comm = [kind, bucket, world]), runtime/rt_comm.c's too */
+enum { CG_COMM_ALL_REDUCE, CG_COMM_REDUCE_SCATTER, CG_COMM_ALL_GATHER, CG_COMM_SHARD };
 int cg_comm_calls(nova_ctx *c, MlirModule m, bool cpu);
 /* Bufferizes a linalg module in place: results become out-parameters
  * (identity layouts); with DEALLOC, buffer deallocation is inserted. */

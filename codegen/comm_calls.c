@@ -7,14 +7,22 @@
  * bucket}: a call of a declared function, which fusion leaves apart and
  * bufferization turns into one over memrefs, with a result of its own.
  *
- * Changes, on the cpu: each marker becomes
+ * {nova.comm = [kind, bucket, world]}: an all-reduce, a reduce-scatter or
+ * an all-gather (--shard-optimizer), or a shard (this rank's share of a
+ * value).
+ *
+ * Changes, on the cpu: each collective's marker becomes
  *   - where it is (right after the gradient's last op, as passes/comm.c
  *     placed it): nova_rt_comm_start(&x, count, dtype, bucket, offset,
- *     bucket_count, members, f64): x is copied into its slice of the
+ *     block, members, f64, kind, world): x is copied into its place in the
  *     bucket, so that x's buffer dies there;
  *   - before the first top-level op that uses %y: %y's buffer (a new
  *     memref.alloc, which the memory plan places like any other, live from
- *     here) and nova_rt_comm_wait(&y, count, dtype, bucket, offset).
+ *     here) and nova_rt_comm_wait(&y, unit, dtype, bucket, offset).
+ * Offsets and the block are in one rank's block of the bucket: a member
+ * takes its whole count in an all-reduce, its share in the others.  A
+ * shard is nova_rt_comm_shard(&x, count, &y, share, dtype, world), where it
+ * is.
  * Between the two the backward goes on while the bucket is summed.  A
  * bucket's members take slices in the order of their markers; its
  * elements are f64 when one member is, else f32 (bf16/f16 widened).
@@ -30,12 +38,18 @@
 
 #define START_FUNC "nova_rt_comm_start"
 #define WAIT_FUNC "nova_rt_comm_wait"
+#define SHARD_FUNC "nova_rt_comm_shard"
 #define MAX_BUCKETS 4096 /* runtime/rt_comm.c's COMM_MAX_BUCKETS */
 
 typedef struct marker {
   MlirOperation call;
-  int64_t bucket, count, offset;
-  int dtype; /* nova_dtype */
+  int kind;                 /* CG_COMM_* */
+  int64_t bucket, world;
+  int64_t count;            /* the operand's elements */
+  int64_t unit;             /* its elements in one rank's block of the bucket (reduce-scatter,
+                               all-gather: a share; all-reduce: all of them) */
+  int64_t offset;           /* in the block */
+  int dtype;                /* nova_dtype */
 } marker;
 
 static bool is_marker(MlirOperation op) {
@@ -63,8 +77,10 @@ static MlirOperation in_block(MlirOperation op, MlirBlock block) {
 }
 
 /* The first op after FROM in its block that uses V, directly or nested
- * (the block's terminator when none does). */
-static MlirOperation first_reader(MlirValue v, MlirOperation from) {
+ * (the block's terminator when none does); *EARLY: whether it comes
+ * before AFTER (the last start of the bucket: a wait there would never
+ * end). */
+static MlirOperation first_reader(MlirValue v, MlirOperation from, MlirOperation after, bool *early) {
   MlirBlock block = mlirOperationGetBlock(from);
   MlirOperation users[64];
   int nu = 0;
@@ -75,12 +91,18 @@ static MlirOperation first_reader(MlirValue v, MlirOperation from) {
     if (nu < 64) users[nu++] = t;
     else many = true;
   }
+  bool passed = mlirOperationEqual(from, after);
+  *early = false;
   for (MlirOperation o = mlirOperationGetNextInBlock(from); !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) {
-    for (int i = 0; i < nu; i++)
-      if (mlirOperationEqual(users[i], o)) return o;
-    if (many) /* (more users than the list holds: look at the op's own operands too) */
-      for (intptr_t k = 0; k < mlirOperationGetNumOperands(o); k++)
-        if (mlirValueEqual(mlirOperationGetOperand(o, k), v)) return o;
+    bool hit = false;
+    for (int i = 0; i < nu && !hit; i++) hit = mlirOperationEqual(users[i], o);
+    for (intptr_t k = 0; many && !hit && k < mlirOperationGetNumOperands(o); k++)
+      hit = mlirValueEqual(mlirOperationGetOperand(o, k), v); /* (more users than the list holds) */
+    if (hit) {
+      *early = !passed;
+      return o;
+    }
+    passed |= mlirOperationEqual(o, after);
     if (mlirOperationIsNull(mlirOperationGetNextInBlock(o))) return o; /* the terminator */
   }
   return mlirBlockGetTerminator(block);
@@ -104,12 +126,19 @@ static MlirWalkResult find_cb(MlirOperation op, void *ud) {
     }
     l->v = v, l->cap = cap;
   }
-  MlirAttribute b = mlirOperationGetDiscardableAttributeByName(op, nova_str("nova.comm"));
-  MlirType t = mlirValueGetType(mlirOperationGetOperand(op, 0));
-  int64_t count = 1;
+  MlirAttribute a = mlirOperationGetDiscardableAttributeByName(op, nova_str("nova.comm"));
+  MlirType t = mlirValueGetType(mlirOperationGetOperand(op, 0)), rt = mlirValueGetType(mlirOperationGetResult(op, 0));
+  int64_t count = 1, out = 1;
   for (intptr_t r = 0; r < mlirShapedTypeGetRank(t); r++) count *= mlirShapedTypeGetDimSize(t, r);
-  l->v[l->n++] = (marker){op, !mlirAttributeIsNull(b) && mlirAttributeIsAInteger(b) ? mlirIntegerAttrGetValueInt(b) : -1,
-                          count, 0, dtype_code(mlirShapedTypeGetElementType(t))};
+  for (intptr_t r = 0; r < mlirShapedTypeGetRank(rt); r++) out *= mlirShapedTypeGetDimSize(rt, r);
+  marker mk = {op, -1, -1, 0, count, count, 0, dtype_code(mlirShapedTypeGetElementType(t))};
+  if (!mlirAttributeIsNull(a) && mlirAttributeIsADenseI64Array(a) && mlirDenseArrayGetNumElements(a) == 3) {
+    mk.kind = (int)mlirDenseI64ArrayGetElement(a, 0);
+    mk.bucket = mlirDenseI64ArrayGetElement(a, 1);
+    mk.world = mlirDenseI64ArrayGetElement(a, 2);
+  }
+  if (mk.kind == CG_COMM_REDUCE_SCATTER || mk.kind == CG_COMM_SHARD) mk.unit = out;
+  l->v[l->n++] = mk;
   return MlirWalkResultAdvance;
 }
 
@@ -126,28 +155,56 @@ static void erase_declarations(MlirModule m) {
   }
 }
 
-static void emit(MlirContext ctx, const marker *mk, const int64_t *bcount, const int *bmembers, const bool *bf64) {
-  MlirOperation call = mk->call;
-  MlirValue x = mlirOperationGetOperand(call, 0), y = mlirOperationGetResult(call, 0);
-  MlirLocation loc = mlirOperationGetLocation(call);
-  MlirType i64 = mlirIntegerTypeGet(ctx, 64);
-  cg_builder b = {ctx, loc, mlirOperationGetBlock(call), call};
-  int64_t bk = mk->bucket;
-  int64_t head[7] = {mk->count, mk->dtype, bk, mk->offset, bcount[bk], bmembers[bk], bf64[bk]};
-  MlirValue sa[8] = {cg_memref_address(&b, x, NULL)};
-  for (int i = 0; i < 7; i++) sa[i + 1] = cg_build_const(&b, i64, head[i]);
-  cg_insert_call(call, loc, mlirFlatSymbolRefAttrGet(ctx, nova_str(START_FUNC)), 8, sa, 0, NULL);
-  b.at = first_reader(y, call);
-  MlirType yt = mlirValueGetType(y);
+static MlirValue new_buffer(cg_builder *b, MlirType t) {
+  MlirContext ctx = b->ctx;
   MlirNamedAttribute na[2] = {
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("operandSegmentSizes")), mlirDenseI32ArrayGet(ctx, 2, (int32_t[]){0, 0})),
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("alignment")), mlirIntegerAttrGet(i64, 64))};
-  MlirValue buf = mlirOperationGetResult(cg_build(&b, "memref.alloc", 0, NULL, 1, &yt, 2, na), 0);
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("operandSegmentSizes")),
+                            mlirDenseI32ArrayGet(ctx, 2, (int32_t[]){0, 0})),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("alignment")),
+                            mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), 64))};
+  return mlirOperationGetResult(cg_build(b, "memref.alloc", 0, NULL, 1, &t, 2, na), 0);
+}
+
+static MlirOperation call(cg_builder *b, const char *fn, MlirValue addr, int n, const int64_t *v) {
+  MlirType i64 = mlirIntegerTypeGet(b->ctx, 64);
+  MlirValue args[12] = {addr};
+  for (int i = 0; i < n; i++) args[i + 1] = cg_build_const(b, i64, v[i]);
+  return cg_insert_call(b->at, b->loc, mlirFlatSymbolRefAttrGet(b->ctx, nova_str(fn)), n + 1, args, 0, NULL);
+}
+
+static int emit(nova_ctx *c, const marker *mk, const int64_t *bcount, const int *bmembers, const bool *bf64,
+                MlirOperation *blast) {
+  MlirContext ctx = c->ctx;
+  MlirOperation op = mk->call;
+  MlirValue x = mlirOperationGetOperand(op, 0), y = mlirOperationGetResult(op, 0);
+  cg_builder b = {ctx, mlirOperationGetLocation(op), mlirOperationGetBlock(op), op};
+  if (mk->kind == CG_COMM_SHARD) { /* this rank's share of x, now */
+    MlirValue buf = new_buffer(&b, mlirValueGetType(y));
+    mlirValueReplaceAllUsesOfWith(y, buf);
+    MlirType i64 = mlirIntegerTypeGet(ctx, 64);
+    MlirValue args[6] = {cg_memref_address(&b, x, NULL), cg_build_const(&b, i64, mk->count),
+                         cg_memref_address(&b, buf, NULL), cg_build_const(&b, i64, mk->unit),
+                         cg_build_const(&b, i64, mk->dtype), cg_build_const(&b, i64, mk->world)};
+    cg_insert_call(op, b.loc, mlirFlatSymbolRefAttrGet(ctx, nova_str(SHARD_FUNC)), 6, args, 0, NULL);
+    mlirOperationDestroy(op);
+    return 0;
+  }
+  int64_t bk = mk->bucket;
+  MlirOperation start = call(&b, START_FUNC, cg_memref_address(&b, x, NULL), 9,
+       (int64_t[]){mk->count, mk->dtype, bk, mk->offset, bcount[bk], bmembers[bk], bf64[bk], mk->kind, mk->world});
+  bool early;
+  b.at = first_reader(y, op, blast[bk], &early);
+  if (early) {
+    nv_error_plain(c->diag, "internal: the sum of bucket %lld is read before the bucket's last collective starts",
+                   (long long)bk);
+    return -1;
+  }
+  MlirValue buf = new_buffer(&b, mlirValueGetType(y));
   mlirValueReplaceAllUsesOfWith(y, buf);
-  MlirValue wa[5] = {cg_memref_address(&b, buf, NULL)};
-  for (int i = 0; i < 4; i++) wa[i + 1] = cg_build_const(&b, i64, head[i]);
-  cg_insert_call(b.at, loc, mlirFlatSymbolRefAttrGet(ctx, nova_str(WAIT_FUNC)), 5, wa, 0, NULL);
-  mlirOperationDestroy(call);
+  call(&b, WAIT_FUNC, cg_memref_address(&b, buf, NULL), 4, (int64_t[]){mk->unit, mk->dtype, bk, mk->offset});
+  if (mlirOperationEqual(blast[bk], op)) blast[bk] = start; /* (the marker goes) */
+  mlirOperationDestroy(op);
+  return 0;
 }
 
 int cg_comm_calls(nova_ctx *c, MlirModule m, bool cpu) {
@@ -156,41 +213,47 @@ int cg_comm_calls(nova_ctx *c, MlirModule m, bool cpu) {
   int64_t *bcount = calloc(MAX_BUCKETS, sizeof *bcount);
   int *bmembers = calloc(MAX_BUCKETS, sizeof *bmembers);
   bool *bf64 = calloc(MAX_BUCKETS, sizeof *bf64);
+  MlirOperation *blast = calloc(MAX_BUCKETS, sizeof *blast); /* each bucket's last marker */
   int rc = 0;
-  if (l.oom || !bcount || !bmembers || !bf64) {
+  if (l.oom || !bcount || !bmembers || !bf64 || !blast) {
     nv_error(c->diag, (nv_loc){0}, "out of memory");
     rc = -1;
     goto out;
   }
   for (size_t i = 0; i < l.n; i++) {
     marker *mk = &l.v[i];
-    if (mk->bucket < 0 || mk->bucket >= MAX_BUCKETS || !mk->dtype) {
+    if ((mk->kind != CG_COMM_SHARD && (mk->bucket < 0 || mk->bucket >= MAX_BUCKETS)) || mk->kind < 0 || !mk->dtype) {
       nv_error(c->diag, (nv_loc){0}, "internal: an all-reduce with no bucket or of a type that is not float");
       rc = -1;
       goto out;
     }
+    if (mk->kind == CG_COMM_SHARD) continue;
     mk->offset = bcount[mk->bucket];
-    bcount[mk->bucket] += mk->count;
+    bcount[mk->bucket] += mk->unit;
     bmembers[mk->bucket]++;
     bf64[mk->bucket] |= mk->dtype == 11;
+    blast[mk->bucket] = mk->call;
   }
   for (size_t i = 0; i < l.n; i++) {
-    if (!cpu) {
+    if (!cpu) { /* (a cuda step runs as one rank: data-parallel, never sharded) */
       mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(l.v[i].call, 0), mlirOperationGetOperand(l.v[i].call, 0));
       mlirOperationDestroy(l.v[i].call);
-    } else {
-      emit(c->ctx, &l.v[i], bcount, bmembers, bf64);
+    } else if (emit(c, &l.v[i], bcount, bmembers, bf64, blast)) {
+      rc = -1;
+      goto out;
     }
   }
   erase_declarations(m);
   if (cpu && l.n) {
-    cg_declare_i64_func(m, START_FUNC, 8);
+    cg_declare_i64_func(m, START_FUNC, 10);
     cg_declare_i64_func(m, WAIT_FUNC, 5);
+    cg_declare_i64_func(m, SHARD_FUNC, 6);
   }
 out:
   free(l.v);
   free(bcount);
   free(bmembers);
   free(bf64);
+  free(blast);
   return rc;
 }

@@ -944,17 +944,29 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
     break;
   case NV_OP_ROTARY: r = lower_rotary(L, in[0], in[1], in[2], lw_iattr(op, "interleaved") != 0); break;
   case NV_OP_ALL_REDUCE:
+  case NV_OP_REDUCE_SCATTER:
+  case NV_OP_ALL_GATHER:
+  case NV_OP_SHARD: {
     /* a call of a declared function (opaque to fusion and bufferization alike) that
-     * codegen/comm_calls.c makes the runtime's start and wait after bufferization */
-    if (lw_tv_numel(&in[0]) == 0) {
+     * codegen/comm_calls.c makes the runtime's calls after bufferization */
+    if (kind == NV_OP_ALL_REDUCE && lw_tv_numel(&in[0]) == 0) {
       r = in[0];
       break;
     }
-    r = lw_fresh(L, in[0].rank, in[0].shape, in[0].dt);
-    lw_emit(L, "%%v%d = func.call @" CG_COMM_MARKER "%d(%%v%d) {nova.comm = %lld : i64} : (%s) -> %s", r.id, r.id,
-            in[0].id, (long long)lw_iattr(op, "bucket"), TT(in[0]), TT(r));
+    MlirType out_t = mlirValueGetType(mlirOperationGetResult(op, 0));
+    int64_t shape[NOVA_MAX_RANK];
+    int rank = (int)mlirShapedTypeGetRank(out_t);
+    for (int k = 0; k < rank; k++) shape[k] = mlirShapedTypeGetDimSize(out_t, k);
+    r = lw_fresh(L, rank, shape, in[0].dt);
+    int ck = kind == NV_OP_ALL_REDUCE ? CG_COMM_ALL_REDUCE : kind == NV_OP_REDUCE_SCATTER ? CG_COMM_REDUCE_SCATTER
+             : kind == NV_OP_ALL_GATHER ? CG_COMM_ALL_GATHER : CG_COMM_SHARD;
+    long long bucket = kind == NV_OP_SHARD ? -1 : (long long)lw_iattr(op, "bucket");
+    long long world = kind == NV_OP_ALL_REDUCE ? 0 : (long long)lw_iattr(op, "world");
+    lw_emit(L, "%%v%d = func.call @" CG_COMM_MARKER "%d(%%v%d) {nova.comm = array<i64: %d, %lld, %lld>} : (%s) -> %s",
+            r.id, r.id, in[0].id, ck, bucket, world, TT(in[0]), TT(r));
     nv_sb_printf(&L->decls, "  func.func private @" CG_COMM_MARKER "%d(%s) -> %s\n", r.id, TT(in[0]), TT(r));
     break;
+  }
   default:
     nv_error_plain(L->c->diag, "internal: no lowering for nova.%s", nv_op_name(kind));
     return -1;

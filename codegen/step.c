@@ -312,10 +312,13 @@ static void add_collectives(cJSON *root, const nv_graph *g, bool cpu) {
     const struct nv_bucket *bk = &g->comm.buckets[b];
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "bucket", b);
-    cJSON_AddStringToObject(c, "kind", "all_reduce");
-    cJSON_AddStringToObject(c, "reduction", "sum");
+    cJSON_AddStringToObject(c, "kind", bk->kind == NV_OP_REDUCE_SCATTER ? "reduce_scatter"
+                                       : bk->kind == NV_OP_ALL_GATHER  ? "all_gather"
+                                                                       : "all_reduce");
+    if (bk->kind != NV_OP_ALL_GATHER) cJSON_AddStringToObject(c, "reduction", "sum");
     cJSON_AddNumberToObject(c, "bytes", (double)bk->bytes);
-    names[b] = cJSON_AddArrayToObject(c, "gradients_of"); /* (filled below, in one pass over the nodes) */
+    names[b] = cJSON_AddArrayToObject(c, bk->kind == NV_OP_ALL_GATHER ? "params" : "gradients_of"); /* (filled below,
+                                                                                  in one pass over the nodes) */
     if (bk->after >= 0 && bk->after < g->nnodes)
       cJSON_AddStringToObject(c, "starts_after", loc_text(buf, sizeof buf, g->nodes[bk->after]->loc));
     if (bk->first_read) {
@@ -326,15 +329,30 @@ static void add_collectives(cJSON *root, const nv_graph *g, bool cpu) {
   }
   int64_t *elems = nv_xcalloc((size_t)g->comm.nbuckets, sizeof *elems);
   bool *f64 = nv_xcalloc((size_t)g->comm.nbuckets, sizeof *f64);
+  int world = 0;
+  bool shard = false;
   for (int i = 0; i < g->nnodes; i++) {
     const nv_node *v = g->nodes[i];
-    if (v->op != NV_OP_ALL_REDUCE || v->axis < 0 || v->axis >= g->comm.nbuckets) continue;
+    if (v->op == NV_OP_INPUT && v->name && !strcmp(v->name, "comm.world")) world = (int)v->init.a;
+    shard |= v->op == NV_OP_REDUCE_SCATTER;
+    if ((v->op != NV_OP_ALL_REDUCE && v->op != NV_OP_REDUCE_SCATTER && v->op != NV_OP_ALL_GATHER) || v->axis < 0 ||
+        v->axis >= g->comm.nbuckets)
+      continue;
     if (v->name) cJSON_AddItemToArray(names[v->axis], cJSON_CreateString(v->name));
-    if (elems) elems[v->axis] += fe_numel(v);
+    /* runtime/rt_comm.c's buffers: an all-reduce's block, a reduce-scatter's or all-gather's N */
+    int64_t share = v->op == NV_OP_REDUCE_SCATTER ? fe_numel(v) : fe_numel(v->in[0]);
+    if (elems) elems[v->axis] += v->op == NV_OP_ALL_REDUCE ? share : share * v->mode;
     if (f64) f64[v->axis] |= v->dtype == NOVA_DTYPE_F64;
   }
-  double staging = 0; /* runtime/rt_comm.c: a bucket's elements in f32, f64 if one of them is */
-  for (int b = 0; elems && f64 && b < g->comm.nbuckets; b++) staging += (double)elems[b] * (f64[b] ? 8 : 4);
+  /* runtime/rt_comm.c: a bucket's elements in f32, f64 if one of them is; the reduce-scatters'
+   * buffers are given back before the all-gathers' are made */
+  double staging = 0, rs = 0, ag = 0;
+  for (int b = 0; elems && f64 && b < g->comm.nbuckets; b++) {
+    double bytes = (double)elems[b] * (f64[b] ? 8 : 4);
+    *(g->comm.buckets[b].kind == NV_OP_REDUCE_SCATTER ? &rs : g->comm.buckets[b].kind == NV_OP_ALL_GATHER ? &ag
+                                                                                                        : &staging) += bytes;
+  }
+  staging += rs > ag ? rs : ag;
   free(names);
   free(elems);
   free(f64);
@@ -342,6 +360,8 @@ static void add_collectives(cJSON *root, const nv_graph *g, bool cpu) {
   cJSON_AddNumberToObject(dp, "bucket_bytes", (double)g->comm.bucket_bytes);
   cJSON_AddNumberToObject(dp, "buckets", g->comm.nbuckets);
   cJSON_AddStringToObject(dp, "scale_input", "comm.scale");
+  cJSON_AddNumberToObject(dp, "world_size", world); /* 0: any */
+  cJSON_AddBoolToObject(dp, "shard_optimizer", shard);
   cJSON_AddNumberToObject(dp, "staging_bytes", cpu ? staging : 0);
   cJSON *be = cJSON_AddArrayToObject(dp, "backends"); /* cuda: none yet, a world of one rank */
   if (cpu) cJSON_AddItemToArray(be, cJSON_CreateString("mpi"));

@@ -41,6 +41,7 @@ typedef struct opts {
   bool no_recompute;    /* --recompute=none */
   bool fused_attention; /* --attention=fused */
   int64_t bucket_bytes; /* --data-parallel: --bucket-size (default 25 MiB) */
+  bool shard_optimizer; /* --shard-optimizer (ZeRO-1; with --world-size) */
   const char *memory_report; /* --memory-report=FILE */
   const char *nonfinite; /* --nonfinite (NULL: skip-param, skip-step with dynamic loss scaling) */
   const char *precision, *policy; /* --precision (NULL: the model's, else fp32), --precision-policy */
@@ -104,8 +105,13 @@ static void usage(FILE *f) {
         "                        --dump writes them); else each lives only until its update\n"
         "  --data-parallel       (--train) each gradient is summed over the ranks the step runs\n"
         "                        as (nova.all_reduce, in buckets placed after their last gradient)\n"
-        "                        and scaled by the input comm.scale; a world of one rank for now\n"
+        "                        over MPI (mpirun) and scaled by 1/ranks while the backward goes on\n"
         "  --bucket-size=BYTES   (--data-parallel) the all-reduces' buckets (default 25M)\n"
+        "  --world-size=N        (--data-parallel) the step is for N ranks: launched as another\n"
+        "                        number, it refuses to open\n"
+        "  --shard-optimizer     (--data-parallel, --world-size) ZeRO-1: each rank keeps and updates\n"
+        "                        1/N of the optimizer state; gradients are reduce-scattered and\n"
+        "                        the new parameters all-gathered\n"
         "  --recompute=cheap|none  (--train, -O1 and up) cheap: the backward recomputes the cheap\n"
         "                        forward values it reads (elementwise, casts, data movement)\n"
         "                        from those it keeps, chosen by a minimum cut of the bytes kept\n"
@@ -340,6 +346,17 @@ static int parse_args(int argc, char **argv, opts *o) {
     } else if (!strcmp(a, "--data-parallel")) {
       o->ad.data_parallel = true;
       nv_sb_printf(&o->flags, " --data-parallel");
+    } else if (!strcmp(a, "--shard-optimizer")) {
+      o->shard_optimizer = true;
+      nv_sb_printf(&o->flags, " --shard-optimizer");
+    } else if ((v = opt_value(argc, argv, &i, "--world-size"))) {
+      char *end;
+      errno = 0;
+      long n = strtol(v, &end, 10);
+      if (errno || end == v || *end || !nv_number_token(v) || n < 1 || n > 65536)
+        return bad_usage("--world-size takes a number of ranks from 1 to 65536, not '%s'", v);
+      o->ad.world_size = (int)n;
+      nv_sb_printf(&o->flags, " --world-size=%s", v);
     } else if ((v = opt_value(argc, argv, &i, "--bucket-size"))) {
       if (parse_bytes(v, &o->bucket_bytes))
         return bad_usage("--bucket-size takes a positive number of bytes (suffix K, M or G allowed), not '%s'", v);
@@ -744,7 +761,15 @@ static int compile(nv_diag *d, opts *o) {
   if (o->train) {
     /* dynamic loss scaling skips an overflowing step whole */
     o->ad.nonfinite = o->nonfinite ? (!strcmp(o->nonfinite, "skip-param") ? AD_SKIP_PARAM : AD_SKIP_STEP)
-                      : o->ad.loss_scale > 0 ? AD_SKIP_STEP : AD_SKIP_PARAM;
+                      : o->ad.loss_scale > 0 || o->shard_optimizer ? AD_SKIP_STEP : AD_SKIP_PARAM;
+    if (o->shard_optimizer && o->ad.data_parallel && o->ad.world_size < 2) {
+      nv_error_plain(d, "--shard-optimizer needs --world-size=N, N >= 2: the ranks the optimizer state is shared "
+                        "out over (each holds 1/N of it)");
+      fe_graph_destroy(g);
+      fe_graph_destroy(ge);
+      return -1;
+    }
+    o->ad.shard_world = o->shard_optimizer && o->ad.data_parallel ? o->ad.world_size : 0;
     if (ad_train(g, d, &o->ad) || dump_graph(o, "autodiff", d, g)) {
       fe_graph_destroy(g);
       fe_graph_destroy(ge);
@@ -752,16 +777,17 @@ static int compile(nv_diag *d, opts *o) {
     }
     stage_done(&tm, "autodiff + optimizer");
   } else if (o->ad.loss || o->ad.freeze || o->ad.train_only || o->ad.keep_grads || o->nonfinite ||
-             o->ad.data_parallel || o->bucket_bytes) {
+             o->ad.data_parallel || o->bucket_bytes || o->shard_optimizer || o->ad.world_size) {
     nv_error_plain(d, o->ad.loss || o->ad.freeze || o->ad.train_only ? "--loss, --freeze and --train-only need --train"
                       : o->ad.keep_grads ? "--keep-grads needs --train"
-                      : o->nonfinite ? "--nonfinite needs --train" : "--data-parallel and --bucket-size need --train");
+                      : o->nonfinite ? "--nonfinite needs --train"
+                                     : "--data-parallel, --bucket-size, --shard-optimizer and --world-size need --train");
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
     return -1;
   }
-  if (o->bucket_bytes && !o->ad.data_parallel) {
-    nv_error_plain(d, "--bucket-size needs --data-parallel");
+  if ((o->bucket_bytes || o->shard_optimizer || o->ad.world_size) && !o->ad.data_parallel) {
+    nv_error_plain(d, "%s needs --data-parallel", o->bucket_bytes ? "--bucket-size" : o->shard_optimizer ? "--shard-optimizer" : "--world-size");
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
     return -1;

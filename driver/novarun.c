@@ -706,6 +706,22 @@ static int nr_check_world(nr_step *s) {
   return 0;
 }
 
+/* A step compiled with novac --shard-optimizer: each rank holds its own
+ * share of the optimizer state (tensors NAME.SUFFIX.shard), which its own
+ * checkpoint file keeps: FILE for rank 0, FILE.rankR for rank R. */
+static bool nr_sharded(nr_step *s) {
+  nova_tensor_info info;
+  for (int i = 0, n = s->api.num_tensors(s->step); i < n; i++)
+    if (s->api.tensor(s->step, i, &info) == NOVA_OK && info.role == NOVA_ROLE_OPT_STATE && strlen(info.name) > 6 &&
+        !strcmp(info.name + strlen(info.name) - 6, ".shard"))
+      return true;
+  return false;
+}
+
+static const char *nr_rank_path(char *buf, size_t n, const char *path, int rank) {
+  return snprintf(buf, n, "%s.rank%d", path, rank) < (int)n ? buf : path;
+}
+
 static int nr_trace_start(nr_step *s) {
   if (!s->api.trace_start) return nr_error("%s: --trace: this step.so has no tracing (compile it again)", s->path);
   if (s->api.trace_start(s->step) != NOVA_OK) return nr_error("--trace: %s", s->api.error(s->step));
@@ -744,9 +760,13 @@ static int nr_main(const nr_options *o) {
   }
   int rc = nr_open(&s, o->step_path);
   if (!rc) rc = nr_check_world(&s);
-  nr_options ro = *o; /* ranks other than 0 train silently and write nothing */
+  nr_options ro = *o; /* ranks other than 0 train silently and write nothing (but their own shards) */
+  char save_r[4096], load_r[4096];
   if (!rc && s.rank > 0) {
-    ro.quiet = 1, ro.print = 0, ro.save_path = NULL, ro.outputs_dir = NULL, ro.dump_dir = NULL, ro.loss_log = NULL;
+    bool sharded = nr_sharded(&s);
+    ro.quiet = 1, ro.print = 0, ro.outputs_dir = NULL, ro.dump_dir = NULL, ro.loss_log = NULL;
+    ro.save_path = sharded && o->save_path ? nr_rank_path(save_r, sizeof save_r, o->save_path, s.rank) : NULL;
+    if (sharded && o->load_path) ro.load_path = nr_rank_path(load_r, sizeof load_r, o->load_path, s.rank);
     o = &ro;
   }
   if (!rc && o->load_path) rc = nr_checkpoint_load(&s, o->load_path, &start);

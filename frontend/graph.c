@@ -1104,6 +1104,18 @@ static int infer(nv_diag *d, nv_node *n) {
     if (need_float(d, n, in[0], "operand")) return -1;
     n->dtype = in[0]->dtype;
     return set_shape(d, n, in[0]->rank, in[0]->shape);
+  case NV_OP_REDUCE_SCATTER: /* --shard-optimizer (passes/autodiff.c): this rank's share of the flat sum */
+  case NV_OP_SHARD:          /* this rank's share of the flat value, zero-padded */
+  case NV_OP_ALL_GATHER: {   /* every rank's share, in rank order */
+    if (need_float(d, n, in[0], "operand")) return -1;
+    if (n->mode < 1 || (n->op == NV_OP_ALL_GATHER && in[0]->rank != 1)) {
+      nv_error(d, n->loc, "internal: %s of %d ranks over a rank-%d value", nv_op_name(n->op), (int)n->mode, in[0]->rank);
+      return -1;
+    }
+    n->dtype = in[0]->dtype;
+    int64_t len = n->op == NV_OP_ALL_GATHER ? in[0]->shape[0] * n->mode : (fe_numel(in[0]) + n->mode - 1) / n->mode;
+    return set_shape(d, n, 1, &len);
+  }
   case NV_OP_COUNT: break;
   }
   nv_error(d, n->loc, "internal: no shape rule for op %d", (int)n->op);

@@ -106,7 +106,10 @@
   X(ATTENTION, "attention", 4, 4)             \
   X(RMS_NORM, "rms_norm", 2, 2)                 \
   X(ROTARY, "rotary", 3, 3)                     \
-  X(ALL_REDUCE, "all_reduce", 1, 1)
+  X(ALL_REDUCE, "all_reduce", 1, 1)             \
+  X(REDUCE_SCATTER, "reduce_scatter", 1, 1)     \
+  X(ALL_GATHER, "all_gather", 1, 1)             \
+  X(SHARD, "shard", 1, 1)
 
 /* How scatter_elements / scatter_nd combine an update with the value there. */
 enum { NV_SCATTER_NONE, NV_SCATTER_ADD, NV_SCATTER_MUL, NV_SCATTER_MAX, NV_SCATTER_MIN };
@@ -152,7 +155,8 @@ struct nv_node {
   int rank;
   int64_t shape[NOVA_MAX_RANK];
   /* attributes (which are meaningful depends on op) */
-  int64_t axis;         /* softmax, log_softmax, concat, slice, gather; all_reduce: its bucket */
+  int64_t axis;         /* softmax, log_softmax, concat, slice, gather; all_reduce, reduce_scatter,
+                           all_gather: its bucket */
   int nlist;            /* axes (reductions), perm, target shape */
   int64_t list[NOVA_MAX_RANK];
   bool keepdims;
@@ -169,7 +173,8 @@ struct nv_node {
   bool count_include_pad, ceil_mode; /* avg_pool; ceil_mode: pools */
   bool col_major;       /* max_pool_indices: ONNX storage_order 1 */
   int64_t mode;         /* scatter_*: an NV_SCATTER_* combiner; cumsum: NV_CUMSUM_* bits;
-                           rotary: 1 interleaved pairs (2i, 2i+1), 0 halves (i, i + D/2) */
+                           rotary: 1 interleaved pairs (2i, 2i+1), 0 halves (i, i + D/2);
+                           reduce_scatter, all_gather, shard: the number of ranks */
   /* inputs, params and constants (constants: init gives the value) */
   nova_role role;       /* params: NOVA_ROLE_PARAM, NOVA_ROLE_OPT_STATE or NOVA_ROLE_BUFFER */
   bool frozen;          /* params: never trained (an ONNX initializer --train classified constant) */
@@ -230,8 +235,10 @@ typedef struct nv_graph {
     int64_t bucket_bytes;
     int nbuckets;
     struct nv_bucket {
-      int64_t bytes;
+      int64_t bytes;     /* of the values it reduces (all-gather: of this rank's shares) */
       int tensors;
+      nv_op kind;        /* NV_OP_ALL_REDUCE, NV_OP_REDUCE_SCATTER or NV_OP_ALL_GATHER */
+      int world;         /* reduce-scatter, all-gather: the ranks (--world-size) */
       int after, before; /* it starts after node `after` (its last gradient), ends before node `before` */
       const char *first_read; /* the param whose summed gradient node `before` reads (borrowed) */
     } *buckets;         /* owned */

@@ -366,6 +366,9 @@ static const char *allowed_attrs(nv_op op) {
   case NV_OP_RMS_NORM: return "eps";
   case NV_OP_ROTARY: return "interleaved";
   case NV_OP_ALL_REDUCE: return "bucket";
+  case NV_OP_REDUCE_SCATTER:
+  case NV_OP_ALL_GATHER: return "bucket world";
+  case NV_OP_SHARD: return "world";
   default: return "";
   }
 }
@@ -668,8 +671,8 @@ static ev parse_primary(parser *P) {
         nv_error(P->d, t.loc, "unknown op '%s'", t.text);
         return fail_ev(P);
       }
-      if (op == NV_OP_ALL_REDUCE) {
-        nv_error(P->d, t.loc, "all_reduce is made by novac --data-parallel, not written in a model");
+      if (op == NV_OP_ALL_REDUCE || op == NV_OP_REDUCE_SCATTER || op == NV_OP_ALL_GATHER || op == NV_OP_SHARD) {
+        nv_error(P->d, t.loc, "%s is made by novac --data-parallel, not written in a model", t.text);
         return fail_ev(P);
       }
       return parse_call(P, op, t.loc);

@@ -165,6 +165,12 @@ static int op_attributes(MlirContext ctx, const nv_graph *g, nv_diag *d, const n
     break;
   case NV_OP_ROTARY: out[k++] = named(ctx, "interleaved", i64_attr(ctx, n->mode)); break;
   case NV_OP_ALL_REDUCE: out[k++] = named(ctx, "bucket", i64_attr(ctx, n->axis)); break;
+  case NV_OP_REDUCE_SCATTER:
+  case NV_OP_ALL_GATHER:
+    out[k++] = named(ctx, "bucket", i64_attr(ctx, n->axis));
+    out[k++] = named(ctx, "world", i64_attr(ctx, n->mode));
+    break;
+  case NV_OP_SHARD: out[k++] = named(ctx, "world", i64_attr(ctx, n->mode)); break;
   default: break;
   }
   return k;

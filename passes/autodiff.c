@@ -591,6 +591,7 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
   case NV_OP_CONV_GRAD_WEIGHT: case NV_OP_MAX_POOL_GRAD: case NV_OP_AVG_POOL_GRAD:
   case NV_OP_STOCHASTIC_ROUND: /* (the optimizer's: after the backward pass) */
   case NV_OP_ALL_REDUCE:       /* (--data-parallel's: after it too) */
+  case NV_OP_REDUCE_SCATTER: case NV_OP_ALL_GATHER: case NV_OP_SHARD:
   case NV_OP_COUNT:
     return false; /* no second derivatives */
   }
@@ -599,12 +600,13 @@ static bool rule(ad *A, nv_node *y, nv_node *g) {
 
 /* ---- optimizer ----------------------------------------------------------- */
 
-/* A new optimizer-state tensor (zeros) of P's shape in dtype DT, an
- * argument of the step. */
-static nv_node *state(ad *A, const nv_node *p, const char *suffix, nova_dtype dt) {
+/* A new optimizer-state tensor (zeros) of the shape of PV (P, or this
+ * rank's shard of it: NAME.SUFFIX.shard) in dtype DT, an argument of the
+ * step. */
+static nv_node *state(ad *A, const nv_node *p, const nv_node *pv, const char *suffix, nova_dtype dt) {
   char name[600];
-  snprintf(name, sizeof name, "%s.%s", p->name, suffix);
-  nv_node *s = fe_graph_leaf(A->g, A->d, NV_OP_PARAM, name, dt, p->rank, p->shape, p->loc);
+  snprintf(name, sizeof name, "%s.%s%s", p->name, suffix, pv != p ? ".shard" : "");
+  nv_node *s = fe_graph_leaf(A->g, A->d, NV_OP_PARAM, name, dt, pv->rank, pv->shape, p->loc);
   if (!s) {
     A->failed = true;
     return NULL;
@@ -654,7 +656,9 @@ static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *
   bool sr = rng && p->dtype == NOVA_DTYPE_BF16;
   nova_dtype dt = sr ? NOVA_DTYPE_F32 : p->dtype;
   A->loc = p->loc;
-  nv_node *pv = sr ? cast_to(A, p, dt) : p; /* p's value in dt */
+  nv_node *ps = o->shard_world > 1 ? mk(A, NV_OP_SHARD, 1, &p, &(nv_node){.mode = o->shard_world}) : p;
+  if (!ps) return -1;
+  nv_node *pv = sr ? cast_to(A, p, dt) : ps; /* p's value (or this rank's shard of it) in dt */
   if (sr) gr = cast_to(A, gr, dt);
   nv_node *lrp = cast_to(A, lr, dt), *p1;
   if (o->optimizer == AD_SGD) { /* p - lr (g + wd p) */
@@ -662,7 +666,7 @@ static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *
     p1 = sub(A, pv, mul(A, lrp, d));
   } else if (o->optimizer == AD_MOMENTUM) { /* v = mu v + g; p - lr (nesterov ? g + mu v : v) */
     nv_node *d = o->weight_decay ? add(A, gr, mul(A, konst(A, dt, o->weight_decay), pv)) : gr;
-    nv_node *v = state(A, p, "momentum", dt);
+    nv_node *v = state(A, p, pv, "momentum", dt);
     nv_node *v1 = add_update(A, v, add(A, mul(A, konst(A, dt, o->momentum), v), d));
     if (!v1) return -1;
     nv_node *step = o->nesterov ? add(A, d, mul(A, konst(A, dt, o->momentum), v1)) : v1;
@@ -670,7 +674,7 @@ static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *
   } else {
     /* adamw: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
      * p - lr wd p - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) */
-    nv_node *m = state(A, p, "adam_m", dt), *v = state(A, p, "adam_v", dt);
+    nv_node *m = state(A, p, pv, "adam_m", dt), *v = state(A, p, pv, "adam_v", dt);
     nv_node *m1 = add_update(A, m, add(A, mul(A, konst(A, dt, o->beta1), m), mul(A, konst(A, dt, 1 - o->beta1), gr)));
     nv_node *v1 = add_update(A, v, add(A, mul(A, konst(A, dt, o->beta2), v),
                                        mul(A, konst(A, dt, 1 - o->beta2), mul(A, gr, gr))));
@@ -682,6 +686,13 @@ static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *
     p1 = sub(A, pd, mul(A, lrp, dvd(A, dvd(A, m1, bc1), den)));
   }
   if (!p1) return -1;
+  if (ps != p) { /* every rank's share of the new value, gathered, cut to P's size and shape */
+    nv_node *ag = mk(A, NV_OP_ALL_GATHER, 1, &p1, &(nv_node){.axis = 0, .mode = o->shard_world});
+    if (!ag || !(ag->name = nv_xstrdup(p->name))) return -1;
+    nv_node *flat = mk(A, NV_OP_SLICE, 1, &ag, &(nv_node){.axis = 0, .start = 0, .end = fe_numel(p), .step = 1});
+    p1 = flat ? reshape(A, flat, p->rank, p->shape) : NULL;
+    if (!p1) return -1;
+  }
   return (sr ? sround_update(A, p, p1, rng[0], rng[1], stream) : add_update(A, p, p1)) ? 0 : -1;
 }
 
@@ -723,13 +734,17 @@ static nv_node *nonfinite_term(ad *A, nv_node *x, nova_dtype dt) {
  * and can run as soon as its own is complete.  The flag is the output
  * "nonfinite" (role status), read by nova_step_run after each run
  * (NOVA_ERR_NONFINITE). */
-static int finite_check(ad *A, nv_node *loss, bool per_param) {
+static int finite_check(ad *A, nv_node *loss, bool per_param, bool sharded) {
   nv_graph *g = A->g;
   A->loc = loss->loc;
   nv_node *sum = A->l0 = A->l0 ? A->l0 : nonfinite_term(A, loss, loss->dtype);
   for (int i = 0; i < A->nforward && !per_param; i++)
     if (g->nodes[i]->op == NV_OP_PARAM && A->needs[i] && A->grad[i])
       sum = add(A, sum, nonfinite_term(A, A->grad[i], loss->dtype));
+  if (sharded && sum) { /* each rank checked its shards: the verdict is the sum over the ranks */
+    sum = mk(A, NV_OP_ALL_REDUCE, 1, &sum, &(nv_node){.axis = 0});
+    if (!sum || !(sum->name = nv_xstrdup("nonfinite"))) return -1;
+  }
   A->bad = u1(A, NV_OP_ISNAN, sum); /* per param: the loss's alone, for the frontend's updates and adam.step */
   if (!A->bad) return -1;
   for (int i = 0; i < g->noutputs; i++) {
@@ -937,16 +952,23 @@ static int choose_params(ad *A, const ad_options *o) {
  * input comm.scale (1 / the number of ranks, set by the runtime; 1 by
  * default), a multiply the update fuses: every check and update reads the
  * mean gradient of the global batch. */
-static int all_reduce_grads(ad *A, int nf) {
+static int all_reduce_grads(ad *A, int nf, int shard_world, int world_size) {
   nv_node *s = fe_graph_leaf(A->g, A->d, NV_OP_INPUT, "comm.scale", NOVA_DTYPE_F32, 0, NULL, (nv_loc){0});
   if (!s) return -1;
   s->has_default = true;
   s->init = (nv_init){.kind = NV_INIT_CONST, .a = 1};
+  if (world_size > 0) { /* (read by the runtime alone: the ranks it expects) */
+    nv_node *w = fe_graph_leaf(A->g, A->d, NV_OP_INPUT, "comm.world", NOVA_DTYPE_I32, 0, NULL, (nv_loc){0});
+    if (!w) return -1;
+    w->has_default = true;
+    w->init = (nv_init){.kind = NV_INIT_CONST, .a = world_size};
+  }
   for (int i = 0; i < nf; i++) {
     nv_node *p = A->g->nodes[i], *gr = A->grad[i];
     if (p->op != NV_OP_PARAM || !A->needs[i] || !gr) continue;
     A->loc = p->loc;
-    nv_node *r = mk(A, NV_OP_ALL_REDUCE, 1, &gr, &(nv_node){.axis = 0});
+    nv_node *r = shard_world > 1 ? mk(A, NV_OP_REDUCE_SCATTER, 1, &gr, &(nv_node){.axis = 0, .mode = shard_world})
+                                 : mk(A, NV_OP_ALL_REDUCE, 1, &gr, &(nv_node){.axis = 0});
     if (r && !(r->name = nv_xstrdup(p->name))) return -1; /* (the param it is the gradient of: the manifest's) */
     A->grad[i] = mul(A, r, s->dtype == gr->dtype ? s : mk(A, NV_OP_CAST, 1, &s, &(nv_node){.to = gr->dtype}));
     if (!A->grad[i]) return -1;
@@ -987,10 +1009,17 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     A.l0 = t ? mk(&A, NV_OP_ALL_REDUCE, 1, &t, &(nv_node){.axis = 0}) : NULL;
     if (!A.l0 || !(A.l0->name = nv_xstrdup("nonfinite.loss"))) goto out;
   }
+  if (o->shard_world > 1 && (per_param || o->bf16_sround)) {
+    nv_error_plain(d, per_param ? "--shard-optimizer checks the gradients for the whole step (each rank holds only "
+                                  "its shards): use --nonfinite=skip-step"
+                                : "--shard-optimizer cannot update bf16 params by stochastic rounding yet (use "
+                                  "f32 master params)");
+    goto out;
+  }
   if (backward(&A, loss, scale)) goto out;
   int after_backward = g->nnodes; /* the nodes from here on: check and update (ad_schedule_updates) */
-  if (o->data_parallel && all_reduce_grads(&A, nf)) goto out;
-  if (finite_check(&A, loss, per_param) || A.failed) goto out;
+  if (o->data_parallel && all_reduce_grads(&A, nf, o->shard_world, o->world_size)) goto out;
+  if (finite_check(&A, loss, per_param, o->shard_world > 1) || A.failed) goto out;
   if (scale) {
     A.loc = loss->loc;
     inv = dvd(&A, konst(&A, NOVA_DTYPE_F32, 1), scale);

@@ -55,6 +55,14 @@ typedef struct ad_options {
   /* --data-parallel: each gradient is summed over the ranks (nova.all_reduce) and scaled by the
    * input comm.scale before the checks and updates read it */
   bool data_parallel;
+  /* --shard-optimizer (with data_parallel, over shard_world ranks: --world-size): ZeRO-1.  Each
+   * gradient is reduce-scattered instead (each rank gets the sum of its 1/N of the flat gradient),
+   * each rank updates its 1/N of every param with optimizer state of that size (NAME.adam_m.shard,
+   * ...), and the new params are all-gathered; the finite check is summed over the ranks */
+  int shard_world;
+  /* --world-size=N (0: any): the step is for N ranks, an input comm.world (i32, default N) that
+   * the runtime compares with its launcher's world when it opens */
+  int world_size;
 } ad_options;
 
 /* Whether param N is trained: role param, float, not frozen, not matched

@@ -73,6 +73,10 @@ static int pop(heap *h) {
 }
 
 /* qsort: all-reduces by the position of the gradient they read. */
+static bool is_comm(const nv_node *v) {
+  return v->op == NV_OP_ALL_REDUCE || v->op == NV_OP_REDUCE_SCATTER || v->op == NV_OP_ALL_GATHER;
+}
+
 static int by_operand(const void *a, const void *b) {
   int x = (*(nv_node *const *)a)->in[0]->id, y = (*(nv_node *const *)b)->in[0]->id;
   return (x > y) - (x < y);
@@ -88,31 +92,44 @@ int ad_comm_schedule(nv_graph *g, int64_t bucket_bytes) {
   heap h = {.v = nv_xcalloc((size_t)n + 1, sizeof(int)), .key = key};
   if (!key || !indeg || !nusers || !last || !users || !order || !h.v) goto out;
   /* the buckets, in the order the gradients come (with --nonfinite=skip-step the all-reduces are
-   * still in the params' order, after the whole backward) */
-  int nar = 0;
+   * still in the params' order, after the whole backward); a bucket holds one kind of collective
+   * (--shard-optimizer: the gradients' reduce-scatters, the checks' all-reduces); then the
+   * new params' all-gathers, in the order of the updates */
+  int nar = 0, nag = 0;
   for (int i = 0; i < n; i++) {
     key[i] = i;
-    if (g->nodes[i]->op == NV_OP_ALL_REDUCE) order[nar++] = g->nodes[i];
+    if (is_comm(g->nodes[i]) && g->nodes[i]->op != NV_OP_ALL_GATHER) order[nar++] = g->nodes[i];
   }
   qsort(order, (size_t)nar, sizeof *order, by_operand);
+  for (int i = 0; i < n; i++)
+    if (g->nodes[i]->op == NV_OP_ALL_GATHER) order[nar + nag++] = g->nodes[i];
+  qsort(order + nar, (size_t)nag, sizeof *order, by_operand);
   int64_t fill = 0, first_cap = bucket_bytes < (1 << 20) ? bucket_bytes : (1 << 20);
-  for (int i = 0; i < nar; i++) {
+  int first_gather = -1; /* the first all-gather bucket */
+  for (int i = 0; i < nar + nag; i++) {
     nv_node *v = order[i];
-    if (fill >= (nb ? bucket_bytes : first_cap) && fill > 0) nb++, fill = 0;
+    bool new_kind = i > 0 && v->op != order[i - 1]->op;
+    if (fill > 0 && (new_kind || fill >= (nb ? bucket_bytes : first_cap))) nb++, fill = 0;
+    if (v->op == NV_OP_ALL_GATHER && first_gather < 0) first_gather = nb;
     v->axis = nb;
-    fill += node_bytes(v);
+    fill += node_bytes(v->in[0]);
     last[nb] = v->in[0]->id;
   }
   if (fill > 0) nb++;
   /* an all-reduce's key: just after its bucket's last gradient; a node that reads one (or reads
    * such a reader), just after the next bucket's all-reduces, or at the end: the bucket's
-   * all-reduces stay together, and the sum has the next bucket's backward to run behind */
+   * all-reduces stay together, and the sum has the next bucket's backward to run behind; the
+   * all-gathers' readers (the new params) at the end */
   for (int i = 0; i < n; i++) {
     nv_node *v = g->nodes[i];
-    if (v->op == NV_OP_ALL_REDUCE) key[i] = last[v->axis] + 0.25;
+    if (is_comm(v)) key[i] = last[v->axis] + 0.25;
     for (int j = 0; j < v->nin; j++) {
       nv_node *u = v->in[j];
-      double k = u->op != NV_OP_ALL_REDUCE ? key[u->id] : u->axis + 1 < nb ? last[u->axis + 1] + 0.5 : n + 0.5;
+      int nx = is_comm(u) ? (int)u->axis + 1 : -1; /* the bucket whose start the reader follows */
+      double k = !is_comm(u)                  ? key[u->id]
+                 : u->op == NV_OP_ALL_GATHER   ? n + 1.5 /* after every update and all-gather */
+                 : nx < nb && nx != first_gather ? last[nx] + 0.5
+                                                 : n + 0.5;
       if (u->op != NV_OP_INPUT && u->op != NV_OP_PARAM && k > key[i]) key[i] = k;
     }
   }
@@ -151,13 +168,15 @@ int ad_comm_schedule(nv_graph *g, int64_t bucket_bytes) {
   for (int i = 0; i < n; i++) {
     nv_node *v = g->nodes[i];
     for (int q = 0; q < v->nin; q++) /* the first reader of a bucket's sums */
-      if (v->in[q]->op == NV_OP_ALL_REDUCE && i < g->comm.buckets[v->in[q]->axis].before) {
+      if (is_comm(v->in[q]) && i < g->comm.buckets[v->in[q]->axis].before) {
         g->comm.buckets[v->in[q]->axis].before = i;
         g->comm.buckets[v->in[q]->axis].first_read = v->in[q]->name;
       }
-    if (v->op != NV_OP_ALL_REDUCE) continue;
+    if (!is_comm(v)) continue;
     struct nv_bucket *bk = &g->comm.buckets[v->axis];
-    bk->bytes += node_bytes(v);
+    bk->kind = v->op;
+    bk->world = v->op == NV_OP_ALL_REDUCE ? 0 : (int)v->mode;
+    bk->bytes += node_bytes(v->in[0]);
     bk->tensors++;
     if (v->in[0]->id > bk->after) bk->after = v->in[0]->id;
   }

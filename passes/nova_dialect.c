@@ -44,6 +44,7 @@ static const char *const op_attrs[] = {
     [NV_OP_STOCHASTIC_ROUND] = "stream", [NV_OP_SHL] = "", [NV_OP_SHR] = "",
     [NV_OP_ATTENTION] = "scale softcap",
     [NV_OP_RMS_NORM] = "eps", [NV_OP_ROTARY] = "interleaved", [NV_OP_ALL_REDUCE] = "bucket",
+    [NV_OP_REDUCE_SCATTER] = "bucket world", [NV_OP_ALL_GATHER] = "bucket world", [NV_OP_SHARD] = "world",
 };
 static_assert(sizeof op_attrs / sizeof op_attrs[0] == NV_OP_COUNT, "attribute table out of step with NV_OPS");
 

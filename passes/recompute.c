@@ -101,7 +101,7 @@ static bool cheap(nv_op op) {
 static bool pure(const nv_node *v) {
   switch (v->op) {
   case NV_OP_INPUT: case NV_OP_PARAM: case NV_OP_CONSTANT: case NV_OP_DROPOUT: case NV_OP_STOCHASTIC_ROUND:
-  case NV_OP_ALL_REDUCE:
+  case NV_OP_ALL_REDUCE: case NV_OP_REDUCE_SCATTER: case NV_OP_ALL_GATHER: case NV_OP_SHARD:
     return false;
   default:
     return v->nin <= 64;

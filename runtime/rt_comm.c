@@ -50,8 +50,9 @@
 #include "rt_trace.h"
 
 /* The calls the generated code makes (declared by codegen/comm_calls.c). */
-void nova_rt_comm_start(int64_t src, int64_t count, int64_t dtype, int64_t bucket, int64_t offset, int64_t bucket_count,
-                        int64_t members, int64_t f64);
+void nova_rt_comm_start(int64_t src, int64_t count, int64_t dtype, int64_t bucket, int64_t offset, int64_t block,
+                        int64_t members, int64_t f64, int64_t kind, int64_t world);
+void nova_rt_comm_shard(int64_t src, int64_t count, int64_t dst, int64_t share, int64_t dtype, int64_t world);
 void nova_rt_comm_wait(int64_t dst, int64_t count, int64_t dtype, int64_t bucket, int64_t offset);
 
 /* ---- MPI through dlopen ------------------------------------------------ */
@@ -68,6 +69,7 @@ typedef struct mpi_api {
   int (*Comm_size)(mpi_h, int *);
   int (*Iallreduce)(const void *, void *, int, mpi_h, mpi_h, mpi_h, intptr_t *);
   int (*Iallgather)(const void *, int, mpi_h, void *, int, mpi_h, mpi_h, intptr_t *);
+  int (*Ireduce_scatter_block)(const void *, void *, int, mpi_h, mpi_h, mpi_h, intptr_t *);
   int (*Test)(intptr_t *, int *, void *);
   int (*Isend)(const void *, int, mpi_h, int, int, mpi_h, intptr_t *);
   int (*Iprobe)(int, int, mpi_h, int *, void *);
@@ -81,10 +83,16 @@ typedef struct mpi_api {
 #define COMM_MAX_BUCKETS 4096
 #define COMM_TAG_TIMEOUT 0x6e76 /* the timed-out ranks' messages to each other */
 
+enum { KIND_ALL_REDUCE, KIND_REDUCE_SCATTER, KIND_ALL_GATHER }; /* codegen.h's CG_COMM_* */
+
 typedef struct bucket {
-  void *staging;           /* count elements, f32 or f64 */
-  int64_t count;
-  int f64;
+  void *send;              /* f32 or f64 elements, summed or gathered in place: an all-reduce's
+                              one block; a reduce-scatter's N blocks (the sum of this rank's
+                              comes back in the first); an all-gather's N (this rank's in its
+                              place); the last two freed when the last member has its result */
+  int waited;              /* members that have their result, this step */
+  int64_t count;           /* elements of one rank's block */
+  int f64, kind, world;
   int members, arrived;    /* starts this step, of members */
   int state;               /* 0 idle, 1 handed to the thread, 2 running, 3 summed */
   intptr_t req;
@@ -170,6 +178,7 @@ static int load_mpi(void) {
   SYM(Comm_size, "MPI_Comm_size");
   SYM(Iallreduce, "MPI_Iallreduce");
   SYM(Iallgather, "MPI_Iallgather");
+  SYM(Ireduce_scatter_block, "MPI_Ireduce_scatter_block");
   SYM(Test, "MPI_Test");
   SYM(Isend, "MPI_Isend");
   SYM(Iprobe, "MPI_Iprobe");
@@ -264,6 +273,8 @@ int rt_comm_init(char *err, size_t errlen) {
   return 0;
 }
 
+static int64_t rt_comm_rank(void) { return C.state == 1 ? C.rank : 0; }
+
 int rt_comm_world(int *rank) {
   if (rank) *rank = C.state == 1 ? C.rank : 0;
   return C.state == 1 ? C.size : 1;
@@ -340,11 +351,15 @@ static void *comm_thread(void *arg) {
       b->deadline = now_s() + C.timeout_s;
       b->req = 0;
       pthread_mutex_unlock(&C.mu);
-      int rc = C.m.Iallreduce(C.m.in_place, b->staging, (int)b->count, b->f64 ? C.m.f64 : C.m.f32, C.m.sum,
-                              C.m.world, &b->req);
+      mpi_h ty = b->f64 ? C.m.f64 : C.m.f32;
+      int rc = b->kind == KIND_REDUCE_SCATTER
+                   ? C.m.Ireduce_scatter_block(C.m.in_place, b->send, (int)b->count, ty, C.m.sum, C.m.world, &b->req)
+               : b->kind == KIND_ALL_GATHER
+                   ? C.m.Iallgather(C.m.in_place, 0, ty, b->send, (int)b->count, ty, C.m.world, &b->req)
+                   : C.m.Iallreduce(C.m.in_place, b->send, (int)b->count, ty, C.m.sum, C.m.world, &b->req);
       pthread_mutex_lock(&C.mu);
       if (rc != 0) {
-        fprintf(stderr, "novarun: rank %d: MPI_Iallreduce of bucket %d failed (%d)\n", C.rank, bi, rc);
+        fprintf(stderr, "novarun: rank %d: the collective of bucket %d failed (MPI error %d)\n", C.rank, bi, rc);
         C.m.Abort(C.m.world, 1);
       }
       running[nrun++] = bi;
@@ -360,7 +375,7 @@ static void *comm_thread(void *arg) {
       if (flag) {
         if (atomic_load_explicit(&rt_trace_on, memory_order_relaxed)) {
           rt_event e = {b->handed, now_s(), RT_EV_ALLREDUCE, RT_TRACK_COMM, b->step, running[i],
-                        b->count * (b->f64 ? 8 : 4)};
+                        b->count * (b->f64 ? 8 : 4) * (b->kind == KIND_ALL_REDUCE ? 1 : b->world)};
           rt_trace_add(&e);
         }
         pthread_mutex_lock(&C.mu);
@@ -371,7 +386,9 @@ static void *comm_thread(void *arg) {
         progress = true;
       } else if (t > b->deadline) {
         char what[64];
-        snprintf(what, sizeof what, "the all-reduce of gradient bucket %d", running[i]);
+        snprintf(what, sizeof what, "the %s of bucket %d",
+                 b->kind == KIND_REDUCE_SCATTER ? "reduce-scatter" : b->kind == KIND_ALL_GATHER ? "all-gather" : "all-reduce",
+                 running[i]);
         comm_fail(what, b->step, running[i]);
       }
     }
@@ -405,30 +422,73 @@ static float half_to_f32(int dt, uint16_t h) {
   return h & 0x8000 ? -v : v;
 }
 
-void nova_rt_comm_start(int64_t src, int64_t count, int64_t dtype, int64_t bucket_id, int64_t offset,
-                        int64_t bucket_count, int64_t members, int64_t f64) {
-  if (bucket_id < 0 || bucket_id >= COMM_MAX_BUCKETS) abort();
-  bucket *b = &C.b[bucket_id];
-  if (!b->staging || b->count != bucket_count || b->f64 != (int)f64) {
-    free(b->staging);
-    b->staging = aligned_alloc(64, ((size_t)bucket_count * (f64 ? 8 : 4) + 63) / 64 * 64);
-    if (!b->staging) {
-      fprintf(stderr, "novarun: out of memory for the staging buffer of gradient bucket %lld\n", (long long)bucket_id);
-      abort();
-    }
-    b->count = bucket_count, b->f64 = (int)f64, b->arrived = 0, b->state = 0;
-  }
-  const void *s = (const void *)(intptr_t)src;
+/* COUNT elements of dtype DTYPE at S into the staging elements D (f64 or f32) */
+static void to_stage(void *d, int f64, const void *s, int64_t dtype, int64_t count) {
   if (f64) {
-    double *d = (double *)b->staging + offset;
     if (dtype == NOVA_DTYPE_F64) memcpy(d, s, (size_t)count * 8);
     else
-      for (int64_t i = 0; i < count; i++) d[i] = ((const float *)s)[i];
+      for (int64_t i = 0; i < count; i++) ((double *)d)[i] = ((const float *)s)[i];
+  } else if (dtype == NOVA_DTYPE_F32) {
+    memcpy(d, s, (size_t)count * 4);
   } else {
-    float *d = (float *)b->staging + offset;
-    if (dtype == NOVA_DTYPE_F32) memcpy(d, s, (size_t)count * 4);
+    for (int64_t i = 0; i < count; i++) ((float *)d)[i] = half_to_f32((int)dtype, ((const uint16_t *)s)[i]);
+  }
+}
+
+/* and back (rounded to nearest for bf16/f16) */
+static void from_stage(void *d, int64_t dtype, const void *s, int f64, int64_t count) {
+  if (f64) {
+    if (dtype == NOVA_DTYPE_F64) memcpy(d, s, (size_t)count * 8);
     else
-      for (int64_t i = 0; i < count; i++) d[i] = half_to_f32((int)dtype, ((const uint16_t *)s)[i]);
+      for (int64_t i = 0; i < count; i++) ((float *)d)[i] = (float)((const double *)s)[i];
+  } else if (dtype == NOVA_DTYPE_F32) {
+    memcpy(d, s, (size_t)count * 4);
+  } else {
+    for (int64_t i = 0; i < count; i++) ((uint16_t *)d)[i] = rt_half_from_double((int)dtype, ((const float *)s)[i]);
+  }
+}
+
+static void *stage_at(void *base, int f64, int64_t i) { return (char *)base + (size_t)i * (f64 ? 8 : 4); }
+
+static void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void fatal(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("novarun: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  if (C.state == 1) C.m.Abort(C.m.world, 1);
+  abort();
+}
+
+void nova_rt_comm_start(int64_t src, int64_t count, int64_t dtype, int64_t bucket_id, int64_t offset, int64_t block,
+                        int64_t members, int64_t f64, int64_t kind, int64_t world) {
+  if (bucket_id < 0 || bucket_id >= COMM_MAX_BUCKETS) abort();
+  bucket *b = &C.b[bucket_id];
+  int n = kind == KIND_ALL_REDUCE ? 1 : (int)world;
+  if (kind != KIND_ALL_REDUCE && n != rt_comm_world(NULL))
+    fatal("bucket %lld: the step shards over %d ranks, but runs as %d", (long long)bucket_id, n, rt_comm_world(NULL));
+  if (!b->send || b->count != block || b->f64 != (int)f64 || b->kind != (int)kind || b->world != n) {
+    free(b->send);
+    b->send = aligned_alloc(64, ((size_t)block * (size_t)n * (f64 ? 8 : 4) + 63) / 64 * 64);
+    if (!b->send) fatal("out of memory for the buffer of bucket %lld", (long long)bucket_id);
+    b->count = block, b->f64 = (int)f64, b->kind = (int)kind, b->world = n, b->arrived = 0, b->waited = 0;
+    b->state = 0;
+  }
+  const void *s = (const void *)(intptr_t)src;
+  if (kind == KIND_REDUCE_SCATTER) { /* rank r's share of the flat value in block r, zero-padded */
+    int64_t share = (count + n - 1) / n;
+    size_t es = rt_dtype_size((int)dtype);
+    for (int r = 0; r < n; r++) {
+      int64_t lo = r * share, len = lo >= count ? 0 : count - lo < share ? count - lo : share;
+      void *d = stage_at(b->send, (int)f64, r * block + offset);
+      to_stage(d, (int)f64, (const char *)s + (size_t)lo * es, dtype, len);
+      memset(stage_at(d, (int)f64, len), 0, (size_t)(share - len) * (f64 ? 8 : 4));
+    }
+  } else { /* (an all-gather: in this rank's block) */
+    int64_t at = kind == KIND_ALL_GATHER ? rt_comm_rank() * block + offset : offset;
+    to_stage(stage_at(b->send, (int)f64, at), (int)f64, s, dtype, count);
   }
   pthread_mutex_lock(&C.mu);
   if (b->state == 3 && b->arrived == 0) b->state = 0; /* last step's */
@@ -444,13 +504,14 @@ void nova_rt_comm_start(int64_t src, int64_t count, int64_t dtype, int64_t bucke
       C.qtail = (C.qtail + 1) % COMM_MAX_BUCKETS;
       pthread_cond_broadcast(&C.cv);
     } else {
-      b->state = 3; /* a world of one: the sum is the value */
+      b->state = 3; /* a world of one: the sum is the value (a reduce-scatter or all-gather of one
+                       rank: refused above) */
     }
   }
   pthread_mutex_unlock(&C.mu);
 }
 
-void nova_rt_comm_wait(int64_t dst, int64_t count, int64_t dtype, int64_t bucket_id, int64_t offset) {
+void nova_rt_comm_wait(int64_t dst, int64_t unit, int64_t dtype, int64_t bucket_id, int64_t offset) {
   if (bucket_id < 0 || bucket_id >= COMM_MAX_BUCKETS) abort();
   bucket *b = &C.b[bucket_id];
   pthread_mutex_lock(&C.mu);
@@ -466,17 +527,30 @@ void nova_rt_comm_wait(int64_t dst, int64_t count, int64_t dtype, int64_t bucket
   }
   pthread_mutex_unlock(&C.mu);
   void *d = (void *)(intptr_t)dst;
-  if (b->f64) {
-    const double *s = (const double *)b->staging + offset;
-    if (dtype == NOVA_DTYPE_F64) memcpy(d, s, (size_t)count * 8);
-    else
-      for (int64_t i = 0; i < count; i++) ((float *)d)[i] = (float)s[i];
+  if (b->kind == KIND_ALL_GATHER) { /* every rank's share, in rank order */
+    size_t es = rt_dtype_size((int)dtype);
+    for (int r = 0; r < b->world; r++)
+      from_stage((char *)d + (size_t)(r * unit) * es, dtype, stage_at(b->send, b->f64, r * b->count + offset), b->f64,
+                 unit);
   } else {
-    const float *s = (const float *)b->staging + offset;
-    if (dtype == NOVA_DTYPE_F32) memcpy(d, s, (size_t)count * 4);
-    else
-      for (int64_t i = 0; i < count; i++) ((uint16_t *)d)[i] = rt_half_from_double((int)dtype, s[i]);
+    from_stage(d, dtype, stage_at(b->send, b->f64, offset), b->f64, unit);
   }
+  /* a reduce-scatter's or all-gather's buffer (N blocks) is given back once its members have
+   * their results: those of the gradients are gone before the new params' are needed */
+  if (b->kind != KIND_ALL_REDUCE && ++b->waited == b->members) {
+    free(b->send);
+    b->send = NULL;
+    b->waited = 0;
+  }
+}
+
+void nova_rt_comm_shard(int64_t src, int64_t count, int64_t dst, int64_t share, int64_t dtype, int64_t world) {
+  int rank = 0, n = rt_comm_world(&rank);
+  if (n != world) fatal("the step shards its optimizer over %lld ranks, but runs as %d", (long long)world, n);
+  size_t es = rt_dtype_size((int)dtype);
+  int64_t lo = rank * share, len = lo >= count ? 0 : count - lo < share ? count - lo : share;
+  memcpy((void *)(intptr_t)dst, (const char *)(intptr_t)src + (size_t)lo * es, (size_t)len * es);
+  memset((char *)(intptr_t)dst + (size_t)len * es, 0, (size_t)(share - len) * es);
 }
 
 void rt_comm_step_done(void) {

@@ -131,7 +131,16 @@ static nova_status rt_comm_open(nova_step *s) {
     return NOVA_OK;
   }
   if (rt_comm_init(s->error, sizeof s->error)) return NOVA_ERR_COMM;
-  *(float *)s->buffers[s->comm_scale] = 1.0f / (float)rt_comm_world(NULL);
+  int n = rt_comm_world(NULL);
+  *(float *)s->buffers[s->comm_scale] = 1.0f / (float)n;
+  for (int i = 0; i < s->graph->ntensors; i++) { /* novac --world-size=N: the ranks it was made for */
+    const rt_tensor_desc *t = &s->graph->tensors[i];
+    if (t->role == NOVA_ROLE_INPUT && t->dtype == NOVA_DTYPE_I32 && t->rank == 0 && !strcmp(t->name, "comm.world") &&
+        *(int32_t *)s->buffers[i] != n)
+      return rt_fail(s, NOVA_ERR_COMM, "the step was compiled for %d ranks (novac --world-size=%d), but runs as %d%s",
+                     *(int32_t *)s->buffers[i], *(int32_t *)s->buffers[i], n,
+                     n == 1 ? " (start it with mpirun)" : "");
+  }
   return NOVA_OK;
 }
 

@@ -12,6 +12,9 @@
   attention's key bias's, an update of full size), and a zoo model (GPT-2 from transformers, exported with a fixed
   batch of 2: the reference is one process per rank's batch, the gradients
   averaged in numpy, step by step).
+- --shard-optimizer (ZeRO-1, --world-size=2): bit for bit the unsharded
+  step's parameters and, cut in two, its optimizer state; per-rank
+  checkpoints resume exactly; a limit the unsharded step does not fit.
 - Failures: a rank that is stopped (SIGSTOP), killed (SIGKILL) or that
   leaves early makes the job end within --comm-timeout with the rank named;
   ranks that load different steps or different parameters are refused at
@@ -83,11 +86,12 @@ def lm_data(name, samples, seq, vocab, names):
     return path(name)
 
 
-def same_as_concatenated(src, flags, per_rank, data, tag):
+def same_as_concatenated(src, flags, per_rank, data, tag, dp_flags=()):
     """STEPS steps on 2 ranks of PER_RANK samples against one process of 2 * PER_RANK."""
     def go():
         dp, one = path(tag + ".dp.so"), path(tag + ".one.so")
-        run([NOVAC, src, "-o", dp, "--dim=batch=%d" % per_rank, "--data-parallel", "--bucket-size=16K"] + flags)
+        run([NOVAC, src, "-o", dp, "--dim=batch=%d" % per_rank, "--data-parallel", "--bucket-size=16K"] + flags +
+            list(dp_flags))
         run([NOVAC, src, "-o", one, "--dim=batch=%d" % (2 * per_rank)] + flags)
         mpirun([NOVARUN, dp, "--data", data, "--steps", str(STEPS), "--save", path(tag + ".dp.st"),
                 "--loss-log", path(tag + ".dp.loss"), "-q"])
@@ -241,6 +245,79 @@ def refuses_other_params():
         raise Failure("exit %d: %s" % (p.returncode, p.stderr[-2000:]))
 
 
+SHARD = ["--world-size=2", "--shard-optimizer"]
+
+
+def shard_same_as_unsharded():
+    """--shard-optimizer: the same parameters and optimizer state, bit for bit, as the
+    unsharded step (the same sums, the same elementwise updates on each share); a
+    run resumed from the per-rank checkpoints (FILE, FILE.rank1) ends as the
+    uninterrupted one; each rank keeps half of the optimizer state."""
+    data = mlp_data()
+    flags = ["--dim=batch=4", "--train", "--optimizer=adamw", "--data-parallel", "--nonfinite=skip-step",
+             "--bucket-size=64K"]
+    sh, un = path("sh.so"), path("un.so")
+    run([NOVAC, MLP, "-o", sh] + flags + SHARD)
+    run([NOVAC, MLP, "-o", un] + flags)
+    mpirun([NOVARUN, sh, "--data", data, "--steps", "20", "--save", path("sh20.st"), "-q"])
+    mpirun([NOVARUN, un, "--data", data, "--steps", "20", "--save", path("un20.st"), "-q"])
+    a, _ = st_read(path("sh20.st"))
+    b, _ = st_read(path("un20.st"))
+    for k in ("w1", "b1", "w2", "b2"):
+        if not np.array_equal(a[k], b[k]):
+            raise Failure("'%s' differs from the unsharded step's: max |diff| %g" % (k, np.max(np.abs(a[k] - b[k]))))
+    a1, _ = st_read(path("sh20.st.rank1"))
+    for k in ("w1", "b2"):  # each rank's half of the moments: the unsharded moments, flat, cut in two
+        for r, part in enumerate((a, a1)):
+            full = b[k + ".adam_m"].reshape(-1)
+            s = (full.size + 1) // 2
+            want = np.zeros(s, np.float32)
+            want[:len(full[r * s:(r + 1) * s])] = full[r * s:(r + 1) * s]
+            if not np.array_equal(part[k + ".adam_m.shard"], want):
+                raise Failure("rank %d's share of %s.adam_m is not that of the unsharded state" % (r, k))
+    mpirun([NOVARUN, sh, "--data", data, "--steps", "10", "--save", path("sh10.st"), "-q"])
+    mpirun([NOVARUN, sh, "--data", data, "--steps", "10", "--load", path("sh10.st"), "--save", path("shr.st"), "-q"])
+    for suffix in ("", ".rank1"):
+        if open(path("shr.st" + suffix), "rb").read() != open(path("sh20.st" + suffix), "rb").read():
+            raise Failure("resumed from sh10.st%s: the checkpoint differs from 20 steps in one go" % suffix)
+    with open(sh[:-3] + ".json") as f:
+        ms = json.load(f)
+    with open(un[:-3] + ".json") as f:
+        mu = json.load(f)
+    opt = lambda m: sum(t["bytes"] for t in m["tensors"] if t["role"] == "opt_state")  # noqa: E731
+    if not ms["data_parallel"]["shard_optimizer"] or not opt(ms) * 2 <= opt(mu) + 64:
+        raise Failure("optimizer state: %d bytes sharded, %d not" % (opt(ms), opt(mu)))
+
+
+def shard_fits_memory_limit():
+    """The GPT block under --memory-limit=240K: too little for the step with its whole
+    optimizer state; with --shard-optimizer each rank holds half of it, fits, and trains."""
+    flags = ["--dim=batch=2", "--train", "--optimizer=adamw", "--data-parallel", "--nonfinite=skip-step",
+             "--memory-limit=240K"]
+    p = run([NOVAC, GPT, "-o", path("gl.so")] + flags, expect_rc=None)
+    if p.returncode != 1 or "does not fit" not in p.stderr:
+        raise Failure("unsharded under 240K: exit %d: %s" % (p.returncode, p.stderr[-500:]))
+    run([NOVAC, GPT, "-o", path("gs.so")] + flags + SHARD)
+    with open(path("gs.json")) as f:
+        peak = json.load(f)["memory"]["planned_peak_bytes"]
+    if peak > 240 * 1024:
+        raise Failure("the sharded step's planned peak %d is over the limit" % peak)
+    mpirun([NOVARUN, path("gs.so"), "--data", lm_data("gl.st", 8, 8, 50, ("idx", "targets")), "--steps", "3", "-q"])
+
+
+def refuses_other_world():
+    """A step for 2 ranks (--world-size=2) run alone, and one for 3 under mpirun -np 2."""
+    run([NOVAC, MLP, "-o", path("w2.so"), "--dim=batch=4", "--train", "--data-parallel"] + SHARD)
+    run([NOVAC, MLP, "-o", path("w3.so"), "--dim=batch=4", "--train", "--data-parallel", "--world-size=3"])
+    p = subprocess.run([NOVARUN, path("w2.so"), "--seed", "1", "--steps", "1"], capture_output=True, text=True,
+                       timeout=120)
+    if p.returncode != 1 or "compiled for 2 ranks (novac --world-size=2), but runs as 1" not in p.stderr:
+        raise Failure("alone: exit %d: %s" % (p.returncode, p.stderr))
+    p = mpirun([NOVARUN, path("w3.so"), "--seed", "1", "--steps", "1"], rc=None, timeout=120)
+    if p.returncode == 0 or "compiled for 3 ranks (novac --world-size=3), but runs as 2" not in p.stderr:
+        raise Failure("2 ranks: exit %d: %s" % (p.returncode, p.stderr[-2000:]))
+
+
 def refuses_not_data_parallel():
     so = path("plain.so")
     run([NOVAC, MLP, "-o", so, "--dim=batch=4", "--train"])
@@ -266,6 +343,12 @@ else:
                                                              "mlp_adamw"))
     case("data_parallel_mpi.gpt_block_momentum", same_as_concatenated(
         GPT, ["--train", "--optimizer=momentum"], 2, lm_data("gpt.st", 24, 8, 50, ("idx", "targets")), "gpt"))
+    case("data_parallel_mpi.gpt_block_sharded_sgd", same_as_concatenated(
+        GPT, ["--train", "--optimizer=sgd", "--nonfinite=skip-step"], 2,
+        lm_data("gpts.st", 24, 8, 50, ("idx", "targets")), "gpts", SHARD))
+    case("data_parallel_mpi.shard_same_as_unsharded", shard_same_as_unsharded)
+    case("data_parallel_mpi.shard_fits_memory_limit", shard_fits_memory_limit)
+    case("data_parallel_mpi.refuses_other_world", refuses_other_world)
     case("data_parallel_mpi.zoo_gpt2", zoo_matches_averaged_gradients)
     case("data_parallel_mpi.rank0_prints", one_rank_prints)
     case("data_parallel_mpi.stopped_rank", stops_when(signal.SIGSTOP))
