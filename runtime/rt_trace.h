@@ -21,5 +21,9 @@ typedef struct rt_event {
 extern atomic_int rt_trace_on;
 double rt_trace_now(void);
 void rt_trace_add(const rt_event *e);
+/* Starts recording (0; -1: out of memory); stops it and gives the events
+ * recorded (*N, *NDROPPED more not kept) and when it started. */
+int rt_trace_begin(void);
+const rt_event *rt_trace_events(int *n, int *ndropped, double *t0);
 
 #endif

@@ -46,6 +46,9 @@ NOT_DIFFERENTIABLE = {
     "param": "a leaf: the gradient's destination (every case has params)",
     "all_reduce": "made by novac --data-parallel after the backward pass, never written in a model (the text "
                   "format refuses it: lit nova/data_parallel.test)",
+    "reduce_scatter": "made by novac --shard-optimizer after the backward pass (lit nova/data_parallel.test)",
+    "all_gather": "made by novac --shard-optimizer for the updated params (lit nova/data_parallel.test)",
+    "shard": "made by novac --shard-optimizer: a rank's share of a param for its update",
     "constant": "a leaf: constants take no gradient",
     "equal": "bool result, not differentiable (used as a where condition)",
     "less": "bool result, not differentiable (used as a where condition)",

@@ -81,13 +81,13 @@ if build step.build $CC $CFLAGS $SAN $INC "$here/test_step.c" "$here/fixture_gra
   unit step.exit "$T/test_step"
   [ -n "$VALGRIND" ] && under_valgrind step.valgrind "$T/test_step"
 fi
-if build parallel.build $CC $CFLAGS $SAN $INC "$here/test_parallel.c" "$root/runtime/rt_parallel.c" -lpthread \
+if build parallel.build $CC $CFLAGS $SAN $INC "$here/test_parallel.c" "$root/runtime/rt_parallel.c" "$root/runtime/rt_trace.c" -lpthread \
   -o "$T/test_parallel"; then
   if NOVA_NUM_THREADS=3 timeout 120 "$T/test_parallel" >"$T/par.out" 2>&1 && grep -q "parallel: ok" "$T/par.out"
   then pass parallel.every_iteration_once; else fail parallel.every_iteration_once "$(cat "$T/par.out")"; fi
 fi
 if build contract.build $CC $CFLAGS $SAN $INC "$here/test_contract.c" "$root/runtime/rt_contract.c" \
-  "$root/runtime/rt_parallel.c" -lpthread -lm -o "$T/test_contract"; then
+  "$root/runtime/rt_parallel.c" "$root/runtime/rt_trace.c" -lpthread -lm -o "$T/test_contract"; then
   for run in 0:3 0:1 1:3; do
     plain=${run%:*} threads=${run#*:}
     if NOVA_NUM_THREADS=$threads NOVA_CONTRACT_PLAIN=$plain timeout 120 "$T/test_contract" >"$T/con.out" 2>&1 &&
