@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "rt_comm.h"
@@ -91,6 +92,8 @@ typedef struct bucket {
                               comes back in the first); an all-gather's N (this rank's in its
                               place); the last two freed when the last member has its result */
   int waited;              /* members that have their result, this step */
+  size_t bytes;            /* of send */
+  bool mapped;             /* send is an mmap of its own */
   int64_t count;           /* elements of one rank's block */
   int f64, kind, world;
   int members, arrived;    /* starts this step, of members */
@@ -422,6 +425,13 @@ static float half_to_f32(int dt, uint16_t h) {
   return h & 0x8000 ? -v : v;
 }
 
+static void release(bucket *b) {
+  if (b->mapped && b->send) munmap(b->send, b->bytes ? b->bytes : 1);
+  else free(b->send);
+  b->send = NULL;
+  b->mapped = false;
+}
+
 /* COUNT elements of dtype DTYPE at S into the staging elements D (f64 or f32) */
 static void to_stage(void *d, int f64, const void *s, int64_t dtype, int64_t count) {
   if (f64) {
@@ -470,8 +480,15 @@ void nova_rt_comm_start(int64_t src, int64_t count, int64_t dtype, int64_t bucke
   if (kind != KIND_ALL_REDUCE && n != rt_comm_world(NULL))
     fatal("bucket %lld: the step shards over %d ranks, but runs as %d", (long long)bucket_id, n, rt_comm_world(NULL));
   if (!b->send || b->count != block || b->f64 != (int)f64 || b->kind != (int)kind || b->world != n) {
-    free(b->send);
-    b->send = aligned_alloc(64, ((size_t)block * (size_t)n * (f64 ? 8 : 4) + 63) / 64 * 64);
+    release(b);
+    b->bytes = (size_t)block * (size_t)n * (f64 ? 8 : 4);
+    if (kind == KIND_ALL_REDUCE) { /* (kept from step to step) */
+      b->send = aligned_alloc(64, (b->bytes + 63) / 64 * 64);
+    } else { /* mapped, and unmapped once read, so that its pages go back at once */
+      void *p = mmap(NULL, b->bytes ? b->bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      b->send = p == MAP_FAILED ? NULL : p;
+      b->mapped = true;
+    }
     if (!b->send) fatal("out of memory for the buffer of bucket %lld", (long long)bucket_id);
     b->count = block, b->f64 = (int)f64, b->kind = (int)kind, b->world = n, b->arrived = 0, b->waited = 0;
     b->state = 0;
@@ -538,8 +555,7 @@ void nova_rt_comm_wait(int64_t dst, int64_t unit, int64_t dtype, int64_t bucket_
   /* a reduce-scatter's or all-gather's buffer (N blocks) is given back once its members have
    * their results: those of the gradients are gone before the new params' are needed */
   if (b->kind != KIND_ALL_REDUCE && ++b->waited == b->members) {
-    free(b->send);
-    b->send = NULL;
+    release(b);
     b->waited = 0;
   }
 }
