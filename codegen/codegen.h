@@ -172,11 +172,13 @@ MlirValue cg_build_const(cg_builder *b, MlirType t, int64_t v);
 MlirValue cg_memref_address(cg_builder *b, MlirValue v, MlirValue *strides);
 void cg_declare_i64_func(MlirModule m, const char *name, int nargs);
 /* comm_calls.c: novac --data-parallel.  The lowering makes each
- * nova.all_reduce a call of a declared function CG_COMM_MARKER<id>
- * {nova.comm = bucket}; after bufferization, cg_comm_calls makes each one
- * the runtime's start (where it is) and wait (before the first op that
- * reads the sum) on the cpu (CPU), and the value itself elsewhere (a world
- * of one).  0, or -1 after a diagnostic. */
+ * nova.all_reduce, reduce_scatter, all_gather and shard a call of a
+ * declared function CG_COMM_MARKER<id> {nova.comm = [kind, bucket,
+ * world]}; after bufferization, cg_comm_calls makes each collective the
+ * runtime's start (where it is) and wait (before the first op that reads
+ * its result), and a shard one call, where the step's code runs on the
+ * CPU (CPU: the cpu target and --gpu-sim), and the value itself elsewhere
+ * (a world of one).  0, or -1 after a diagnostic. */
 #define CG_COMM_MARKER "__nova_comm_"
 /* the markers' kinds (nova.comm = [kind, bucket, world]), runtime/rt_comm.c's too */
 enum { CG_COMM_ALL_REDUCE, CG_COMM_REDUCE_SCATTER, CG_COMM_ALL_GATHER, CG_COMM_SHARD };

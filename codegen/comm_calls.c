@@ -26,7 +26,8 @@
  * Between the two the backward goes on while the bucket is summed.  A
  * bucket's members take slices in the order of their markers; its
  * elements are f64 when one member is, else f32 (bf16/f16 widened).
- * Elsewhere (cuda, a world of one) %y is %x.  The markers' declarations
+ * On the cuda target (not --gpu-sim, whose kernels are CPU loops: the cpu
+ * case) %y is %x, a world of one.  The markers' declarations
  * are erased.
  */
 #include <mlir-c/BuiltinAttributes.h>

@@ -84,7 +84,7 @@ static int st_tiling(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) 
 
 static int st_bufferize(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
   (void)g, (void)plan;
-  return cg_bufferize(r->c, m, r->opt_level, false) || cg_comm_calls(r->c, m, r->gpu == NULL) ? -1 : 0;
+  return cg_bufferize(r->c, m, r->opt_level, false) || cg_comm_calls(r->c, m, !r->gpu || r->gpu->sim) ? -1 : 0;
 }
 
 static int st_plan_inplace(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {

@@ -12,6 +12,8 @@
   attention's key bias's, an update of full size), and a zoo model (GPT-2 from transformers, exported with a fixed
   batch of 2: the reference is one process per rank's batch, the gradients
   averaged in numpy, step by step).
+- The cuda target's kernels simulated on the CPU (--gpu-sim) with the MPI
+  backend: the MLP as above (a real cuda step runs as one process for now).
 - --shard-optimizer (ZeRO-1, --world-size=2): bit for bit the unsharded
   step's parameters and, cut in two, its optimizer state; per-rank
   checkpoints resume exactly; a limit the unsharded step does not fit.
@@ -346,6 +348,8 @@ else:
     case("data_parallel_mpi.gpt_block_sharded_sgd", same_as_concatenated(
         GPT, ["--train", "--optimizer=sgd", "--nonfinite=skip-step"], 2,
         lm_data("gpts.st", 24, 8, 50, ("idx", "targets")), "gpts", SHARD))
+    case("data_parallel_mpi.gpu_sim_mlp_sgd", same_as_concatenated(
+        MLP, ["--train", "--optimizer=sgd"], 4, mlp_data(), "gpusim", ["--target=cuda", "--device=h100", "--gpu-sim"]))
     case("data_parallel_mpi.shard_same_as_unsharded", shard_same_as_unsharded)
     case("data_parallel_mpi.shard_fits_memory_limit", shard_fits_memory_limit)
     case("data_parallel_mpi.refuses_other_world", refuses_other_world)
