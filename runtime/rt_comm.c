@@ -1,20 +1,28 @@
-/* rt_comm.c: the gradient all-reduces of a data-parallel step (novac
+/* rt_comm.c: the collectives of a data-parallel step (novac
  * --data-parallel), over MPI between the processes of one job.
  *
  * novac (codegen/comm_calls.c) turns each gradient's nova.all_reduce into
  * two calls: nova_rt_comm_start where the backward has produced the
  * gradient, nova_rt_comm_wait before the first op that reads the sum.
  * Gradients are grouped in buckets (passes/comm.c).  start copies the
- * gradient into its slice of the bucket's staging buffer (f32, or f64 for
- * f64 gradients; bf16/f16 widened to f32), so the gradient's own buffer is
+ * gradient into its place in the bucket's buffer (f32, or f64 for f64
+ * gradients; bf16/f16 widened to f32), so the gradient's own buffer is
  * free again when it returns; the bucket's last start hands the bucket to
- * the communication thread, which runs MPI_Iallreduce (sum) on it while the
- * backward goes on, polling it (MPI_Test: with short sleeps in between
- * while the compute threads work, so as not to take their cores; at full
- * speed while one waits for a sum).  wait blocks until the
- * bucket's sum is there and copies its slice out (rounded back to bf16/f16).
- * The buckets are started in the order the step reaches them, the same on
- * every rank, as MPI requires of collectives.
+ * the communication thread, which runs MPI_Iallreduce (sum, in place) on
+ * it while the backward goes on, polling it (MPI_Test: with short sleeps
+ * in between while the compute threads work, so as not to take their
+ * cores; at full speed while one waits for a sum).  wait blocks until the
+ * bucket's sum is there and copies its part out (rounded back to
+ * bf16/f16).  The buckets are started in the order the step reaches them,
+ * the same on every rank, as MPI requires of collectives.
+ *
+ * --shard-optimizer (ZeRO-1) adds two kinds of bucket and one call: a
+ * reduce-scatter (MPI_Ireduce_scatter_block, in place: each member's
+ * flat gradient cut into N shares, share r of every member in block r;
+ * rank r gets block r summed), an all-gather (MPI_Iallgather, in place:
+ * each rank's new shares in its block, every block back), whose buffers
+ * are mapped for the step and unmapped once read, and
+ * nova_rt_comm_shard, this rank's share of a value (zero-padded).
  *
  * The world: a process launched by mpirun (Open MPI: OMPI_COMM_WORLD_SIZE;
  * MPICH/Hydra: PMI_SIZE; PMIx: PMIX_SIZE) with more than one rank loads the
