@@ -82,6 +82,38 @@ case("data_parallel.world_of_one.gpt_block", same_as_single(GPT, ["--dim=batch=4
                                                                   "--keep-grads"]))
 case("data_parallel.world_of_one.skip_step", same_as_single(BLOCK, ["--dim=batch=2", "--train", "--optimizer=adamw",
                                                                    "--keep-grads", "--nonfinite=skip-step"]))
+def bad_flags():
+    """--comm-timeout and --trace given wrongly: usage errors (exit 2) and a trace that
+    cannot be written (exit 1), each said plainly."""
+    d = tempfile.mkdtemp(prefix="nova-dp-")
+    try:
+        so = os.path.join(d, "s.so")
+        run([NOVAC, BLOCK, "-o", so, "--dim=batch=2", "--train", "--data-parallel"])
+        for v in ("0", "-3", "abc", "1e3", "2000000"):
+            p = subprocess.run([NOVARUN, so, "--seed", "1", "--steps", "1", "--comm-timeout", v], capture_output=True,
+                               text=True, timeout=120)
+            if p.returncode != 2 or "--comm-timeout needs a number of seconds" not in p.stderr:
+                raise Failure("--comm-timeout %s: exit %d: %s" % (v, p.returncode, p.stderr))
+        p = subprocess.run([NOVARUN, so, "--seed", "1", "--steps", "1", "--trace", os.path.join(d, "no", "t.json")],
+                           capture_output=True, text=True, timeout=120)
+        if p.returncode != 1 or "cannot write the trace" not in p.stderr:
+            raise Failure("--trace into a missing folder: exit %d: %s" % (p.returncode, p.stderr))
+        t = os.path.join(d, "t.json")  # a world of one: the runs, no collectives
+        run([NOVARUN, so, "--seed", "1", "--steps", "3", "--trace", t, "-q"])
+        with open(t) as f:
+            ev = json.load(f)["traceEvents"]
+        if sum(1 for e in ev if e.get("name", "").startswith("step ")) != 3:
+            raise Failure("the trace does not hold the 3 runs: %s" % ev[:5])
+        for a in (["--shard-optimizer"], ["--world-size=2"]):
+            p = subprocess.run([NOVAC, BLOCK, "-o", so, "--dim=batch=2", "--train"] + a, capture_output=True,
+                               text=True, timeout=120)
+            if p.returncode != 1 or "needs --data-parallel" not in p.stderr:
+                raise Failure("%s without --data-parallel: exit %d: %s" % (a, p.returncode, p.stderr))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 case("data_parallel.refuses_false_worlds", refuses_false_worlds)
+case("data_parallel.bad_flags", bad_flags)
 print("# data_parallel: %d passed, %d failed" % (results["pass"], results["fail"]))
 sys.exit(0)
