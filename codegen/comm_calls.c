@@ -78,55 +78,41 @@ static MlirOperation in_block(MlirOperation op, MlirBlock block) {
 }
 
 /* The first op after FROM in its block that uses V, directly or nested
- * (the block's terminator when none does); *EARLY: whether it comes
- * before AFTER (the last start of the bucket: a wait there would never
- * end). */
+ * (the block's terminator when none does; NULL when out of memory);
+ * *EARLY: whether it comes before AFTER (the last start of the bucket: a
+ * wait there would never end). */
 static MlirOperation first_reader(MlirValue v, MlirOperation from, MlirOperation after, bool *early) {
   MlirBlock block = mlirOperationGetBlock(from);
-  MlirOperation users[64];
-  int nu = 0;
-  bool many = false;
+  cg_op_list users = {0}; /* the ops of BLOCK that hold a use of V */
   for (MlirOpOperand u = mlirValueGetFirstUse(v); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u)) {
     MlirOperation t = in_block(mlirOpOperandGetOwner(u), block);
-    if (mlirOperationIsNull(t)) continue;
-    if (nu < 64) users[nu++] = t;
-    else many = true;
+    if (!mlirOperationIsNull(t) && !cg_op_list_push(&users, t)) break;
   }
+  MlirOperation found = users.oom ? (MlirOperation){NULL} : mlirBlockGetTerminator(block);
   bool passed = mlirOperationEqual(from, after);
   *early = false;
-  for (MlirOperation o = mlirOperationGetNextInBlock(from); !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o)) {
+  for (MlirOperation o = mlirOperationGetNextInBlock(from); !users.oom && !mlirOperationIsNull(o);
+       o = mlirOperationGetNextInBlock(o)) {
     bool hit = false;
-    for (int i = 0; i < nu && !hit; i++) hit = mlirOperationEqual(users[i], o);
-    for (intptr_t k = 0; many && !hit && k < mlirOperationGetNumOperands(o); k++)
-      hit = mlirValueEqual(mlirOperationGetOperand(o, k), v); /* (more users than the list holds) */
+    for (size_t i = 0; i < users.n && !hit; i++) hit = mlirOperationEqual(users.v[i], o);
     if (hit) {
       *early = !passed;
-      return o;
+      found = o;
+      break;
     }
     passed |= mlirOperationEqual(o, after);
-    if (mlirOperationIsNull(mlirOperationGetNextInBlock(o))) return o; /* the terminator */
   }
-  return mlirBlockGetTerminator(block);
+  free(users.v);
+  return found;
 }
 
-typedef struct mlist {
-  marker *v;
-  size_t n, cap;
-  bool oom;
-} mlist;
-
 static MlirWalkResult find_cb(MlirOperation op, void *ud) {
-  mlist *l = ud;
-  if (!is_marker(op)) return MlirWalkResultAdvance;
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? 2 * l->cap : 64;
-    marker *v = realloc(l->v, cap * sizeof *v);
-    if (!v) {
-      l->oom = true;
-      return MlirWalkResultInterrupt;
-    }
-    l->v = v, l->cap = cap;
-  }
+  if (is_marker(op) && !cg_op_list_push(ud, op)) return MlirWalkResultInterrupt;
+  return MlirWalkResultAdvance;
+}
+
+/* The marker OP's kind, bucket, sizes and element type. */
+static marker read_marker(MlirOperation op) {
   MlirAttribute a = mlirOperationGetDiscardableAttributeByName(op, nova_str("nova.comm"));
   MlirType t = mlirValueGetType(mlirOperationGetOperand(op, 0)), rt = mlirValueGetType(mlirOperationGetResult(op, 0));
   int64_t count = 1, out = 1;
@@ -139,8 +125,7 @@ static MlirWalkResult find_cb(MlirOperation op, void *ud) {
     mk.world = mlirDenseI64ArrayGetElement(a, 2);
   }
   if (mk.kind == CG_COMM_REDUCE_SCATTER || mk.kind == CG_COMM_SHARD) mk.unit = out;
-  l->v[l->n++] = mk;
-  return MlirWalkResultAdvance;
+  return mk;
 }
 
 static void erase_declarations(MlirModule m) {
@@ -195,6 +180,10 @@ static int emit(nova_ctx *c, const marker *mk, const int64_t *bcount, const int 
        (int64_t[]){mk->count, mk->dtype, bk, mk->offset, bcount[bk], bmembers[bk], bf64[bk], mk->kind, mk->world});
   bool early;
   b.at = first_reader(y, op, blast[bk], &early);
+  if (mlirOperationIsNull(b.at)) {
+    nv_error_plain(c->diag, "out of memory");
+    return -1;
+  }
   if (early) {
     nv_error_plain(c->diag, "internal: the sum of bucket %lld is read before the bucket's last collective starts",
                    (long long)bk);
@@ -209,14 +198,17 @@ static int emit(nova_ctx *c, const marker *mk, const int64_t *bcount, const int 
 }
 
 int cg_comm_calls(nova_ctx *c, MlirModule m, bool cpu) {
-  mlist l = {0};
-  mlirOperationWalk(mlirModuleGetOperation(m), find_cb, &l, MlirWalkPreOrder);
+  cg_op_list ops = {0};
+  mlirOperationWalk(mlirModuleGetOperation(m), find_cb, &ops, MlirWalkPreOrder);
+  struct { marker *v; size_t n; } l = {ops.oom ? NULL : calloc(ops.n ? ops.n : 1, sizeof *l.v), ops.oom ? 0 : ops.n};
+  for (size_t i = 0; l.v && i < l.n; i++) l.v[i] = read_marker(ops.v[i]);
+  free(ops.v);
   int64_t *bcount = calloc(MAX_BUCKETS, sizeof *bcount);
   int *bmembers = calloc(MAX_BUCKETS, sizeof *bmembers);
   bool *bf64 = calloc(MAX_BUCKETS, sizeof *bf64);
   MlirOperation *blast = calloc(MAX_BUCKETS, sizeof *blast); /* each bucket's last marker */
   int rc = 0;
-  if (l.oom || !bcount || !bmembers || !bf64 || !blast) {
+  if (!l.v || !bcount || !bmembers || !bf64 || !blast) {
     nv_error(c->diag, (nv_loc){0}, "out of memory");
     rc = -1;
     goto out;

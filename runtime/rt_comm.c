@@ -124,7 +124,6 @@ static struct {
   pthread_t thread;
   bool thread_running, stop;
   bucket b[COMM_MAX_BUCKETS];
-  int nb;                  /* buckets seen */
   int queue[COMM_MAX_BUCKETS], qhead, qtail; /* handed over, in order */
   int step;                /* runs of a data-parallel step so far */
   int waiters;             /* compute threads blocked in nova_rt_comm_wait */
@@ -518,7 +517,6 @@ void nova_rt_comm_start(int64_t src, int64_t count, int64_t dtype, int64_t bucke
   pthread_mutex_lock(&C.mu);
   if (b->state == 3 && b->arrived == 0) b->state = 0; /* last step's */
   b->members = (int)members;
-  if (bucket_id >= C.nb) C.nb = (int)bucket_id + 1;
   if (++b->arrived == b->members) {
     b->arrived = 0;
     b->step = C.step;

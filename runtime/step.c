@@ -201,9 +201,8 @@ static nova_status rt_comm_check(nova_step *s) {
                                                   *all = calloc((size_t)n, sizeof mine);
   if (!all) return rt_fail(s, NOVA_ERR_NO_MEMORY, "out of memory");
   snprintf(mine.hash, sizeof mine.hash, "%s", g->graph_hash ? g->graph_hash : "");
-  for (int i = 0; i < g->ntensors; i++) /* FNV-1a over every parameter's bytes */
-    if (g->tensors[i].role == NOVA_ROLE_PARAM)
-      for (size_t k = 0; k < s->nbytes[i]; k++) mine.params = (mine.params ^ ((unsigned char *)s->buffers[i])[k]) * 0x100000001b3ull;
+  for (int i = 0; i < g->ntensors; i++) /* every parameter's bytes */
+    if (g->tensors[i].role == NOVA_ROLE_PARAM) mine.params = rt_fnv(mine.params, s->buffers[i], s->nbytes[i]);
   nova_status st = NOVA_OK;
   if (rt_comm_allgather(&mine, sizeof mine, all, s->error, sizeof s->error)) st = NOVA_ERR_COMM;
   for (int r = 1; r < n && st == NOVA_OK; r++) {
