@@ -1001,9 +1001,10 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
                       "change nothing but the loss scale (use --nonfinite=skip-step, or --loss-scale=none)");
     goto out;
   }
-  if (o->data_parallel) {
+  if (o->data_parallel && o->shard_world <= 1) {
     /* the loss's check summed over the ranks too (NaN if one rank's loss is not finite), so that
-     * every rank skips the same steps; made before the backward, it goes in the first bucket */
+     * every rank skips the same steps; made before the backward, it goes in the first bucket
+     * (sharded, the whole check is summed: finite_check) */
     A.loc = loss->loc;
     nv_node *t = nonfinite_term(&A, loss, loss->dtype);
     A.l0 = t ? mk(&A, NV_OP_ALL_REDUCE, 1, &t, &(nv_node){.axis = 0}) : NULL;
