@@ -122,7 +122,7 @@ static nova_status trace_write(nova_step *step, const char *path, nova_trace_sum
   free(all);
   free(pad);
   free(count);
-  return st == NOVA_OK ? NOVA_OK : st;
+  return st;
 }
 
 NOVA_API nova_status nova_step_trace_write(nova_step *step, const char *path, nova_trace_summary *summary) {
