@@ -142,18 +142,22 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
  * be NULL) gets [operand][result] the loop, -1 for a constant 0. */
 #define CG_HALF_BF16 1u
 #define CG_HALF_F16 2u
+#define CG_CONTRACT_F32 0u /* every f32 contraction, its own operands */
 #define CG_CONTRACT_MAXL 8
 typedef bool (*cg_half_hook)(MlirOperation contract, MlirOperation f32_contract, void *ud);
 int cg_half_contractions(nova_ctx *c, MlirModule m, unsigned kinds, cg_half_hook hook, void *ud, int *count);
 bool cg_contract_loop_sizes(MlirOperation op, int nl, int64_t *size, int (*dim_of)[CG_CONTRACT_MAXL]);
-/* cpu_ukernel.c: on a host with bf16 dot products (HOST->has_bf16_dot),
- * cg_half_contractions for bf16 (the "ukernels" stage); after outlining,
+/* cpu_ukernel.c, the "ukernels" stage: on a host with bf16 dot products
+ * (HOST->has_bf16_dot), cg_half_contractions for bf16; on a host with
+ * AVX2 + FMA or AVX-512 (cg_cpu_f32_kernel), every other f32 contraction
+ * of the layouts the kernels take; *COUNT of them.  After outlining,
  * cg_cpu_contract_calls makes each such contraction a call of the
  * runtime's kernel (runtime/rt_contract.c).  0, or -1 after a diagnostic.
- * cg_cpu_bf16_dot: whether it applies (fusion keeps the bf16 operands for
- * it). */
+ * cg_cpu_bf16_dot: whether bf16 applies (fusion keeps the bf16 operands
+ * for it). */
 bool cg_cpu_bf16_dot(const cfg_device *host, int opt_level);
-int cg_cpu_bf16_contractions(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level, int *count);
+bool cg_cpu_f32_kernel(const cfg_device *host, int opt_level);
+int cg_cpu_contract_kernels(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level, int *count);
 int cg_cpu_contract_calls(nova_ctx *c, MlirModule m);
 /* Building ops before AT in BLOCK (cpu_ukernel.c): an op; an integer
  * constant; the address of memref V's first element (aligned pointer plus

@@ -40,7 +40,8 @@
  *     as elementwise, the reduction loops moved inside (the accumulator
  *     stays in a register); innermost dim reduced: one vector per row when
  *     the row is at most CG_TILE_MAX_ROW elements, else left as loops.
- * Ops left alone: dynamic shapes, i1/index element types (f16/bf16 but in
+ * Ops left alone: contractions given to the runtime's kernels
+ * (nova.ukernel, cpu_ukernel.c), dynamic shapes, i1/index element types (f16/bf16 but in
  * elementwise ops), maps
  * that are not projected permutations (convolution windows), bodies with
  * tensor.extract (gathers) or ops outside arith/math.
@@ -209,6 +210,8 @@ static tile_plan plan_op(MlirOperation op, const cfg_device *dev) {
       !cg_op_is(op, "linalg.transpose"))
     return p;
   if (mlirOperationGetNumResults(op) != 1) return p;
+  /* a contraction given to the runtime's kernel (cpu_ukernel.c) */
+  if (!mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(op, nova_str("nova.ukernel")))) return p;
   int eb;
   bool half = false;
   if (!read_loops(op, &p, &eb, &half)) return (tile_plan){.kind = TK_NONE};

@@ -1,26 +1,37 @@
-/* cpu_ukernel.c: bf16 contractions on the CPU as calls of the runtime's
- * AVX-512 BF16 kernel (runtime/rt_contract.c).
+/* cpu_ukernel.c: contractions on the CPU as calls of the runtime's
+ * BLIS-structured kernels (runtime/rt_contract.c).
  *
- * On a host whose vector unit multiplies bf16 pairs (vdpbf16ps: twice the
- * multiply-adds of an f32 FMA, half the bytes read), the "ukernels" stage
- * (cg_cpu_bf16_contractions: linalg on tensors, after fusion and before
- * tiling) makes each f32 contraction of two bf16 extensions a
- * linalg.contract of the bf16 tensors (cg_half_contractions,
- * half_contract.c) and gives it its cache blocks (mc, nc, kc from
- * cfg_gemm_cpu_tile, for the kernel's 12x32 register tile) as
- * nova.ukernel.  The tiler leaves the op alone (it tiles 16-bit operands
- * only in elementwise ops).
+ * The "ukernels" stage (cg_cpu_contract_kernels: linalg on tensors, after
+ * fusion and before tiling):
+ *   - on a host whose vector unit multiplies bf16 pairs (vdpbf16ps: twice
+ *     the multiply-adds of an f32 FMA, half the bytes read), each f32
+ *     contraction of two bf16 extensions becomes a linalg.contract of the
+ *     bf16 tensors (cg_half_contractions, half_contract.c);
+ *   - on an x86 host with AVX2 + FMA or AVX-512, every other static f32
+ *     contraction (linalg.matmul, mul-add generics: batched, several k
+ *     dims collapsed) becomes a linalg.contract of its own operands, a
+ *     linalg.transpose feeding A or B read in place through the composed
+ *     map (the backward's dX = dY W^T and dW = X^T dY make no transposed
+ *     copy: the kernel's packing reads any strides).
+ * Each gets its register tile and cache blocks from the configurator
+ * (cfg_gemm_cpu: mr x nr from the vector registers, 14 x 32 with
+ * AVX-512, 6 x 16 with AVX2; kc from L1, mc from L2, nc from L3; bf16:
+ * the kernel's 12 x 32 tile) as nova.ukernel = [mc, nc, kc], which the
+ * tiler leaves alone.  Only layouts the kernels take are rewritten: one k
+ * loop, C's last dim an n of B, an m of A inside it (the roles below).
  *
  * cg_cpu_contract_calls (in the lowering to LLVM, after outlining, before
  * the lowering to loops) replaces each such linalg.contract on memrefs by
- * a call nova_rt_contract_bf16(A, B, C, desc): the addresses of the three
- * buffers (aligned pointer plus offset) and a descriptor on the stack with
- * the loop sizes, each operand's element stride along each loop (from the
- * buffers' strided metadata: any layout) and the blocks.
+ * a call nova_rt_contract_bf16 / nova_rt_contract_f32(A, B, C, desc): the
+ * addresses of the three buffers (aligned pointer plus offset) and a
+ * descriptor on the stack with the loop sizes, each operand's element
+ * stride along each loop (from the buffers' strided metadata: any layout)
+ * and the blocks.
  *
- * Numerics: the products are exact in f32 as before; the sums are f32 sums
- * in k order, two products at a time, with denormals flushed (vdpbf16ps).
- * NOVAC_UKERNEL=0 turns the stage off (to compare).
+ * Numerics: f32: each product fused into its sum (FMA), the sums in k
+ * order, added to C once per kc block.  bf16: the products exact in f32,
+ * the sums f32 sums in k order, two products at a time, denormals flushed
+ * (vdpbf16ps).  NOVAC_UKERNEL=0 turns the stage off (to compare).
  */
 #include <mlir-c/AffineExpr.h>
 #include <mlir-c/AffineMap.h>
@@ -35,10 +46,17 @@
 #include "cpu_tile.h"
 
 #define UK_ATTR "nova.ukernel"
-#define UK_FUNC "nova_rt_contract_bf16"
+#define UK_FUNC_BF16 "nova_rt_contract_bf16"
+#define UK_FUNC_F32 "nova_rt_contract_f32"
 #define UK_MAXL CG_CONTRACT_MAXL /* runtime/rt_contract.c's RT_CONTRACT_MAXL */
-#define UK_MR 12  /* and its register tile, MR x NR */
+#define UK_MR 12  /* and its bf16 register tile, MR x NR */
 #define UK_NR 32
+/* An f32 contraction of fewer multiply-adds stays with the tiler
+ * (cpu_tile.c): its loops are inline and read the operands in place, and
+ * the call, the descriptor and the packing cost more than they save
+ * (measured on a Zen 4, 1 thread: 64^3 4.8 us inline, 6.3 us as a call;
+ * 128^3 37 us and 44 us; from 512^3 on the call is as fast or faster). */
+#define UK_MIN_MACS (1 << 18)
 
 static MlirNamedAttribute nattr(MlirContext ctx, const char *name, MlirAttribute a) {
   return mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str(name)), a);
@@ -47,6 +65,30 @@ static MlirNamedAttribute nattr(MlirContext ctx, const char *name, MlirAttribute
 static MlirType elem_of(MlirValue v) {
   MlirType t = mlirValueGetType(v);
   return mlirTypeIsAShaped(t) ? mlirShapedTypeGetElementType(t) : t;
+}
+
+/* The loops' roles in contraction OP of NL loops (tensors or memrefs) as
+ * the runtime's kernels take them: k, the one loop C does not have; n,
+ * C's last, read by B and not A; m, C's innermost other loop read by A
+ * and not B (the rest are outer).  False when OP has no such roles. */
+static bool roles(MlirOperation op, int nl, int64_t *size, int (*dim_of)[UK_MAXL], int *lm, int *ln, int *lk) {
+  if (nl > UK_MAXL || !cg_contract_loop_sizes(op, nl, size, dim_of)) return false;
+  bool in[3][UK_MAXL] = {{0}};
+  int rank[3];
+  for (int i = 0; i < 3; i++) {
+    rank[i] = (int)mlirShapedTypeGetRank(mlirValueGetType(mlirOperationGetOperand(op, i)));
+    for (int r = 0; r < rank[i]; r++)
+      if (dim_of[i][r] >= 0) in[i][dim_of[i][r]] = true;
+  }
+  int nk = 0;
+  *lk = -1, *ln = rank[2] ? dim_of[2][rank[2] - 1] : -1, *lm = -1;
+  for (int d = 0; d < nl; d++)
+    if (!in[2][d]) *lk = d, nk++;
+  for (int r = rank[2] - 2; r >= 0 && *lm < 0; r--) {
+    int d = dim_of[2][r];
+    if (d >= 0 && in[0][d] && !in[1][d]) *lm = d;
+  }
+  return nk == 1 && in[0][*lk] && in[1][*lk] && *ln >= 0 && !in[0][*ln] && in[1][*ln] && *lm >= 0;
 }
 
 /* The cache blocks of the bf16 contraction NC (made by
@@ -61,7 +103,10 @@ static bool set_blocks(MlirOperation nc, MlirOperation lc, void *ud) {
   int nl = (int)mlirAffineMapGetNumDims(mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 0)));
   cdims cd;
   int64_t size[UK_MAXL];
-  if (nl > UK_MAXL || !cg_contraction_dims(lc, nl, &cd) || !cg_contract_loop_sizes(lc, nl, size, NULL)) return false;
+  int dim_of[3][UK_MAXL], lm, ln, lk;
+  if (nl > UK_MAXL || !cg_contraction_dims(lc, nl, &cd) || !cg_contract_loop_sizes(lc, nl, size, NULL) ||
+      !roles(nc, nl, size, dim_of, &lm, &ln, &lk))
+    return false;
   int64_t rows = 1;
   MlirAffineMap bm = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 1));
   MlirAffineMap cm = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 2));
@@ -73,7 +118,12 @@ static bool set_blocks(MlirOperation nc, MlirOperation lc, void *ud) {
       in_b |= mlirAffineExprEqual(mlirAffineMapGetResult(bm, q), e);
     if (!in_b) rows *= size[mlirAffineDimExprGetPosition(e)];
   }
-  cfg_gemm_cpu_schedule s = cfg_gemm_cpu_tile(host, rows, size[cd.n], size[cd.k_inner], 2, UK_MR, UK_NR);
+  bool f32 = mlirTypeIsAF32(elem_of(mlirOperationGetOperand(nc, 0)));
+  int64_t macs = 1;
+  for (int d = 0; d < nl; d++) macs *= size[d];
+  if (f32 && macs < UK_MIN_MACS) return false; /* small: the tiler's inline loops */
+  cfg_gemm_cpu_schedule s = f32 ? cfg_gemm_cpu(host, rows, size[cd.n], size[cd.k_inner], 4)
+                                : cfg_gemm_cpu_tile(host, rows, size[cd.n], size[cd.k_inner], 2, UK_MR, UK_NR);
   int64_t blocks[3] = {s.ok ? s.mc : 0, s.ok ? s.nc : 0, s.ok ? s.kc : 0};
   mlirOperationSetDiscardableAttributeByName(nc, nova_str(UK_ATTR), mlirDenseI64ArrayGet(ctx, 3, blocks));
   return true;
@@ -84,10 +134,28 @@ bool cg_cpu_bf16_dot(const cfg_device *host, int opt_level) {
   return opt_level > 0 && host && host->kind == CFG_DEV_CPU && host->has_bf16_dot && !(knob && !strcmp(knob, "0"));
 }
 
-int cg_cpu_bf16_contractions(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level, int *count) {
+bool cg_cpu_f32_kernel(const cfg_device *host, int opt_level) {
+#if defined(__x86_64__)
+  const char *knob = getenv("NOVAC_UKERNEL");
+  return opt_level > 0 && host && host->kind == CFG_DEV_CPU && host->vector_bits >= 256 &&
+         !(knob && !strcmp(knob, "0"));
+#else
+  (void)host, (void)opt_level;
+  return false; /* the runtime's vector kernels are x86's */
+#endif
+}
+
+int cg_cpu_contract_kernels(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level, int *count) {
+  int n = 0;
   *count = 0;
-  if (!cg_cpu_bf16_dot(host, opt_level)) return 0;
-  return cg_half_contractions(c, m, CG_HALF_BF16, set_blocks, (void *)host, count);
+  if (cg_cpu_bf16_dot(host, opt_level) && cg_half_contractions(c, m, CG_HALF_BF16, set_blocks, (void *)host, &n))
+    return -1;
+  *count += n, n = 0;
+  if (cg_cpu_f32_kernel(host, opt_level) &&
+      cg_half_contractions(c, m, CG_CONTRACT_F32, set_blocks, (void *)host, &n))
+    return -1;
+  *count += n;
+  return 0;
 }
 
 /* ---- the calls ------------------------------------------------------- */
@@ -136,48 +204,32 @@ MlirValue cg_memref_address(cg_builder *b, MlirValue v, MlirValue *strides) {
   return val1(b, "arith.index_cast", 1, &a, i64);
 }
 
-static bool is_bf16_contract(MlirOperation op) {
+/* Whether OP is a contraction the stage above gave to a kernel. */
+static bool is_kernel_contract(MlirOperation op) {
   if (!cg_op_is(op, "linalg.contract") || mlirOperationGetNumOperands(op) != 3 ||
       mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(op, nova_str(UK_ATTR))))
     return false;
   for (int i = 0; i < 3; i++)
     if (!mlirTypeIsAMemRef(mlirValueGetType(mlirOperationGetOperand(op, i)))) return false;
-  return mlirTypeIsABF16(elem_of(mlirOperationGetOperand(op, 0))) &&
-         mlirTypeIsABF16(elem_of(mlirOperationGetOperand(op, 1))) &&
+  MlirType ta = elem_of(mlirOperationGetOperand(op, 0)), tb = elem_of(mlirOperationGetOperand(op, 1));
+  return ((mlirTypeIsABF16(ta) && mlirTypeIsABF16(tb)) || (mlirTypeIsAF32(ta) && mlirTypeIsAF32(tb))) &&
          mlirTypeIsAF32(elem_of(mlirOperationGetOperand(op, 2)));
 }
 
 static MlirWalkResult find_cb(MlirOperation op, void *ud) {
-  if (is_bf16_contract(op)) cg_op_list_push(ud, op);
+  if (is_kernel_contract(op)) cg_op_list_push(ud, op);
   return MlirWalkResultAdvance;
 }
 
-/* OP as the call; false (OP untouched) when its shape is not one the
- * runtime takes. */
-static bool emit_call(MlirContext ctx, MlirOperation op) {
+/* OP as the call (*USED |= 1 for bf16, 2 for f32); false (OP untouched)
+ * when its shape is not one the runtime takes. */
+static bool emit_call(MlirContext ctx, MlirOperation op, int *used) {
   MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
   int nl = (int)mlirAffineMapGetNumDims(mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 0)));
   if (nl > UK_MAXL) return false;
   int64_t size[UK_MAXL];
-  int dim_of[3][UK_MAXL];
-  if (!cg_contract_loop_sizes(op, nl, size, dim_of)) return false;
-  /* k: the one loop C does not have; n: C's last, read by B and not A; m:
-   * C's innermost other loop read by A and not B (the rest are outer) */
-  bool in[3][UK_MAXL] = {{0}};
-  int rank[3];
-  for (int i = 0; i < 3; i++) {
-    rank[i] = (int)mlirShapedTypeGetRank(mlirValueGetType(mlirOperationGetOperand(op, i)));
-    for (int r = 0; r < rank[i]; r++)
-      if (dim_of[i][r] >= 0) in[i][dim_of[i][r]] = true;
-  }
-  int lk = -1, nk = 0, ln = rank[2] ? dim_of[2][rank[2] - 1] : -1, lm = -1;
-  for (int d = 0; d < nl; d++)
-    if (!in[2][d]) lk = d, nk++;
-  for (int r = rank[2] - 2; r >= 0 && lm < 0; r--) {
-    int d = dim_of[2][r];
-    if (d >= 0 && in[0][d] && !in[1][d]) lm = d;
-  }
-  if (nk != 1 || !in[0][lk] || !in[1][lk] || ln < 0 || in[0][ln] || !in[1][ln] || lm < 0) return false;
+  int dim_of[3][UK_MAXL], lm, ln, lk;
+  if (!roles(op, nl, size, dim_of, &lm, &ln, &lk)) return false;
   MlirAttribute blk = mlirOperationGetDiscardableAttributeByName(op, nova_str(UK_ATTR));
   int64_t blocks[3] = {0, 0, 0};
   if (!mlirAttributeIsNull(blk) && mlirAttributeIsADenseI64Array(blk) && mlirDenseArrayGetNumElements(blk) == 3)
@@ -213,8 +265,10 @@ static bool emit_call(MlirContext ctx, MlirOperation op) {
   }
   MlirValue dp = val1(&b, "memref.extract_aligned_pointer_as_index", 1, &desc, ix);
   MlirValue args[4] = {addr[0], addr[1], addr[2], val1(&b, "arith.index_cast", 1, &dp, i64)};
-  cg_insert_call(op, b.loc, mlirFlatSymbolRefAttrGet(ctx, nova_str(UK_FUNC)), 4, args, 0, NULL);
+  bool f32 = mlirTypeIsAF32(elem_of(mlirOperationGetOperand(op, 0)));
+  cg_insert_call(op, b.loc, mlirFlatSymbolRefAttrGet(ctx, nova_str(f32 ? UK_FUNC_F32 : UK_FUNC_BF16)), 4, args, 0, NULL);
   mlirOperationDestroy(op);
+  *used |= f32 ? 2 : 1;
   return true;
 }
 
@@ -225,11 +279,11 @@ int cg_cpu_contract_calls(nova_ctx *c, MlirModule m) {
     free(ops.v);
     return nv_error(c->diag, (nv_loc){0}, "out of memory"), -1;
   }
-  int n = 0;
-  for (size_t i = 0; i < ops.n; i++) n += emit_call(c->ctx, ops.v[i]);
+  int used = 0;
+  for (size_t i = 0; i < ops.n; i++) emit_call(c->ctx, ops.v[i], &used);
   free(ops.v);
-  if (!n) return 0;
-  cg_declare_i64_func(m, UK_FUNC, 4);
+  if (used & 1) cg_declare_i64_func(m, UK_FUNC_BF16, 4);
+  if (used & 2) cg_declare_i64_func(m, UK_FUNC_F32, 4);
   return 0;
 }
 

@@ -20,6 +20,9 @@
  * composed indexing map.  The extensions (and transposes) that nothing else
  * reads are erased: their copies are never made.  The products are exact
  * in f32, as before; only the order of the sums may change.
+ *
+ * KINDS 0 (CG_CONTRACT_F32): every f32 contraction, its operands as they
+ * are (transposes still read in place), for the CPU's f32 kernel.
  */
 #include <mlir-c/AffineExpr.h>
 #include <mlir-c/AffineMap.h>
@@ -76,6 +79,7 @@ static bool is_reshape(MlirOperation op) {
  * With BUILD, the reshapes are made again on the 16-bit values, before the
  * old ones. */
 static MlirValue half_source(MlirValue v, bool build, unsigned kinds) {
+  if (!kinds) return v; /* CG_CONTRACT_F32: the operand itself */
   if (!mlirValueIsAOpResult(v)) return (MlirValue){NULL};
   MlirOperation op = mlirOpResultGetOwner(v);
   if (is_extension(op, kinds)) return mlirOperationGetOperand(op, 0);
@@ -141,6 +145,72 @@ static void fold_transpose(MlirContext ctx, MlirValue *v, MlirAttribute *map) {
   *v = mlirOperationGetOperand(t, 0);
 }
 
+/* V = tensor.collapse_shape(linalg.transpose(X)) whose groups each take
+ * consecutive dims of X in order (X^T of a [batch, T, C] activation as a
+ * [C, batch*T] matrix): V becomes X collapsed alike (a view, no copy) and
+ * MAP the map that reads it in place, its results permuted as the groups
+ * are.  The new collapse goes before BEFORE. */
+static void fold_collapsed_transpose(MlirContext ctx, MlirOperation before, MlirValue *v, MlirAttribute *map) {
+  if (!mlirValueIsAOpResult(*v)) return;
+  MlirOperation col = mlirOpResultGetOwner(*v);
+  if (!cg_op_is(col, "tensor.collapse_shape") || !mlirValueIsAOpResult(mlirOperationGetOperand(col, 0))) return;
+  MlirOperation t = mlirOpResultGetOwner(mlirOperationGetOperand(col, 0));
+  if (!cg_op_is(t, "linalg.transpose")) return;
+  MlirAttribute perm = mlirOperationGetAttributeByName(t, nova_str("permutation"));
+  MlirAttribute re = mlirOperationGetAttributeByName(col, nova_str("reassociation"));
+  MlirValue x = mlirOperationGetOperand(t, 0);
+  MlirType xt = mlirValueGetType(x);
+  intptr_t rank = mlirShapedTypeGetRank(xt), ng = mlirAttributeIsNull(re) ? 0 : mlirArrayAttrGetNumElements(re);
+  MlirAffineMap m = mlirAffineMapAttrGetValue(*map);
+  if (mlirAttributeIsNull(perm) || !mlirAttributeIsADenseI64Array(perm) || mlirDenseArrayGetNumElements(perm) != rank ||
+      rank > HC_MAXL || ng < 1 || mlirAffineMapGetNumResults(m) != ng)
+    return;
+  int64_t start[HC_MAXL], len[HC_MAXL];
+  for (intptr_t g = 0; g < ng; g++) { /* group g: output dims o..o+len-1, input dims start..start+len-1 */
+    MlirAttribute grp = mlirArrayAttrGetElement(re, g);
+    len[g] = mlirArrayAttrGetNumElements(grp);
+    for (intptr_t i = 0; i < len[g]; i++) {
+      int64_t o = mlirIntegerAttrGetValueInt(mlirArrayAttrGetElement(grp, i));
+      if (o < 0 || o >= rank) return;
+      int64_t in = mlirDenseI64ArrayGetElement(perm, o);
+      if (i == 0) start[g] = in;
+      else if (in != start[g] + i) return;
+    }
+  }
+  /* the groups in X's order: result j of the new map is result owner[j] of the old */
+  int owner[HC_MAXL], nj = 0;
+  MlirAttribute groups[HC_MAXL];
+  int64_t shape[HC_MAXL];
+  MlirType i64 = mlirIntegerTypeGet(ctx, 64);
+  for (int64_t d = 0; d < rank; nj++) {
+    intptr_t g = 0;
+    while (g < ng && start[g] != d) g++;
+    if (g == ng) return;
+    MlirAttribute dims[HC_MAXL];
+    shape[nj] = 1;
+    for (int64_t i = 0; i < len[g]; i++) {
+      dims[i] = mlirIntegerAttrGet(i64, d + i);
+      shape[nj] *= mlirShapedTypeGetDimSize(xt, d + i);
+    }
+    groups[nj] = mlirArrayAttrGet(ctx, len[g], dims);
+    owner[nj] = (int)g;
+    d += len[g];
+  }
+  MlirType rt = mlirRankedTensorTypeGet(nj, shape, mlirShapedTypeGetElementType(xt), mlirAttributeGetNull());
+  MlirNamedAttribute na = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("reassociation")),
+                                                mlirArrayAttrGet(ctx, nj, groups));
+  MlirOperationState st = mlirOperationStateGet(nova_str("tensor.collapse_shape"), mlirOperationGetLocation(before));
+  mlirOperationStateAddOperands(&st, 1, &x);
+  mlirOperationStateAddResults(&st, 1, &rt);
+  mlirOperationStateAddAttributes(&st, 1, &na);
+  MlirOperation nc = mlirOperationCreate(&st);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(before), before, nc);
+  MlirAffineExpr e[HC_MAXL];
+  for (int j = 0; j < nj; j++) e[j] = mlirAffineMapGetResult(m, owner[j]);
+  *map = mlirAffineMapAttrGet(mlirAffineMapGet(ctx, mlirAffineMapGetNumDims(m), 0, nj, e));
+  *v = mlirOperationGetResult(nc, 0);
+}
+
 /* The static size of each of OP's NL loops, from its operands' shapes and
  * its maps (results that are dims or the constant 0); false otherwise.
  * DIM_OF (may be NULL): [operand][result] the loop, -1 for a constant. */
@@ -177,8 +247,10 @@ static MlirOperation contract_half(MlirContext ctx, MlirOperation lc, unsigned k
   MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(lc);
   MlirAttribute nm[3] = {mlirArrayAttrGetElement(maps, 0), mlirArrayAttrGetElement(maps, 1),
                          mlirArrayAttrGetElement(maps, 2)};
-  fold_transpose(ctx, &ops[0], &nm[0]);
-  fold_transpose(ctx, &ops[1], &nm[1]);
+  for (int i = 0; i < 2; i++) {
+    fold_collapsed_transpose(ctx, lc, &ops[i], &nm[i]);
+    fold_transpose(ctx, &ops[i], &nm[i]);
+  }
   MlirOperation nc = cg_new_contract(ctx, lc, ops, rt, nm);
   MlirValue olda = mlirOperationGetOperand(lc, 0), oldb = mlirOperationGetOperand(lc, 1);
   if (!mlirOperationVerify(nc) || (hook && !hook(nc, lc, ud))) {
@@ -200,6 +272,7 @@ static bool candidate(MlirOperation op, unsigned kinds) {
     return false;
   for (int i = 0; i < 3; i++)
     if (!mlirTypeIsAF32(elem_of(mlirOperationGetOperand(op, i)))) return false;
+  if (!kinds) return true;
   MlirValue a = half_source(mlirOperationGetOperand(op, 0), false, kinds);
   MlirValue b = half_source(mlirOperationGetOperand(op, 1), false, kinds);
   return !mlirValueIsNull(a) && !mlirValueIsNull(b) && mlirTypeEqual(elem_of(a), elem_of(b));

@@ -201,9 +201,12 @@ cfg_gemm_cpu_schedule cfg_gemm_cpu_tile(const cfg_device *d, int64_t M, int64_t 
     s.lanes = d->vector_bits / 8 / b;
     s.mr = mr;
     s.nr = nr;
-    /* KC: a kc x max(mr,nr) micro-panel takes at most half of L1. */
-    int64_t wide = s.mr > s.nr ? s.mr : s.nr;
-    int64_t kc = d->l1d_bytes / 2 / (wide * b);
+    /* KC: the mr x kc micro-panel of A, read once per register tile, takes
+     * 7/8 of L1; the kc x nr micro-panel of B streams from L2 (one FMA per
+     * cycle needs a few bytes per cycle of it).  At most 512: the tile's
+     * update of C, once per kc, is then under 1% of its work. */
+    int64_t kc = d->l1d_bytes * 7 / 8 / ((int64_t)s.mr * b);
+    if (kc > 512) kc = 512;
     if (kc >= 8) kc -= kc % 8;
     if (kc < 1) kc = 1;
     s.kc = cfg_min64(kc, K);
@@ -218,7 +221,7 @@ cfg_gemm_cpu_schedule cfg_gemm_cpu_tile(const cfg_device *d, int64_t M, int64_t 
     nc -= nc % s.nr;
     if (nc < s.nr) nc = s.nr;
     s.nc = cfg_min64(nc, cfg_cdiv(N, s.nr) * s.nr);
-    s.l1_use = s.kc * s.nr * b;
+    s.l1_use = s.kc * s.mr * b;
     s.l2_use = s.mc * s.kc * b;
     s.l3_use = s.kc * s.nc * b;
     s.threads = d->cores;

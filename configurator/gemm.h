@@ -51,7 +51,7 @@ typedef struct cfg_gemm_cpu_schedule {
     int lanes;               /* elements per vector register */
     int mr, nr;              /* register block (micro-kernel) */
     int64_t kc, mc, nc;      /* cache blocks: B micro-panel in L1, A block in L2, B panel in L3 */
-    int64_t l1_use, l2_use, l3_use; /* bytes: kc*nr*b, mc*kc*b, kc*nc*b */
+    int64_t l1_use, l2_use, l3_use; /* bytes: kc*mr*b, mc*kc*b, kc*nc*b */
     int threads;
     double arith_intensity;
     char reason[192];

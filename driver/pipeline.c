@@ -72,7 +72,7 @@ static int st_fastmath(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan
 static int st_ukernels(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
   (void)g, (void)plan;
   int n = 0;
-  int rc = cg_cpu_bf16_contractions(r->c, m, r->dev, r->opt_level, &n);
+  int rc = cg_cpu_contract_kernels(r->c, m, r->dev, r->opt_level, &n);
   r->idle = !n;
   return rc;
 }
@@ -142,7 +142,7 @@ static const np_stage cpu_stages[] = {
     {"remat", 1, st_remat},                /* passes/remat.c: with --memory-limit */
     {"inplace", 1, st_inplace},            /* passes/inplace.c: update destinations */
     {"fastmath", 1, st_fastmath},          /* codegen/fastmath.c */
-    {"ukernels", 1, st_ukernels},          /* codegen/cpu_ukernel.c: bf16 contractions (AVX-512 BF16) */
+    {"ukernels", 1, st_ukernels},          /* codegen/cpu_ukernel.c: contractions as the runtime's kernels */
     {"tiling", 1, st_tiling},              /* codegen/cpu_tile.c */
     {"bufferization", 0, st_bufferize},    /* codegen/cpu.c (one-shot, in pieces: chunk.c) */
     {"inplace-plan", 1, st_plan_inplace},  /* passes/inplace.c: copies of in-place updates removed */

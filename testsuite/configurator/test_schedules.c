@@ -150,8 +150,8 @@ static int check_cpu_device(const cfg_device *d, char *msg, size_t n)
             else if (s.nr % s.lanes) why = "nr not whole vectors";
             else if (s.mr * (s.nr / s.lanes) + s.nr / s.lanes + 1 > d->vector_regs) why = "register block exceeds vector registers";
             else if (s.kc < 1 || s.kc > K) why = "kc range";
-            else if (s.l1_use != s.kc * s.nr * b || s.l1_use > d->l1d_bytes / 2) why = "B micro-panel exceeds half of L1";
-            else if ((int64_t)s.mr * s.kc * b > d->l1d_bytes / 2) why = "A micro-panel exceeds half of L1";
+            else if (s.kc > 512) why = "kc above 512";
+            else if (s.l1_use != s.kc * s.mr * b || s.l1_use > d->l1d_bytes * 7 / 8) why = "A micro-panel exceeds 7/8 of L1";
             else if (s.mc < s.mr || s.mc % s.mr) why = "mc not a multiple of mr";
             else if (s.l2_use != s.mc * s.kc * b || s.l2_use > d->l2_bytes / 2) why = "A block exceeds half of L2";
             else if (s.nc < s.nr || s.nc % s.nr) why = "nc not a multiple of nr";

@@ -88,12 +88,12 @@ if build parallel.build $CC $CFLAGS $SAN $INC "$here/test_parallel.c" "$root/run
 fi
 if build contract.build $CC $CFLAGS $SAN $INC "$here/test_contract.c" "$root/runtime/rt_contract.c" \
   "$root/runtime/rt_parallel.c" "$root/runtime/rt_trace.c" -lpthread -lm -o "$T/test_contract"; then
-  for run in 0:3 0:1 1:3; do
-    plain=${run%:*} threads=${run#*:}
-    if NOVA_NUM_THREADS=$threads NOVA_CONTRACT_PLAIN=$plain timeout 120 "$T/test_contract" >"$T/con.out" 2>&1 &&
-      grep -q "contract: ok" "$T/con.out"
-    then pass contract.bf16_plain_${plain}_threads_$threads
-    else fail contract.bf16_plain_${plain}_threads_$threads "$(cat "$T/con.out")"; fi
+  for run in 0:3:any 0:1:any 1:3:any 0:2:avx2; do
+    plain=${run%%:*} isa=${run##*:} threads=${run#*:} threads=${threads%:*}
+    if NOVA_NUM_THREADS=$threads NOVA_CONTRACT_PLAIN=$plain NOVA_CONTRACT_ISA=$isa timeout 120 "$T/test_contract" \
+      >"$T/con.out" 2>&1 && grep -q "contract: ok" "$T/con.out"
+    then pass contract.plain_${plain}_threads_${threads}_isa_$isa
+    else fail contract.plain_${plain}_threads_${threads}_isa_$isa "$(cat "$T/con.out")"; fi
   done
 fi
 PB_SRC="$root/driver/tensor_pb.c $root/support/util.c $B/obj/gen/onnx.pb-c.o -lprotobuf-c"
