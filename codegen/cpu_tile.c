@@ -39,7 +39,10 @@
  *   reductions (generic with reduction iterators): innermost dim parallel:
  *     as elementwise, the reduction loops moved inside (the accumulator
  *     stays in a register); innermost dim reduced: one vector per row when
- *     the row is at most CG_TILE_MAX_ROW elements, else left as loops.
+ *     the row is at most CG_TILE_MAX_ROW elements, else the row in chunks
+ *     of whole vectors (the largest chunk up to CG_TILE_MAX_ROW that divides
+ *     it; a row no multiple of the vector lanes stays scalar), each chunk
+ *     reduced into the output in turn.
  * Ops left alone: contractions given to the runtime's kernels
  * (nova.ukernel, cpu_ukernel.c), dynamic shapes, i1/index element types (f16/bf16 but in
  * elementwise ops), maps
@@ -279,8 +282,15 @@ static tile_plan plan_op(MlirOperation op, const cfg_device *dev) {
   }
   p.kind = TK_REDUCE;
   if (p.red[last]) {
-    if (p.range[last] > CG_TILE_MAX_ROW) return (tile_plan){.kind = TK_NONE};
     p.tile[last] = 0;
+    if (p.range[last] > CG_TILE_MAX_ROW) {
+      /* a longer row in chunks of whole vectors (the largest that divides
+       * it), the partial sums carried from chunk to chunk in the output */
+      int64_t chunk = CG_TILE_MAX_ROW / lanes * lanes;
+      while (chunk >= lanes && p.range[last] % chunk) chunk -= lanes;
+      if (chunk < lanes) return (tile_plan){.kind = TK_NONE};
+      p.tile[last] = chunk;
+    }
   } else {
     p.tile[last] = tile_or_full(p.range[last], lanes);
   }

@@ -51,12 +51,7 @@
 #define UK_MAXL CG_CONTRACT_MAXL /* runtime/rt_contract.c's RT_CONTRACT_MAXL */
 #define UK_MR 12  /* and its bf16 register tile, MR x NR */
 #define UK_NR 32
-/* An f32 contraction of fewer multiply-adds stays with the tiler
- * (cpu_tile.c): its loops are inline and read the operands in place, and
- * the call, the descriptor and the packing cost more than they save
- * (measured on a Zen 4, 1 thread: 64^3 4.8 us inline, 6.3 us as a call;
- * 128^3 37 us and 44 us; from 512^3 on the call is as fast or faster). */
-#define UK_MIN_MACS (1 << 18)
+#define UK_MIN_MACS CG_UK_MIN_MACS
 
 static MlirNamedAttribute nattr(MlirContext ctx, const char *name, MlirAttribute a) {
   return mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str(name)), a);

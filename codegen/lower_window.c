@@ -45,7 +45,8 @@ static tv pad_for(lw *L, tv x, const window *w, const tv *res, double value) {
   return r;
 }
 
-/* A structured op whose maps are given as text (strided windows). */
+/* A structured op whose maps are given as text (strided windows); BODY
+ * "": the op yields %in0 (a copy). */
 static tv generic_text(lw *L, int nin, const tv *ins, const char *const *maps, const char *outmap, int nloops,
                        const char *iters, tv init, const char *body) {
   tv r = lw_fresh(L, init.rank, init.shape, init.dt);
@@ -67,7 +68,7 @@ static tv generic_text(lw *L, int nin, const tv *ins, const char *const *maps, c
     if (n) nv_sb_printf(&b, "      %.*s%s\n", (int)n, p, L->loc);
     p += n + (e ? 1 : 0);
   }
-  nv_sb_printf(&b, "      linalg.yield %%r : %s%s\n    } -> %s", lw_ety(init.dt), L->loc, TT(r));
+  nv_sb_printf(&b, "      linalg.yield %s : %s%s\n    } -> %s", *body ? "%r" : "%in0", lw_ety(init.dt), L->loc, TT(r));
   lw_emit(L, "%s", b.s ? b.s : "");
   nv_sb_free(&b);
   return r;
@@ -98,6 +99,88 @@ static void read_window(MlirOperation op, window *w, int ns) {
   for (int i = 0; i < ns; i++) w->pb[i] = v[i], w->pe[i] = v[ns + i];
 }
 
+/* ---- convolution as GEMM (im2col) -------------------------------------- */
+
+static void window_map(nv_sbuf *b, int nl, const char *lead, int o0, int k0, const window *w);
+static void plain_map(nv_sbuf *b, int nl, const char *lead, int first, int n);
+
+/* Whether the convolution goes through an im2col matrix and contractions
+ * (L->c->conv_gemm: a CPU whose contractions are the runtime's BLIS-style
+ * kernels) rather than loops over windows: not depthwise (one input and
+ * one output channel per group make a GEMM of one row), the matrix's rank
+ * within NOVA_MAX_RANK. */
+static bool conv_as_gemm(const lw *L, int ns, int64_t Cg, int64_t Fg) {
+  return L->c->conv_gemm && 3 + 2 * ns <= NOVA_MAX_RANK && !(Cg == 1 && Fg == 1);
+}
+
+/* The im2col matrix of XG [N, G, Cg, P...] (padded) for outputs O...:
+ * col[g, c, k..., n, o...] = xg[n, g, c, o s + k d], a copy over loops
+ * (g, c, k..., n, o...): as [G, Cg K..., N O...], B of the forward GEMM
+ * (w [G, F, Cg K...] x col), its n contiguous.  ROWS_BY_POSITION: the
+ * transposed layout [g, n, o..., c, k...] instead, B of the weight
+ * gradient's GEMM (dy^T [G, F, N O...] x col), its n (c, k...) contiguous
+ * again. */
+static tv im2col(lw *L, tv xg, const window *w, const int64_t *O, bool rows_by_position) {
+  int ns = w->ns, nl = 3 + 2 * ns;
+  /* loops (g, c, k..., n, o...); the result's dims in that order or as (g, n, o..., c, k...) */
+  int64_t shape[NOVA_MAX_RANK] = {xg.shape[1]};
+  int dims[NOVA_MAX_RANK] = {0}, r = 1;
+  if (rows_by_position) {
+    dims[r] = 2 + ns, shape[r++] = xg.shape[0];
+    for (int i = 0; i < ns; i++) dims[r] = 3 + ns + i, shape[r++] = O[i];
+  }
+  dims[r] = 1, shape[r++] = xg.shape[2];
+  for (int i = 0; i < ns; i++) dims[r] = 2 + i, shape[r++] = w->k[i];
+  if (!rows_by_position) {
+    dims[r] = 2 + ns, shape[r++] = xg.shape[0];
+    for (int i = 0; i < ns; i++) dims[r] = 3 + ns + i, shape[r++] = O[i];
+  }
+  char lead[48], iters[16] = {0};
+  for (int i = 0; i < nl; i++) iters[i] = 'p';
+  nv_sbuf mx = {0}, mo = {0};
+  snprintf(lead, sizeof lead, "d%d, d0, d1", 2 + ns);
+  window_map(&mx, nl, lead, 3 + ns, 2, w);
+  map_head(&mo, nl);
+  for (int i = 0; i < nl; i++) nv_sb_printf(&mo, "%sd%d", i ? ", " : "", dims[i]);
+  nv_sb_printf(&mo, ")>");
+  const char *maps[1] = {mx.s};
+  tv col = generic_text(L, 1, &xg, maps, mo.s, nl, iters, lw_empty(L, nl, shape, xg.dt), "");
+  nv_sb_free(&mx);
+  nv_sb_free(&mo);
+  return col;
+}
+
+static const char *mul_add(char *buf, size_t n, nova_dtype dt) {
+  snprintf(buf, n, "%%p = arith.mulf %%in0, %%in1 : %s\n%%r = arith.addf %%acc, %%p : %s", lw_ety(dt), lw_ety(dt));
+  return buf;
+}
+
+/* y[n, g, f, o...] = sum over c, k... of wg[g, f, c, k...] col[g, c, k..., n, o...]. */
+static tv conv_forward_gemm(lw *L, tv xg, tv wg, const window *w, const int64_t *os) {
+  int ns = w->ns, nl = 4 + 2 * ns; /* n g f o... c k... */
+  tv col = im2col(L, xg, w, os + 3, false);
+  char iters[16] = {0}, lead[48], body[200];
+  for (int i = 0; i < nl; i++) iters[i] = i < 3 + ns ? 'p' : 'r';
+  nv_sbuf mw = {0}, mc = {0}, mo = {0};
+  snprintf(lead, sizeof lead, "d1, d2, d%d", 3 + ns);
+  plain_map(&mw, nl, lead, 4 + ns, ns);
+  map_head(&mc, nl);
+  nv_sb_printf(&mc, "d1, d%d", 3 + ns);
+  for (int i = 0; i < ns; i++) nv_sb_printf(&mc, ", d%d", 4 + ns + i);
+  nv_sb_printf(&mc, ", d0");
+  for (int i = 0; i < ns; i++) nv_sb_printf(&mc, ", d%d", 3 + i);
+  nv_sb_printf(&mc, ")>");
+  plain_map(&mo, nl, "d0, d1, d2", 3, ns);
+  tv ins[2] = {wg, col};
+  const char *maps[2] = {mw.s, mc.s};
+  tv y = generic_text(L, 2, ins, maps, mo.s, nl, iters, lw_filled(L, ns + 3, os, xg.dt, 0.0),
+                      mul_add(body, sizeof body, xg.dt));
+  nv_sb_free(&mw);
+  nv_sb_free(&mc);
+  nv_sb_free(&mo);
+  return y;
+}
+
 /* conv: x [N, C, S...], w [F, C/G, K...] -> [N, F, O...], computed as
  * [N, G, F/G, O...] over loops (n, g, f, o..., c, k...). */
 tv lw_lower_conv(lw *L, MlirOperation op, tv x, tv wt, const tv *res) {
@@ -110,6 +193,7 @@ tv lw_lower_conv(lw *L, MlirOperation op, tv x, tv wt, const tv *res) {
   int64_t xs[NOVA_MAX_RANK] = {xp.shape[0], G, Cg}, ws[NOVA_MAX_RANK] = {G, Fg, Cg}, os[NOVA_MAX_RANK] = {res->shape[0], G, Fg};
   for (int i = 0; i < ns; i++) xs[3 + i] = xp.shape[2 + i], ws[3 + i] = w.k[i], os[3 + i] = res->shape[2 + i];
   tv xg = lw_reshape(L, xp, ns + 3, xs), wg = lw_reshape(L, wt, ns + 3, ws);
+  if (conv_as_gemm(L, ns, Cg, Fg)) return lw_reshape(L, conv_forward_gemm(L, xg, wg, &w, os), res->rank, res->shape);
   int nl = 4 + 2 * ns; /* n g f o... c k... */
   char iters[16] = {0};
   for (int i = 0; i < nl; i++) iters[i] = i < 3 + ns ? 'p' : 'r';
@@ -259,6 +343,76 @@ static void plain_map(nv_sbuf *b, int nl, const char *lead, int first, int n) {
   nv_sb_printf(b, ")>");
 }
 
+/* dw[g, f, c, k...] = sum over n, o... of dy[n, g, f, o...] col[g, n, o..., c, k...]: dy
+ * transposed to [G, F, N, O...] first, so that the sum's n and o are one
+ * contiguous k in both operands. */
+static tv conv_grad_weight_gemm(lw *L, tv x2, tv g2, const window *w, const int64_t *os) {
+  int ns = w->ns, nl = 4 + 2 * ns; /* g f c k... n o... */
+  tv col = im2col(L, x2, w, g2.shape + 3, true);
+  int64_t perm[NOVA_MAX_RANK] = {1, 2, 0};
+  for (int i = 0; i < ns; i++) perm[3 + i] = 3 + i;
+  tv gt = lw_transpose(L, g2, perm);
+  char iters[16] = {0}, lead[48], body[200];
+  for (int i = 0; i < nl; i++) iters[i] = i < 3 + ns ? 'p' : 'r';
+  nv_sbuf mg = {0}, mc = {0}, mo = {0};
+  snprintf(lead, sizeof lead, "d0, d1, d%d", 3 + ns);
+  plain_map(&mg, nl, lead, 4 + ns, ns);
+  map_head(&mc, nl);
+  nv_sb_printf(&mc, "d0, d%d", 3 + ns);
+  for (int i = 0; i < ns; i++) nv_sb_printf(&mc, ", d%d", 4 + ns + i);
+  nv_sb_printf(&mc, ", d2");
+  for (int i = 0; i < ns; i++) nv_sb_printf(&mc, ", d%d", 3 + i);
+  nv_sb_printf(&mc, ")>");
+  plain_map(&mo, nl, "d0, d1, d2", 3, ns);
+  tv ins[2] = {gt, col};
+  const char *maps[2] = {mg.s, mc.s};
+  tv dw = generic_text(L, 2, ins, maps, mo.s, nl, iters, lw_filled(L, ns + 3, os, x2.dt, 0.0),
+                       mul_add(body, sizeof body, x2.dt));
+  nv_sb_free(&mg);
+  nv_sb_free(&mc);
+  nv_sb_free(&mo);
+  return dw;
+}
+
+/* dx through the columns: dcol[g, c, k..., n, o...] = sum over f of w2[g, f, c, k...]
+ * dy[n, g, f, o...] (a GEMM), then each column added into the window it came
+ * from (col2im) in ACC [N, G, Cg, P...]. */
+static tv conv_grad_input_gemm(lw *L, tv g2, tv w2, const window *w, tv acc) {
+  int ns = w->ns, nl = 4 + 2 * ns; /* g c k... n o... f */
+  int64_t shape[NOVA_MAX_RANK] = {w2.shape[0], w2.shape[2]};
+  for (int i = 0; i < ns; i++) shape[2 + i] = w->k[i], shape[3 + ns + i] = g2.shape[3 + i];
+  shape[2 + ns] = g2.shape[0];
+  char iters[16] = {0}, lead[48], body[200];
+  for (int i = 0; i < nl; i++) iters[i] = i < nl - 1 ? 'p' : 'r';
+  nv_sbuf mw = {0}, mg = {0}, mo = {0};
+  snprintf(lead, sizeof lead, "d0, d%d, d1", nl - 1);
+  plain_map(&mw, nl, lead, 2, ns);
+  snprintf(lead, sizeof lead, "d%d, d0, d%d", 2 + ns, nl - 1);
+  plain_map(&mg, nl, lead, 3 + ns, ns);
+  plain_map(&mo, nl, "", 0, nl - 1);
+  tv ins[2] = {w2, g2};
+  const char *maps[2] = {mw.s, mg.s};
+  tv dcol = generic_text(L, 2, ins, maps, mo.s, nl, iters, lw_filled(L, nl - 1, shape, g2.dt, 0.0),
+                         mul_add(body, sizeof body, g2.dt));
+  nv_sb_free(&mw);
+  nv_sb_free(&mg);
+  nv_sb_free(&mo);
+  /* col2im: loops (g, c, k..., n, o...), dx[n, g, c, o s + k d] += dcol[...] */
+  int nc = nl - 1;
+  for (int i = 0; i < nc; i++) iters[i] = (i == 0 || i == 1 || i == 2 + ns) ? 'p' : 'r';
+  iters[nc] = 0;
+  nv_sbuf mi = {0}, mx = {0};
+  plain_map(&mi, nc, "", 0, nc);
+  snprintf(lead, sizeof lead, "d%d, d0, d1", 2 + ns);
+  window_map(&mx, nc, lead, 3 + ns, 2, w);
+  snprintf(body, sizeof body, "%%r = arith.addf %%acc, %%in0 : %s", lw_ety(g2.dt));
+  const char *cmaps[1] = {mi.s};
+  tv full = generic_text(L, 1, &dcol, cmaps, mx.s, nc, iters, acc, body);
+  nv_sb_free(&mi);
+  nv_sb_free(&mx);
+  return full;
+}
+
 /* dx of conv: loops (n, g, f, o..., c, k...), dx[n, g, c, o s + k d] += dy[n, g, f, o] w[g, f, c, k]. */
 tv lw_lower_conv_grad_input(lw *L, MlirOperation op, tv gy, tv wt, const tv *res) {
   int ns = res->rank - 2;
@@ -270,6 +424,10 @@ tv lw_lower_conv_grad_input(lw *L, MlirOperation op, tv gy, tv wt, const tv *res
   for (int i = 0; i < ns; i++) gs[3 + i] = gy.shape[2 + i], ws[3 + i] = w.k[i];
   tv g2 = lw_reshape(L, gy, ns + 3, gs), w2 = lw_reshape(L, wt, ns + 3, ws);
   tv acc = window_target(L, &w, N, G, Cg, res->shape + 2, gy.shape + 2, res->dt, 3);
+  if (conv_as_gemm(L, ns, Cg, Fg)) {
+    tv full = conv_grad_input_gemm(L, g2, w2, &w, acc);
+    return lw_reshape(L, interior(L, full, &w, 3, res->shape + 2), res->rank, res->shape);
+  }
   int nl = 4 + 2 * ns;
   char iters[16] = {0}, lead[32];
   for (int i = 0; i < nl; i++) iters[i] = (i == 0 || i == 1 || i == 3 + ns) ? 'p' : 'r';
@@ -302,6 +460,7 @@ tv lw_lower_conv_grad_weight(lw *L, MlirOperation op, tv x, tv gy, const tv *res
   int64_t xs[NOVA_MAX_RANK] = {N, G, Cg}, gs[NOVA_MAX_RANK] = {N, G, Fg}, os[NOVA_MAX_RANK] = {G, Fg, Cg};
   for (int i = 0; i < ns; i++) xs[3 + i] = xp.shape[2 + i], gs[3 + i] = gy.shape[2 + i], os[3 + i] = w.k[i];
   tv x2 = lw_reshape(L, xp, ns + 3, xs), g2 = lw_reshape(L, gy, ns + 3, gs);
+  if (conv_as_gemm(L, ns, Cg, Fg)) return lw_reshape(L, conv_grad_weight_gemm(L, x2, g2, &w, os), res->rank, res->shape);
   int nl = 4 + 2 * ns; /* g f c k... n o... */
   char iters[16] = {0}, lead[32];
   for (int i = 0; i < nl; i++) iters[i] = i < 3 + ns ? 'p' : 'r';

@@ -493,6 +493,7 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
     cJSON_AddNumberToObject(fu, "ops_before", o->plan->ops_before_fusion);
     cJSON_AddNumberToObject(fu, "ops_after", o->plan->ops_after_fusion);
     if (!o->gpu) cJSON_AddNumberToObject(root, "parallel_loops", o->plan->parallel_loops);
+    if (!o->gpu) cJSON_AddNumberToObject(root, "contraction_kernels", o->plan->contraction_kernels);
   }
   cJSON *ks = cJSON_AddArrayToObject(root, "kernels");
   cJSON *k = cJSON_CreateObject();

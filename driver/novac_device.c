@@ -113,7 +113,7 @@ static void explain_matmuls(FILE *f, const cfg_device *dev, const nv_graph *g, b
     if (!any)
       fprintf(f, "\nGEMM schedules derived for the matmuls (%s):\n",
               cuda ? "not generated yet: the kernels above compute each output point with a loop over K"
-                   : "not applied yet: the cpu code generator emits plain loops");
+                   : "the register tile and cache blocks of the runtime's contraction kernel");
     any = true;
     (*count)++;
     char where[200] = "";
@@ -136,8 +136,11 @@ static void explain_matmuls(FILE *f, const cfg_device *dev, const nv_graph *g, b
         fprintf(f, "    (no schedule: %s)\n", s.reason);
         continue;
       }
-      fprintf(f, "    register block %dx%d (%d lanes), kc=%lld mc=%lld nc=%lld, %d threads\n    decided by: %s\n", s.mr,
-              s.nr, s.lanes, (long long)s.kc, (long long)s.mc, (long long)s.nc, s.threads, s.reason);
+      bool kernel = cg_cpu_f32_kernel(dev, 1) && m * n * k * batch >= CG_UK_MIN_MACS;
+      fprintf(f, "    %s: register block %dx%d (%d lanes), kc=%lld mc=%lld nc=%lld, %d threads\n    decided by: %s\n",
+              kernel ? "runtime kernel" : eb == 4 && !cg_cpu_f32_kernel(dev, 1) ? "inline loops (no AVX2 or AVX-512)"
+                       : eb == 4 ? "inline loops (under 2^18 multiply-adds)" : "inline loops",
+              s.mr, s.nr, s.lanes, (long long)s.kc, (long long)s.mc, (long long)s.nc, s.threads, s.reason);
     }
   }
 }
@@ -180,7 +183,8 @@ void nd_explain(FILE *f, const cfg_device *dev, const nv_graph *g, const cg_gpu 
       count++;
     }
   } else {
-    fprintf(f, "target: cpu, 1 function (the whole step; loops are not tiled or threaded by the configurator yet)\n");
+    fprintf(f, "target: cpu, 1 function (the whole step): loops tiled and vectorized for the configurator's vector "
+               "width, the large ones shared out between threads\n");
   }
   explain_matmuls(f, dev, g, gpu != NULL, &count);
   fprintf(f, "\nconfigurator: %d schedule%s in %.3f ms\n", count, count == 1 ? "" : "s", config_ms(dev, g, gpu));

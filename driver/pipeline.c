@@ -70,10 +70,11 @@ static int st_fastmath(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan
 }
 
 static int st_ukernels(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
-  (void)g, (void)plan;
+  (void)g;
   int n = 0;
   int rc = cg_cpu_contract_kernels(r->c, m, r->dev, r->opt_level, &n);
   r->idle = !n;
+  plan->contraction_kernels = n;
   return rc;
 }
 

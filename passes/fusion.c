@@ -9,7 +9,7 @@
  * contractions and reductions keep f32 operands where a producer extends
  * an f16/bf16 value
  * (--precision: the CPU tiler vectorizes 16-bit types in elementwise ops
- * only).  Where the target's contractions read bf16 operands themselves
+ * only), and a convolution's im2col matrix stays apart from its GEMM.  Where the target's contractions read bf16 operands themselves
  * (HALF_CONTRACTIONS: codegen/cpu_ukernel.c), the bf16 values such an
  * extension reads stay tensors too, not fused into it.  A 16-bit value
  * that several f32 ops read gets one extension per reader, so that it is
@@ -198,11 +198,35 @@ static void broadcast_barriers(cap_state *s, MlirOperation op, int *barriers) {
   }
 }
 
+/* Whether P gathers windows: a copy (a body of just a yield) whose input
+ * map is no projected permutation (im2col: x[n, c, o s + k d]). */
+static bool window_copy(MlirOperation p) {
+  if (computes(p) || mlirOperationGetNumOperands(p) != 2) return false;
+  MlirAttribute maps = mlirOperationGetAttributeByName(p, nova_str("indexing_maps"));
+  if (mlirAttributeIsNull(maps) || !mlirAttributeIsAArray(maps) || mlirArrayAttrGetNumElements(maps) < 1) return false;
+  MlirAttribute a = mlirArrayAttrGetElement(maps, 0);
+  return mlirAttributeIsAAffineMap(a) && !mlirAffineMapIsProjectedPermutation(mlirAffineMapAttrGetValue(a));
+}
+
+/* The im2col matrix a convolution's GEMM reads (codegen/lower_window.c)
+ * stays a tensor (a barrier): merged into the GEMM it would make it the
+ * window loops again, which no contraction kernel takes. */
+static void window_barriers(cap_state *s, MlirOperation op, int *barriers) {
+  if (all_parallel(s, op)) return;
+  for (intptr_t i = 0; i < mlirOperationGetNumOperands(op); i++) {
+    MlirOperation p = fusable_producer(s, op, i);
+    if (mlirOperationIsNull(p) || !window_copy(p)) continue;
+    add_barrier(s, mlirOperationGetOperand(op, i), op);
+    ++*barriers;
+  }
+}
+
 static void visit(cap_state *s, MlirOperation op, int *barriers) {
   intptr_t n = mlirOperationGetNumOperands(op);
   int64_t total = body_ops(op);
   half_barriers(s, op, barriers);
   broadcast_barriers(s, op, barriers);
+  window_barriers(s, op, barriers);
   for (intptr_t i = 0; i < n; i++) {
     MlirOperation p = fusable_producer(s, op, i);
     if (!mlirOperationIsNull(p)) total += estimate(s, p);

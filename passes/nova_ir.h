@@ -19,6 +19,7 @@ typedef struct nova_ctx {
   MlirContext ctx;
   nv_diag *diag;
   int mlir_errors;     /* diagnostics MLIR reported through the handler */
+  bool conv_gemm;      /* lower convolutions through im2col and GEMMs (a CPU with contraction kernels) */
 } nova_ctx;
 
 /* Creates a context with every upstream dialect and nova loaded, MLIR

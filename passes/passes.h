@@ -116,6 +116,7 @@ typedef struct cg_plan {
   int remat_values;       /* recomputed in the backward instead of kept */
   int64_t remat_bytes;    /* their sizes, summed */
   int parallel_loops;     /* loop functions shared out between threads (parallel.c) */
+  int contraction_kernels; /* contractions compiled as calls of the runtime's kernels (cpu_ukernel.c) */
   int forwarded;          /* results computed in the caller's output buffer, their copy removed */
 } cg_plan;
 

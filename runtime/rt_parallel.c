@@ -2,19 +2,33 @@
  *
  * novac (codegen/parallel.c) turns the outermost loop of a large parallel
  * nest into nova_rt_parallel_for(task, argv, lb, ub, step): the iterations
- * lb, lb+step, ... < ub are split into one contiguous share per thread;
- * the calling thread runs the first, the pool's workers the others, and
- * the call returns when all are done.  The iterations write disjoint data,
- * so the result does not depend on the number of threads.
+ * lb, lb+step, ... < ub, in chunks of consecutive iterations (about
+ * RT_CHUNKS per thread), are taken one chunk at a time by the calling
+ * thread and by the pool's workers from a shared counter; the call returns
+ * when every chunk is done.  The iterations write disjoint data, so the
+ * result does not depend on the number of threads or on who ran what.
+ *
+ * Degrading gracefully when the machine is shared: a worker that another
+ * process keeps off its core takes no chunk (the caller and the other
+ * workers take them all) or holds one chunk at most, which the caller
+ * waits for spinning briefly, then yielding its core (to that worker, when
+ * they share one).  The caller never waits for a worker to wake up.
  *
  * Threads: NOVA_NUM_THREADS, else the processors this process may run on
  * (sched_getaffinity: `taskset -c 0` gives one), at most RT_MAX_THREADS.
- * The pool starts at the first parallel loop; workers spin briefly for the
- * next loop of a step, then sleep on a condition variable.  A second thread
- * running a step while the pool is busy runs its loops alone.  The pool is
- * stopped and joined when the step.so is unloaded.  A child made by fork()
- * has none of its parent's workers: it starts a pool of its own at its
- * first parallel loop (pthread_atfork).
+ * The pool starts at the first parallel loop; workers poll for the next
+ * loop for at most RT_SPIN_NS, then sleep on a condition variable.  A
+ * second thread running a step while the pool is busy runs its loops
+ * alone.  The pool is stopped and joined when the step.so is unloaded.  A
+ * child made by fork() has none of its parent's workers: it starts a pool
+ * of its own at its first parallel loop (pthread_atfork).
+ *
+ * The loop being run is published as a claim word (generation << 32 |
+ * next chunk): a worker reads it, reads the loop's fields, then takes a
+ * chunk with a compare-and-swap that fails when the generation has moved
+ * on, so a late worker never runs a chunk of a loop that is over; the
+ * fields of the next loop are written only after every chunk of this one
+ * is done.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -25,11 +39,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "rt_trace.h"
 
 #define RT_MAX_THREADS 64
-#define RT_SPIN 20000 /* polls before a worker sleeps */
+#define RT_CHUNKS 4           /* chunks per thread of a loop */
+#define RT_SPIN_NS 100000     /* a worker polls this long for the next loop, then sleeps */
+#define RT_WAIT_SPINS 2000    /* the caller's polls for the last chunks before it yields */
 
 typedef void (*rt_task)(void **argv, int64_t lo, int64_t hi);
 void nova_rt_parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int64_t step);
@@ -43,13 +60,14 @@ static struct {
   pthread_mutex_t busy;        /* held by the thread whose loop the pool runs */
   pthread_mutex_t mu;
   pthread_cond_t wake;
-  atomic_uint_fast64_t gen;    /* bumped for each loop (and to stop) */
-  atomic_int pending;          /* workers' shares not finished */
+  atomic_uint_fast64_t gen;    /* bumped for each loop (and to stop): what wakes the workers */
+  atomic_uint_fast64_t claim;  /* generation << 32 | the next chunk to take */
+  atomic_int_fast64_t done;    /* chunks of the loop finished */
   atomic_bool stop;
-  /* the loop being run */
-  rt_task task;
-  void **argv;
-  int64_t lb, ub, step, per;   /* per: iterations per share */
+  /* the loop being run (atomic: a late worker may read them while the next loop's are written) */
+  _Atomic(rt_task) task;
+  _Atomic(void **) argv;
+  atomic_int_fast64_t lb, ub, step, per, chunks; /* per: iterations per chunk */
 } pool = {.busy = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
 static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -60,34 +78,60 @@ static inline void relax(void) {
 #endif
 }
 
-static void run_share(int k) {
-  int64_t lo = pool.lb + (int64_t)k * pool.per * pool.step;
-  int64_t hi = lo + pool.per * pool.step;
-  if (hi > pool.ub) hi = pool.ub;
-  if (lo < hi) pool.task(pool.argv, lo, hi);
+static int64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Takes and runs chunks of the loop of generation G until none is left
+ * (or the loop is over); the chunks it ran. */
+static int64_t run_chunks(uint_fast64_t g) {
+  int64_t ran = 0;
+  uint_fast64_t c = atomic_load_explicit(&pool.claim, memory_order_acquire);
+  for (;;) {
+    if (c >> 32 != (g & 0xffffffffu)) return ran;
+    int64_t k = (int64_t)(c & 0xffffffffu);
+    rt_task task = atomic_load_explicit(&pool.task, memory_order_relaxed);
+    void **argv = atomic_load_explicit(&pool.argv, memory_order_relaxed);
+    int64_t lb = atomic_load_explicit(&pool.lb, memory_order_relaxed), ub = atomic_load_explicit(&pool.ub, memory_order_relaxed);
+    int64_t step = atomic_load_explicit(&pool.step, memory_order_relaxed), per = atomic_load_explicit(&pool.per, memory_order_relaxed);
+    if (k >= atomic_load_explicit(&pool.chunks, memory_order_relaxed)) return ran;
+    /* the fields read above are this loop's when the claim still holds */
+    if (!atomic_compare_exchange_weak_explicit(&pool.claim, &c, c + 1, memory_order_acq_rel, memory_order_acquire))
+      continue;
+    int64_t lo = lb + k * per * step, hi = lo + per * step;
+    if (hi > ub) hi = ub;
+    if (lo < hi) task(argv, lo, hi);
+    atomic_fetch_add_explicit(&pool.done, 1, memory_order_acq_rel);
+    ran++;
+    c = atomic_load_explicit(&pool.claim, memory_order_acquire);
+  }
 }
 
 static void *worker(void *arg) {
-  int k = (int)(intptr_t)arg;
+  (void)arg;
   uint_fast64_t seen = 0;
   for (;;) {
     uint_fast64_t g;
-    int spins = 0;
-    while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen) {
-      if (++spins < RT_SPIN) {
-        relax();
-        continue;
+    int64_t t0 = 0;
+    for (unsigned polls = 0; (g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen; polls++) {
+      if (polls % 64 == 0) { /* the clock now and then: polls cost differently on each CPU */
+        int64_t t = now_ns();
+        if (!t0) t0 = t;
+        else if (t - t0 > RT_SPIN_NS) {
+          pthread_mutex_lock(&pool.mu);
+          while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen)
+            pthread_cond_wait(&pool.wake, &pool.mu);
+          pthread_mutex_unlock(&pool.mu);
+          break;
+        }
       }
-      pthread_mutex_lock(&pool.mu);
-      while ((g = atomic_load_explicit(&pool.gen, memory_order_acquire)) == seen)
-        pthread_cond_wait(&pool.wake, &pool.mu);
-      pthread_mutex_unlock(&pool.mu);
-      break;
+      relax();
     }
     seen = g;
     if (atomic_load(&pool.stop)) return NULL;
-    run_share(k);
-    atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_acq_rel);
+    run_chunks(g);
   }
 }
 
@@ -122,7 +166,8 @@ static void pool_forget(void) {
   pool.started = 0;
   pool.nthreads = 0;
   atomic_store(&pool.gen, 0);
-  atomic_store(&pool.pending, 0);
+  atomic_store(&pool.claim, 0);
+  atomic_store(&pool.done, 0);
   atomic_store(&pool.stop, false);
   atomic_store(&pool.ready, false);
 }
@@ -165,20 +210,31 @@ static void parallel_for(rt_task task, void **argv, int64_t lb, int64_t ub, int6
     task(argv, lb, ub);
     return;
   }
-  int shares = n < pool.nthreads ? (int)n : pool.nthreads; /* a worker past the last share has none */
-  pool.task = task;
-  pool.argv = argv;
-  pool.lb = lb;
-  pool.ub = ub;
-  pool.step = step;
-  pool.per = (n + shares - 1) / shares;
-  atomic_store_explicit(&pool.pending, pool.nthreads - 1, memory_order_relaxed);
+  int64_t want = (int64_t)pool.nthreads * RT_CHUNKS, chunks = n < want ? n : want;
+  int64_t per = (n + chunks - 1) / chunks;
+  chunks = (n + per - 1) / per;
+  /* every chunk of the previous loop is done: no worker reads these now but
+   * to find its claim stale */
+  atomic_store_explicit(&pool.task, task, memory_order_relaxed);
+  atomic_store_explicit(&pool.argv, argv, memory_order_relaxed);
+  atomic_store_explicit(&pool.lb, lb, memory_order_relaxed);
+  atomic_store_explicit(&pool.ub, ub, memory_order_relaxed);
+  atomic_store_explicit(&pool.step, step, memory_order_relaxed);
+  atomic_store_explicit(&pool.per, per, memory_order_relaxed);
+  atomic_store_explicit(&pool.chunks, chunks, memory_order_relaxed);
+  atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
+  uint_fast64_t g = atomic_load_explicit(&pool.gen, memory_order_relaxed) + 1;
+  atomic_store_explicit(&pool.claim, (g & 0xffffffffu) << 32, memory_order_release);
   pthread_mutex_lock(&pool.mu);
-  atomic_fetch_add_explicit(&pool.gen, 1, memory_order_release);
+  atomic_store_explicit(&pool.gen, g, memory_order_release);
   pthread_cond_broadcast(&pool.wake);
   pthread_mutex_unlock(&pool.mu);
-  run_share(0);
-  while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) relax();
+  run_chunks(g);
+  /* the chunks still running on workers: poll, then give the core away */
+  for (unsigned polls = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < chunks; polls++) {
+    if (polls < RT_WAIT_SPINS) relax();
+    else sched_yield();
+  }
   pthread_mutex_unlock(&pool.busy);
 }
 
