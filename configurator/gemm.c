@@ -207,6 +207,9 @@ cfg_gemm_cpu_schedule cfg_gemm_cpu_tile(const cfg_device *d, int64_t M, int64_t 
      * update of C, once per kc, is then under 1% of its work. */
     int64_t kc = d->l1d_bytes * 7 / 8 / ((int64_t)s.mr * b);
     if (kc > 512) kc = 512;
+    if (kc > d->l2_bytes / 2 / ((int64_t)s.mr * b)) kc = d->l2_bytes / 2 / ((int64_t)s.mr * b); /* a block of A in L2 */
+    int64_t outer_cache = d->l3_bytes > 0 ? d->l3_bytes : d->l2_bytes;
+    if (kc > outer_cache / 2 / ((int64_t)s.nr * b)) kc = outer_cache / 2 / ((int64_t)s.nr * b); /* a panel of B in L3 */
     if (kc >= 8) kc -= kc % 8;
     if (kc < 1) kc = 1;
     s.kc = cfg_min64(kc, K);
