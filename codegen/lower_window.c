@@ -155,7 +155,10 @@ static const char *mul_add(char *buf, size_t n, nova_dtype dt) {
   return buf;
 }
 
-/* y[n, g, f, o...] = sum over c, k... of wg[g, f, c, k...] col[g, c, k..., n, o...]. */
+/* yt[g, f, n, o...] = sum over c, k... of wg[g, f, c, k...] col[g, c, k..., n, o...], then
+ * y [n, g, f, o...] its transpose: the GEMM's columns are the whole batch's
+ * positions (n o... contiguous in col and yt), not one image's (a 2 x 2
+ * map of a late layer: 4 columns of the register tile's 32). */
 static tv conv_forward_gemm(lw *L, tv xg, tv wg, const window *w, const int64_t *os) {
   int ns = w->ns, nl = 4 + 2 * ns; /* n g f o... c k... */
   tv col = im2col(L, xg, w, os + 3, false);
@@ -170,15 +173,17 @@ static tv conv_forward_gemm(lw *L, tv xg, tv wg, const window *w, const int64_t 
   nv_sb_printf(&mc, ", d0");
   for (int i = 0; i < ns; i++) nv_sb_printf(&mc, ", d%d", 3 + i);
   nv_sb_printf(&mc, ")>");
-  plain_map(&mo, nl, "d0, d1, d2", 3, ns);
+  plain_map(&mo, nl, "d1, d2, d0", 3, ns);
+  int64_t ts[NOVA_MAX_RANK] = {os[1], os[2], os[0]}, perm[NOVA_MAX_RANK] = {2, 0, 1};
+  for (int i = 0; i < ns; i++) ts[3 + i] = os[3 + i], perm[3 + i] = 3 + i;
   tv ins[2] = {wg, col};
   const char *maps[2] = {mw.s, mc.s};
-  tv y = generic_text(L, 2, ins, maps, mo.s, nl, iters, lw_filled(L, ns + 3, os, xg.dt, 0.0),
-                      mul_add(body, sizeof body, xg.dt));
+  tv yt = generic_text(L, 2, ins, maps, mo.s, nl, iters, lw_filled(L, ns + 3, ts, xg.dt, 0.0),
+                       mul_add(body, sizeof body, xg.dt));
   nv_sb_free(&mw);
   nv_sb_free(&mc);
   nv_sb_free(&mo);
-  return y;
+  return lw_transpose(L, yt, perm);
 }
 
 /* conv: x [N, C, S...], w [F, C/G, K...] -> [N, F, O...], computed as
@@ -375,10 +380,14 @@ static tv conv_grad_weight_gemm(lw *L, tv x2, tv g2, const window *w, const int6
 }
 
 /* dx through the columns: dcol[g, c, k..., n, o...] = sum over f of w2[g, f, c, k...]
- * dy[n, g, f, o...] (a GEMM), then each column added into the window it came
- * from (col2im) in ACC [N, G, Cg, P...]. */
+ * dyt[g, f, n, o...] (a GEMM over the whole batch's positions; dyt, dy
+ * transposed, is the weight gradient's too), then each column added into
+ * the window it came from (col2im) in ACC [N, G, Cg, P...]. */
 static tv conv_grad_input_gemm(lw *L, tv g2, tv w2, const window *w, tv acc) {
   int ns = w->ns, nl = 4 + 2 * ns; /* g c k... n o... f */
+  int64_t perm[NOVA_MAX_RANK] = {1, 2, 0};
+  for (int i = 0; i < ns; i++) perm[3 + i] = 3 + i;
+  tv gt = lw_transpose(L, g2, perm);
   int64_t shape[NOVA_MAX_RANK] = {w2.shape[0], w2.shape[2]};
   for (int i = 0; i < ns; i++) shape[2 + i] = w->k[i], shape[3 + ns + i] = g2.shape[3 + i];
   shape[2 + ns] = g2.shape[0];
@@ -387,10 +396,10 @@ static tv conv_grad_input_gemm(lw *L, tv g2, tv w2, const window *w, tv acc) {
   nv_sbuf mw = {0}, mg = {0}, mo = {0};
   snprintf(lead, sizeof lead, "d0, d%d, d1", nl - 1);
   plain_map(&mw, nl, lead, 2, ns);
-  snprintf(lead, sizeof lead, "d%d, d0, d%d", 2 + ns, nl - 1);
+  snprintf(lead, sizeof lead, "d0, d%d, d%d", nl - 1, 2 + ns);
   plain_map(&mg, nl, lead, 3 + ns, ns);
   plain_map(&mo, nl, "", 0, nl - 1);
-  tv ins[2] = {w2, g2};
+  tv ins[2] = {w2, gt};
   const char *maps[2] = {mw.s, mg.s};
   tv dcol = generic_text(L, 2, ins, maps, mo.s, nl, iters, lw_filled(L, nl - 1, shape, g2.dt, 0.0),
                          mul_add(body, sizeof body, g2.dt));

@@ -603,8 +603,29 @@ static int64_t clamp_block(int64_t v, int64_t unit, int64_t range) {
 
 /* Blocks of 0 (or for another register tile): the kernel's own, BLIS's
  * rule of thumb for a 32 KiB L1 and 1 MiB L2. */
+/* The share of the register tiles' lanes that hold C's elements, for M
+ * rows in tiles of MR and N columns in tiles of NR. */
+static double tile_use(int64_t M, int64_t N, int mr, int nr) {
+  return (double)M / (double)((M + mr - 1) / mr * mr) * (double)N / (double)((N + nr - 1) / nr * nr);
+}
+
 static void run_blocked(contract *x) {
   const kernel *kr = x->k;
+  /* few columns and many rows (a convolution's late layer: 8 positions,
+   * 4608 rows): C^T = B^T A^T fills the wide side of the tile instead */
+  if (tile_use(x->size[x->ln], x->size[x->lm], kr->mr, kr->nr) >
+      1.25 * tile_use(x->size[x->lm], x->size[x->ln], kr->mr, kr->nr)) {
+    const char *t = x->a;
+    x->a = x->b, x->b = t;
+    for (int l = 0; l < x->nl; l++) {
+      int64_t s = x->sa[l];
+      x->sa[l] = x->sb[l], x->sb[l] = s;
+    }
+    int l = x->lm;
+    x->lm = x->ln, x->ln = l;
+    int64_t b = x->mc;
+    x->mc = x->nc, x->nc = b;
+  }
   int64_t M = x->size[x->lm], N = x->size[x->ln], K = x->size[x->lk];
   x->mc = clamp_block(x->mc > 0 ? x->mc : 8 * kr->mr, kr->mr, M);
   x->nc = clamp_block(x->nc > 0 ? x->nc : 16 * kr->nr, kr->nr, N);

@@ -4,7 +4,8 @@
  * edges in m, n and odd k, cache blocks smaller than the ranges,
  * transposed A and B (k contiguous or not), a C with a column stride,
  * batch loops (one shared by A, B and C, one of A only, one of B only), A
- * read in place or packed, and blocks of 0 (the kernel's own).  Each
+ * read in place or packed, few columns (computed as C^T), and blocks of 0
+ * (the kernel's own).  Each
  * element must be within 1e-5 of the sum of |a*b| over its k (f32 rounding
  * of K sums) of the reference.  Exit 0 and "contract: ok", or 1 with the
  * first bad element.  testsuite/runtime/run.sh runs it with
@@ -121,6 +122,8 @@ int main(void) {
       {"register-tile rows", 2, 1, 28, 64, 40, 1, 0, 1, 14, 32, 17, 0},
       {"rows 4 KiB apart (A packed)", 1, 1, 30, 40, 1024, 0, 0, 1, 0, 0, 0, 0},
       {"A in place, m contiguous, k steps 2 KiB apart", 1, 1, 512, 40, 30, 1, 0, 1, 0, 0, 0, 0},
+      {"few columns, many rows (as C^T)", 1, 1, 300, 5, 40, 0, 0, 1, 0, 0, 0, 0},
+      {"few columns, transposed, batched, C column stride", 2, 1, 90, 3, 17, 1, 1, 2, 0, 0, 0, 0},
       {"a loop of B only (joins n)", 2, 1, 33, 20, 17, 0, 0, 1, 0, 0, 0, 3},
       {"a loop of B only, B transposed", 1, 2, 20, 24, 9, 1, 1, 1, 0, 0, 0, 4},
       {"a loop of B only, C column stride", 1, 1, 15, 20, 9, 0, 0, 2, 0, 0, 0, 3},
