@@ -4,16 +4,27 @@ model, weights, batch, float32, lr 1e-3) in novac, PyTorch eager,
 torch.compile and JAX/XLA, and novac's sgemm against numpy/OpenBLAS.
 
     python3 bench/bench_cpu.py [--quick] [--threads N] [--out FILE] [--build DIR]
-                               [--only mlp,gpt_block,gpt4,gemm]
-                               [--systems novac,eager,compile,xla] [--keep]
+                               [--only mlp,gpt_block,gpt4,resnet18,mobilenet_v3_small,gemm]
+                               [--systems novac,eager,compile,xla] [--keep] [--isa native|avx2]
 
 Parts: (1) the MLP of examples/mlp.nova (784-128-10, batch 64); (2) the GPT
 block of testsuite/onnx/models/gpt_block (d 32, T 8, vocab 50, batch 8);
 (3) a 4-layer GPT (d 256, 4 heads, T 128, vocab 512, batch 8), defined here
 in PyTorch and exported to ONNX as testsuite/onnx/models/export.py does;
 (4) GEMM: novac-generated sgemm against numpy `a @ b` (OpenBLAS) on squares
-and transformer shapes.  --quick: parts 1 and 2 and the 512 GEMM, fewer
-repeats (about 2 minutes on a 2-core machine).
+(256 to 4096) and transformer shapes (K up to 4096); (5) torchvision
+resnet18 and (6) mobilenet_v3_small (64 x 64 images, 10 classes, batch 2,
+BatchNorm in training mode, exported with the TorchScript exporter; novac
+against PyTorch eager and torch.compile).  --quick: parts 1 and 2 and the
+512 GEMM, fewer repeats (about 2 minutes on a 2-core machine).
+
+The machine's limit is measured in the same run: OpenBLAS's best sgemm
+GFLOP/s on 1024 and 2048 squares with the same threads.  Each training
+part reports the step's FLOP (torch.utils.flop_counter, forward and
+backward), the FLOP-limited floor at that rate, and each system's share of
+it; the GEMM part each novac GEMM's share of the limit.  The report's
+header names the CPU model and its vector extensions, so that results from
+different machines can be compared.
 
 Every system runs in its own process pinned with taskset to the same CPUs
 (--threads N: CPUs 0..N-1; default 1) with the same thread settings:
@@ -588,6 +599,15 @@ class Bench:
                                    % args.threads),
                         TORCHINDUCTOR_CACHE_DIR=os.path.join(self.tmp, "inductor-cache"),   # cold compiles
                         PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
+        self.novac_flags = []
+        if args.isa == "avx2":   # the AVX2 code on an AVX-512 machine, for every system that can be told
+            self.env.update(NOVA_CONTRACT_ISA="avx2", OPENBLAS_CORETYPE="Haswell", ATEN_CPU_CAPABILITY="avx2",
+                            ONEDNN_MAX_CPU_ISA="AVX2", XLA_FLAGS=self.env["XLA_FLAGS"] +
+                            " --xla_cpu_max_isa=AVX2")
+            dev = os.path.join(self.tmp, "avx2.json")
+            with open(dev, "w") as f:
+                json.dump(avx2_device(), f)
+            self.novac_flags = ["--cpu=x86-64-v3", "--device=" + dev]
         self.taskset = shutil.which("taskset")
         self.systems = [s for s in args.systems.split(",") if s] or list(SYSTEMS)
         if any(s not in SYSTEMS for s in self.systems):
@@ -633,7 +653,7 @@ class Bench:
     def novac_compile(self, model, flags, out):
         t0 = time.perf_counter()
         try:
-            p = self.run([self.novac_bin, model] + flags + ["-o", out])
+            p = self.run([self.novac_bin, model] + flags + self.novac_flags + ["-o", out])
         except subprocess.TimeoutExpired:
             return None, "novac timed out after %d s" % self.mode["timeout"]
         wall = time.perf_counter() - t0
@@ -955,6 +975,20 @@ def version_of(dist):
         return None
 
 
+def avx2_device():
+    """This machine's caches and cores as an AVX2 CPU (256-bit vectors, 16 registers), for novac --device."""
+    def cache(index, default):
+        try:
+            v = open("/sys/devices/system/cpu/cpu0/cache/index%d/size" % index).read().strip()
+            return int(v[:-1]) * {"K": 1024, "M": 1 << 20}[v[-1]] if v[-1] in "KM" else int(v)
+        except (OSError, ValueError):
+            return default
+    return {"name": "avx2", "kind": "cpu", "peak_tflops_fp32": 0.1, "peak_tflops_tf32": 0, "peak_tflops_fp16": 0,
+            "peak_tflops_bf16": 0, "mem_bw_gbs": 50, "l2_bytes": cache(2, 1 << 20), "cores": os.cpu_count(),
+            "vector_bits": 256, "vector_regs": 16, "l1d_bytes": cache(0, 32768), "l3_bytes": cache(3, 0),
+            "fma_units": 2}
+
+
 def machine_info(bench):
     info = {}
     model, flags = "?", ""
@@ -1185,6 +1219,9 @@ def report(bench, info, results, started, elapsed):
         "- Date: %s (took %.1f min)" % (started, elapsed / 60),
         "- Command: `%s` (in %s; %s mode)" % (cmd, ROOT, "quick" if a.quick else "full"),
         "- Machine: %s%s" % (info["cpu"], ("; LLVM CPU `%s`" % info["llvm_cpu"]) if info.get("llvm_cpu") else ""),
+        "- ISA: %s" % ("native (every system's best vector extension)" if a.isa == "native" else
+                       "AVX2 (--isa avx2: every system told to use AVX2 and FMA only; novac `--cpu=x86-64-v3`, a "
+                       "256-bit device model and NOVA_CONTRACT_ISA=avx2)"),
         "- Versions: %s; %s (build: %s)" % (info["novac"], info["versions"], os.path.relpath(a.build, ROOT)
                                             if os.path.abspath(a.build).startswith(ROOT) else a.build),
         "- Threads: %d for every system, every process pinned with `%s`: torch.set_num_threads(%d), "
@@ -1244,6 +1281,10 @@ def main():
     ap.add_argument("--systems", default="", help="training parts: comma-separated subset of "
                     "novac,eager,compile,xla (default all)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (models, steps, logs)")
+    ap.add_argument("--isa", choices=("native", "avx2"), default="native",
+                    help="avx2: the AVX2 code paths on an AVX-512 machine (novac: its AVX2 kernel, --cpu=x86-64-v3 "
+                         "and a 256-bit device model; OpenBLAS: OPENBLAS_CORETYPE=Haswell; PyTorch: "
+                         "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2; XLA: --xla_cpu_max_isa=AVX2)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
