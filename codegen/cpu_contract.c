@@ -118,7 +118,13 @@ static MlirValue collapse(MlirContext ctx, MlirOperation before, MlirValue v, in
     groups[nr++] = i64_list(ctx, len, grp);
     i += len;
   }
-  MlirType rt = mlirRankedTensorTypeGet(nr, shape, mlirShapedTypeGetElementType(t), mlirAttributeGetNull());
+  return cg_collapse_shape(ctx, before, v, nr, shape, groups);
+}
+
+MlirValue cg_collapse_shape(MlirContext ctx, MlirOperation before, MlirValue v, int nr, const int64_t *shape,
+                            const MlirAttribute *groups) {
+  MlirType rt = mlirRankedTensorTypeGet(nr, shape, mlirShapedTypeGetElementType(mlirValueGetType(v)),
+                                        mlirAttributeGetNull());
   MlirNamedAttribute na = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("reassociation")),
                                                 mlirArrayAttrGet(ctx, nr, groups));
   MlirOperationState st = mlirOperationStateGet(nova_str("tensor.collapse_shape"), mlirOperationGetLocation(before));

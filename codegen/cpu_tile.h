@@ -33,5 +33,9 @@ MlirOperation cg_to_contract(MlirContext ctx, MlirOperation op);
  * not verified. */
 MlirOperation cg_new_contract(MlirContext ctx, MlirOperation before, const MlirValue *ops, MlirType rt,
                               const MlirAttribute *maps);
+/* tensor.collapse_shape of V into NR dims of SHAPE, GROUPS its
+ * reassociation (arrays of i64 attributes), inserted before BEFORE. */
+MlirValue cg_collapse_shape(MlirContext ctx, MlirOperation before, MlirValue v, int nr, const int64_t *shape,
+                            const MlirAttribute *groups);
 
 #endif

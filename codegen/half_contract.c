@@ -196,19 +196,10 @@ static void fold_collapsed_transpose(MlirContext ctx, MlirOperation before, Mlir
     owner[nj] = (int)g;
     d += len[g];
   }
-  MlirType rt = mlirRankedTensorTypeGet(nj, shape, mlirShapedTypeGetElementType(xt), mlirAttributeGetNull());
-  MlirNamedAttribute na = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("reassociation")),
-                                                mlirArrayAttrGet(ctx, nj, groups));
-  MlirOperationState st = mlirOperationStateGet(nova_str("tensor.collapse_shape"), mlirOperationGetLocation(before));
-  mlirOperationStateAddOperands(&st, 1, &x);
-  mlirOperationStateAddResults(&st, 1, &rt);
-  mlirOperationStateAddAttributes(&st, 1, &na);
-  MlirOperation nc = mlirOperationCreate(&st);
-  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(before), before, nc);
   MlirAffineExpr e[HC_MAXL];
   for (int j = 0; j < nj; j++) e[j] = mlirAffineMapGetResult(m, owner[j]);
   *map = mlirAffineMapAttrGet(mlirAffineMapGet(ctx, mlirAffineMapGetNumDims(m), 0, nj, e));
-  *v = mlirOperationGetResult(nc, 0);
+  *v = cg_collapse_shape(ctx, before, x, nj, shape, groups);
 }
 
 /* The static size of each of OP's NL loops, from its operands' shapes and

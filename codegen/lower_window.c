@@ -150,6 +150,17 @@ static tv im2col(lw *L, tv xg, const window *w, const int64_t *O, bool rows_by_p
   return col;
 }
 
+/* "affine_map<(d0, ...) -> (dA, dB, dB0 ..., dC, dC0 ...)>": two leading
+ * loops each followed by a run of NS loops (an im2col matrix's operand). */
+static void col_map(nv_sbuf *b, int nl, int a, int bl, int b0, int cl, int c0, int ns) {
+  map_head(b, nl);
+  nv_sb_printf(b, "d%d, d%d", a, bl);
+  for (int i = 0; i < ns; i++) nv_sb_printf(b, ", d%d", b0 + i);
+  nv_sb_printf(b, ", d%d", cl);
+  for (int i = 0; i < ns; i++) nv_sb_printf(b, ", d%d", c0 + i);
+  nv_sb_printf(b, ")>");
+}
+
 static const char *mul_add(char *buf, size_t n, nova_dtype dt) {
   snprintf(buf, n, "%%p = arith.mulf %%in0, %%in1 : %s\n%%r = arith.addf %%acc, %%p : %s", lw_ety(dt), lw_ety(dt));
   return buf;
@@ -167,12 +178,7 @@ static tv conv_forward_gemm(lw *L, tv xg, tv wg, const window *w, const int64_t 
   nv_sbuf mw = {0}, mc = {0}, mo = {0};
   snprintf(lead, sizeof lead, "d1, d2, d%d", 3 + ns);
   plain_map(&mw, nl, lead, 4 + ns, ns);
-  map_head(&mc, nl);
-  nv_sb_printf(&mc, "d1, d%d", 3 + ns);
-  for (int i = 0; i < ns; i++) nv_sb_printf(&mc, ", d%d", 4 + ns + i);
-  nv_sb_printf(&mc, ", d0");
-  for (int i = 0; i < ns; i++) nv_sb_printf(&mc, ", d%d", 3 + i);
-  nv_sb_printf(&mc, ")>");
+  col_map(&mc, nl, 1, 3 + ns, 4 + ns, 0, 3, ns); /* (g, c, k..., n, o...) */
   plain_map(&mo, nl, "d1, d2, d0", 3, ns);
   int64_t ts[NOVA_MAX_RANK] = {os[1], os[2], os[0]}, perm[NOVA_MAX_RANK] = {2, 0, 1};
   for (int i = 0; i < ns; i++) ts[3 + i] = os[3 + i], perm[3 + i] = 3 + i;
@@ -348,26 +354,26 @@ static void plain_map(nv_sbuf *b, int nl, const char *lead, int first, int n) {
   nv_sb_printf(b, ")>");
 }
 
+/* DY [N, G, F, O...] as [G, F, N, O...] (both gradients' GEMMs read it so;
+ * CSE keeps one copy). */
+static tv dy_by_filter(lw *L, tv dy) {
+  int64_t perm[NOVA_MAX_RANK] = {1, 2, 0};
+  for (int i = 3; i < dy.rank; i++) perm[i] = i;
+  return lw_transpose(L, dy, perm);
+}
+
 /* dw[g, f, c, k...] = sum over n, o... of dy[n, g, f, o...] col[g, n, o..., c, k...]: dy
  * transposed to [G, F, N, O...] first, so that the sum's n and o are one
  * contiguous k in both operands. */
 static tv conv_grad_weight_gemm(lw *L, tv x2, tv g2, const window *w, const int64_t *os) {
   int ns = w->ns, nl = 4 + 2 * ns; /* g f c k... n o... */
-  tv col = im2col(L, x2, w, g2.shape + 3, true);
-  int64_t perm[NOVA_MAX_RANK] = {1, 2, 0};
-  for (int i = 0; i < ns; i++) perm[3 + i] = 3 + i;
-  tv gt = lw_transpose(L, g2, perm);
+  tv col = im2col(L, x2, w, g2.shape + 3, true), gt = dy_by_filter(L, g2);
   char iters[16] = {0}, lead[48], body[200];
   for (int i = 0; i < nl; i++) iters[i] = i < 3 + ns ? 'p' : 'r';
   nv_sbuf mg = {0}, mc = {0}, mo = {0};
   snprintf(lead, sizeof lead, "d0, d1, d%d", 3 + ns);
   plain_map(&mg, nl, lead, 4 + ns, ns);
-  map_head(&mc, nl);
-  nv_sb_printf(&mc, "d0, d%d", 3 + ns);
-  for (int i = 0; i < ns; i++) nv_sb_printf(&mc, ", d%d", 4 + ns + i);
-  nv_sb_printf(&mc, ", d2");
-  for (int i = 0; i < ns; i++) nv_sb_printf(&mc, ", d%d", 3 + i);
-  nv_sb_printf(&mc, ")>");
+  col_map(&mc, nl, 0, 3 + ns, 4 + ns, 2, 3, ns); /* (g, n, o..., c, k...) */
   plain_map(&mo, nl, "d0, d1, d2", 3, ns);
   tv ins[2] = {gt, col};
   const char *maps[2] = {mg.s, mc.s};
@@ -385,9 +391,7 @@ static tv conv_grad_weight_gemm(lw *L, tv x2, tv g2, const window *w, const int6
  * the window it came from (col2im) in ACC [N, G, Cg, P...]. */
 static tv conv_grad_input_gemm(lw *L, tv g2, tv w2, const window *w, tv acc) {
   int ns = w->ns, nl = 4 + 2 * ns; /* g c k... n o... f */
-  int64_t perm[NOVA_MAX_RANK] = {1, 2, 0};
-  for (int i = 0; i < ns; i++) perm[3 + i] = 3 + i;
-  tv gt = lw_transpose(L, g2, perm);
+  tv gt = dy_by_filter(L, g2);
   int64_t shape[NOVA_MAX_RANK] = {w2.shape[0], w2.shape[2]};
   for (int i = 0; i < ns; i++) shape[2 + i] = w->k[i], shape[3 + ns + i] = g2.shape[3 + i];
   shape[2 + ns] = g2.shape[0];

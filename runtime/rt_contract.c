@@ -65,17 +65,15 @@ int nova_rt_threads(void);
 void nova_rt_contract_bf16(int64_t a, int64_t b, int64_t c, int64_t desc);
 void nova_rt_contract_f32(int64_t a, int64_t b, int64_t c, int64_t desc);
 
-struct contract;
-
 /* A register-tile kernel: its tile, the k elements that make one packed
- * step (bf16: a pair), the operands' element size, and its three parts. */
+ * step (bf16: a pair), the operands' element size, and its parts. */
 typedef struct kernel {
   int mr, nr, ku;
   size_t esize;
-  /* A's rows [i0, i0 + mb), k [p0, p0 + kb) as panels of mr rows; B's k
-   * [p0, p0 + kb), columns [j0, j0 + nb) as panels of nr columns */
-  void (*pack_a)(const struct contract *x, const void *a, int64_t i0, int64_t mb, int64_t p0, int64_t kb, void *dst);
-  void (*pack_b)(const struct contract *x, const void *b, int64_t p0, int64_t kb, int64_t j0, int64_t nb, void *dst);
+  /* N lines (A's rows, B's columns) at SRC, line l at SRC + l SL
+   * elements, k [0, kb) at stride SK, as panels of mr lines (A) or of nr
+   * (IS_B), zeros past the edges */
+  void (*pack)(const void *src, int64_t sl, int64_t sk, int64_t n, int64_t kb, bool is_b, void *dst);
   /* C[the MR x NR tile at c, cut to mr x nr] += the panels' product over KS steps */
   void (*tile)(const void *ap, const void *bp, int64_t ks, float *c, int64_t scm, int64_t scn, int64_t mr, int64_t nr);
   /* the same with A read in place, whole tiles of MR rows: k contiguous,
@@ -256,20 +254,10 @@ TARGET static inline __attribute__((always_inline)) void pack_pairs(const uint16
   }
 }
 
-/* A's rows [i0, i0 + mb) and k [p0, p0 + kb) as panels of BF_MR rows
- * (dst[q][i][2] = A[i, 2q], A[i, 2q + 1]); B's k [p0, p0 + kb) and columns
- * [j0, j0 + nb) as panels of BF_NR columns (dst[q][j][2] = B[2q, j],
- * B[2q + 1, j]). */
-TARGET static void bf16_pack_a(const contract *x, const void *a, int64_t i0, int64_t mb, int64_t p0, int64_t kb,
-                               void *dst) {
-  int64_t sm = x->sa[x->lm], sk = x->sa[x->lk];
-  pack_pairs((const uint16_t *)a + i0 * sm + p0 * sk, sm, sk, mb, kb, BF_MR, dst);
-}
-
-TARGET static void bf16_pack_b(const contract *x, const void *b, int64_t p0, int64_t kb, int64_t j0, int64_t nb,
-                               void *dst) {
-  int64_t sk = x->sb[x->lk], sn = x->sb[x->ln];
-  pack_pairs((const uint16_t *)b + p0 * sk + j0 * sn, sn, sk, nb, kb, BF_NR, dst);
+/* (pack_pairs with the panel width a constant) */
+TARGET static void bf16_pack(const void *src, int64_t sl, int64_t sk, int64_t n, int64_t kb, bool is_b, void *dst) {
+  if (is_b) pack_pairs(src, sl, sk, n, kb, BF_NR, dst);
+  else pack_pairs(src, sl, sk, n, kb, BF_MR, dst);
 }
 
 /* C[BF_MR x BF_NR tile at c] += the packed panels' product over KP k pairs; the
@@ -321,16 +309,9 @@ TARGET5 static INLINE void pack_f32_512(const float *src, int64_t sl, int64_t sk
   }
 }
 
-TARGET5 static void f5_pack_a(const contract *x, const void *a, int64_t i0, int64_t mb, int64_t p0, int64_t kb,
-                              void *dst) {
-  int64_t sm = x->sa[x->lm], sk = x->sa[x->lk];
-  pack_f32_512((const float *)a + i0 * sm + p0 * sk, sm, sk, mb, kb, F5_MR, dst);
-}
-
-TARGET5 static void f5_pack_b(const contract *x, const void *b, int64_t p0, int64_t kb, int64_t j0, int64_t nb,
-                              void *dst) {
-  int64_t sk = x->sb[x->lk], sn = x->sb[x->ln];
-  pack_f32_512((const float *)b + p0 * sk + j0 * sn, sn, sk, nb, kb, F5_NR, dst);
+TARGET5 static void f5_pack(const void *src, int64_t sl, int64_t sk, int64_t n, int64_t kb, bool is_b, void *dst) {
+  if (is_b) pack_f32_512(src, sl, sk, n, kb, F5_NR, dst);
+  else pack_f32_512(src, sl, sk, n, kb, F5_MR, dst);
 }
 
 /* C's tile += the accumulators: a whole tile straight from the registers. */
@@ -463,16 +444,9 @@ TARGET2 static INLINE void pack_f32_256(const float *src, int64_t sl, int64_t sk
   }
 }
 
-TARGET2 static void f2_pack_a(const contract *x, const void *a, int64_t i0, int64_t mb, int64_t p0, int64_t kb,
-                              void *dst) {
-  int64_t sm = x->sa[x->lm], sk = x->sa[x->lk];
-  pack_f32_256((const float *)a + i0 * sm + p0 * sk, sm, sk, mb, kb, F2_MR, dst);
-}
-
-TARGET2 static void f2_pack_b(const contract *x, const void *b, int64_t p0, int64_t kb, int64_t j0, int64_t nb,
-                              void *dst) {
-  int64_t sk = x->sb[x->lk], sn = x->sb[x->ln];
-  pack_f32_256((const float *)b + p0 * sk + j0 * sn, sn, sk, nb, kb, F2_NR, dst);
+TARGET2 static void f2_pack(const void *src, int64_t sl, int64_t sk, int64_t n, int64_t kb, bool is_b, void *dst) {
+  if (is_b) pack_f32_256(src, sl, sk, n, kb, F2_NR, dst);
+  else pack_f32_256(src, sl, sk, n, kb, F2_MR, dst);
 }
 
 TARGET2 static void f2_tile(const void *apv, const void *bpv, int64_t kn, float *c, int64_t scm, int64_t scn,
@@ -511,9 +485,9 @@ TARGET2 static void f2_tile(const void *apv, const void *bpv, int64_t kn, float 
   }
 }
 
-static const kernel k_bf16 = {BF_MR, BF_NR, 2, 2, bf16_pack_a, bf16_pack_b, bf16_tile, NULL, NULL};
-static const kernel k_f32_512 = {F5_MR, F5_NR, 1, 4, f5_pack_a, f5_pack_b, f5_tile, f5_tile_ak, f5_tile_am};
-static const kernel k_f32_256 = {F2_MR, F2_NR, 1, 4, f2_pack_a, f2_pack_b, f2_tile, NULL, NULL};
+static const kernel k_bf16 = {BF_MR, BF_NR, 2, 2, bf16_pack, bf16_tile, NULL, NULL};
+static const kernel k_f32_512 = {F5_MR, F5_NR, 1, 4, f5_pack, f5_tile, f5_tile_ak, f5_tile_am};
+static const kernel k_f32_256 = {F2_MR, F2_NR, 1, 4, f2_pack, f2_tile, NULL, NULL};
 
 /* ---- blocks and tasks -------------------------------------------------- */
 
@@ -538,13 +512,14 @@ static void block(const contract *x, int64_t t, char *pa, char *pb) {
   for (int64_t p0 = 0; p0 < K; p0 += x->kc) {
     int64_t kb = K - p0 < x->kc ? K - p0 : x->kc, ks = (kb + kr->ku - 1) / kr->ku;
     int64_t panel = ks * kr->ku * (int64_t)kr->esize; /* bytes of one panel line */
-    kr->pack_b(x, b, p0, kb, j0, nb, pb);
+    int64_t es = (int64_t)kr->esize, sbk = x->sb[x->lk], sbn = x->sb[x->ln];
+    kr->pack(b + (p0 * sbk + j0 * sbn) * es, sbn, sbk, nb, kb, true, pb);
     for (int64_t i0 = mlo; i0 < mhi; i0 += mc) {
       int64_t mb = mhi - i0 < mc ? mhi - i0 : mc;
       /* whole tiles of A read in place where the kernel can (k contiguous);
        * the rest packed (the edge: zeros past it) */
       int64_t inplace = x->inplace_a ? mb / MR * MR : 0;
-      if (inplace < mb) kr->pack_a(x, a, i0 + inplace, mb - inplace, p0, kb, pa);
+      if (inplace < mb) kr->pack(a + ((i0 + inplace) * sam + p0 * sak) * es, sam, sak, mb - inplace, kb, false, pa);
       for (int64_t jr = 0; jr < nb; jr += NR) {
         int64_t nr = nb - jr < NR ? nb - jr : NR;
         for (int64_t ir = 0; ir < mb; ir += MR) {
