@@ -611,9 +611,19 @@ static void run_blocked(contract *x) {
                  : kr->tile_am && sam == (int64_t)kr->esize && rows_spread(sak, RT_L1_WAYS) ? 2
                                                                                              : 0;
   /* with several threads, at least two tasks per thread where the rows
-   * allow (whole register tiles each); one thread: the blocks alone */
+   * allow (whole register tiles each); one thread: the blocks alone.  The
+   * tasks of one outer iteration share the work by columns (each packs
+   * the whole of A, unless A is read in place) or by rows (each packs the
+   * whole of B): whichever packs less twice */
   int threads = nova_rt_threads();
   int64_t want = threads > 1 ? 2 * (int64_t)threads : 1, panels = (M + kr->mr - 1) / kr->mr;
+  if (x->nouter * x->nblocks < want) {
+    int64_t per = (want + x->nouter - 1) / x->nouter, nc = ((N + per - 1) / per + kr->nr - 1) / kr->nr * kr->nr;
+    if (nc >= 2 * kr->nr && nc < x->nc && (x->inplace_a || M <= N)) {
+      x->nc = nc;
+      x->nblocks = (N + nc - 1) / nc;
+    }
+  }
   x->mgroups = 1;
   if (x->nouter * x->nblocks < want) x->mgroups = (want + x->nouter * x->nblocks - 1) / (x->nouter * x->nblocks);
   if (x->mgroups > panels) x->mgroups = panels;
