@@ -420,13 +420,20 @@ TARGET2 static INLINE void pack_f32_256(const float *src, int64_t sl, int64_t sk
     const float *base = src + lr * sl;
     if (sl == 1) {
       for (int64_t g = 0; g < w; g += 8) {
-        __m256i sm = lanes8(w - g), lm = lanes8(h - g);
-        for (int64_t q = 0; q < kb; q++)
-          _mm256_maskstore_ps(dst + q * w + g, sm, _mm256_maskload_ps(base + q * sk + g, lm));
+        __m256i lm = lanes8(h - g);
+        for (int64_t q = 0; q < kb; q++) {
+          __m256 v = _mm256_maskload_ps(base + q * sk + g, lm);
+          if (w - g >= 8) {
+            _mm256_storeu_ps(dst + q * w + g, v);
+          } else {
+            _Alignas(32) float t[8];
+            _mm256_store_ps(t, v);
+            memcpy(dst + q * w + g, t, (size_t)(w - g) * sizeof(float));
+          }
+        }
       }
     } else if (sk == 1) {
       for (int64_t g = 0; g < w; g += 8) {
-        __m256i sm = lanes8(w - g);
         for (int64_t q0 = 0; q0 < kb; q0 += 8) {
           int64_t nq = kb - q0 < 8 ? kb - q0 : 8;
           __m256i qm = lanes8(nq);
@@ -434,7 +441,15 @@ TARGET2 static INLINE void pack_f32_256(const float *src, int64_t sl, int64_t sk
           for (int l = 0; l < 8; l++)
             r[l] = g + l < h ? _mm256_maskload_ps(base + (g + l) * sl + q0, qm) : _mm256_setzero_ps();
           transpose8(r);
-          for (int64_t k = 0; k < nq; k++) _mm256_maskstore_ps(dst + (q0 + k) * w + g, sm, r[k]);
+          if (w - g >= 8) {
+            for (int64_t k = 0; k < nq; k++) _mm256_storeu_ps(dst + (q0 + k) * w + g, r[k]);
+          } else { /* (vmaskmovps stores are slow on AMD's cores: a copy of the lanes instead) */
+            _Alignas(32) float t[8];
+            for (int64_t k = 0; k < nq; k++) {
+              _mm256_store_ps(t, r[k]);
+              memcpy(dst + (q0 + k) * w + g, t, (size_t)(w - g) * sizeof(float));
+            }
+          }
         }
       }
     } else {
