@@ -51,7 +51,6 @@
 #define UK_MAXL CG_CONTRACT_MAXL /* runtime/rt_contract.c's RT_CONTRACT_MAXL */
 #define UK_MR 12  /* and its bf16 register tile, MR x NR */
 #define UK_NR 32
-#define UK_MIN_MACS CG_UK_MIN_MACS
 
 static MlirNamedAttribute nattr(MlirContext ctx, const char *name, MlirAttribute a) {
   return mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str(name)), a);
@@ -86,11 +85,12 @@ static bool roles(MlirOperation op, int nl, int64_t *size, int (*dim_of)[UK_MAXL
   return nk == 1 && in[0][*lk] && in[1][*lk] && *ln >= 0 && !in[0][*ln] && in[1][*ln] && *lm >= 0;
 }
 
-/* The cache blocks of the bf16 contraction NC (made by
- * cg_half_contractions from the f32 one LC, whose layout the roles of the
- * loops come from) as its nova.ukernel attribute: rows are C's loops that
- * B does not have (the runtime joins those that continue m).  False (no
- * bf16 contraction) when LC's layout does not suit the register tile. */
+/* The cache blocks of the contraction NC (made by cg_half_contractions
+ * from the f32 one LC: of its bf16 sources, or of its own operands with
+ * transposes read in place) as its nova.ukernel attribute: rows are C's
+ * loops that B does not have (the runtime joins those that continue m).
+ * False (LC stays) when NC's layout is not one the kernels take, or for
+ * an f32 one under CG_UK_MIN_MACS. */
 static bool set_blocks(MlirOperation nc, MlirOperation lc, void *ud) {
   const cfg_device *host = ud;
   MlirContext ctx = mlirOperationGetContext(nc);
@@ -99,9 +99,8 @@ static bool set_blocks(MlirOperation nc, MlirOperation lc, void *ud) {
   cdims cd;
   int64_t size[UK_MAXL];
   int dim_of[3][UK_MAXL], lm, ln, lk;
-  if (nl > UK_MAXL || !cg_contraction_dims(lc, nl, &cd) || !cg_contract_loop_sizes(lc, nl, size, NULL) ||
-      !roles(nc, nl, size, dim_of, &lm, &ln, &lk))
-    return false;
+  if (nl > UK_MAXL || !cg_contraction_dims(lc, nl, &cd) || !roles(nc, nl, size, dim_of, &lm, &ln, &lk))
+    return false; /* (roles reads the loops' sizes: NC has LC's loops) */
   int64_t rows = 1;
   MlirAffineMap bm = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 1));
   MlirAffineMap cm = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 2));
@@ -116,7 +115,7 @@ static bool set_blocks(MlirOperation nc, MlirOperation lc, void *ud) {
   bool f32 = mlirTypeIsAF32(elem_of(mlirOperationGetOperand(nc, 0)));
   int64_t macs = 1;
   for (int d = 0; d < nl; d++) macs *= size[d];
-  if (f32 && macs < UK_MIN_MACS) return false; /* small: the tiler's inline loops */
+  if (f32 && macs < CG_UK_MIN_MACS) return false; /* small: the tiler's inline loops */
   cfg_gemm_cpu_schedule s = f32 ? cfg_gemm_cpu(host, rows, size[cd.n], size[cd.k_inner], 4)
                                 : cfg_gemm_cpu_tile(host, rows, size[cd.n], size[cd.k_inner], 2, UK_MR, UK_NR);
   int64_t blocks[3] = {s.ok ? s.mc : 0, s.ok ? s.nc : 0, s.ok ? s.kc : 0};

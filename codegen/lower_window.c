@@ -161,6 +161,7 @@ static void col_map(nv_sbuf *b, int nl, int a, int bl, int b0, int cl, int c0, i
   nv_sb_printf(b, ")>");
 }
 
+/* The body "%r = %acc + %in0 * %in1" of a contraction generic over DT, in BUF. */
 static const char *mul_add(char *buf, size_t n, nova_dtype dt) {
   snprintf(buf, n, "%%p = arith.mulf %%in0, %%in1 : %s\n%%r = arith.addf %%acc, %%p : %s", lw_ety(dt), lw_ety(dt));
   return buf;
@@ -224,7 +225,7 @@ tv lw_lower_conv(lw *L, MlirOperation op, tv x, tv wt, const tv *res) {
   nv_sb_printf(&mo, ")>");
   tv init = lw_filled(L, ns + 3, os, x.dt, 0.0);
   char body[200];
-  snprintf(body, sizeof body, "%%p = arith.mulf %%in0, %%in1 : %s\n%%r = arith.addf %%acc, %%p : %s", lw_ety(x.dt), lw_ety(x.dt));
+  mul_add(body, sizeof body, x.dt);
   tv ins[2] = {xg, wg};
   const char *maps[2] = {mx.s, mw.s};
   tv y = generic_text(L, 2, ins, maps, mo.s, nl, iters, init, body);
@@ -451,8 +452,7 @@ tv lw_lower_conv_grad_input(lw *L, MlirOperation op, tv gy, tv wt, const tv *res
   snprintf(lead, sizeof lead, "d0, d1, d%d", 3 + ns);
   window_map(&mo, nl, lead, 3, 4 + ns, &w);
   char body[200];
-  snprintf(body, sizeof body, "%%p = arith.mulf %%in0, %%in1 : %s\n%%r = arith.addf %%acc, %%p : %s", lw_ety(res->dt),
-           lw_ety(res->dt));
+  mul_add(body, sizeof body, res->dt);
   tv ins[2] = {g2, w2};
   const char *maps[2] = {mg.s, mw.s};
   tv full = generic_text(L, 2, ins, maps, mo.s, nl, iters, acc, body);
@@ -485,8 +485,7 @@ tv lw_lower_conv_grad_weight(lw *L, MlirOperation op, tv x, tv gy, const tv *res
   plain_map(&mo, nl, "d0, d1, d2", 3, ns);
   tv init = lw_filled(L, ns + 3, os, res->dt, 0.0);
   char body[200];
-  snprintf(body, sizeof body, "%%p = arith.mulf %%in0, %%in1 : %s\n%%r = arith.addf %%acc, %%p : %s", lw_ety(res->dt),
-           lw_ety(res->dt));
+  mul_add(body, sizeof body, res->dt);
   tv ins[2] = {x2, g2};
   const char *maps[2] = {mx.s, mg.s};
   tv y = generic_text(L, 2, ins, maps, mo.s, nl, iters, init, body);
