@@ -2,6 +2,8 @@
 #ifndef NOVA_CODEGEN_H
 #define NOVA_CODEGEN_H
 
+#include <sys/types.h>
+
 #include "../frontend/graph.h"
 #include "../configurator/device.h"
 #include "../support/util.h"
@@ -294,12 +296,40 @@ void cg_cpu_name(const cg_options *o, char *out, size_t size);
  * process: LLVM's fatal errors become diagnostics). */
 int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *obj_path,
                    char *cpu_used, size_t cpu_size);
+/* Code generation running in the background: child processes, each
+ * writing one object (the module split in parts of about equal size,
+ * NOVAC_JOBS of them, else one per processor). */
+typedef struct cg_emit_job {
+  int n;                 /* objects (processes) */
+  bool running;          /* not waited for yet */
+  pid_t pid[8];
+  int log[8];            /* their stderr (pipes) */
+  char obj[8][4200];     /* the objects they write */
+} cg_emit_job;
+/* Starts J on M: objects DIR/STEM.o or DIR/STEM<k>.o (J->obj).  0, or -1
+ * (reported; nothing left running).  The parent may go on changing M. */
+int cg_emit_start(nova_ctx *c, MlirModule m, const cg_options *o, const char *dir, const char *stem,
+                  cg_emit_job *j);
+/* Waits for J: 0 when every object was written, else -1 (reported once;
+ * FAILED: an earlier failure, J's messages not reported). */
+int cg_emit_wait(nova_ctx *c, const cg_options *o, cg_emit_job *j, bool failed);
+/* Stops J if it runs; its objects removed unless KEEP. */
+void cg_emit_cancel(cg_emit_job *j, bool keep);
 /* Writes LLVM IR text of an LLVM-dialect module to f. */
 int cg_emit_llvm_ir(nova_ctx *c, MlirModule m, FILE *f);
 
 /* The whole step.so: object + descriptor + runtime, linked into o->output
  * atomically, and the manifest next to it. */
 int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const cg_options *o);
+/* ... in two halves: cg_step_begin starts the code generation of
+ * LLVM_MODULE in the background (NULL after a diagnostic); the caller may
+ * then build the evaluation entry (o->eval_*) and must end with
+ * cg_step_end (which frees B; o->output and o->manifest set by then) or,
+ * on a failure of its own, cg_step_cancel. */
+typedef struct cg_step_build cg_step_build;
+cg_step_build *cg_step_begin(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const cg_options *o);
+int cg_step_end(nova_ctx *c, const nv_graph *g, const cg_options *o, cg_step_build *b);
+void cg_step_cancel(const cg_options *o, cg_step_build *b);
 
 /* Writes the manifest ("-" = stdout); cpu is the LLVM CPU name used. */
 int cg_write_manifest(nova_ctx *c, const nv_graph *g, const cg_options *o, const char *cpu, const char *path);

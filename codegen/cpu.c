@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -480,15 +481,71 @@ static int codegen_jobs(void) {
   return n < 1 ? 1 : n > 8 ? 8 : (int)n;
 }
 
+/* Starts J's processes on M: one writing DIR/STEM.o, or one per part
+ * writing DIR/STEM<k>.o; 0, or -1 (reported, nothing left running). */
+static int start_job(nova_ctx *c, MlirModule m, const cg_options *o, const parts *pt, const char *dir,
+                     const char *stem, cg_emit_job *j) {
+  memset(j, 0, sizeof *j);
+  fflush(NULL);
+  for (int k = 0; k < (pt ? pt->n : 1); k++) {
+    if (pt) snprintf(j->obj[k], sizeof j->obj[k], "%s/%s%d.o", dir, stem, k);
+    else snprintf(j->obj[k], sizeof j->obj[k], "%s/%s.o", dir, stem);
+    j->pid[k] = spawn_emit(c, m, o, j->obj[k], pt, k, &j->log[k]);
+    if (j->pid[k] < 0) {
+      nv_error_plain(c->diag, "cannot start code generation: %s", strerror(errno));
+      cg_emit_wait(c, o, j, true);
+      return -1;
+    }
+    j->n++;
+    j->running = true;
+  }
+  return 0;
+}
+
+int cg_emit_start(nova_ctx *c, MlirModule m, const cg_options *o, const char *dir, const char *stem,
+                  cg_emit_job *j) {
+  parts pt;
+  int jobs = codegen_jobs();
+  bool split = jobs >= 2 && !split_module(m, jobs, &pt);
+  int rc = start_job(c, m, o, split ? &pt : NULL, dir, stem, j);
+  if (split) free(pt.of);
+  return rc;
+}
+
+int cg_emit_wait(nova_ctx *c, const cg_options *o, cg_emit_job *j, bool failed) {
+  nv_sbuf texts[8] = {{0}};
+  if (!j->running) return failed ? -1 : 0;
+  read_logs(j->log, texts, j->n);
+  int rc = failed ? -1 : 0;
+  for (int k = 0; k < j->n; k++)
+    if (reap_emit(c, o, j->pid[k], &texts[k], rc != 0)) rc = -1;
+  j->running = false;
+  return rc;
+}
+
+void cg_emit_cancel(cg_emit_job *j, bool keep) {
+  for (int k = 0; k < j->n; k++) {
+    if (j->running) {
+      kill(j->pid[k], SIGKILL);
+      close(j->log[k]);
+      while (waitpid(j->pid[k], NULL, 0) < 0 && errno == EINTR) {}
+    }
+    if (!keep) unlink(j->obj[k]);
+  }
+  j->running = false;
+  j->n = 0;
+}
+
 int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *obj_path, char *cpu_used,
                    size_t cpu_size) {
   cg_cpu_name(o, cpu_used, cpu_size);
-  fflush(NULL);
   parts pt;
+  cg_emit_job j;
   int jobs = codegen_jobs();
-  if (jobs < 2 || split_module(m, jobs, &pt)) {
+  if (jobs < 2 || split_module(m, jobs, &pt)) { /* straight into OBJ_PATH */
     int fd;
     nv_sbuf text = {0};
+    fflush(NULL);
     pid_t pid = spawn_emit(c, m, o, obj_path, NULL, 0, &fd);
     if (pid < 0) {
       nv_error_plain(c->diag, "cannot start code generation: %s", strerror(errno));
@@ -498,7 +555,7 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
     return reap_emit(c, o, pid, &text, false);
   }
   /* the parts and the combined object in a folder of their own */
-  char dir[4096], objs[8][4200], out[8400], log[4200], cwd[4096];
+  char dir[4096], out[8400], log[4200], cwd[4096];
   int lock;
   if (nv_tempdir_create(dir, sizeof dir, "novac-cg", &lock)) {
     nv_error_plain(c->diag, "cannot create a temporary folder: %s", strerror(errno));
@@ -506,23 +563,10 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
     return -1;
   }
   int slot = nv_temp_add(dir, 1);
-  pid_t pids[8];
-  int rc = 0, started = 0, fds[8];
-  nv_sbuf texts[8] = {{0}};
-  for (int k = 0; k < pt.n; k++) {
-    snprintf(objs[k], sizeof objs[k], "%s/part%d.o", dir, k);
-    pids[k] = spawn_emit(c, m, o, objs[k], &pt, k, &fds[k]);
-    if (pids[k] < 0) {
-      nv_error_plain(c->diag, "cannot start code generation: %s", strerror(errno));
-      rc = -1;
-      break;
-    }
-    started++;
-  }
-  read_logs(fds, texts, started);
-  for (int k = 0; k < started; k++)
-    if (reap_emit(c, o, pids[k], &texts[k], rc != 0)) rc = -1;
+  int rc = start_job(c, m, o, &pt, dir, "part", &j);
   free(pt.of);
+  int started = j.n;
+  if (!rc) rc = cg_emit_wait(c, o, &j, false);
   /* cc runs in DIR: the output path made absolute */
   if (obj_path[0] == '/') snprintf(out, sizeof out, "%s", obj_path);
   else if (getcwd(cwd, sizeof cwd)) snprintf(out, sizeof out, "%s/%s", cwd, obj_path);
@@ -530,13 +574,11 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
   if (!rc) {
     const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
     char *argv[16] = {(char *)cc, "-r", "-nostdlib", "-o", out};
-    char names[8][24];
-    int a = 5;
-    for (int k = 0; k < started; k++) snprintf(names[k], sizeof names[k], "part%d.o", k), argv[a++] = names[k];
-    argv[a] = NULL;
+    for (int k = 0; k < started; k++) argv[5 + k] = strrchr(j.obj[k], '/') + 1; /* (DIR may be relative) */
+    argv[5 + started] = NULL;
     rc = cg_run_tool(c, dir, argv, o->verbose, "combining the object files");
   }
-  for (int k = 0; k < started; k++) unlink(objs[k]);
+  for (int k = 0; k < started; k++) unlink(j.obj[k]);
   snprintf(log, sizeof log, "%s/tool.log", dir);
   unlink(log);
   snprintf(log, sizeof log, "%s/.lock", dir);

@@ -632,48 +632,87 @@ static void lap(const cg_options *o, double *t0, const char *what) {
   *t0 = t1;
 }
 
-int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const cg_options *o) {
-  double t0 = ms_now();
-  const char *tmpbase = getenv("TMPDIR");
-  char dir[4096];
-  int lock;
-  if (nv_tempdir_create(dir, sizeof dir, "novac", &lock)) {
-    nv_error_plain(c->diag, "cannot create a temporary folder in %s: %s", tmpbase ? tmpbase : "/tmp", strerror(errno));
-    return -1;
+struct cg_step_build {
+  char dir[4096];   /* the temporary folder */
+  int lock, slot;
+  step_tensor *t;
+  int n;
+  int64_t init_size;
+  char cpu[128];
+  cg_emit_job code, eval; /* the step's objects, the evaluation entry's */
+  double t0;
+};
+
+/* Removes B's folder (unless kept) and frees B. */
+static void step_build_free(const cg_options *o, cg_step_build *b) {
+  cg_emit_cancel(&b->code, o->keep_temps);
+  cg_emit_cancel(&b->eval, o->keep_temps);
+  free(b->t);
+  if (!o->keep_temps) {
+    static const char *const files[] = {"init.bin", "desc.c", "desc.o", "step.so", "exports.map", "tool.log",
+                                        "kernels.ptx", "kernels.cubin", ".lock", NULL};
+    rm_tree(b->dir, files);
+    close(b->lock); /* after .lock is gone: nobody sweeps a folder still in use */
   }
-  int slot = nv_temp_add(dir, 1); /* first: an allocation that fails removes it */
-  step_tensor *t = NULL;
-  int64_t init_size = 0;
-  int n = collect(g, &t, &init_size), rc = -1;
-  char path[4200], hash[17], cpu[128] = "", rtlib[4200], rtinc[4200];
+  nv_temp_drop(b->slot);
+  if (o->keep_temps) {
+    nv_tempdir_keep(b->dir, b->lock);
+    fprintf(stderr, "novac: temporary files kept in %s\n", b->dir);
+  }
+  free(b);
+}
+
+cg_step_build *cg_step_begin(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const cg_options *o) {
+  cg_step_build *b = nv_xcalloc(1, sizeof *b);
+  if (!b) {
+    nv_error_plain(c->diag, "%s", strerror(ENOMEM));
+    return NULL;
+  }
+  b->t0 = ms_now();
+  const char *tmpbase = getenv("TMPDIR");
+  if (nv_tempdir_create(b->dir, sizeof b->dir, "novac", &b->lock)) {
+    nv_error_plain(c->diag, "cannot create a temporary folder in %s: %s", tmpbase ? tmpbase : "/tmp", strerror(errno));
+    free(b);
+    return NULL;
+  }
+  b->slot = nv_temp_add(b->dir, 1); /* first: an allocation that fails removes it */
+  b->n = collect(g, &b->t, &b->init_size);
+  cg_cpu_name(o, b->cpu, sizeof b->cpu);
+  if (b->n < 0 || cg_emit_start(c, llvm_module, o, b->dir, "step", &b->code)) {
+    step_build_free(o, b);
+    return NULL;
+  }
+  return b;
+}
+
+void cg_step_cancel(const cg_options *o, cg_step_build *b) {
+  if (b) step_build_free(o, b);
+}
+
+int cg_step_end(nova_ctx *c, const nv_graph *g, const cg_options *o, cg_step_build *b) {
+  int rc = -1;
+  char path[4200], hash[17], rtlib[4200], rtinc[4200];
   cg_graph_hash(g, hash);
-  if (n < 0) goto out;
-  snprintf(path, sizeof path, "%s/step.o", dir);
-  if (cg_emit_object(c, llvm_module, o, path, cpu, sizeof cpu)) goto out;
-  lap(o, &t0, "LLVM opt + codegen");
-  snprintf(path, sizeof path, "%s/init.bin", dir);
-  if (write_init(c, g, t, n, init_size, path)) goto out;
-  snprintf(path, sizeof path, "%s/desc.c", dir);
-  if (o->gpu && cg_cuda_assemble(c, dir, o->gpu, o->verbose)) goto out;
-  if (o->gpu) lap(o, &t0, "ptxas");
+  step_tensor *t = b->t;
+  int n = b->n;
+  double *t0 = &b->t0;
   int32_t *ea = NULL;
   int na = 0;
-  if (o->eval_graph) {
-    char eo[4200];
-    snprintf(eo, sizeof eo, "%s/eval.o", dir);
-    if (eval_args(c, o->eval_graph, t, n, &ea, &na) || cg_emit_object(c, o->eval_module, o, eo, cpu, sizeof cpu)) {
-      free(ea);
-      goto out;
-    }
-    lap(o, &t0, "LLVM codegen (evaluation)");
-  }
-  int wd = write_desc(g, t, n, init_size, hash, o->gpu, o->plan, o, ea, na, path);
-  free(ea);
-  if (wd) {
+  /* the evaluation entry's code generation joins the step's, and the
+   * descriptor is written and compiled while both run */
+  if (o->eval_graph &&
+      (eval_args(c, o->eval_graph, t, n, &ea, &na) || cg_emit_start(c, o->eval_module, o, b->dir, "eval", &b->eval)))
+    goto out;
+  snprintf(path, sizeof path, "%s/init.bin", b->dir);
+  if (write_init(c, g, t, n, b->init_size, path)) goto out;
+  snprintf(path, sizeof path, "%s/desc.c", b->dir);
+  if (o->gpu && cg_cuda_assemble(c, b->dir, o->gpu, o->verbose)) goto out;
+  if (o->gpu) lap(o, t0, "ptxas");
+  if (write_desc(g, t, n, b->init_size, hash, o->gpu, o->plan, o, ea, na, path)) {
     nv_error_plain(c->diag, "cannot write %s: %s", path, strerror(errno));
     goto out;
   }
-  snprintf(path, sizeof path, "%s/exports.map", dir);
+  snprintf(path, sizeof path, "%s/exports.map", b->dir);
   FILE *f = fopen(path, "w");
   int bad = !f || fputs("{ global: nova_step_*; nova_dtype_*; nova_role_name; local: *; };\n", f) < 0;
   if (f && fclose(f)) bad = 1; /* the text is written here */
@@ -689,34 +728,35 @@ int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const 
   }
   const char *cc = getenv("CC") && *getenv("CC") ? getenv("CC") : "cc";
   char *ccargv[] = {(char *)cc, "-c", "-O1", "-fPIC", rtinc, "desc.c", "-o", "desc.o", NULL};
-  if (cg_run_tool(c, dir, ccargv, o->verbose, NULL)) goto out;
-  char *ldargv[] = {(char *)cc, "-shared", "-o", "step.so", "step.o", "desc.o", "-Wl,--whole-archive", rtlib,
-                    "-Wl,--no-whole-archive", "-lm", "-ldl", "-Wl,--no-undefined",
-                    "-Wl,--version-script=exports.map", "-Wl,-z,noexecstack", "-Wl,--build-id=sha1", NULL, NULL, NULL};
-  int nld = 15;
+  if (cg_run_tool(c, b->dir, ccargv, o->verbose, NULL)) goto out;
+  lap(o, t0, "descriptor");
+  if (cg_emit_wait(c, o, &b->code, false) || cg_emit_wait(c, o, &b->eval, false)) goto out;
+  lap(o, t0, "LLVM opt + codegen");
+  /* the objects (named as cc runs in the folder), desc.o, the runtime */
+  char *ldargv[40] = {(char *)cc, "-shared", "-o", "step.so"};
+  int nld = 4;
+  const cg_emit_job *jobs[2] = {&b->code, &b->eval};
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < jobs[k]->n; i++) ldargv[nld++] = strrchr(jobs[k]->obj[i], '/') + 1;
+  static const char *const rest[] = {"desc.o", "-Wl,--whole-archive", NULL, "-Wl,--no-whole-archive", "-lm", "-ldl",
+                                     "-Wl,--no-undefined", "-Wl,--version-script=exports.map", "-Wl,-z,noexecstack",
+                                     "-Wl,--build-id=sha1"};
+  for (size_t i = 0; i < sizeof rest / sizeof *rest; i++) ldargv[nld++] = rest[i] ? (char *)rest[i] : rtlib;
   if (*NOVA_RT_SANITIZE) ldargv[nld++] = NOVA_RT_SANITIZE; /* an instrumented runtime needs its sanitizer's */
-  if (o->eval_graph) { /* the evaluation entry's object after the step's */
-    memmove(ldargv + 6, ldargv + 5, (size_t)(nld - 4) * sizeof *ldargv);
-    ldargv[5] = "eval.o";
-  }
-  if (cg_run_tool(c, dir, ldargv, o->verbose, NULL)) goto out;
-  lap(o, &t0, "descriptor + link");
-  if (publish_step(c, g, o, cpu, dir)) goto out;
+  ldargv[nld] = NULL;
+  if (cg_run_tool(c, b->dir, ldargv, o->verbose, NULL)) goto out;
+  lap(o, t0, "link");
+  if (publish_step(c, g, o, b->cpu, b->dir)) goto out;
   rc = 0;
 out:
-  free(t);
-  if (!o->keep_temps) {
-    static const char *const files[] = {"step.o", "eval.o", "init.bin",      "desc.c",   "desc.o", "step.so",
-                                        "exports.map", "tool.log", "kernels.ptx", "kernels.cubin", ".lock", NULL};
-    rm_tree(dir, files);
-    close(lock); /* after .lock is gone: nobody sweeps a folder still in use */
-  }
-  nv_temp_drop(slot);
-  if (o->keep_temps) {
-    nv_tempdir_keep(dir, lock);
-    fprintf(stderr, "novac: temporary files kept in %s\n", dir);
-  }
+  free(ea);
+  step_build_free(o, b);
   return rc;
+}
+
+int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const cg_options *o) {
+  cg_step_build *b = cg_step_begin(c, g, llvm_module, o);
+  return b ? cg_step_end(c, g, o, b) : -1;
 }
 
 /* FNV-1a over a canonical description of the graph: ops, dtypes, shapes,

@@ -798,6 +798,7 @@ static int compile(nv_diag *d, opts *o) {
   MlirModule nova = {NULL}, lin = {NULL}, enova = {NULL}, elin = {NULL};
   cg_gpu gpu = {0};
   cg_plan plan = {0}, eplan = {0};
+  cg_step_build *build = NULL; /* the step.so being built (cg_step_begin) */
   plan.memory_limit = o->memory_limit;
   char *out_default = NULL, *man_default = NULL;
   if (nova_ctx_init(&c, d)) {
@@ -888,6 +889,8 @@ static int compile(nv_diag *d, opts *o) {
     if (np_lower(&r, g, lin, &plan)) goto out;
     co.plan = &plan;
     stage_done(&tm, "bufferize + to LLVM");
+    /* the step's code generation runs while the evaluation entry is built */
+    if (o->emit == EMIT_SO && !(build = cg_step_begin(&c, g, lin, &co))) goto out;
     if (o->train && o->emit == EMIT_SO) {
       if (build_eval(&c, o, g, ge, &dev, &enova, &elin, &eplan)) goto out;
       co.eval_graph = ge;
@@ -943,11 +946,13 @@ static int compile(nv_diag *d, opts *o) {
   if (!o->manifest && !(o->manifest = man_default = manifest_of(o->output))) goto out;
   co.output = o->output;
   co.manifest = o->manifest;
-  tm.on = false; /* cg_build_step reports its own stages */
-  rc = cg_build_step(&c, g, lin, &co);
+  tm.on = false; /* cg_step_end reports its own stages */
+  rc = build ? cg_step_end(&c, g, &co, build) : cg_build_step(&c, g, lin, &co);
+  build = NULL;
   stage_done(&tm, "");
   if (o->time_passes) fprintf(stderr, "novac: %-22s %9.2f ms\n", "total", tm.total);
 out:
+  cg_step_cancel(&co, build);
   cg_gpu_free(&gpu);
   cg_plan_free(&plan);
   cg_plan_free(&eplan);

@@ -1,11 +1,11 @@
 #!/bin/sh
 # kill_compile.sh NOVAC MODEL WORK SIGNAL [WAIT_FOR]: compiles MODEL with a
 # private TMPDIR, sends SIGNAL once a temporary folder named WAIT_FOR*
-# (default novac-cg: code generation under way) exists (waiting up to a
+# (default novac.: the step's folder, made as its code generation starts) exists (waiting up to a
 # minute: a loaded machine reaches code generation late), and prints the exit
 # status, what is left in TMPDIR and beside the output, and whether any
 # process of that compile survived.
-novac=$1 model=$2 w=$3 sig=$4 what=${5:-novac-cg}
+novac=$1 model=$2 w=$3 sig=$4 what=${5:-novac.}
 rm -rf "$w" && mkdir -p "$w/tmp" "$w/out"
 TMPDIR="$w/tmp" NOVAC_JOBS=2 "$novac" "$model" --dim=batch=8 --train -o "$w/out/k.so" 2>/dev/null &
 pid=$!
