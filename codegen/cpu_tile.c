@@ -34,6 +34,9 @@
  *     the vector registers).  Loops n outside m, so the K x nr panel of B is
  *     reused across the m tiles (BLIS order jr, ir; no packing).  A k of
  *     2048 or more is first split into cache blocks (m by mc, k by kc).
+ *   first, adjacent loops of a generic that every operand walks
+ *     contiguously are merged (merge_loops), and the finite check's sums
+ *     of x - x become partial sums in vector lanes (split_free_sum);
  *   elementwise (all-parallel generic, fill, transpose): the innermost dim
  *     by the vector lanes of cfg_pointwise_cpu, the others by 1.
  *   reductions (generic with reduction iterators): innermost dim parallel:
@@ -479,6 +482,322 @@ static void read_dest_in_place(MlirOperation op) {
       mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(b, i), mlirBlockGetArgument(b, n - 1));
 }
 
+/* ---- merging loops ---------------------------------------------------- */
+
+typedef struct index_check {
+  bool found;
+} index_check;
+
+static MlirWalkResult index_cb(MlirOperation op, void *ud) {
+  if (!cg_op_is(op, "linalg.index")) return MlirWalkResultAdvance;
+  ((index_check *)ud)->found = true;
+  return MlirWalkResultInterrupt;
+}
+
+/* The op of ST, inserted before BEFORE; its first result. */
+static MlirValue insert_before(MlirOperation before, MlirOperationState *st) {
+  MlirOperation o = mlirOperationCreate(st);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(before), before, o);
+  return mlirOperationGetResult(o, 0);
+}
+
+static bool reshape(MlirOperation op) {
+  return cg_op_is(op, "tensor.collapse_shape") || cg_op_is(op, "tensor.expand_shape");
+}
+
+/* V is a slice of another tensor (through reshapes). */
+static bool from_slice(MlirValue v) {
+  while (mlirValueIsAOpResult(v) && reshape(mlirOpResultGetOwner(v)))
+    v = mlirOperationGetOperand(mlirOpResultGetOwner(v), 0);
+  return mlirValueIsAOpResult(v) && cg_op_is(mlirOpResultGetOwner(v), "tensor.extract_slice");
+}
+
+/* V is inserted into another tensor (through reshapes). */
+static bool into_slice(MlirValue v, int depth) {
+  for (MlirOpOperand u = mlirValueGetFirstUse(v); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u)) {
+    MlirOperation o = mlirOpOperandGetOwner(u);
+    if (cg_op_is(o, "tensor.insert_slice") || (depth < 8 && reshape(o) && into_slice(mlirOperationGetResult(o, 0), depth + 1)))
+      return true;
+  }
+  return false;
+}
+
+/* tensor.expand_shape of V into type RT (GROUPS: NG arrays of i64
+ * attributes), inserted before BEFORE. */
+static MlirValue expand_shape(MlirContext ctx, MlirOperation before, MlirValue v, MlirType rt, int ng,
+                              const MlirAttribute *groups) {
+  int rank = (int)mlirShapedTypeGetRank(rt);
+  int64_t shape[MAXL];
+  for (int i = 0; i < rank; i++) shape[i] = mlirShapedTypeGetDimSize(rt, i);
+  MlirNamedAttribute na[2] = {
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("reassociation")), mlirArrayAttrGet(ctx, ng, groups)),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("static_output_shape")),
+                            mlirDenseI64ArrayGet(ctx, rank, shape))};
+  MlirOperationState st = mlirOperationStateGet(nova_str("tensor.expand_shape"), mlirOperationGetLocation(before));
+  mlirOperationStateAddOperands(&st, 1, &v);
+  mlirOperationStateAddResults(&st, 1, &rt);
+  mlirOperationStateAddAttributes(&st, 2, na);
+  return insert_before(before, &st);
+}
+
+/* OP (a linalg.generic on static tensors, not a contraction) with its
+ * adjacent loops d, d + 1 merged wherever both have one iterator type and
+ * every operand's map has neither or has d followed at once by d + 1: the
+ * new generic runs over the operands collapsed accordingly
+ * (tensor.collapse_shape: views once bufferized, the tensors being
+ * contiguous) and its result is expanded back.  The vectors run along the
+ * last loop: the update of a [512, 512, 3, 3] convolution weight, or a
+ * batch norm's [N, C, 4, 4] activations, otherwise ran on vectors of 3 or
+ * 4 lanes.  Returns the new op, or OP when nothing merges. */
+static MlirOperation merge_loops(MlirContext ctx, MlirOperation op) {
+  if (!cg_op_is(op, "linalg.generic") || mlirOperationGetNumResults(op) != 1 || mlirLinalgIsAContractionOp(op))
+    return op;
+  MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
+  MlirAttribute iters = mlirOperationGetAttributeByName(op, nova_str("iterator_types"));
+  intptr_t nops = mlirOperationGetNumOperands(op);
+  if (mlirAttributeIsNull(maps) || mlirAttributeIsNull(iters) || mlirArrayAttrGetNumElements(maps) != nops ||
+      nops > 16)
+    return op;
+  int n = (int)mlirArrayAttrGetNumElements(iters);
+  if (n < 2 || n > MAXL) return op;
+  int res[16][MAXL], rank[16], pos[16][MAXL]; /* map results (dim, or -1: the constant 0); where each dim is */
+  for (intptr_t i = 0; i < nops; i++) {
+    MlirType t = mlirValueGetType(mlirOperationGetOperand(op, i));
+    MlirAffineMap m = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i));
+    rank[i] = (int)mlirAffineMapGetNumResults(m);
+    if ((int)mlirAffineMapGetNumDims(m) != n || mlirAffineMapGetNumSymbols(m) != 0) return op;
+    if (mlirTypeIsARankedTensor(t) ? !mlirShapedTypeHasStaticShape(t) || mlirShapedTypeGetRank(t) != rank[i]
+                                   : mlirTypeIsAShaped(t) || rank[i] != 0)
+      return op;
+    for (int d = 0; d < n; d++) pos[i][d] = -1;
+    for (int r = 0; r < rank[i]; r++) {
+      MlirAffineExpr e = mlirAffineMapGetResult(m, r);
+      if (mlirAffineExprIsAConstant(e) && mlirAffineConstantExprGetValue(e) == 0) res[i][r] = -1;
+      else if (mlirAffineExprIsADim(e)) res[i][r] = (int)mlirAffineDimExprGetPosition(e);
+      else return op;
+      if (res[i][r] >= 0) {
+        if (pos[i][res[i][r]] >= 0) return op; /* a dim twice: not a projected permutation */
+        pos[i][res[i][r]] = r;
+      }
+    }
+  }
+  index_check ic = {false};
+  mlirOperationWalk(op, index_cb, &ic, MlirWalkPreOrder);
+  if (ic.found) return op;
+  /* a slice of a larger tensor (a padded one: bufferization writes the
+   * producer of an insert_slice in place) is strided: collapsed, a copy */
+  for (intptr_t i = 0; i < nops; i++)
+    if (from_slice(mlirOperationGetOperand(op, i))) return op;
+  if (into_slice(mlirOperationGetResult(op, 0), 0)) return op;
+  /* the new loop of each old one */
+  int nl[MAXL], nn = 0;
+  for (int d = 0; d < n; d++) {
+    bool merge = d > 0 && mlirAttributeEqual(mlirArrayAttrGetElement(iters, d - 1), mlirArrayAttrGetElement(iters, d));
+    for (intptr_t i = 0; i < nops && merge; i++)
+      merge = pos[i][d - 1] < 0 ? pos[i][d] < 0 : pos[i][d] == pos[i][d - 1] + 1;
+    nl[d] = merge ? nn - 1 : nn++;
+  }
+  if (nn == n) return op;
+  MlirOperation before = op;
+  MlirValue ops[16];
+  MlirAttribute nmaps[16], out_groups[MAXL];
+  int nout_groups = 0;
+  for (intptr_t i = 0; i < nops; i++) {
+    MlirValue v = mlirOperationGetOperand(op, i);
+    MlirAffineExpr e[MAXL];
+    MlirAttribute groups[MAXL];
+    int64_t shape[MAXL];
+    int ng = 0;
+    /* groups of results: a dim and the dims that continue its new loop,
+     * the unit dims (constant 0) with the group before them (or after,
+     * at the start): the vectorizer wants no constant in a map */
+    int first[MAXL + 1], nd = 0;
+    for (int r = 0; r < rank[i]; r++)
+      if (res[i][r] >= 0 && (nd == 0 || nl[res[i][r]] != nl[res[i][first[nd - 1]]] || res[i][r - 1] < 0))
+        first[nd++] = r;
+    if (nd > 0) first[0] = 0;
+    first[nd] = rank[i];
+    for (int k = 0; k < nd; k++) {
+      MlirAttribute ga[MAXL];
+      int len = first[k + 1] - first[k], d = -1;
+      shape[ng] = 1;
+      for (int j = 0; j < len; j++) {
+        int r = first[k] + j;
+        if (res[i][r] >= 0 && d < 0) d = res[i][r];
+        shape[ng] *= mlirShapedTypeGetDimSize(mlirValueGetType(v), r);
+        ga[j] = mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), r);
+      }
+      e[ng] = mlirAffineDimExprGet(ctx, nl[d]);
+      groups[ng++] = mlirArrayAttrGet(ctx, len, ga);
+    }
+    nmaps[i] = mlirAffineMapAttrGet(mlirAffineMapGet(ctx, nn, 0, ng, e));
+    ops[i] = v;
+    if (ng < rank[i]) {
+      intptr_t same = -1; /* one collapse for a tensor read twice the same way (an in-place update) */
+      for (intptr_t j = 0; j < i && same < 0; j++)
+        if (mlirValueEqual(mlirOperationGetOperand(op, j), v) && mlirAttributeEqual(nmaps[j], nmaps[i])) same = j;
+      ops[i] = same >= 0 ? ops[same] : cg_collapse_shape(ctx, before, v, ng, shape, groups);
+    }
+    if (i == nops - 1) {
+      nout_groups = ng;
+      for (int k = 0; k < ng; k++) out_groups[k] = groups[k];
+    }
+  }
+  MlirAttribute it[MAXL];
+  for (int d = 0; d < n; d++) it[nl[d]] = mlirArrayAttrGetElement(iters, d);
+  int32_t seg[2] = {(int32_t)nops - 1, 1};
+  MlirType rt = mlirValueGetType(ops[nops - 1]);
+  MlirOperationState st = mlirOperationStateGet(nova_str("linalg.generic"), mlirOperationGetLocation(op));
+  mlirOperationStateAddOperands(&st, nops, ops);
+  mlirOperationStateAddResults(&st, 1, &rt);
+  MlirNamedAttribute na[3] = {
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("indexing_maps")), mlirArrayAttrGet(ctx, nops, nmaps)),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("iterator_types")), mlirArrayAttrGet(ctx, nn, it)),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("operandSegmentSizes")),
+                            mlirDenseI32ArrayGet(ctx, 2, seg))};
+  mlirOperationStateAddAttributes(&st, 3, na);
+  for (intptr_t k = 0; k < mlirOperationGetNumDiscardableAttributes(op); k++) {
+    MlirNamedAttribute a = mlirOperationGetDiscardableAttribute(op, k);
+    mlirOperationStateAddAttributes(&st, 1, &a);
+  }
+  MlirRegion region = mlirRegionCreate();
+  mlirRegionTakeBody(region, mlirOperationGetRegion(op, 0));
+  mlirOperationStateAddOwnedRegions(&st, 1, &region);
+  MlirOperation g = mlirOperationCreate(&st);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(op), op, g);
+  MlirValue old = mlirOperationGetResult(op, 0);
+  MlirValue r = mlirOperationGetResult(g, 0);
+  if (nout_groups < (int)mlirShapedTypeGetRank(mlirValueGetType(old)))
+    r = expand_shape(ctx, op, r, mlirValueGetType(old), nout_groups, out_groups);
+  mlirValueReplaceAllUsesOfWith(old, r);
+  mlirOperationDestroy(op);
+  return g;
+}
+
+/* ---- order-free sums --------------------------------------------------- */
+
+/* OP's body (one input, one output) adds IN - IN to OUT. */
+static bool sums_x_minus_x(MlirOperation op) {
+  MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
+  if (mlirBlockIsNull(b) || mlirBlockGetNumArguments(b) != 2) return false;
+  MlirValue in = mlirBlockGetArgument(b, 0), out = mlirBlockGetArgument(b, 1);
+  MlirOperation sub = mlirBlockGetFirstOperation(b);
+  if (mlirOperationIsNull(sub) || !cg_op_is(sub, "arith.subf") ||
+      !mlirValueEqual(mlirOperationGetOperand(sub, 0), in) || !mlirValueEqual(mlirOperationGetOperand(sub, 1), in))
+    return false;
+  MlirOperation add = mlirOperationGetNextInBlock(sub);
+  if (mlirOperationIsNull(add) || !cg_op_is(add, "arith.addf")) return false;
+  MlirValue d = mlirOperationGetResult(sub, 0), a0 = mlirOperationGetOperand(add, 0), a1 = mlirOperationGetOperand(add, 1);
+  if (!((mlirValueEqual(a0, d) && mlirValueEqual(a1, out)) || (mlirValueEqual(a0, out) && mlirValueEqual(a1, d))))
+    return false;
+  MlirOperation y = mlirOperationGetNextInBlock(add);
+  return !mlirOperationIsNull(y) && cg_op_is(y, "linalg.yield") && mlirOperationGetNumOperands(y) == 1 &&
+         mlirValueEqual(mlirOperationGetOperand(y, 0), mlirOperationGetResult(add, 0)) &&
+         mlirOperationIsNull(mlirOperationGetNextInBlock(y));
+}
+
+/* OP, a sum of x - x over the R elements of a 1-D x into a scalar (the
+ * training step's finite check, autodiff.c: 0, or NaN, whatever the
+ * order of the additions), R a multiple of the vector lanes L: as L
+ * partial sums side by side (x as [R / L, L], summed down its columns into
+ * a zeroed [L], one vector accumulator) and then those L into OP's
+ * output: a vector add per L elements instead of a chain of R scalar
+ * adds.  Returns the partial sums' op (the final sum follows it), or OP. */
+static MlirOperation split_free_sum(MlirContext ctx, MlirOperation op, int64_t lanes) {
+  if (!cg_op_is(op, "linalg.generic") || mlirOperationGetNumOperands(op) != 2 ||
+      mlirOperationGetNumResults(op) != 1 || lanes < 2)
+    return op;
+  MlirValue x = mlirOperationGetOperand(op, 0), init = mlirOperationGetOperand(op, 1);
+  MlirType xt = mlirValueGetType(x), ot = mlirValueGetType(init);
+  if (!mlirTypeIsARankedTensor(xt) || !mlirTypeIsARankedTensor(ot) || mlirShapedTypeGetRank(xt) != 1 ||
+      mlirShapedTypeGetRank(ot) != 0 || !mlirShapedTypeHasStaticShape(xt))
+    return op;
+  MlirType et = mlirShapedTypeGetElementType(xt);
+  int64_t R = mlirShapedTypeGetDimSize(xt, 0);
+  if (!(mlirTypeIsAF32(et) || mlirTypeIsAF64(et)) || !mlirTypeEqual(et, mlirShapedTypeGetElementType(ot)) ||
+      R < 16 * lanes || R % lanes || !sums_x_minus_x(op))
+    return op;
+  MlirLocation loc = mlirOperationGetLocation(op);
+  /* x as [R / L, L] */
+  int64_t shape2[2] = {R / lanes, lanes};
+  MlirAttribute g01[2] = {mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), 0),
+                          mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), 1)};
+  MlirAttribute grp = mlirArrayAttrGet(ctx, 2, g01);
+  MlirValue x2 = expand_shape(ctx, op, x, mlirRankedTensorTypeGet(2, shape2, et, mlirAttributeGetNull()), 1, &grp);
+  /* a zeroed [L] */
+  MlirType pt = mlirRankedTensorTypeGet(1, &lanes, et, mlirAttributeGetNull());
+  MlirOperationState st = mlirOperationStateGet(nova_str("arith.constant"), loc);
+  MlirNamedAttribute zv = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("value")), mlirFloatAttrDoubleGet(ctx, et, 0));
+  mlirOperationStateAddAttributes(&st, 1, &zv);
+  mlirOperationStateAddResults(&st, 1, &et);
+  MlirValue zero = insert_before(op, &st);
+  st = mlirOperationStateGet(nova_str("tensor.empty"), loc);
+  mlirOperationStateAddResults(&st, 1, &pt);
+  MlirValue empty = insert_before(op, &st);
+  int32_t seg[2] = {1, 1};
+  MlirNamedAttribute segs = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("operandSegmentSizes")),
+                                                  mlirDenseI32ArrayGet(ctx, 2, seg));
+  st = mlirOperationStateGet(nova_str("linalg.fill"), loc);
+  mlirOperationStateAddOperands(&st, 2, (MlirValue[]){zero, empty});
+  mlirOperationStateAddResults(&st, 1, &pt);
+  mlirOperationStateAddAttributes(&st, 1, &segs);
+  MlirRegion fr = mlirRegionCreate();
+  mlirOperationStateAddOwnedRegions(&st, 1, &fr);
+  MlirOperation fill = mlirOperationCreate(&st);
+  mlirLinalgFillBuiltinNamedOpRegion(fill);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(op), op, fill);
+  /* the partial sums: OP's body over [R / L, L], rows reduced */
+  MlirAttribute red = mlirAttributeParseGet(ctx, nova_str("#linalg.iterator_type<reduction>"));
+  MlirAttribute par = mlirAttributeParseGet(ctx, nova_str("#linalg.iterator_type<parallel>"));
+  MlirAffineExpr d0 = mlirAffineDimExprGet(ctx, 0), d1 = mlirAffineDimExprGet(ctx, 1);
+  MlirAttribute pmaps[2] = {mlirAffineMapAttrGet(mlirAffineMapGet(ctx, 2, 0, 2, (MlirAffineExpr[]){d0, d1})),
+                            mlirAffineMapAttrGet(mlirAffineMapGet(ctx, 2, 0, 1, &d1))};
+  MlirNamedAttribute pa[3] = {
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("indexing_maps")), mlirArrayAttrGet(ctx, 2, pmaps)),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("iterator_types")),
+                            mlirArrayAttrGet(ctx, 2, (MlirAttribute[]){red, par})),
+      segs};
+  st = mlirOperationStateGet(nova_str("linalg.generic"), loc);
+  mlirOperationStateAddOperands(&st, 2, (MlirValue[]){x2, mlirOperationGetResult(fill, 0)});
+  mlirOperationStateAddResults(&st, 1, &pt);
+  mlirOperationStateAddAttributes(&st, 3, pa);
+  MlirRegion pr = mlirRegionCreate();
+  mlirRegionTakeBody(pr, mlirOperationGetRegion(op, 0));
+  mlirOperationStateAddOwnedRegions(&st, 1, &pr);
+  MlirOperation partial = mlirOperationCreate(&st);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(op), op, partial);
+  /* the L partial sums added to OP's output */
+  MlirAttribute fmaps[2] = {mlirAffineMapAttrGet(mlirAffineMapGet(ctx, 1, 0, 1, &d0)),
+                            mlirAffineMapAttrGet(mlirAffineMapGet(ctx, 1, 0, 0, NULL))};
+  MlirNamedAttribute fa[3] = {
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("indexing_maps")), mlirArrayAttrGet(ctx, 2, fmaps)),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("iterator_types")), mlirArrayAttrGet(ctx, 1, &red)),
+      segs};
+  MlirType ets[2] = {et, et};
+  MlirLocation locs[2] = {loc, loc};
+  MlirBlock body = mlirBlockCreate(2, ets, locs);
+  st = mlirOperationStateGet(nova_str("arith.addf"), loc);
+  mlirOperationStateAddOperands(&st, 2, (MlirValue[]){mlirBlockGetArgument(body, 0), mlirBlockGetArgument(body, 1)});
+  mlirOperationStateAddResults(&st, 1, &et);
+  MlirOperation add = mlirOperationCreate(&st);
+  mlirBlockAppendOwnedOperation(body, add);
+  MlirValue sum = mlirOperationGetResult(add, 0);
+  st = mlirOperationStateGet(nova_str("linalg.yield"), loc);
+  mlirOperationStateAddOperands(&st, 1, &sum);
+  mlirBlockAppendOwnedOperation(body, mlirOperationCreate(&st));
+  MlirRegion rr = mlirRegionCreate();
+  mlirRegionAppendOwnedBlock(rr, body);
+  st = mlirOperationStateGet(nova_str("linalg.generic"), loc);
+  mlirOperationStateAddOperands(&st, 2, (MlirValue[]){mlirOperationGetResult(partial, 0), init});
+  mlirOperationStateAddResults(&st, 1, &ot);
+  mlirOperationStateAddAttributes(&st, 3, fa);
+  mlirOperationStateAddOwnedRegions(&st, 1, &rr);
+  MlirValue total = insert_before(op, &st);
+  mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(op, 0), total);
+  mlirOperationDestroy(op);
+  return partial;
+}
+
 /* ---- marking, snapshots, diagnostics --------------------------------- */
 
 typedef struct marker {
@@ -500,6 +819,8 @@ static void mark_func(marker *mk, MlirOperation func) {
   if (mlirBlockIsNull(body)) return;
   for (MlirOperation o = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(o);
        o = mlirOperationGetNextInBlock(o)) {
+    o = merge_loops(mk->ctx, o);
+    o = split_free_sum(mk->ctx, o, cfg_pointwise_cpu(mk->dev, 1, 4).lanes);
     tile_plan p = plan_op(o, mk->dev);
     if (p.kind == TK_POINTWISE) read_dest_in_place(o);
     if (p.kind == TK_REDUCE ||

@@ -32,14 +32,17 @@
 
 #define MAX_DEPTH 4
 
+static bool is_reshape(MlirOperation op) {
+  return cg_op_is(op, "tensor.expand_shape") || cg_op_is(op, "tensor.collapse_shape");
+}
+
 /* Whether v has other uses than one, or is a reshape of such a value. */
 static bool has_other_uses(MlirValue v) {
   MlirOpOperand u = mlirValueGetFirstUse(v);
   if (!mlirOpOperandIsNull(u) && !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u))) return true;
   if (!mlirValueIsAOpResult(v)) return false;
   MlirOperation d = mlirOpResultGetOwner(v);
-  return (cg_op_is(d, "tensor.expand_shape") || cg_op_is(d, "tensor.collapse_shape")) &&
-         has_other_uses(mlirOperationGetOperand(d, 0));
+  return is_reshape(d) && has_other_uses(mlirOperationGetOperand(d, 0));
 }
 
 static bool is_constant_like(MlirOperation op) {
@@ -179,9 +182,12 @@ static void unshare_op(MlirBlock b, MlirOperation op, MlirOperation at) {
     MlirValue v = mlirOperationGetOperand(op, i);
     if (!mlirTypeIsARankedTensor(mlirValueGetType(v)) || !mlirValueIsAOpResult(v)) continue;
     if (!has_other_uses(v)) { /* its one writer: made just before it, if made far before */
-      MlirOperation def = mlirOpResultGetOwner(v);
+      MlirOperation def = mlirOpResultGetOwner(v), src = def;
+      /* (a reshape made just before it of a tensor made far before: both again) */
+      while (is_reshape(src) && mlirValueIsAOpResult(mlirOperationGetOperand(src, 0)))
+        src = mlirOpResultGetOwner(mlirOperationGetOperand(src, 0));
       if (writes && i >= first && i < first + n && mlirBlockEqual(mlirOperationGetBlock(def), b) &&
-          far_before(def, at) && cheap(v, at, 0)) {
+          mlirBlockEqual(mlirOperationGetBlock(src), b) && far_before(src, at) && cheap(v, at, 0)) {
         mlirOperationSetOperand(op, i, clone_before(b, at, v));
         erase_if_dead(v, at);
       }

@@ -711,7 +711,8 @@ static int rng_state(ad *A, nv_node **rng) {
 
 /* x - x summed over every element (into dtype DT): 0 exactly when every
  * element of x is finite, NaN when one is NaN or infinite (inf - inf is
- * NaN, and a NaN term makes the sum NaN in any order).  One read of x, in
+ * NaN, and a NaN term makes the sum NaN in any order: the cpu target sums
+ * it in vector lanes, cpu_tile.c).  One read of x, in
  * one reduction; nothing folds x - x away (no fast-math flags). */
 static nv_node *nonfinite_term(ad *A, nv_node *x, nova_dtype dt) {
   int64_t axes[NOVA_MAX_RANK];

@@ -328,6 +328,51 @@ case("memplan.updates_early", updates_early)
 case("memplan.skip_param", skip_param)
 
 
+WIDE_CHECK_MODEL = """input m: f32[64, 64]
+param w: f32[64, 64] = ones
+param u: f32[64, 64] = ones
+z = w * m
+output loss = reduce_mean(sqrt(z * z)) + reduce_mean(u * u)
+"""
+
+
+def wide_check():
+    """The finite check of a gradient of 4096 elements, which the cpu
+    target sums as partial sums in vector lanes (cpu_tile.c): one NaN, at
+    the first, last or any element (m = 0 there: sqrt of z^2 has a NaN
+    gradient at z = 0, the loss stays finite), is found wherever it falls
+    in the lanes and rows; w keeps its values, u is updated.  With no zero
+    in m, the step is not skipped."""
+    import numpy as np
+    from harness import read_pb, write_pb
+    d = tempfile.mkdtemp(prefix="nova-wide-")
+    try:
+        src = os.path.join(d, "m.nova")
+        with open(src, "w") as f:
+            f.write(WIDE_CHECK_MODEL)
+        so = os.path.join(d, "s.so")
+        run([NOVAC, src, "--train", "--lr=0.5", "-o", so])
+        for at in (None, 0, 7, 15, 16, 255, 2049, 4095):
+            m = np.ones((64, 64), np.float32)
+            if at is not None:
+                m.flat[at] = 0
+            ind = os.path.join(d, "in%s" % at)
+            os.mkdir(ind)
+            write_pb(os.path.join(ind, "m.pb"), m, "m")
+            out = os.path.join(d, "out%s" % at)
+            p = run([NOVARUN, so, "--inputs", ind, "--steps", "1", "--skip-nonfinite", "--dump", out])
+            skipped = "non-finite gradients" in p.stderr
+            w, u = read_pb(os.path.join(out, "param.w.pb")), read_pb(os.path.join(out, "param.u.pb"))
+            if skipped != (at is not None) or np.all(w == 1) != (at is not None) or np.any(u == 1):
+                raise Failure("zero at %r: skipped %r, w %s, u %s: %s" % (at, skipped, w.flat[:4], u.flat[:4],
+                                                                      p.stderr))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+case("memplan.wide_check", wide_check)
+
+
 def remat_reduces(target, extra=()):
     """A limit just under the step's planned peak: the backward recomputes
     the attention's scores and probabilities from q and k (flash
