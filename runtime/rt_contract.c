@@ -29,9 +29,12 @@
  *
  * desc (int64, written by novac): [0] the number of loops L (at most
  * RT_CONTRACT_MAXL), [1..3] which loop is m, n and k, [4..6] mc, nc, kc
- * (the cache blocks, from the configurator; 0: the kernel's own), then L
- * loop sizes and L element strides for each of A, B and C (0: the operand
- * does not vary along that loop).  Loops other than m, n and k (batch
+ * (the cache blocks, from the configurator; 0: the kernel's own), [7]
+ * flags (bit 0, RT_CONTRACT_ZERO_C: C = A B, C's values not read: the
+ * register tiles of the first k block are stored rather than added, where
+ * a fill of zeros over all of C came before the call), then L loop
+ * sizes and L element strides for each of A, B and C (0: the operand does
+ * not vary along that loop).  Loops other than m, n and k (batch
  * dims, a second m dim) are outer loops.  The blocks of different outer
  * iterations and of different m and n blocks write disjoint parts of C:
  * they are shared out on the step's threads (nova_rt_parallel_for); the k
@@ -74,15 +77,16 @@ typedef struct kernel {
    * elements, k [0, kb) at stride SK, as panels of mr lines (A) or of nr
    * (IS_B), zeros past the edges */
   void (*pack)(const void *src, int64_t sl, int64_t sk, int64_t n, int64_t kb, bool is_b, void *dst);
-  /* C[the MR x NR tile at c, cut to mr x nr] += the panels' product over KS steps */
-  void (*tile)(const void *ap, const void *bp, int64_t ks, float *c, int64_t scm, int64_t scn, int64_t mr, int64_t nr);
+  /* C[the MR x NR tile at c, cut to mr x nr] += the panels' product over KS steps (ADD false: =) */
+  void (*tile)(const void *ap, const void *bp, int64_t ks, float *c, int64_t scm, int64_t scn, int64_t mr, int64_t nr,
+               bool add);
   /* the same with A read in place, whole tiles of MR rows: k contiguous,
    * row i at AP + i LDA (tile_ak); m contiguous, step q at AP + q LDA
    * (tile_am); NULL: A is packed */
   void (*tile_ak)(const void *ap, int64_t lda, const void *bp, int64_t ks, float *c, int64_t scm, int64_t scn,
-                  int64_t nr);
+                  int64_t nr, bool add);
   void (*tile_am)(const void *ap, int64_t lda, const void *bp, int64_t ks, float *c, int64_t scm, int64_t scn,
-                  int64_t nr);
+                  int64_t nr, bool add);
 } kernel;
 
 typedef struct contract {
@@ -94,7 +98,12 @@ typedef struct contract {
   int64_t size[RT_CONTRACT_MAXL], sa[RT_CONTRACT_MAXL], sb[RT_CONTRACT_MAXL], sc[RT_CONTRACT_MAXL];
   int64_t nouter, nblocks, mgroups;
   int inplace_a; /* whole tiles of A read in place: 1 k contiguous (kernel->tile_ak), 2 m contiguous (tile_am) */
+  bool zero_c;   /* RT_CONTRACT_ZERO_C */
 } contract;
+
+#define RT_CONTRACT_ZERO_C 1
+#define RT_CONTRACT_HEAD 8 /* the desc's entries before the loop sizes */
+
 
 /* Offsets of outer iteration O into A, B and C. */
 static void outer_offsets(const contract *x, int64_t o, int64_t *oa, int64_t *ob, int64_t *oc) {
@@ -116,16 +125,17 @@ static void outer_offsets(const contract *x, int64_t o, int64_t *oa, int64_t *ob
 #define TARGET2 __attribute__((target("avx2,fma")))
 #define INLINE inline __attribute__((always_inline))
 
-/* C's rows += the accumulators (two zmm per row), cut to mr x nr. */
+/* C's rows += the accumulators (two zmm per row), cut to mr x nr (ADD false: =). */
 TARGET5 static INLINE void store_tile512(const __m512 *acc0, const __m512 *acc1, int rows, float *c, int64_t scm,
-                                         int64_t scn, int64_t mr, int64_t nr) {
+                                         int64_t scn, int64_t mr, int64_t nr, bool add) {
   if (scn == 1) {
     __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
     __mmask16 m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
     for (int i = 0; i < rows && i < mr; i++) {
       float *row = c + i * scm;
-      _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), acc0[i]));
-      if (m1) _mm512_mask_storeu_ps(row + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), acc1[i]));
+      __m512 v0 = add ? _mm512_add_ps(_mm512_maskz_loadu_ps(m0, row), acc0[i]) : acc0[i];
+      _mm512_mask_storeu_ps(row, m0, v0);
+      if (m1) _mm512_mask_storeu_ps(row + 16, m1, add ? _mm512_add_ps(_mm512_maskz_loadu_ps(m1, row + 16), acc1[i]) : acc1[i]);
     }
     return;
   }
@@ -133,7 +143,7 @@ TARGET5 static INLINE void store_tile512(const __m512 *acc0, const __m512 *acc1,
   for (int i = 0; i < rows && i < mr; i++) {
     _mm512_storeu_ps(t, acc0[i]);
     _mm512_storeu_ps(t + 16, acc1[i]);
-    for (int64_t j = 0; j < nr; j++) c[i * scm + j * scn] += t[j];
+    for (int64_t j = 0; j < nr; j++) c[i * scm + j * scn] = add ? c[i * scm + j * scn] + t[j] : t[j];
   }
 }
 
@@ -263,7 +273,7 @@ TARGET static void bf16_pack(const void *src, int64_t sl, int64_t sk, int64_t n,
 /* C[BF_MR x BF_NR tile at c] += the packed panels' product over KP k pairs; the
  * tile is cut to mr x nr rows and columns. */
 TARGET static void bf16_tile(const void *apv, const void *bpv, int64_t kp, float *c, int64_t scm, int64_t scn,
-                             int64_t mr, int64_t nr) {
+                             int64_t mr, int64_t nr, bool add) {
   const uint16_t *ap = apv, *bp = bpv;
   __m512 acc0[BF_MR], acc1[BF_MR];
 #pragma GCC unroll 16
@@ -279,7 +289,7 @@ TARGET static void bf16_tile(const void *apv, const void *bpv, int64_t kp, float
       acc1[i] = _mm512_dpbf16_ps(acc1[i], av, b1);
     }
   }
-  store_tile512(acc0, acc1, BF_MR, c, scm, scn, mr, nr);
+  store_tile512(acc0, acc1, BF_MR, c, scm, scn, mr, nr, add);
 }
 
 
@@ -316,8 +326,13 @@ TARGET5 static void f5_pack(const void *src, int64_t sl, int64_t sk, int64_t n, 
 
 /* C's tile += the accumulators: a whole tile straight from the registers. */
 TARGET5 static INLINE void f5_store(const __m512 *acc0, const __m512 *acc1, float *c, int64_t scm, int64_t scn,
-                                    int64_t mr, int64_t nr) {
+                                    int64_t mr, int64_t nr, bool add) {
   if (mr == F5_MR && nr == F5_NR && scn == 1) {
+    if (!add) {
+#pragma GCC unroll 16
+      for (int i = 0; i < F5_MR; i++) _mm512_storeu_ps(c + i * scm, acc0[i]), _mm512_storeu_ps(c + i * scm + 16, acc1[i]);
+      return;
+    }
 #pragma GCC unroll 16
     for (int i = 0; i < F5_MR; i++) {
       float *row = c + i * scm;
@@ -326,14 +341,14 @@ TARGET5 static INLINE void f5_store(const __m512 *acc0, const __m512 *acc1, floa
     }
     return;
   }
-  store_tile512(acc0, acc1, F5_MR, c, scm, scn, mr, nr);
+  store_tile512(acc0, acc1, F5_MR, c, scm, scn, mr, nr, add);
 }
 
 /* The 14 x 32 tile over KN steps: A's 14 values of step q contiguous at AP +
  * q SAK (a packed panel: SAK = 14; A in place, m contiguous: its k stride),
  * B's packed panel at BP. */
 TARGET5 static INLINE void f5_body(const float *ap, int64_t sak, const float *bp, int64_t kn, float *c, int64_t scm,
-                                   int64_t scn, int64_t mr, int64_t nr) {
+                                   int64_t scn, int64_t mr, int64_t nr, bool add) {
   __m512 acc0[F5_MR], acc1[F5_MR];
 #pragma GCC unroll 16
   for (int i = 0; i < F5_MR; i++) {
@@ -351,24 +366,24 @@ TARGET5 static INLINE void f5_body(const float *ap, int64_t sak, const float *bp
       acc1[i] = _mm512_fmadd_ps(av, b1, acc1[i]);
     }
   }
-  f5_store(acc0, acc1, c, scm, scn, mr, nr);
+  f5_store(acc0, acc1, c, scm, scn, mr, nr, add);
 }
 
 TARGET5 static void f5_tile(const void *ap, const void *bp, int64_t kn, float *c, int64_t scm, int64_t scn, int64_t mr,
-                            int64_t nr) {
-  f5_body(ap, F5_MR, bp, kn, c, scm, scn, mr, nr);
+                            int64_t nr, bool add) {
+  f5_body(ap, F5_MR, bp, kn, c, scm, scn, mr, nr, add);
 }
 
 TARGET5 static void f5_tile_am(const void *ap, int64_t lda, const void *bp, int64_t kn, float *c, int64_t scm,
-                               int64_t scn, int64_t nr) {
-  f5_body(ap, lda, bp, kn, c, scm, scn, F5_MR, nr);
+                               int64_t scn, int64_t nr, bool add) {
+  f5_body(ap, lda, bp, kn, c, scm, scn, F5_MR, nr, add);
 }
 
 /* f5_tile with A in place: 14 rows at stride LDA, k contiguous.  The rows
  * are addressed from five bases three rows apart (base, + LDA, + 2 LDA),
  * so that they fit the general registers. */
 TARGET5 static void f5_tile_ak(const void *apv, int64_t lda, const void *bpv, int64_t kn, float *c, int64_t scm,
-                               int64_t scn, int64_t nr) {
+                               int64_t scn, int64_t nr, bool add) {
   const float *bp = bpv;
   const float *r0 = apv, *r3 = r0 + 3 * lda, *r6 = r0 + 6 * lda, *r9 = r0 + 9 * lda, *r12 = r0 + 12 * lda;
   __m512 acc0[F5_MR], acc1[F5_MR];
@@ -402,7 +417,7 @@ TARGET5 static void f5_tile_ak(const void *apv, int64_t lda, const void *bpv, in
     F5_ROW(13, r12[q + lda]);
   }
 #undef F5_ROW
-  f5_store(acc0, acc1, c, scm, scn, F5_MR, nr);
+  f5_store(acc0, acc1, c, scm, scn, F5_MR, nr, add);
 }
 
 /* ---- f32, AVX2: 6 x 16 ------------------------------------------------- */
@@ -465,7 +480,7 @@ TARGET2 static void f2_pack(const void *src, int64_t sl, int64_t sk, int64_t n, 
 }
 
 TARGET2 static void f2_tile(const void *apv, const void *bpv, int64_t kn, float *c, int64_t scm, int64_t scn,
-                            int64_t mr, int64_t nr) {
+                            int64_t mr, int64_t nr, bool add) {
   const float *ap = apv, *bp = bpv;
   __m256 acc0[F2_MR], acc1[F2_MR];
 #pragma GCC unroll 8
@@ -488,14 +503,16 @@ TARGET2 static void f2_tile(const void *apv, const void *bpv, int64_t kn, float 
   __m256i m0 = lanes8(nr), m1 = lanes8(nr - 8);
   for (int i = 0; i < F2_MR && i < mr; i++) {
     float *row = c + i * scm;
+    __m256 z = _mm256_setzero_ps();
     if (scn != 1) {
-      for (int64_t j = 0; j < nr; j++) row[j * scn] += t[i][j];
+      for (int64_t j = 0; j < nr; j++) row[j * scn] = add ? row[j * scn] + t[i][j] : t[i][j];
     } else if (nr >= 16) {
-      _mm256_storeu_ps(row, _mm256_add_ps(_mm256_loadu_ps(row), _mm256_load_ps(t[i])));
-      _mm256_storeu_ps(row + 8, _mm256_add_ps(_mm256_loadu_ps(row + 8), _mm256_load_ps(t[i] + 8)));
+      _mm256_storeu_ps(row, _mm256_add_ps(add ? _mm256_loadu_ps(row) : z, _mm256_load_ps(t[i])));
+      _mm256_storeu_ps(row + 8, _mm256_add_ps(add ? _mm256_loadu_ps(row + 8) : z, _mm256_load_ps(t[i] + 8)));
     } else {
-      _mm256_maskstore_ps(row, m0, _mm256_add_ps(_mm256_maskload_ps(row, m0), _mm256_load_ps(t[i])));
-      if (nr > 8) _mm256_maskstore_ps(row + 8, m1, _mm256_add_ps(_mm256_maskload_ps(row + 8, m1), _mm256_load_ps(t[i] + 8)));
+      _mm256_maskstore_ps(row, m0, _mm256_add_ps(add ? _mm256_maskload_ps(row, m0) : z, _mm256_load_ps(t[i])));
+      if (nr > 8)
+        _mm256_maskstore_ps(row + 8, m1, _mm256_add_ps(add ? _mm256_maskload_ps(row + 8, m1) : z, _mm256_load_ps(t[i] + 8)));
     }
   }
 }
@@ -528,6 +545,7 @@ static void block(const contract *x, int64_t t, char *pa, char *pb) {
     int64_t kb = K - p0 < x->kc ? K - p0 : x->kc, ks = (kb + kr->ku - 1) / kr->ku;
     int64_t panel = ks * kr->ku * (int64_t)kr->esize; /* bytes of one panel line */
     int64_t es = (int64_t)kr->esize, sbk = x->sb[x->lk], sbn = x->sb[x->ln];
+    bool add = p0 > 0 || !x->zero_c; /* the first k block stores into a C to be zeroed */
     kr->pack(b + (p0 * sbk + j0 * sbn) * es, sbn, sbk, nb, kb, true, pb);
     for (int64_t i0 = mlo; i0 < mhi; i0 += mc) {
       int64_t mb = mhi - i0 < mc ? mhi - i0 : mc;
@@ -540,11 +558,12 @@ static void block(const contract *x, int64_t t, char *pa, char *pb) {
         for (int64_t ir = 0; ir < mb; ir += MR) {
           float *c = x->c + oc + (i0 + ir) * scm + (j0 + jr) * scn;
           if (ir < inplace && x->inplace_a == 1)
-            kr->tile_ak(a + ((i0 + ir) * sam + p0) * (int64_t)kr->esize, sam, pb + jr * panel, ks, c, scm, scn, nr);
+            kr->tile_ak(a + ((i0 + ir) * sam + p0) * (int64_t)kr->esize, sam, pb + jr * panel, ks, c, scm, scn, nr, add);
           else if (ir < inplace)
-            kr->tile_am(a + (i0 + ir + p0 * sak) * (int64_t)kr->esize, sak, pb + jr * panel, ks, c, scm, scn, nr);
+            kr->tile_am(a + (i0 + ir + p0 * sak) * (int64_t)kr->esize, sak, pb + jr * panel, ks, c, scm, scn, nr, add);
           else
-            kr->tile(pa + (ir - inplace) * panel, pb + jr * panel, ks, c, scm, scn, mb - ir < MR ? mb - ir : MR, nr);
+            kr->tile(pa + (ir - inplace) * panel, pb + jr * panel, ks, c, scm, scn, mb - ir < MR ? mb - ir : MR, nr,
+                     add);
         }
       }
     }
@@ -674,26 +693,29 @@ static void run_plain(const contract *x, size_t esize) {
     for (int64_t i = 0; i < M; i++)
       for (int64_t j = 0; j < N; j++) {
         int64_t ia = oa + i * x->sa[x->lm], ib = ob + j * x->sb[x->ln];
-        float s = 0;
+        float s = 0, *c = &x->c[oc + i * x->sc[x->lm] + j * x->sc[x->ln]];
         for (int64_t p = 0; p < K; p++)
           s += elem(x->a, ia + p * x->sa[x->lk], esize) * elem(x->b, ib + p * x->sb[x->lk], esize);
-        x->c[oc + i * x->sc[x->lm] + j * x->sc[x->ln]] += s;
+        *c = x->zero_c ? s : *c + s;
       }
   }
 }
 
-/* X from the call's arguments; false: nothing to do (a loop of size 0). */
+/* X from the call's arguments; false: nothing to do (a loop of size 0,
+ * but k's when C is to be zeroed: run_plain writes the zeros). */
 static bool read_desc(contract *x, int64_t a, int64_t b, int64_t c, int64_t desc) {
   const int64_t *d = (const int64_t *)(intptr_t)desc;
   *x = (contract){.a = (const char *)(intptr_t)a, .b = (const char *)(intptr_t)b, .c = (float *)(intptr_t)c,
-                  .nl = (int)d[0], .lm = (int)d[1], .ln = (int)d[2], .lk = (int)d[3], .mc = d[4], .nc = d[5], .kc = d[6]};
+                  .nl = (int)d[0], .lm = (int)d[1], .ln = (int)d[2], .lk = (int)d[3], .mc = d[4], .nc = d[5], .kc = d[6],
+                  .zero_c = (d[7] & RT_CONTRACT_ZERO_C) != 0};
   if (x->nl < 3 || x->nl > RT_CONTRACT_MAXL) abort(); /* written by novac: never */
+  const int64_t *ls = d + RT_CONTRACT_HEAD;
   for (int l = 0; l < x->nl; l++) {
-    x->size[l] = d[7 + l];
-    x->sa[l] = d[7 + x->nl + l];
-    x->sb[l] = d[7 + 2 * x->nl + l];
-    x->sc[l] = d[7 + 3 * x->nl + l];
-    if (x->size[l] < 1) return false;
+    x->size[l] = ls[l];
+    x->sa[l] = ls[x->nl + l];
+    x->sb[l] = ls[2 * x->nl + l];
+    x->sc[l] = ls[3 * x->nl + l];
+    if (x->size[l] < 1 && !(l == x->lk && x->zero_c)) return false;
   }
   /* an outer loop that continues m in A and C and that B does not have (a
    * batch of rows: [batch, T, k] x [k, n]) joins m: one B block serves
@@ -748,7 +770,7 @@ void nova_rt_contract_bf16(int64_t a, int64_t b, int64_t c, int64_t desc) {
   contract x;
   if (!read_desc(&x, a, b, c, desc)) return;
 #if HAVE_BLOCKED
-  if (cpu_kernels() & 4) {
+  if ((cpu_kernels() & 4) && x.size[x.lk] > 0) {
     x.k = &k_bf16;
     run_blocked(&x);
     return;
@@ -762,7 +784,7 @@ void nova_rt_contract_f32(int64_t a, int64_t b, int64_t c, int64_t desc) {
   if (!read_desc(&x, a, b, c, desc)) return;
 #if HAVE_BLOCKED
   int h = cpu_kernels();
-  if (h & 3) {
+  if ((h & 3) && x.size[x.lk] > 0) {
     x.k = h & 2 ? &k_f32_512 : &k_f32_256;
     run_blocked(&x);
     return;

@@ -5,7 +5,9 @@
  * transposed A and B (k contiguous or not), a C with a column stride,
  * batch loops (one shared by A, B and C, one of A only, one of B only), A
  * read in place or packed, few columns (computed as C^T), and blocks of 0
- * (the kernel's own).  Each
+ * (the kernel's own); each also with the flag RT_CONTRACT_ZERO_C (C = A * B:
+ * C's elements start as NaN, which must not be read; k of 0 gives zeros),
+ * the gaps a column stride leaves untouched.  Each
  * element must be within 1e-5 of the sum of |a*b| over its k (f32 rounding
  * of K sums) of the reference.  Exit 0 and "contract: ok", or 1 with the
  * first bad element.  testsuite/runtime/run.sh runs it with
@@ -52,12 +54,12 @@ typedef struct shape {
 } shape;
 
 /* Loops: 0 batch, 1 aonly, 2 m, 3 n, 4 k, 5 bonly. */
-static int run(const shape *s, int f32) {
+static int run(const shape *s, int f32, int zero) {
   int64_t B = s->batch, Q = s->aonly, M = s->M, N = s->N, K = s->K, R = s->bonly ? s->bonly : 1;
   int64_t na = B * Q * M * K, nb = B * K * R * N, nc = B * Q * M * R * N * s->cs;
   /* bf16 operands, or f32 ones (of values that bf16 holds exactly, and the rest) */
-  uint16_t *a = malloc(sizeof *a * (size_t)na), *b = malloc(sizeof *b * (size_t)nb);
-  float *af = malloc(sizeof *af * (size_t)na), *bf = malloc(sizeof *bf * (size_t)nb);
+  uint16_t *a = malloc(sizeof *a * (size_t)(na + 1)), *b = malloc(sizeof *b * (size_t)(nb + 1));
+  float *af = malloc(sizeof *af * (size_t)(na + 1)), *bf = malloc(sizeof *bf * (size_t)(nb + 1));
   float *c = malloc(sizeof *c * (size_t)nc);
   double *want = malloc(sizeof *want * (size_t)nc), *mag = malloc(sizeof *mag * (size_t)nc);
   if (!a || !b || !af || !bf || !c || !want || !mag) return fprintf(stderr, "out of memory\n"), 1;
@@ -67,18 +69,19 @@ static int run(const shape *s, int f32) {
   /* element strides: A [B][Q][M][K] or [B][Q][K][M]; B [B][K][R][N] or [B][R][N][K]; C [B][Q][M][R][N*cs] */
   int64_t sa_m = s->ta ? 1 : K, sa_k = s->ta ? M : 1;
   int64_t sb_k = s->tb ? 1 : R * N, sb_n = s->tb ? K : 1, sb_r = s->tb ? N * K : N;
-  int64_t desc[7 + 4 * 6] = {6, 2, 3, 4, s->mc, s->nc, s->kc,
+  int64_t desc[8 + 4 * 6] = {6, 2, 3, 4, s->mc, s->nc, s->kc, zero,
                              B, Q, M, N, K, R,
                              Q * M * K, M * K, sa_m, 0, sa_k, 0,
                              K * R * N, 0, 0, sb_n, sb_k, sb_r,
                              Q * M * R * N * s->cs, M * R * N * s->cs, R * N * s->cs, s->cs, 0, N * s->cs};
-  const int64_t *sa = desc + 7 + 6, *sb = desc + 7 + 12, *sc = desc + 7 + 18;
+  const int64_t *sa = desc + 8 + 6, *sb = desc + 8 + 12, *sc = desc + 8 + 18;
   for (int64_t bi = 0; bi < B; bi++)
     for (int64_t q = 0; q < Q; q++)
       for (int64_t i = 0; i < M; i++)
         for (int64_t r = 0; r < R; r++)
           for (int64_t j = 0; j < N; j++) {
             int64_t ci = bi * sc[0] + q * sc[1] + i * sc[2] + j * sc[3] + r * sc[5];
+            if (zero) c[ci] = NAN, want[ci] = 0, mag[ci] = 0;
             for (int64_t p = 0; p < K; p++) {
               int64_t ia = bi * sa[0] + q * sa[1] + i * sa[2] + p * sa[4];
               int64_t ib = bi * sb[0] + j * sb[3] + p * sb[4] + r * sb[5];
@@ -94,9 +97,9 @@ static int run(const shape *s, int f32) {
   for (int64_t i = 0; i < nc && !bad; i++) {
     /* a column stride leaves gaps in C: they must stay as they were (mag = |c|, nothing added) */
     double err = fabs(c[i] - want[i]);
-    if (err > 1e-5 * mag[i] + 1e-30) {
-      fprintf(stderr, "%s %s: C[%lld] = %.9g, want %.9g (error %.3g, bound %.3g)\n", f32 ? "f32" : "bf16", s->name, (long long)i, c[i],
-              want[i], err, 1e-5 * mag[i]);
+    if (!(err <= 1e-5 * mag[i] + 1e-30)) { /* (NaN: bad) */
+      fprintf(stderr, "%s %s%s: C[%lld] = %.9g, want %.9g (error %.3g, bound %.3g)\n", f32 ? "f32" : "bf16", s->name,
+              zero ? " (C zeroed)" : "", (long long)i, c[i], want[i], err, 1e-5 * mag[i]);
       bad = 1;
     }
   }
@@ -109,6 +112,7 @@ int main(void) {
       {"one tile", 1, 1, 12, 32, 16, 0, 0, 1, 0, 0, 0, 0},
       {"edges", 1, 1, 37, 45, 7, 0, 0, 1, 0, 0, 0, 0},
       {"k 1", 1, 1, 5, 3, 1, 0, 0, 1, 0, 0, 0, 0},
+      {"k 0", 1, 1, 5, 3, 0, 0, 0, 1, 0, 0, 0, 0},
       {"blocks smaller than the ranges", 1, 1, 100, 130, 99, 0, 0, 1, 24, 64, 10, 0},
       {"A transposed", 1, 1, 50, 70, 33, 1, 0, 1, 0, 0, 0, 0},
       {"B transposed", 1, 1, 50, 70, 33, 0, 1, 1, 0, 0, 0, 0},
@@ -129,7 +133,8 @@ int main(void) {
       {"a loop of B only, C column stride", 1, 1, 15, 20, 9, 0, 0, 2, 0, 0, 0, 3},
   };
   int bad = 0;
-  for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) bad |= run(&shapes[i], 0) | run(&shapes[i], 1);
+  for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+    for (int zero = 0; zero < 2; zero++) bad |= run(&shapes[i], 0, zero) | run(&shapes[i], 1, zero);
   if (bad) return 1;
   printf("contract: ok\n");
   return 0;
