@@ -154,7 +154,7 @@ int cg_lower_loops_to_llvm(nova_ctx *c, MlirModule m, int *parallel) {
     return -1;
   /* one function per distinct nest from here: the function-level passes
    * run on several threads (stopped again before code generation forks) */
-  if (!getenv("NOVAC_JOBS") || atoi(getenv("NOVAC_JOBS")) > 1) mlirContextEnableMultithreading(c->ctx, true);
+  if (nv_jobs() > 1) mlirContextEnableMultithreading(c->ctx, true);
   int rc = cg_run_pipeline(c, m, "builtin.module(func.func(convert-linalg-to-loops,convert-vector-to-scf{full-unroll=1}))",
                            "lowering to loops");
   t = cg_now_ms(); /* each pipeline reports its own time, and each stage only its own */
@@ -474,13 +474,6 @@ static int reap_emit(nova_ctx *c, const cg_options *o, pid_t pid, nv_sbuf *log, 
   return rc;
 }
 
-/* Processes for code generation: NOVAC_JOBS, else the processors online (at most 8). */
-static int codegen_jobs(void) {
-  const char *e = getenv("NOVAC_JOBS");
-  long n = e && *e ? strtol(e, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
-  return n < 1 ? 1 : n > 8 ? 8 : (int)n;
-}
-
 /* Starts J's processes on M: one writing DIR/STEM.o, or one per part
  * writing DIR/STEM<k>.o; 0, or -1 (reported, nothing left running). */
 static int start_job(nova_ctx *c, MlirModule m, const cg_options *o, const parts *pt, const char *dir,
@@ -505,7 +498,7 @@ static int start_job(nova_ctx *c, MlirModule m, const cg_options *o, const parts
 int cg_emit_start(nova_ctx *c, MlirModule m, const cg_options *o, const char *dir, const char *stem,
                   cg_emit_job *j) {
   parts pt;
-  int jobs = codegen_jobs();
+  int jobs = nv_jobs();
   bool split = jobs >= 2 && !split_module(m, jobs, &pt);
   int rc = start_job(c, m, o, split ? &pt : NULL, dir, stem, j);
   if (split) free(pt.of);
@@ -541,7 +534,7 @@ int cg_emit_object(nova_ctx *c, MlirModule m, const cg_options *o, const char *o
   cg_cpu_name(o, cpu_used, cpu_size);
   parts pt;
   cg_emit_job j;
-  int jobs = codegen_jobs();
+  int jobs = nv_jobs();
   if (jobs < 2 || split_module(m, jobs, &pt)) { /* straight into OBJ_PATH */
     int fd;
     nv_sbuf text = {0};

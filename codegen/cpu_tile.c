@@ -76,7 +76,6 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "../configurator/gemm.h"
 #include "../configurator/kernel.h"
@@ -970,12 +969,6 @@ static MlirWalkResult count_cb(MlirOperation op, void *ud) {
   return MlirWalkResultAdvance;
 }
 
-/* Threads for the script: NOVAC_JOBS, else the processors online (at most 8). */
-static int script_threads(void) {
-  const char *e = getenv("NOVAC_JOBS");
-  long n = e && *e ? strtol(e, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
-  return n < 1 ? 1 : n > 8 ? 8 : (int)n;
-}
 
 /* Applies SCRIPT to M (kernel_once.c's module: one function per distinct
  * kernel, after the declarations they may refer to); 0 on success, else
@@ -988,7 +981,7 @@ static int script_threads(void) {
 static int apply_script(nova_ctx *c, MlirModule m, const char *script, captured *cap) {
   MlirDiagnosticHandlerID h = mlirContextAttachDiagnosticHandler(c->ctx, capture_diag, cap, NULL);
   enum { MAXT = 8 };
-  int nt = script_threads(), nf = 0;
+  int nt = nv_jobs(), nf = 0;
   MlirBlock body = mlirModuleGetBody(m);
   for (MlirOperation f = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(f); f = mlirOperationGetNextInBlock(f))
     nf += cg_op_is(f, "func.func") && !mlirRegionIsNull(mlirOperationGetRegion(f, 0)) &&

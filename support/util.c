@@ -3,6 +3,7 @@
 #include "util.h"
 
 #include <ctype.h>
+#include <sched.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +17,19 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+/* ---- parallel work -------------------------------------------------------- */
+
+int nv_jobs(void) {
+  const char *e = getenv("NOVAC_JOBS");
+  long n = 0;
+  if (e && *e) n = strtol(e, NULL, 10);
+  else {
+    cpu_set_t set;
+    n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
+  }
+  return n < 1 ? 1 : n > 8 ? 8 : (int)n;
+}
 
 /* ---- allocation that cannot fail ------------------------------------------ */
 

@@ -44,6 +44,9 @@ char *nv_read_file(const char *path, size_t *len, size_t max_bytes);
  * GLOBS (NULL: none; at most NV_MAX_GLOBS are read); sets MATCHED[k] for
  * each pattern k that matches.  nv_glob_count: how many patterns. */
 #define NV_MAX_GLOBS 64
+/* Processes or threads for novac's parallel work: NOVAC_JOBS, else the
+ * processors this process may run on (taskset -c 0: 1), at most 8. */
+int nv_jobs(void);
 bool nv_glob_match(const char *globs, const char *name, bool *matched);
 int nv_glob_count(const char *globs);
 
