@@ -479,24 +479,11 @@ TARGET2 static void f2_pack(const void *src, int64_t sl, int64_t sk, int64_t n, 
   else pack_f32_256(src, sl, sk, n, kb, F2_MR, dst);
 }
 
-TARGET2 static void f2_tile(const void *apv, const void *bpv, int64_t kn, float *c, int64_t scm, int64_t scn,
-                            int64_t mr, int64_t nr, bool add) {
-  const float *ap = apv, *bp = bpv;
-  __m256 acc0[F2_MR], acc1[F2_MR];
-#pragma GCC unroll 8
-  for (int i = 0; i < F2_MR; i++) acc0[i] = acc1[i] = _mm256_setzero_ps();
-  for (int64_t q = 0; q < kn; q++, ap += F2_MR, bp += F2_NR) {
-    __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
-    _mm_prefetch((const char *)(bp + 8 * F2_NR), _MM_HINT_T0);
-#pragma GCC unroll 8
-    for (int i = 0; i < F2_MR; i++) {
-      __m256 av = _mm256_broadcast_ss(ap + i);
-      acc0[i] = _mm256_fmadd_ps(av, b0, acc0[i]);
-      acc1[i] = _mm256_fmadd_ps(av, b1, acc1[i]);
-    }
-  }
-  /* the accumulators leave the registers here, once (indexing them in the
-   * update below would keep them in memory through the k loop) */
+/* C's tile (+)= the accumulators, cut to mr x nr.  They leave the
+ * registers here, once (indexing them in the update below would keep them
+ * in memory through the k loop). */
+TARGET2 static INLINE void f2_store(const __m256 *acc0, const __m256 *acc1, float *c, int64_t scm, int64_t scn,
+                                    int64_t mr, int64_t nr, bool add) {
   _Alignas(32) float t[F2_MR][F2_NR];
 #pragma GCC unroll 8
   for (int i = 0; i < F2_MR; i++) _mm256_store_ps(t[i], acc0[i]), _mm256_store_ps(t[i] + 8, acc1[i]);
@@ -517,9 +504,67 @@ TARGET2 static void f2_tile(const void *apv, const void *bpv, int64_t kn, float 
   }
 }
 
+/* The 6 x 16 tile over KN steps: A's 6 values of step q contiguous at AP +
+ * q SAK (a packed panel: SAK = 6; A in place, m contiguous: its k stride). */
+TARGET2 static INLINE void f2_body(const float *ap, int64_t sak, const float *bp, int64_t kn, float *c, int64_t scm,
+                                   int64_t scn, int64_t mr, int64_t nr, bool add) {
+  __m256 acc0[F2_MR], acc1[F2_MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < F2_MR; i++) acc0[i] = acc1[i] = _mm256_setzero_ps();
+  for (int64_t q = 0; q < kn; q++, ap += sak, bp += F2_NR) {
+    __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+    _mm_prefetch((const char *)(bp + 8 * F2_NR), _MM_HINT_T0);
+#pragma GCC unroll 8
+    for (int i = 0; i < F2_MR; i++) {
+      __m256 av = _mm256_broadcast_ss(ap + i);
+      acc0[i] = _mm256_fmadd_ps(av, b0, acc0[i]);
+      acc1[i] = _mm256_fmadd_ps(av, b1, acc1[i]);
+    }
+  }
+  f2_store(acc0, acc1, c, scm, scn, mr, nr, add);
+}
+
+TARGET2 static void f2_tile(const void *ap, const void *bp, int64_t kn, float *c, int64_t scm, int64_t scn, int64_t mr,
+                            int64_t nr, bool add) {
+  f2_body(ap, F2_MR, bp, kn, c, scm, scn, mr, nr, add);
+}
+
+TARGET2 static void f2_tile_am(const void *ap, int64_t lda, const void *bp, int64_t kn, float *c, int64_t scm,
+                               int64_t scn, int64_t nr, bool add) {
+  f2_body(ap, lda, bp, kn, c, scm, scn, F2_MR, nr, add);
+}
+
+/* f2_tile with A in place: 6 rows at stride LDA, k contiguous, addressed
+ * from two bases three rows apart. */
+TARGET2 static void f2_tile_ak(const void *apv, int64_t lda, const void *bpv, int64_t kn, float *c, int64_t scm,
+                               int64_t scn, int64_t nr, bool add) {
+  const float *bp = bpv, *r0 = apv, *r3 = r0 + 3 * lda;
+  __m256 acc0[F2_MR], acc1[F2_MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < F2_MR; i++) acc0[i] = acc1[i] = _mm256_setzero_ps();
+#define F2_ROW(i, p)                                                                                                  \
+  do {                                                                                                                \
+    __m256 av = _mm256_broadcast_ss(p);                                                                               \
+    acc0[i] = _mm256_fmadd_ps(av, b0, acc0[i]);                                                                       \
+    acc1[i] = _mm256_fmadd_ps(av, b1, acc1[i]);                                                                       \
+  } while (0)
+  for (int64_t q = 0; q < kn; q++, bp += F2_NR) {
+    __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
+    _mm_prefetch((const char *)(bp + 8 * F2_NR), _MM_HINT_T0);
+    F2_ROW(0, r0 + q);
+    F2_ROW(1, r0 + q + lda);
+    F2_ROW(2, r0 + q + 2 * lda);
+    F2_ROW(3, r3 + q);
+    F2_ROW(4, r3 + q + lda);
+    F2_ROW(5, r3 + q + 2 * lda);
+  }
+#undef F2_ROW
+  f2_store(acc0, acc1, c, scm, scn, F2_MR, nr, add);
+}
+
 static const kernel k_bf16 = {BF_MR, BF_NR, 2, 2, bf16_pack, bf16_tile, NULL, NULL};
 static const kernel k_f32_512 = {F5_MR, F5_NR, 1, 4, f5_pack, f5_tile, f5_tile_ak, f5_tile_am};
-static const kernel k_f32_256 = {F2_MR, F2_NR, 1, 4, f2_pack, f2_tile, NULL, NULL};
+static const kernel k_f32_256 = {F2_MR, F2_NR, 1, 4, f2_pack, f2_tile, f2_tile_ak, f2_tile_am};
 
 /* ---- blocks and tasks -------------------------------------------------- */
 
