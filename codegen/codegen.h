@@ -181,6 +181,9 @@ typedef struct cg_builder {
 MlirOperation cg_build(cg_builder *b, const char *name, int nops, const MlirValue *ops, int nres, const MlirType *rt,
                        int na, const MlirNamedAttribute *attrs);
 MlirValue cg_build_const(cg_builder *b, MlirType t, int64_t v);
+/* A named linalg op of one input and one output (linalg.fill, .copy), its
+ * region filled; RT its result (tensors) or NULL (memrefs). */
+MlirOperation cg_build_named(cg_builder *b, const char *name, MlirValue in, MlirValue out, const MlirType *rt);
 MlirValue cg_memref_address(cg_builder *b, MlirValue v, MlirValue *strides);
 void cg_declare_i64_func(MlirModule m, const char *name, int nargs);
 /* comm_calls.c: novac --data-parallel.  The lowering makes each

@@ -738,15 +738,8 @@ static MlirOperation split_free_sum(MlirContext ctx, MlirOperation op, int64_t l
   int32_t seg[2] = {1, 1};
   MlirNamedAttribute segs = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("operandSegmentSizes")),
                                                   mlirDenseI32ArrayGet(ctx, 2, seg));
-  st = mlirOperationStateGet(nova_str("linalg.fill"), loc);
-  mlirOperationStateAddOperands(&st, 2, (MlirValue[]){zero, empty});
-  mlirOperationStateAddResults(&st, 1, &pt);
-  mlirOperationStateAddAttributes(&st, 1, &segs);
-  MlirRegion fr = mlirRegionCreate();
-  mlirOperationStateAddOwnedRegions(&st, 1, &fr);
-  MlirOperation fill = mlirOperationCreate(&st);
-  mlirLinalgFillBuiltinNamedOpRegion(fill);
-  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(op), op, fill);
+  cg_builder b = {ctx, loc, mlirOperationGetBlock(op), op};
+  MlirOperation fill = cg_build_named(&b, "linalg.fill", zero, empty, &pt);
   /* the partial sums: OP's body over [R / L, L], rows reduced */
   MlirAttribute red = mlirAttributeParseGet(ctx, nova_str("#linalg.iterator_type<reduction>"));
   MlirAttribute par = mlirAttributeParseGet(ctx, nova_str("#linalg.iterator_type<parallel>"));

@@ -223,6 +223,21 @@ MlirValue cg_build_const(cg_builder *b, MlirType t, int64_t v) {
   return mlirOperationGetResult(cg_build(b, "arith.constant", 0, NULL, 1, &t, 1, &a), 0);
 }
 
+MlirOperation cg_build_named(cg_builder *b, const char *name, MlirValue in, MlirValue out, const MlirType *rt) {
+  MlirValue ops[2] = {in, out};
+  MlirNamedAttribute seg = nattr(b->ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(b->ctx, 2, (int32_t[]){1, 1}));
+  MlirOperationState st = mlirOperationStateGet(nova_str(name), b->loc);
+  mlirOperationStateAddOperands(&st, 2, ops);
+  if (rt) mlirOperationStateAddResults(&st, 1, rt);
+  mlirOperationStateAddAttributes(&st, 1, &seg);
+  MlirRegion r = mlirRegionCreate();
+  mlirOperationStateAddOwnedRegions(&st, 1, &r);
+  MlirOperation op = mlirOperationCreate(&st);
+  mlirLinalgFillBuiltinNamedOpRegion(op);
+  mlirBlockInsertOwnedOperationBefore(b->block, b->at, op);
+  return op;
+}
+
 MlirValue cg_memref_address(cg_builder *b, MlirValue v, MlirValue *strides) {
   MlirType t = mlirValueGetType(v), ix = mlirIndexTypeGet(b->ctx), i64 = mlirIntegerTypeGet(b->ctx, 64);
   intptr_t rank = mlirShapedTypeGetRank(t);
@@ -324,17 +339,8 @@ static void refill(MlirContext ctx, MlirOperation op) {
   cg_builder b = {ctx, mlirOperationGetLocation(op), mlirOperationGetBlock(op), op};
   MlirType f32 = mlirF32TypeGet(ctx);
   MlirNamedAttribute zv = nattr(ctx, "value", mlirFloatAttrDoubleGet(ctx, f32, 0));
-  MlirValue ops[2] = {mlirOperationGetResult(cg_build(&b, "arith.constant", 0, NULL, 1, &f32, 1, &zv), 0),
-                      mlirOperationGetOperand(op, 2)};
-  MlirNamedAttribute seg = nattr(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 2, (int32_t[]){1, 1}));
-  MlirOperationState st = mlirOperationStateGet(nova_str("linalg.fill"), b.loc);
-  mlirOperationStateAddOperands(&st, 2, ops);
-  mlirOperationStateAddAttributes(&st, 1, &seg);
-  MlirRegion r = mlirRegionCreate();
-  mlirOperationStateAddOwnedRegions(&st, 1, &r);
-  MlirOperation fill = mlirOperationCreate(&st);
-  mlirLinalgFillBuiltinNamedOpRegion(fill);
-  mlirBlockInsertOwnedOperationBefore(b.block, op, fill);
+  MlirValue zero = mlirOperationGetResult(cg_build(&b, "arith.constant", 0, NULL, 1, &f32, 1, &zv), 0);
+  cg_build_named(&b, "linalg.fill", zero, mlirOperationGetOperand(op, 2), NULL);
 }
 
 int cg_cpu_contract_calls(nova_ctx *c, MlirModule m) {

@@ -410,17 +410,8 @@ static int copies_to_linalg(gpu_ctx *G, MlirModule m) {
   mlirOperationWalk(mlirModuleGetOperation(m), collect_copies, &l, MlirWalkPostOrder);
   for (size_t i = 0; i < l.n; i++) {
     MlirOperation cp = l.v[i];
-    MlirValue ops[2] = {mlirOperationGetOperand(cp, 0), mlirOperationGetOperand(cp, 1)};
-    int32_t seg[2] = {1, 1};
-    MlirNamedAttribute na = named(G->ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(G->ctx, 2, seg));
-    MlirOperationState st = mlirOperationStateGet(nova_str("linalg.copy"), mlirOperationGetLocation(cp));
-    mlirOperationStateAddOperands(&st, 2, ops);
-    mlirOperationStateAddAttributes(&st, 1, &na);
-    MlirRegion region = mlirRegionCreate();
-    mlirOperationStateAddOwnedRegions(&st, 1, &region);
-    MlirOperation lc = mlirOperationCreate(&st);
-    mlirLinalgFillBuiltinNamedOpRegion(lc);
-    mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(cp), cp, lc);
+    cg_builder b = {G->ctx, mlirOperationGetLocation(cp), mlirOperationGetBlock(cp), cp};
+    cg_build_named(&b, "linalg.copy", mlirOperationGetOperand(cp, 0), mlirOperationGetOperand(cp, 1), NULL);
     mlirOperationDestroy(cp);
   }
   free(l.v);
