@@ -274,8 +274,11 @@ static bool is_kernel_contract(MlirOperation op) {
          mlirTypeIsAF32(elem_of(mlirOperationGetOperand(op, 2)));
 }
 
+/* (every contraction the stage marked: one it cannot call gets its fill back) */
 static MlirWalkResult find_cb(MlirOperation op, void *ud) {
-  if (is_kernel_contract(op)) cg_op_list_push(ud, op);
+  if (cg_op_is(op, "linalg.contract") &&
+      !mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(op, nova_str(UK_ATTR))))
+    cg_op_list_push(ud, op);
   return MlirWalkResultAdvance;
 }
 
@@ -352,7 +355,7 @@ int cg_cpu_contract_calls(nova_ctx *c, MlirModule m) {
   }
   int used = 0;
   for (size_t i = 0; i < ops.n; i++)
-    if (!emit_call(c->ctx, ops.v[i], &used)) refill(c->ctx, ops.v[i]);
+    if (!is_kernel_contract(ops.v[i]) || !emit_call(c->ctx, ops.v[i], &used)) refill(c->ctx, ops.v[i]);
   free(ops.v);
   if (used & 1) cg_declare_i64_func(m, UK_FUNC_BF16, 4);
   if (used & 2) cg_declare_i64_func(m, UK_FUNC_F32, 4);
