@@ -318,6 +318,8 @@ int cg_emit_start(nova_ctx *c, MlirModule m, const cg_options *o, const char *di
 int cg_emit_wait(nova_ctx *c, const cg_options *o, cg_emit_job *j, bool failed);
 /* Stops J if it runs; its objects removed unless KEEP. */
 void cg_emit_cancel(cg_emit_job *j, bool keep);
+/* The ops in OP's tree, OP included (a function's size, to share out work). */
+int64_t cg_count_ops(MlirOperation op);
 /* Writes LLVM IR text of an LLVM-dialect module to f. */
 int cg_emit_llvm_ir(nova_ctx *c, MlirModule m, FILE *f);
 

@@ -310,6 +310,12 @@ static MlirWalkResult count_op(MlirOperation op, void *ud) {
   return MlirWalkResultAdvance;
 }
 
+int64_t cg_count_ops(MlirOperation op) {
+  int64_t n = 0;
+  mlirOperationWalk(op, count_op, &n, MlirWalkPreOrder);
+  return n;
+}
+
 /* Parts for M: largest function first onto the lightest part.  0, or -1
  * when M is better done in one piece (few functions, a global that is not
  * private: it would be defined in every part). */
@@ -334,8 +340,7 @@ static int split_module(MlirModule m, int nparts, parts *pt) {
       if (!ns) goto whole;
       size = ns;
     }
-    size[pt->nfn] = 0;
-    mlirOperationWalk(f, count_op, &size[pt->nfn], MlirWalkPreOrder);
+    size[pt->nfn] = cg_count_ops(f);
     pt->nfn++;
   }
   if (pt->nfn < 4 * nparts) goto whole;

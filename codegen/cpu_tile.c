@@ -502,6 +502,27 @@ static MlirValue insert_before(MlirOperation before, MlirOperationState *st) {
   return mlirOperationGetResult(o, 0);
 }
 
+/* A linalg.generic of NOPS operands (the last its one output, of type RT),
+ * MAPS, the NL iterator types ITERS and the region BODY (taken), inserted
+ * before BEFORE. */
+static MlirOperation new_generic(MlirContext ctx, MlirOperation before, intptr_t nops, const MlirValue *ops, MlirType rt,
+                                 const MlirAttribute *maps, intptr_t nl, const MlirAttribute *iters, MlirRegion body) {
+  int32_t seg[2] = {(int32_t)nops - 1, 1};
+  MlirNamedAttribute na[3] = {
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("indexing_maps")), mlirArrayAttrGet(ctx, nops, maps)),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("iterator_types")), mlirArrayAttrGet(ctx, nl, iters)),
+      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("operandSegmentSizes")),
+                            mlirDenseI32ArrayGet(ctx, 2, seg))};
+  MlirOperationState st = mlirOperationStateGet(nova_str("linalg.generic"), mlirOperationGetLocation(before));
+  mlirOperationStateAddOperands(&st, nops, ops);
+  mlirOperationStateAddResults(&st, 1, &rt);
+  mlirOperationStateAddAttributes(&st, 3, na);
+  mlirOperationStateAddOwnedRegions(&st, 1, &body);
+  MlirOperation g = mlirOperationCreate(&st);
+  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(before), before, g);
+  return g;
+}
+
 static bool reshape(MlirOperation op) {
   return cg_op_is(op, "tensor.collapse_shape") || cg_op_is(op, "tensor.expand_shape");
 }
@@ -646,26 +667,13 @@ static MlirOperation merge_loops(MlirContext ctx, MlirOperation op) {
   }
   MlirAttribute it[MAXL];
   for (int d = 0; d < n; d++) it[nl[d]] = mlirArrayAttrGetElement(iters, d);
-  int32_t seg[2] = {(int32_t)nops - 1, 1};
-  MlirType rt = mlirValueGetType(ops[nops - 1]);
-  MlirOperationState st = mlirOperationStateGet(nova_str("linalg.generic"), mlirOperationGetLocation(op));
-  mlirOperationStateAddOperands(&st, nops, ops);
-  mlirOperationStateAddResults(&st, 1, &rt);
-  MlirNamedAttribute na[3] = {
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("indexing_maps")), mlirArrayAttrGet(ctx, nops, nmaps)),
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("iterator_types")), mlirArrayAttrGet(ctx, nn, it)),
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("operandSegmentSizes")),
-                            mlirDenseI32ArrayGet(ctx, 2, seg))};
-  mlirOperationStateAddAttributes(&st, 3, na);
-  for (intptr_t k = 0; k < mlirOperationGetNumDiscardableAttributes(op); k++) {
-    MlirNamedAttribute a = mlirOperationGetDiscardableAttribute(op, k);
-    mlirOperationStateAddAttributes(&st, 1, &a);
-  }
   MlirRegion region = mlirRegionCreate();
   mlirRegionTakeBody(region, mlirOperationGetRegion(op, 0));
-  mlirOperationStateAddOwnedRegions(&st, 1, &region);
-  MlirOperation g = mlirOperationCreate(&st);
-  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(op), op, g);
+  MlirOperation g = new_generic(ctx, op, nops, ops, mlirValueGetType(ops[nops - 1]), nmaps, nn, it, region);
+  for (intptr_t k = 0; k < mlirOperationGetNumDiscardableAttributes(op); k++) {
+    MlirNamedAttribute a = mlirOperationGetDiscardableAttribute(op, k);
+    mlirOperationSetDiscardableAttributeByName(g, mlirIdentifierStr(a.name), a.attribute);
+  }
   MlirValue old = mlirOperationGetResult(op, 0);
   MlirValue r = mlirOperationGetResult(g, 0);
   if (nout_groups < (int)mlirShapedTypeGetRank(mlirValueGetType(old)))
@@ -735,9 +743,6 @@ static MlirOperation split_free_sum(MlirContext ctx, MlirOperation op, int64_t l
   st = mlirOperationStateGet(nova_str("tensor.empty"), loc);
   mlirOperationStateAddResults(&st, 1, &pt);
   MlirValue empty = insert_before(op, &st);
-  int32_t seg[2] = {1, 1};
-  MlirNamedAttribute segs = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("operandSegmentSizes")),
-                                                  mlirDenseI32ArrayGet(ctx, 2, seg));
   cg_builder b = {ctx, loc, mlirOperationGetBlock(op), op};
   MlirOperation fill = cg_build_named(&b, "linalg.fill", zero, empty, &pt);
   /* the partial sums: OP's body over [R / L, L], rows reduced */
@@ -746,27 +751,13 @@ static MlirOperation split_free_sum(MlirContext ctx, MlirOperation op, int64_t l
   MlirAffineExpr d0 = mlirAffineDimExprGet(ctx, 0), d1 = mlirAffineDimExprGet(ctx, 1);
   MlirAttribute pmaps[2] = {mlirAffineMapAttrGet(mlirAffineMapGet(ctx, 2, 0, 2, (MlirAffineExpr[]){d0, d1})),
                             mlirAffineMapAttrGet(mlirAffineMapGet(ctx, 2, 0, 1, &d1))};
-  MlirNamedAttribute pa[3] = {
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("indexing_maps")), mlirArrayAttrGet(ctx, 2, pmaps)),
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("iterator_types")),
-                            mlirArrayAttrGet(ctx, 2, (MlirAttribute[]){red, par})),
-      segs};
-  st = mlirOperationStateGet(nova_str("linalg.generic"), loc);
-  mlirOperationStateAddOperands(&st, 2, (MlirValue[]){x2, mlirOperationGetResult(fill, 0)});
-  mlirOperationStateAddResults(&st, 1, &pt);
-  mlirOperationStateAddAttributes(&st, 3, pa);
   MlirRegion pr = mlirRegionCreate();
   mlirRegionTakeBody(pr, mlirOperationGetRegion(op, 0));
-  mlirOperationStateAddOwnedRegions(&st, 1, &pr);
-  MlirOperation partial = mlirOperationCreate(&st);
-  mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(op), op, partial);
+  MlirOperation partial = new_generic(ctx, op, 2, (MlirValue[]){x2, mlirOperationGetResult(fill, 0)}, pt, pmaps, 2,
+                                      (MlirAttribute[]){red, par}, pr);
   /* the L partial sums added to OP's output */
   MlirAttribute fmaps[2] = {mlirAffineMapAttrGet(mlirAffineMapGet(ctx, 1, 0, 1, &d0)),
                             mlirAffineMapAttrGet(mlirAffineMapGet(ctx, 1, 0, 0, NULL))};
-  MlirNamedAttribute fa[3] = {
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("indexing_maps")), mlirArrayAttrGet(ctx, 2, fmaps)),
-      mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("iterator_types")), mlirArrayAttrGet(ctx, 1, &red)),
-      segs};
   MlirType ets[2] = {et, et};
   MlirLocation locs[2] = {loc, loc};
   MlirBlock body = mlirBlockCreate(2, ets, locs);
@@ -781,13 +772,9 @@ static MlirOperation split_free_sum(MlirContext ctx, MlirOperation op, int64_t l
   mlirBlockAppendOwnedOperation(body, mlirOperationCreate(&st));
   MlirRegion rr = mlirRegionCreate();
   mlirRegionAppendOwnedBlock(rr, body);
-  st = mlirOperationStateGet(nova_str("linalg.generic"), loc);
-  mlirOperationStateAddOperands(&st, 2, (MlirValue[]){mlirOperationGetResult(partial, 0), init});
-  mlirOperationStateAddResults(&st, 1, &ot);
-  mlirOperationStateAddAttributes(&st, 3, fa);
-  mlirOperationStateAddOwnedRegions(&st, 1, &rr);
-  MlirValue total = insert_before(op, &st);
-  mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(op, 0), total);
+  MlirOperation total = new_generic(ctx, op, 2, (MlirValue[]){mlirOperationGetResult(partial, 0), init}, ot, fmaps, 1,
+                                    &red, rr);
+  mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(op, 0), mlirOperationGetResult(total, 0));
   mlirOperationDestroy(op);
   return partial;
 }
@@ -956,18 +943,11 @@ static void *script_thread(void *ud) {
   return NULL;
 }
 
-static MlirWalkResult count_cb(MlirOperation op, void *ud) {
-  (void)op;
-  ++*(int64_t *)ud;
-  return MlirWalkResultAdvance;
-}
-
-
 /* Applies SCRIPT to M (kernel_once.c's module: one function per distinct
  * kernel, after the declarations they may refer to); 0 on success, else
  * the first error in CAP.  With several processors and enough kernels,
- * the functions are dealt (largest first, onto the lightest) into one
- * module per thread, each with the declarations, and the script runs on
+ * the functions are dealt, in their order, each onto the thread with the
+ * fewest ops so far, into one module per thread, each with the declarations, and the script runs on
  * them side by side, the context in its thread-safe mode (the transform
  * interpreter is single-threaded; a step of 850 distinct kernels spent
  * 2.4 s in it); the functions then go back into M. */
@@ -980,6 +960,7 @@ static int apply_script(nova_ctx *c, MlirModule m, const char *script, captured 
     nf += cg_op_is(f, "func.func") && !mlirRegionIsNull(mlirOperationGetRegion(f, 0)) &&
           !mlirBlockIsNull(mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0)));
   if (nt > nf / 16) nt = nf / 16; /* (16 kernels a thread at least) */
+  if (nt > MAXT) nt = MAXT;
   script_job jobs[MAXT];
   pthread_t tid[MAXT];
   bool started[MAXT] = {0};
@@ -1002,13 +983,11 @@ static int apply_script(nova_ctx *c, MlirModule m, const char *script, captured 
       else
         for (int t = 0; t < nt; t++) mlirBlockAppendOwnedOperation(mlirModuleGetBody(jobs[t].m), mlirOperationClone(f));
     }
-    for (size_t i = 0; i < fns.n; i++) { /* (in order: kernels come roughly alike) */
-      int64_t size = 0;
-      mlirOperationWalk(fns.v[i], count_cb, &size, MlirWalkPreOrder);
+    for (size_t i = 0; i < fns.n; i++) {
       int light = 0;
       for (int t = 1; t < nt; t++)
         if (load[t] < load[light]) light = t;
-      load[light] += size;
+      load[light] += cg_count_ops(fns.v[i]);
       mlirOperationRemoveFromParent(fns.v[i]);
       mlirBlockAppendOwnedOperation(mlirModuleGetBody(jobs[light].m), fns.v[i]);
     }
