@@ -566,6 +566,244 @@ static const kernel k_bf16 = {BF_MR, BF_NR, 2, 2, bf16_pack, bf16_tile, NULL, NU
 static const kernel k_f32_512 = {F5_MR, F5_NR, 1, 4, f5_pack, f5_tile, f5_tile_ak, f5_tile_am};
 static const kernel k_f32_256 = {F2_MR, F2_NR, 1, 4, f2_pack, f2_tile, f2_tile_ak, f2_tile_am};
 
+/* C^T = B^T A^T: A and B, m and n trade places. */
+static void swap_ab(contract *x) {
+  const char *t = x->a;
+  x->a = x->b, x->b = t;
+  for (int l = 0; l < x->nl; l++) {
+    int64_t s = x->sa[l];
+    x->sa[l] = x->sb[l], x->sb[l] = s;
+  }
+  int l = x->lm;
+  x->lm = x->ln, x->ln = l;
+  int64_t b = x->mc;
+  x->mc = x->nc, x->nc = b;
+}
+
+/* ---- narrow: C of a few rows ------------------------------------------ */
+
+/* A contraction whose C has at most a dozen rows (a late convolution
+ * layer's input gradient: 4 positions by 4608 window elements; its forward
+ * as C^T: 8 positions by 512 filters) fills a 14 x 32 tile poorly and packs
+ * the wide operand only to read it once.  Here the rows get a tile of
+ * their own height and wider columns (AVX-512: 4 x 96, 8 x 48, 12 x 32;
+ * AVX2: 2 x 48, 4 x 24), the few rows of A are packed once for the whole
+ * k range, and B is read in place where its columns are contiguous (else
+ * packed a k chunk at a time).  Loops that B does not have (the batch of
+ * an input gradient read through a transpose) join the rows while they
+ * fit the tile, whatever their strides: each row has its own offsets into
+ * A and C. */
+#define NW_MAXR 12
+#define NW_KC 8 /* k steps of a chunk, B read in place */
+#define NW_KCP 128 /* k steps of a chunk, B packed */
+#define NW_MAX_A (8 << 20) /* at most this many bytes of A packed */
+
+/* A narrow tile: R rows by NV vectors.  T[r][j] := (LOAD: T[r][j] +) the
+ * sum over KN steps of AP[q R + r] B[q LDB + j] (BP: B's step 0 at the
+ * tile's columns), each product fused into the sum in k order. */
+typedef void (*narrow_fn)(const float *ap, const float *bp, int64_t ldb, int64_t kn, float *t, bool load);
+
+typedef struct narrow {
+  narrow_fn tile;
+  int r, nr; /* rows, columns (NV vectors) */
+  /* B's columns packed in one panel of nr (pack_f32_512 / _256) */
+  void (*pack)(const float *src, int64_t sl, int64_t sk, int64_t n, int64_t kb, int64_t w, float *dst);
+} narrow;
+
+TARGET5 static INLINE void f5n_body(int R, int NV, const float *ap, const float *bp, int64_t ldb, int64_t kn,
+                                    float *t, bool load) {
+  __m512 acc[NW_MAXR][6];
+#pragma GCC unroll 16
+  for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) acc[i][v] = load ? _mm512_loadu_ps(t + i * NV * 16 + 16 * v) : _mm512_setzero_ps();
+  for (int64_t q = 0; q < kn; q++, ap += R, bp += ldb) {
+    __m512 b[6];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) {
+      b[v] = _mm512_loadu_ps(bp + 16 * v);
+      _mm_prefetch((const char *)(bp + 8 * ldb + 16 * v), _MM_HINT_T0);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < R; i++) {
+      __m512 av = _mm512_set1_ps(ap[i]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; v++) acc[i][v] = _mm512_fmadd_ps(av, b[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) _mm512_storeu_ps(t + i * NV * 16 + 16 * v, acc[i][v]);
+}
+
+TARGET5 static void f5n_4(const float *ap, const float *bp, int64_t ldb, int64_t kn, float *t, bool load) {
+  f5n_body(4, 6, ap, bp, ldb, kn, t, load);
+}
+TARGET5 static void f5n_8(const float *ap, const float *bp, int64_t ldb, int64_t kn, float *t, bool load) {
+  f5n_body(8, 3, ap, bp, ldb, kn, t, load);
+}
+TARGET5 static void f5n_12(const float *ap, const float *bp, int64_t ldb, int64_t kn, float *t, bool load) {
+  f5n_body(12, 2, ap, bp, ldb, kn, t, load);
+}
+
+TARGET2 static INLINE void f2n_body(int R, int NV, const float *ap, const float *bp, int64_t ldb, int64_t kn,
+                                    float *t, bool load) {
+  __m256 acc[4][6];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) acc[i][v] = load ? _mm256_loadu_ps(t + i * NV * 8 + 8 * v) : _mm256_setzero_ps();
+  for (int64_t q = 0; q < kn; q++, ap += R, bp += ldb) {
+    __m256 b[6];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) b[v] = _mm256_loadu_ps(bp + 8 * v);
+    _mm_prefetch((const char *)(bp + 8 * ldb), _MM_HINT_T0);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+      __m256 av = _mm256_broadcast_ss(ap + i);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; v++) acc[i][v] = _mm256_fmadd_ps(av, b[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) _mm256_storeu_ps(t + i * NV * 8 + 8 * v, acc[i][v]);
+}
+
+TARGET2 static void f2n_2(const float *ap, const float *bp, int64_t ldb, int64_t kn, float *t, bool load) {
+  f2n_body(2, 6, ap, bp, ldb, kn, t, load);
+}
+TARGET2 static void f2n_4(const float *ap, const float *bp, int64_t ldb, int64_t kn, float *t, bool load) {
+  f2n_body(4, 3, ap, bp, ldb, kn, t, load);
+}
+
+TARGET5 static void f5n_pack(const float *src, int64_t sl, int64_t sk, int64_t n, int64_t kb, int64_t w, float *dst) {
+  pack_f32_512(src, sl, sk, n, kb, w, dst);
+}
+TARGET2 static void f2n_pack(const float *src, int64_t sl, int64_t sk, int64_t n, int64_t kb, int64_t w, float *dst) {
+  pack_f32_256(src, sl, sk, n, kb, w, dst);
+}
+
+static const narrow nw_512[] = {{f5n_4, 4, 96, f5n_pack}, {f5n_8, 8, 48, f5n_pack}, {f5n_12, 12, 32, f5n_pack}};
+static const narrow nw_256[] = {{f2n_2, 2, 48, f2n_pack}, {f2n_4, 4, 24, f2n_pack}};
+
+typedef struct narrow_run {
+  const contract *x;
+  const narrow *w;
+  const float *ap;   /* A's rows packed: [K][w->r], zeros past the rows */
+  const int64_t *oc; /* each row's offset into C */
+  int64_t rows, ncb, in_place; /* rows, column blocks per outer iteration, B read in place */
+} narrow_run;
+
+/* C's rows += (ADD; else =) T's, columns [j, j + nr) at stride SCN. */
+static void narrow_store(const narrow_run *n, float *c, const float *t, int64_t nr, int64_t scn, bool add) {
+  int64_t w = n->w->nr;
+  for (int64_t i = 0; i < n->rows; i++) {
+    float *row = c + n->oc[i];
+    const float *ti = t + i * w;
+    if (scn == 1 && add)
+      for (int64_t j = 0; j < nr; j++) row[j] += ti[j];
+    else if (scn == 1)
+      memcpy(row, ti, (size_t)nr * sizeof *row);
+    else if (add)
+      for (int64_t j = 0; j < nr; j++) row[j * scn] += ti[j];
+    else
+      for (int64_t j = 0; j < nr; j++) row[j * scn] = ti[j];
+  }
+}
+
+/* Task T: a block of columns, all of k: k chunk by k chunk, each
+ * chunk over every panel of columns (B read in place is then read row
+ * after row, as it lies in memory, rather than down one panel's columns
+ * 4 KiB apart at a time: 3x faster from DRAM), the sums kept in a buffer
+ * of the block's tiles, added to C at the end. */
+static void narrow_tasks(void **argv, int64_t lo, int64_t hi) {
+  const narrow_run *n = argv[0];
+  const contract *x = n->x;
+  int64_t NR = n->w->nr, R = n->w->r, N = x->size[x->ln], K = x->size[x->lk];
+  int64_t sbn = x->sb[x->ln], sbk = x->sb[x->lk], scn = x->sc[x->ln];
+  int64_t per = ((N + n->ncb - 1) / n->ncb + NR - 1) / NR * NR, kc = n->in_place ? NW_KC : NW_KCP;
+  if (kc > K) kc = K;
+  float *pb = aligned_alloc(64, (size_t)(kc * NR * 4 + 63) / 64 * 64);
+  float *t = aligned_alloc(64, (size_t)(per * R * 4 + 63) / 64 * 64);
+  if (!pb || !t) abort(); /* (as run_tasks) */
+  const float *b = (const float *)x->b;
+  for (int64_t cb = lo; cb < hi; cb++) {
+    int64_t jlo = cb * per, jhi = jlo + per < N ? jlo + per : N;
+    for (int64_t p0 = 0; p0 < K; p0 += kc) {
+      int64_t kb = K - p0 < kc ? K - p0 : kc;
+      for (int64_t j0 = jlo; j0 < jhi; j0 += NR) {
+        int64_t nr = jhi - j0 < NR ? jhi - j0 : NR;
+        float *tt = t + (j0 - jlo) * R;
+        if (n->in_place && nr == NR) {
+          n->w->tile(n->ap + p0 * R, b + p0 * sbk + j0 * sbn, sbk, kb, tt, p0 > 0);
+        } else { /* packed (or an edge: zeros past it) */
+          n->w->pack(b + p0 * sbk + j0 * sbn, sbn, sbk, nr, kb, NR, pb);
+          n->w->tile(n->ap + p0 * R, pb, NR, kb, tt, p0 > 0);
+        }
+      }
+    }
+    for (int64_t j0 = jlo; j0 < jhi; j0 += NR)
+      narrow_store(n, x->c + j0 * scn, t + (j0 - jlo) * R, jhi - j0 < NR ? jhi - j0 : NR, scn, !x->zero_c);
+  }
+  free(pb);
+  free(t);
+}
+
+/* C's rows joined with the outer loops B does not have, while they fit
+ * the tallest narrow tile; false (X as it was) when there are more. */
+static bool run_narrow(contract *x) {
+  if (x->k != &k_f32_512 && x->k != &k_f32_256) return false;
+  const narrow *ws = x->k == &k_f32_512 ? nw_512 : nw_256;
+  int nws = x->k == &k_f32_512 ? 3 : 2, maxr = ws[nws - 1].r;
+  int64_t M = x->size[x->lm], N = x->size[x->ln], K = x->size[x->lk];
+  if ((M < N ? M : N) > maxr || K * NW_MAXR * 4 > NW_MAX_A) return false;
+  if (N < M) swap_ab(x);
+  int64_t rows = x->size[x->lm];
+  int64_t oa[NW_MAXR], oc[NW_MAXR];
+  for (int64_t i = 0; i < rows; i++) oa[i] = i * x->sa[x->lm], oc[i] = i * x->sc[x->lm];
+  for (int l = 0; l < x->nl; l++) {
+    if (l == x->lm || l == x->ln || l == x->lk || x->size[l] < 2 || x->sb[l] != 0 || rows * x->size[l] > maxr) continue;
+    for (int64_t j = 1; j < x->size[l]; j++)
+      for (int64_t i = 0; i < rows; i++)
+        oa[j * rows + i] = oa[i] + j * x->sa[l], oc[j * rows + i] = oc[i] + j * x->sc[l];
+    rows *= x->size[l];
+    x->nouter /= x->size[l];
+    x->size[l] = 1;
+  }
+  const narrow *w = ws;
+  while (w->r < rows) w++;
+  float *ap = aligned_alloc(64, (size_t)(K * w->r * 4 + 63) / 64 * 64);
+  if (!ap) abort();
+  const float *a = (const float *)x->a;
+  int64_t sak = x->sa[x->lk];
+  narrow_run n = {x, w, ap, oc, rows, 1, x->sb[x->ln] == 1};
+  for (int64_t o = 0; o < x->nouter; o++) {
+    int64_t ooa, oob, ooc;
+    outer_offsets(x, o, &ooa, &oob, &ooc);
+    for (int64_t q = 0; q < K; q++)
+      for (int64_t i = 0; i < w->r; i++) ap[q * w->r + i] = i < rows ? a[ooa + oa[i] + q * sak] : 0.0f;
+    /* the columns in blocks: two per thread at least, of whole tiles */
+    int threads = nova_rt_threads();
+    int64_t panels = (x->size[x->ln] + w->nr - 1) / w->nr;
+    n.ncb = threads > 1 ? 2 * (int64_t)threads : 1;
+    if (n.ncb > panels) n.ncb = panels;
+    contract one = *x; /* this outer iteration alone */
+    one.a = (const char *)(a + ooa), one.b = x->b + oob * 4, one.c = x->c + ooc;
+    for (int l = 0; l < one.nl; l++)
+      if (l != one.lm && l != one.ln && l != one.lk) one.size[l] = 1;
+    one.nouter = 1;
+    n.x = &one;
+    void *argv[1] = {&n};
+    if (n.ncb == 1) narrow_tasks(argv, 0, 1);
+    else nova_rt_parallel_for(narrow_tasks, argv, 0, n.ncb, 1);
+  }
+  free(ap);
+  return true;
+}
+
 /* ---- blocks and tasks -------------------------------------------------- */
 
 /* One task: an outer iteration, an n block and a group of rows (whole
@@ -665,21 +903,12 @@ static double tile_use(int64_t M, int64_t N, int mr, int nr) {
 
 static void run_blocked(contract *x) {
   const kernel *kr = x->k;
+  if (run_narrow(x)) return;
   /* few columns and many rows (a convolution's late layer: 8 positions,
    * 4608 rows): C^T = B^T A^T fills the wide side of the tile instead */
   if (tile_use(x->size[x->ln], x->size[x->lm], kr->mr, kr->nr) >
-      1.25 * tile_use(x->size[x->lm], x->size[x->ln], kr->mr, kr->nr)) {
-    const char *t = x->a;
-    x->a = x->b, x->b = t;
-    for (int l = 0; l < x->nl; l++) {
-      int64_t s = x->sa[l];
-      x->sa[l] = x->sb[l], x->sb[l] = s;
-    }
-    int l = x->lm;
-    x->lm = x->ln, x->ln = l;
-    int64_t b = x->mc;
-    x->mc = x->nc, x->nc = b;
-  }
+      1.25 * tile_use(x->size[x->lm], x->size[x->ln], kr->mr, kr->nr))
+    swap_ab(x);
   int64_t M = x->size[x->lm], N = x->size[x->ln], K = x->size[x->lk];
   x->mc = clamp_block(x->mc > 0 ? x->mc : 8 * kr->mr, kr->mr, M);
   x->nc = clamp_block(x->nc > 0 ? x->nc : 16 * kr->nr, kr->nr, N);

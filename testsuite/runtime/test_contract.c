@@ -4,7 +4,9 @@
  * edges in m, n and odd k, cache blocks smaller than the ranges,
  * transposed A and B (k contiguous or not), a C with a column stride,
  * batch loops (one shared by A, B and C, one of A only, one of B only), A
- * read in place or packed, few columns (computed as C^T), and blocks of 0
+ * read in place or packed, few columns (computed as C^T), few rows (the
+ * narrow tiles: rows of a loop of A only joined to m, B in place or
+ * packed k chunk by k chunk), and blocks of 0
  * (the kernel's own); each also with the flag RT_CONTRACT_ZERO_C (C = A * B:
  * C's elements start as NaN, which must not be read; k of 0 gives zeros),
  * the gaps a column stride leaves untouched.  Each
@@ -131,6 +133,12 @@ int main(void) {
       {"a loop of B only (joins n)", 2, 1, 33, 20, 17, 0, 0, 1, 0, 0, 0, 3},
       {"a loop of B only, B transposed", 1, 2, 20, 24, 9, 1, 1, 1, 0, 0, 0, 4},
       {"a loop of B only, C column stride", 1, 1, 15, 20, 9, 0, 0, 2, 0, 0, 0, 3},
+      {"narrow: 3 rows, B in place, long k", 1, 1, 3, 200, 600, 0, 0, 1, 0, 0, 0, 0},
+      {"narrow: a loop of A only joins the rows, A transposed", 1, 3, 2, 100, 50, 1, 0, 1, 0, 0, 0, 0},
+      {"narrow: 8 rows as C^T, B transposed (packed by k chunks)", 1, 1, 300, 8, 700, 0, 1, 1, 0, 0, 0, 0},
+      {"narrow: 11 rows, C column stride, edge columns", 2, 1, 11, 77, 33, 0, 0, 3, 0, 0, 0, 0},
+      {"narrow: rows that would not fit stay apart", 1, 2, 7, 90, 20, 1, 0, 1, 0, 0, 0, 0},
+      {"narrow: a loop of B only", 1, 1, 4, 40, 25, 0, 1, 1, 0, 0, 0, 3},
   };
   int bad = 0;
   for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
