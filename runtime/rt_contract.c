@@ -593,9 +593,11 @@ static void swap_ab(contract *x) {
  * an input gradient read through a transpose) join the rows while they
  * fit the tile, whatever their strides: each row has its own offsets into
  * A and C. */
-#define NW_MAXR 12
+#define NW_MAXR 12 /* the tallest narrow tile */
+#define NW_ROWS 24  /* rows taken in narrow tiles (AVX2: half): two 14-row tiles fill 28 well */
 #define NW_KC 8 /* k steps of a chunk, B read in place */
 #define NW_KCP 128 /* k steps of a chunk, B packed */
+#define NW_KCR 32 /* the same, B read in place by several panels of rows */
 #define NW_MAX_A (8 << 20) /* at most this many bytes of A packed */
 
 /* A narrow tile: R rows by NV vectors.  T[r][j] := (LOAD: T[r][j] +) the
@@ -692,16 +694,17 @@ static const narrow nw_256[] = {{f2n_2, 2, 48, f2n_pack}, {f2n_4, 4, 24, f2n_pac
 typedef struct narrow_run {
   const contract *x;
   const narrow *w;
-  const float *ap;   /* A's rows packed: [K][w->r], zeros past the rows */
-  const int64_t *oc; /* each row's offset into C */
-  int64_t rows, ncb, in_place; /* rows, column blocks per outer iteration, B read in place */
+  const float *ap;             /* A's rows packed by panels of w->r: [panel][K][r], zeros past the rows */
+  const int64_t *oc;           /* each row's offset into C */
+  int64_t rows, panels, ncb;   /* rows, their panels, column blocks */
+  bool in_place;               /* B read in place */
 } narrow_run;
 
-/* C's rows += (ADD; else =) T's, columns [j, j + nr) at stride SCN. */
-static void narrow_store(const narrow_run *n, float *c, const float *t, int64_t nr, int64_t scn, bool add) {
-  int64_t w = n->w->nr;
-  for (int64_t i = 0; i < n->rows; i++) {
-    float *row = c + n->oc[i];
+/* C's rows of panel P += (ADD; else =) T's, columns [0, nr) at stride SCN. */
+static void narrow_store(const narrow_run *n, int64_t p, float *c, const float *t, int64_t nr, int64_t scn, bool add) {
+  int64_t w = n->w->nr, R = n->w->r;
+  for (int64_t i = 0; i < R && p * R + i < n->rows; i++) {
+    float *row = c + n->oc[p * R + i];
     const float *ti = t + i * w;
     if (scn == 1 && add)
       for (int64_t j = 0; j < nr; j++) row[j] += ti[j];
@@ -714,20 +717,20 @@ static void narrow_store(const narrow_run *n, float *c, const float *t, int64_t 
   }
 }
 
-/* Task T: a block of columns, all of k: k chunk by k chunk, each
- * chunk over every panel of columns (B read in place is then read row
- * after row, as it lies in memory, rather than down one panel's columns
- * 4 KiB apart at a time: 3x faster from DRAM), the sums kept in a buffer
- * of the block's tiles, added to C at the end. */
+/* Task T: a block of columns, all of k: k chunk by k chunk, each chunk
+ * over every panel of columns and, for each, every panel of rows (B read
+ * in place is then read row after row, as it lies in memory, rather than
+ * down one panel's columns 4 KiB apart at a time: 3x faster from DRAM),
+ * the sums kept in a buffer of the block's tiles, added to C at the end. */
 static void narrow_tasks(void **argv, int64_t lo, int64_t hi) {
   const narrow_run *n = argv[0];
   const contract *x = n->x;
-  int64_t NR = n->w->nr, R = n->w->r, N = x->size[x->ln], K = x->size[x->lk];
+  int64_t NR = n->w->nr, R = n->w->r, P = n->panels, N = x->size[x->ln], K = x->size[x->lk];
   int64_t sbn = x->sb[x->ln], sbk = x->sb[x->lk], scn = x->sc[x->ln];
-  int64_t per = ((N + n->ncb - 1) / n->ncb + NR - 1) / NR * NR, kc = n->in_place ? NW_KC : NW_KCP;
+  int64_t per = ((N + n->ncb - 1) / n->ncb + NR - 1) / NR * NR, kc = !n->in_place ? NW_KCP : P == 1 ? NW_KC : NW_KCR;
   if (kc > K) kc = K;
   float *pb = aligned_alloc(64, (size_t)(kc * NR * 4 + 63) / 64 * 64);
-  float *t = aligned_alloc(64, (size_t)(per * R * 4 + 63) / 64 * 64);
+  float *t = aligned_alloc(64, (size_t)(per * P * R * 4 + 63) / 64 * 64);
   if (!pb || !t) abort(); /* (as run_tasks) */
   const float *b = (const float *)x->b;
   for (int64_t cb = lo; cb < hi; cb++) {
@@ -735,34 +738,47 @@ static void narrow_tasks(void **argv, int64_t lo, int64_t hi) {
     for (int64_t p0 = 0; p0 < K; p0 += kc) {
       int64_t kb = K - p0 < kc ? K - p0 : kc;
       for (int64_t j0 = jlo; j0 < jhi; j0 += NR) {
-        int64_t nr = jhi - j0 < NR ? jhi - j0 : NR;
-        float *tt = t + (j0 - jlo) * R;
-        if (n->in_place && nr == NR) {
-          n->w->tile(n->ap + p0 * R, b + p0 * sbk + j0 * sbn, sbk, kb, tt, p0 > 0);
-        } else { /* packed (or an edge: zeros past it) */
-          n->w->pack(b + p0 * sbk + j0 * sbn, sbn, sbk, nr, kb, NR, pb);
-          n->w->tile(n->ap + p0 * R, pb, NR, kb, tt, p0 > 0);
-        }
+        int64_t nr = jhi - j0 < NR ? jhi - j0 : NR, ldb = NR;
+        const float *bp = pb;
+        if (n->in_place && nr == NR) bp = b + p0 * sbk + j0 * sbn, ldb = sbk;
+        else n->w->pack(b + p0 * sbk + j0 * sbn, sbn, sbk, nr, kb, NR, pb); /* (an edge: zeros past it) */
+        for (int64_t p = 0; p < P; p++)
+          n->w->tile(n->ap + (p * K + p0) * R, bp, ldb, kb, t + ((j0 - jlo) * P + p * NR) * R, p0 > 0);
       }
     }
     for (int64_t j0 = jlo; j0 < jhi; j0 += NR)
-      narrow_store(n, x->c + j0 * scn, t + (j0 - jlo) * R, jhi - j0 < NR ? jhi - j0 : NR, scn, !x->zero_c);
+      for (int64_t p = 0; p < P; p++)
+        narrow_store(n, p, x->c + j0 * scn, t + ((j0 - jlo) * P + p * NR) * R, jhi - j0 < NR ? jhi - j0 : NR, scn,
+                     !x->zero_c);
   }
   free(pb);
   free(t);
 }
 
-/* C's rows joined with the outer loops B does not have, while they fit
- * the tallest narrow tile; false (X as it was) when there are more. */
+/* The narrow tile for ROWS rows: the fewest rows of padding, then the
+ * tallest. */
+static const narrow *narrow_for(const narrow *ws, int nws, int64_t rows) {
+  const narrow *best = ws;
+  for (int i = 1; i < nws; i++) {
+    int64_t pad = (rows + ws[i].r - 1) / ws[i].r * ws[i].r, bpad = (rows + best->r - 1) / best->r * best->r;
+    if (pad <= bpad) best = &ws[i];
+  }
+  return best;
+}
+
+/* C's rows (the smaller side of C) joined with the outer loops B does not
+ * have, while they are at most NW_ROWS; false (X as it was) when there
+ * are more. */
 static bool run_narrow(contract *x) {
   if (x->k != &k_f32_512 && x->k != &k_f32_256) return false;
   const narrow *ws = x->k == &k_f32_512 ? nw_512 : nw_256;
-  int nws = x->k == &k_f32_512 ? 3 : 2, maxr = ws[nws - 1].r;
+  int nws = x->k == &k_f32_512 ? 3 : 2, maxr = x->k == &k_f32_512 ? NW_ROWS : NW_ROWS / 2;
   int64_t M = x->size[x->lm], N = x->size[x->ln], K = x->size[x->lk];
-  if ((M < N ? M : N) > maxr || K * NW_MAXR * 4 > NW_MAX_A) return false;
+  if ((M < N ? M : N) > maxr || K * (maxr + NW_MAXR) * 4 > NW_MAX_A) return false;
   if (N < M) swap_ab(x);
-  int64_t rows = x->size[x->lm];
-  int64_t oa[NW_MAXR], oc[NW_MAXR];
+  int64_t rows = x->size[x->lm], nouter = x->nouter, size[RT_CONTRACT_MAXL];
+  memcpy(size, x->size, sizeof size);
+  int64_t oa[NW_ROWS], oc[NW_ROWS];
   for (int64_t i = 0; i < rows; i++) oa[i] = i * x->sa[x->lm], oc[i] = i * x->sc[x->lm];
   for (int l = 0; l < x->nl; l++) {
     if (l == x->lm || l == x->ln || l == x->lk || x->size[l] < 2 || x->sb[l] != 0 || rows * x->size[l] > maxr) continue;
@@ -773,28 +789,31 @@ static bool run_narrow(contract *x) {
     x->nouter /= x->size[l];
     x->size[l] = 1;
   }
-  const narrow *w = ws;
-  while (w->r < rows) w++;
-  float *ap = aligned_alloc(64, (size_t)(K * w->r * 4 + 63) / 64 * 64);
+  const narrow *w = narrow_for(ws, nws, rows);
+  int64_t R = w->r, P = (rows + R - 1) / R;
+  if (P > 1 && x->sb[x->ln] != 1) { /* B packed for several panels of rows: the 14 x 32 tiles' way is faster */
+    x->nouter = nouter, memcpy(x->size, size, sizeof size);
+    return false;
+  }
+  float *ap = aligned_alloc(64, (size_t)(P * K * R * 4 + 63) / 64 * 64);
   if (!ap) abort();
   const float *a = (const float *)x->a;
   int64_t sak = x->sa[x->lk];
-  narrow_run n = {x, w, ap, oc, rows, 1, x->sb[x->ln] == 1};
+  narrow_run n = {x, w, ap, oc, rows, P, 1, x->sb[x->ln] == 1};
+  /* the columns in blocks: two per thread at least, of whole tiles */
+  int threads = nova_rt_threads();
+  int64_t panels = (x->size[x->ln] + w->nr - 1) / w->nr;
+  n.ncb = threads > 1 ? 2 * (int64_t)threads : 1;
+  if (n.ncb > panels) n.ncb = panels;
   for (int64_t o = 0; o < x->nouter; o++) {
     int64_t ooa, oob, ooc;
     outer_offsets(x, o, &ooa, &oob, &ooc);
-    for (int64_t q = 0; q < K; q++)
-      for (int64_t i = 0; i < w->r; i++) ap[q * w->r + i] = i < rows ? a[ooa + oa[i] + q * sak] : 0.0f;
-    /* the columns in blocks: two per thread at least, of whole tiles */
-    int threads = nova_rt_threads();
-    int64_t panels = (x->size[x->ln] + w->nr - 1) / w->nr;
-    n.ncb = threads > 1 ? 2 * (int64_t)threads : 1;
-    if (n.ncb > panels) n.ncb = panels;
+    for (int64_t p = 0; p < P; p++)
+      for (int64_t q = 0; q < K; q++)
+        for (int64_t i = 0; i < R; i++)
+          ap[(p * K + q) * R + i] = p * R + i < rows ? a[ooa + oa[p * R + i] + q * sak] : 0.0f;
     contract one = *x; /* this outer iteration alone */
-    one.a = (const char *)(a + ooa), one.b = x->b + oob * 4, one.c = x->c + ooc;
-    for (int l = 0; l < one.nl; l++)
-      if (l != one.lm && l != one.ln && l != one.lk) one.size[l] = 1;
-    one.nouter = 1;
+    one.b = x->b + oob * 4, one.c = x->c + ooc;
     n.x = &one;
     void *argv[1] = {&n};
     if (n.ncb == 1) narrow_tasks(argv, 0, 1);

@@ -139,6 +139,8 @@ int main(void) {
       {"narrow: 11 rows, C column stride, edge columns", 2, 1, 11, 77, 33, 0, 0, 3, 0, 0, 0, 0},
       {"narrow: rows that would not fit stay apart", 1, 2, 7, 90, 20, 1, 0, 1, 0, 0, 0, 0},
       {"narrow: a loop of B only", 1, 1, 4, 40, 25, 0, 1, 1, 0, 0, 0, 3},
+      {"narrow: 20 rows in panels, B in place, k in chunks", 1, 1, 20, 150, 70, 0, 0, 1, 0, 0, 0, 0},
+      {"narrow: a loop of A only joins rows in panels, C column stride", 1, 2, 8, 100, 40, 1, 0, 2, 0, 0, 0, 0},
   };
   int bad = 0;
   for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
