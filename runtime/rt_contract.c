@@ -22,6 +22,9 @@
  *   f32, AVX-512: 14 x 32 (28 zmm accumulators, 2 for B, 1 broadcast);
  *   f32, AVX2 + FMA: 6 x 16 (12 ymm accumulators, 2 for B, 1 broadcast);
  *   bf16, AVX-512 BF16: 12 x 32.
+ * C with at most 24 rows on one side (AVX2: 12) gets narrow tiles
+ * instead (below: 4 x 96, 8 x 48, 12 x 32; AVX2 2 x 48, 4 x 24), its few
+ * rows packed once, the wide operand read in place where it can be.
  * A CPU without them (a step built for another machine) gets the same
  * sums one element of C at a time.  NOVA_CONTRACT_PLAIN=1 takes that path
  * anywhere and NOVA_CONTRACT_ISA=avx2 the AVX2 kernel on an AVX-512 CPU
@@ -41,7 +44,8 @@
  * blocks of one tile run in order.
  *
  * Numerics: C's element gets its products summed in k order, one FMA each,
- * added to C once per kc block (f32).  bf16: each product of two bf16
+ * added to C once per kc block (f32; narrow tiles: once, the sums of
+ * their k chunks carried in f32).  bf16: each product of two bf16
  * values is exact in f32; vdpbf16ps adds the two products of a pair to the
  * f32 accumulator, rounding to nearest even with denormal inputs and
  * results flushed to zero.
