@@ -96,6 +96,10 @@ if build contract.build $CC $CFLAGS $SAN $INC "$here/test_contract.c" "$root/run
     else fail contract.plain_${plain}_threads_${threads}_isa_$isa "$(cat "$T/con.out")"; fi
   done
 fi
+if build memref.build $CC $CFLAGS $SAN $INC "$here/test_memref.c" "$root/runtime/rt_memref.c" -o "$T/test_memref"; then
+  if timeout 120 "$T/test_memref" >"$T/mr.out" 2>&1 && grep -q "memref: ok" "$T/mr.out"
+  then pass memref.strided_copy; else fail memref.strided_copy "$(cat "$T/mr.out")"; fi
+fi
 PB_SRC="$root/driver/tensor_pb.c $root/support/util.c $B/obj/gen/onnx.pb-c.o -lprotobuf-c"
 if build tensor_pb.build $CC $CFLAGS $SAN $INC "$here/test_tensor_pb.c" $PB_SRC -o "$T/test_tensor_pb"; then
   unit tensor_pb.exit "$T/test_tensor_pb" "$T"
