@@ -616,32 +616,34 @@ typedef struct narrow {
   void (*pack)(const float *src, int64_t sl, int64_t sk, int64_t n, int64_t kb, int64_t w, float *dst);
 } narrow;
 
-TARGET5 static INLINE void f5n_body(int R, int NV, const float *ap, const float *bp, int64_t ldb, int64_t kn,
-                                    float *t, bool load) {
-  __m512 acc[NW_MAXR][6];
-#pragma GCC unroll 16
-  for (int i = 0; i < R; i++)
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; v++) acc[i][v] = load ? _mm512_loadu_ps(t + i * NV * 16 + 16 * v) : _mm512_setzero_ps();
-  for (int64_t q = 0; q < kn; q++, ap += R, bp += ldb) {
-    __m512 b[6];
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; v++) {
-      b[v] = _mm512_loadu_ps(bp + 16 * v);
-      _mm_prefetch((const char *)(bp + 8 * ldb + 16 * v), _MM_HINT_T0);
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < R; i++) {
-      __m512 av = _mm512_set1_ps(ap[i]);
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; v++) acc[i][v] = _mm512_fmadd_ps(av, b[v], acc[i][v]);
-    }
+/* The narrow tile's body for one ISA: R rows by NV vectors of VT (W
+ * lanes) in registers; B's line prefetched 8 steps ahead once per 64 bytes. */
+#define NARROW_BODY(name, TGT, VT, W, maxr, load, zero, bcast, fma, store)                                         \
+  TGT static INLINE void name(int R, int NV, const float *ap, const float *bp, int64_t ldb, int64_t kn, float *t,    \
+                              bool ld) {                                                                            \
+    VT acc[maxr][6];                                                                                                \
+    _Pragma("GCC unroll 16") for (int i = 0; i < R; i++)                                                           \
+      _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) acc[i][v] = ld ? load(t + (i * NV + v) * W) : zero();  \
+    for (int64_t q = 0; q < kn; q++, ap += R, bp += ldb) {                                                          \
+      VT b[6];                                                                                                      \
+      _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) {                                                       \
+        b[v] = load(bp + W * v);                                                                                    \
+        if (v * W % 16 == 0) _mm_prefetch((const char *)(bp + 8 * ldb + W * v), _MM_HINT_T0);                      \
+      }                                                                                                             \
+      _Pragma("GCC unroll 16") for (int i = 0; i < R; i++) {                                                       \
+        VT av = bcast(ap + i);                                                                                      \
+        _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) acc[i][v] = fma(av, b[v], acc[i][v]);                 \
+      }                                                                                                             \
+    }                                                                                                               \
+    _Pragma("GCC unroll 16") for (int i = 0; i < R; i++)                                                           \
+      _Pragma("GCC unroll 8") for (int v = 0; v < NV; v++) store(t + (i * NV + v) * W, acc[i][v]);                 \
   }
-#pragma GCC unroll 16
-  for (int i = 0; i < R; i++)
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; v++) _mm512_storeu_ps(t + i * NV * 16 + 16 * v, acc[i][v]);
-}
+
+#define BCAST512(p) _mm512_set1_ps(*(p))
+NARROW_BODY(f5n_body, TARGET5, __m512, 16, NW_MAXR, _mm512_loadu_ps, _mm512_setzero_ps, BCAST512, _mm512_fmadd_ps,
+            _mm512_storeu_ps)
+NARROW_BODY(f2n_body, TARGET2, __m256, 8, 4, _mm256_loadu_ps, _mm256_setzero_ps, _mm256_broadcast_ss, _mm256_fmadd_ps,
+            _mm256_storeu_ps)
 
 TARGET5 static void f5n_4(const float *ap, const float *bp, int64_t ldb, int64_t kn, float *t, bool load) {
   f5n_body(4, 6, ap, bp, ldb, kn, t, load);
@@ -651,31 +653,6 @@ TARGET5 static void f5n_8(const float *ap, const float *bp, int64_t ldb, int64_t
 }
 TARGET5 static void f5n_12(const float *ap, const float *bp, int64_t ldb, int64_t kn, float *t, bool load) {
   f5n_body(12, 2, ap, bp, ldb, kn, t, load);
-}
-
-TARGET2 static INLINE void f2n_body(int R, int NV, const float *ap, const float *bp, int64_t ldb, int64_t kn,
-                                    float *t, bool load) {
-  __m256 acc[4][6];
-#pragma GCC unroll 8
-  for (int i = 0; i < R; i++)
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; v++) acc[i][v] = load ? _mm256_loadu_ps(t + i * NV * 8 + 8 * v) : _mm256_setzero_ps();
-  for (int64_t q = 0; q < kn; q++, ap += R, bp += ldb) {
-    __m256 b[6];
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; v++) b[v] = _mm256_loadu_ps(bp + 8 * v);
-    _mm_prefetch((const char *)(bp + 8 * ldb), _MM_HINT_T0);
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++) {
-      __m256 av = _mm256_broadcast_ss(ap + i);
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; v++) acc[i][v] = _mm256_fmadd_ps(av, b[v], acc[i][v]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < R; i++)
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; v++) _mm256_storeu_ps(t + i * NV * 8 + 8 * v, acc[i][v]);
 }
 
 TARGET2 static void f2n_2(const float *ap, const float *bp, int64_t ldb, int64_t kn, float *t, bool load) {
