@@ -88,6 +88,8 @@ typedef struct cg_kernel {
   int64_t n;              /* points = threads that do work */
   int64_t grid, block;    /* grid.x, block.x */
   int64_t grid_y;         /* grid.y (0 = 1) */
+  int64_t grid_z;         /* grid.z (0 = 1) */
+  bool gemm, tensor_core; /* a tiled GEMM (gemm_cuda.c); on the tensor cores (mma.sync) */
   int regs;               /* registers per thread (ptxas), 0 if unknown */
   int64_t smem;           /* static shared memory bytes (ptxas) */
   char reason[192];       /* the configurator's deciding limit */
@@ -267,9 +269,18 @@ void cg_gpu_free(cg_gpu *g);
  * each maybe stored transposed) with the tiled GPU kernel of schedule S
  * (SIM: as CPU loops over the blocks and threads); owned by the caller,
  * NULL when out of memory. */
+#define CG_GEMM_MAXB 4 /* batch loops of a batched GEMM */
 typedef struct cg_gemm_operands {
-  MlirType a, b, c; /* memref types, identity layouts */
+  MlirType a, b, c; /* the matrices' memref types (2-D, any strides) */
   bool ta, tb;      /* A is stored K x M, B N x K */
+  /* a batched GEMM (NBATCH > 0): the operands' own memref types FA, FB, FC,
+   * the batch loops' sizes, and for each dim of each operand the batch
+   * loop it walks (-1: one of its matrix dims); each block of the grid's
+   * z takes one point of the batch loops (a subview of each operand) */
+  int nbatch;
+  int64_t bsize[CG_GEMM_MAXB];
+  MlirType fa, fb, fc;
+  int bdim[3][8];
 } cg_gemm_operands;
 struct cfg_gemm_simt_schedule;
 char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_simt_schedule *s, bool sim);

@@ -418,46 +418,120 @@ static int copies_to_linalg(gpu_ctx *G, MlirModule m) {
   return l.oom ? -1 : 0;
 }
 
+/* The 2-D view of the memref type T along its dims R0 < R1 (the others
+ * taken at one index each): its sizes and strides, a dynamic offset. */
+static MlirType matrix_view(MlirContext ctx, MlirType t, int r0, int r1) {
+  intptr_t rank = mlirShapedTypeGetRank(t);
+  int64_t strides[8], off, shape[2] = {mlirShapedTypeGetDimSize(t, r0), mlirShapedTypeGetDimSize(t, r1)};
+  if (rank > 8 || mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(t, strides, &off)))
+    return (MlirType){NULL};
+  int64_t st[2] = {strides[r0], strides[r1]};
+  if (st[0] == mlirShapedTypeGetDynamicStrideOrOffset() || st[1] == mlirShapedTypeGetDynamicStrideOrOffset())
+    return (MlirType){NULL};
+  MlirAttribute layout = mlirStridedLayoutAttrGet(ctx, mlirShapedTypeGetDynamicStrideOrOffset(), 2, st);
+  return mlirMemRefTypeGet(mlirShapedTypeGetElementType(t), 2, shape, layout, mlirMemRefTypeGetMemorySpace(t));
+}
+
 /* Whether OP is a GEMM the kernels take (gemm_cuda.c), its operands in O:
- * a linalg.matmul of f32 or f64 buffers, or a linalg.contract C[m, n] +=
- * A[m, k] B[k, n] of 2-D buffers (half_contract.c: bf16 or f16 A and B,
- * f32 C), A or B maybe read transposed; identity layouts. */
-static bool gemm_operands(MlirOperation op, cg_gemm_operands *o) {
+ * a linalg.matmul of f32 or f64 buffers (identity layouts), or a
+ * linalg.contract of static buffers, any strides: C[.., m, .., n] +=
+ * A[.., m, k ..] B[.., k, n ..] (f32 or f64; or bf16 or f16 A and B and
+ * an f32 C, half_contract.c): n C's last dim, m its innermost other dim
+ * of A and not B, one k loop, every other loop a batch loop of C that A
+ * or B or both walk (a weight shared by the batch; the heads of a
+ * projection written [b, t, h, d]), A or B maybe read transposed (k
+ * before m in A, n before k in B). */
+static bool gemm_operands(MlirContext ctx, MlirOperation op, cg_gemm_operands *o) {
   bool matmul = cg_op_is(op, "linalg.matmul");
   if (!(matmul || cg_op_is(op, "linalg.contract")) || mlirOperationGetNumOperands(op) != 3) return false;
   MlirType t[3], et[3];
   for (int i = 0; i < 3; i++) {
     t[i] = mlirValueGetType(mlirOperationGetOperand(op, i));
-    if (!mlirTypeIsAMemRef(t[i]) || mlirShapedTypeGetRank(t[i]) != 2 ||
-        !mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t[i])))
+    if (!mlirTypeIsAMemRef(t[i]) || mlirShapedTypeGetRank(t[i]) < 2 || mlirShapedTypeGetRank(t[i]) > 8 ||
+        !mlirShapedTypeHasStaticShape(t[i]))
       return false;
     et[i] = mlirShapedTypeGetElementType(t[i]);
   }
   bool wide = mlirTypeEqual(et[0], et[2]) && mlirTypeEqual(et[1], et[2]) && (mlirTypeIsAF32(et[2]) || mlirTypeIsAF64(et[2]));
   bool half = mlirTypeEqual(et[0], et[1]) && (mlirTypeIsABF16(et[0]) || mlirTypeIsAF16(et[0])) && mlirTypeIsAF32(et[2]);
   if (!wide && !(half && !matmul)) return false;
-  *o = (cg_gemm_operands){t[0], t[1], t[2], false, false};
-  if (matmul) return true;
-  /* the maps: C (dm, dn), A (dm, dk) or (dk, dm), B (dk, dn) or (dn, dk) */
+  memset(o, 0, sizeof *o);
+  if (matmul) {
+    for (int i = 0; i < 3; i++)
+      if (mlirShapedTypeGetRank(t[i]) != 2 || !mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t[i]))) return false;
+    o->a = t[0], o->b = t[1], o->c = t[2];
+    return true;
+  }
+  /* the maps: each result one loop */
   MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
-  int d[3][2];
+  int nl = (int)mlirAffineMapGetNumDims(mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 0)));
+  int d[3][8], rank[3];
+  if (nl > 8) return false;
   for (int i = 0; i < 3; i++) {
     MlirAffineMap m = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i));
-    if (mlirAffineMapGetNumDims(m) != 3 || mlirAffineMapGetNumResults(m) != 2) return false;
-    for (int r = 0; r < 2; r++) {
+    rank[i] = (int)mlirShapedTypeGetRank(t[i]);
+    if ((int)mlirAffineMapGetNumDims(m) != nl || mlirAffineMapGetNumResults(m) != rank[i]) return false;
+    for (int r = 0; r < rank[i]; r++) {
       MlirAffineExpr e = mlirAffineMapGetResult(m, r);
       if (!mlirAffineExprIsADim(e)) return false;
       d[i][r] = (int)mlirAffineDimExprGetPosition(e);
     }
   }
-  int dm = d[2][0], dn = d[2][1], dk = 3 - dm - dn;
-  if (dm == dn || dk < 0 || dk > 2 || dk == dm || dk == dn) return false;
-  if (d[0][0] == dm && d[0][1] == dk) o->ta = false;
-  else if (d[0][0] == dk && d[0][1] == dm) o->ta = true;
-  else return false;
-  if (d[1][0] == dk && d[1][1] == dn) o->tb = false;
-  else if (d[1][0] == dn && d[1][1] == dk) o->tb = true;
-  else return false;
+  /* roles: n C's last dim (B's, not A's); m C's innermost other dim that
+   * A has and B lacks; the batch loops C's others; k the one loop C lacks */
+  bool has[2][8] = {{false}};
+  for (int i = 0; i < 2; i++)
+    for (int r = 0; r < rank[i]; r++) has[i][d[i][r]] = true;
+  int rc = rank[2], dn = d[2][rc - 1], dm = -1, cm = -1, dk = -1, batch_of[8];
+  if (!has[1][dn] || has[0][dn]) return false;
+  for (int r = rc - 2; r >= 0 && cm < 0; r--)
+    if (has[0][d[2][r]] && !has[1][d[2][r]]) cm = r, dm = d[2][r];
+  if (cm < 0) return false;
+  for (int l = 0; l < nl; l++) batch_of[l] = -1;
+  o->nbatch = 0;
+  for (int r = 0; r < rc - 1; r++) {
+    if (r == cm) continue;
+    if (batch_of[d[2][r]] >= 0 || d[2][r] == dn || o->nbatch == CG_GEMM_MAXB) return false;
+    batch_of[d[2][r]] = o->nbatch;
+    o->bsize[o->nbatch++] = mlirShapedTypeGetDimSize(t[2], r);
+  }
+  for (int l = 0; l < nl; l++) {
+    bool in_c = false;
+    for (int r = 0; r < rc; r++) in_c |= d[2][r] == l;
+    if (in_c) continue;
+    if (dk >= 0) return false; /* two k loops */
+    dk = l;
+  }
+  if (dk < 0 || dm == dn) return false;
+  /* A: m and k once each, no n; B: k and n, no m; the rest batch loops, once each */
+  int pm = -1, pk = -1, qk = -1, qn = -1;
+  for (int i = 0; i < 2; i++) {
+    bool seen[8] = {false};
+    for (int r = 0; r < rank[i]; r++) {
+      int l = d[i][r];
+      if (seen[l]) return false;
+      seen[l] = true;
+      o->bdim[i][r] = batch_of[l];
+      if (l == dk) *(i ? &qk : &pk) = r;
+      else if (l == (i ? dn : dm)) *(i ? &qn : &pm) = r;
+      else if (batch_of[l] < 0) return false;
+    }
+  }
+  if (pm < 0 || pk < 0 || qk < 0 || qn < 0) return false;
+  for (int r = 0; r < rc; r++) o->bdim[2][r] = batch_of[d[2][r]];
+  o->ta = pk < pm, o->tb = qn < qk;
+  o->a = matrix_view(ctx, t[0], pk < pm ? pk : pm, pk < pm ? pm : pk);
+  o->b = matrix_view(ctx, t[1], qk < qn ? qk : qn, qk < qn ? qn : qk);
+  o->c = matrix_view(ctx, t[2], cm, rc - 1);
+  if (mlirTypeIsNull(o->a) || mlirTypeIsNull(o->b) || mlirTypeIsNull(o->c)) return false;
+  if (o->nbatch == 0 && rank[0] == 2 && rank[1] == 2) {
+    o->a = t[0], o->b = t[1], o->c = t[2]; /* the buffers themselves */
+    return true;
+  }
+  int64_t nb = 1;
+  for (int r = 0; r < o->nbatch; r++) nb *= o->bsize[r];
+  if (nb > 65535) return false; /* grid.z */
+  o->fa = t[0], o->fb = t[1], o->fc = t[2];
   return true;
 }
 
@@ -471,7 +545,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);) {
     MlirOperation next = mlirOperationGetNextInBlock(op);
     cg_gemm_operands go;
-    if (!gemm_operands(op, &go)) {
+    if (!gemm_operands(G->ctx, op, &go)) {
       op = next;
       continue;
     }
@@ -523,10 +597,12 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
     memset(k, 0, sizeof *k);
     describe_loc(mlirOperationGetLocation(op), k);
     snprintf(k->op, sizeof k->op, "matmul");
-    k->rank = 2;
-    k->dims[0] = M;
-    k->dims[1] = N;
-    k->n = M * N;
+    k->gemm = true, k->tensor_core = tc.ok;
+    k->grid_z = 1;
+    for (int r = 0; r < go.nbatch; r++) k->dims[k->rank++] = go.bsize[r], k->grid_z *= go.bsize[r];
+    k->dims[k->rank++] = M;
+    k->dims[k->rank++] = N;
+    k->n = M * N * k->grid_z;
     char fname[48];
     snprintf(fname, sizeof fname, "nova_gemm_%d", G->ngemm++);
     char *text;

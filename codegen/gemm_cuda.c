@@ -39,6 +39,7 @@ typedef struct gemm_gen {
   cfg_gemm_simt_schedule s;
   bool sim;
   char As[96], Bs[96], acc[96];  /* memref types */
+  const cg_gemm_operands *o;
 } gemm_gen;
 
 #define P(...) nv_sb_printf(&g->b, __VA_ARGS__)
@@ -269,13 +270,61 @@ static char *type_str(MlirType t) {
   return b.s;
 }
 
-/* func.func private @NAME(%A, %B, %C) with the constants both forms use. */
+/* func.func private @NAME(%A, %B, %C) with the constants both forms use
+ * (%gz: the batch's points); a batched GEMM's arguments are the operands
+ * themselves, %Af, %Bf, %Cf, whose matrices batch_views makes %A, %B, %C. */
 static void open_func(gemm_gen *g, const char *name, const char *A, const char *B, const char *C, int64_t gx,
                       int64_t gy, int threads) {
-  P("func.func private @%s(%%A: %s, %%B: %s, %%C: %s) {\n", name, A, B, C);
+  int64_t gz = 1;
+  if (g->o->nbatch) {
+    char *fa = type_str(g->o->fa), *fb = type_str(g->o->fb), *fc = type_str(g->o->fc);
+    P("func.func private @%s(%%Af: %s, %%Bf: %s, %%Cf: %s) {\n", name, fa, fb, fc);
+    free(fa), free(fb), free(fc);
+    for (int r = 0; r < g->o->nbatch; r++) gz *= g->o->bsize[r];
+  } else {
+    P("func.func private @%s(%%A: %s, %%B: %s, %%C: %s) {\n", name, A, B, C);
+  }
   P("%%c0 = arith.constant 0 : index\n%%c1 = arith.constant 1 : index\n%%gx = arith.constant %lld : index\n"
-    "%%gy = arith.constant %lld : index\n%%nt = arith.constant %d : index\n",
-    (long long)gx, (long long)gy, threads);
+    "%%gy = arith.constant %lld : index\n%%gz = arith.constant %lld : index\n%%nt = arith.constant %d : index\n",
+    (long long)gx, (long long)gy, (long long)gz, threads);
+}
+
+/* A batched GEMM's matrices for the batch point %bz: its batch indices
+ * (the last loop fastest), then %A, %B, %C as subviews of %Af, %Bf, %Cf
+ * (types A, B, C) at those indices. */
+static void batch_views(gemm_gen *g, const char *A, const char *B, const char *C) {
+  const cg_gemm_operands *o = g->o;
+  if (!o->nbatch) return;
+  int bi[CG_GEMM_MAXB], q = -1;
+  for (int r = o->nbatch - 1; r >= 0; r--) {
+    int cs = cidx(g, o->bsize[r]), rem = fresh(g), div = fresh(g);
+    if (q < 0) P("%%t%d = arith.remui %%bz, %%t%d : index\n%%t%d = arith.divui %%bz, %%t%d : index\n", rem, cs, div, cs);
+    else P("%%t%d = arith.remui %%t%d, %%t%d : index\n%%t%d = arith.divui %%t%d, %%t%d : index\n", rem, q, cs, div, q, cs);
+    bi[r] = rem, q = div;
+  }
+  const char *names[3] = {"A", "B", "C"}, *views[3] = {A, B, C};
+  MlirType full[3] = {o->fa, o->fb, o->fc};
+  for (int i = 0; i < 3; i++) {
+    intptr_t rank = mlirShapedTypeGetRank(full[i]);
+    char *ft = type_str(full[i]);
+    if (rank == 2) { /* no batch dim (a weight the batch shares): the buffer, its offset made dynamic */
+      P("%%%s = memref.cast %%%sf : %s to %s\n", names[i], names[i], ft, views[i]);
+      free(ft);
+      continue;
+    }
+    P("%%%s = memref.subview %%%sf[", names[i], names[i]);
+    for (intptr_t r = 0; r < rank; r++) {
+      if (o->bdim[i][r] >= 0) P("%s%%t%d", r ? ", " : "", bi[o->bdim[i][r]]);
+      else P("%s0", r ? ", " : "");
+    }
+    P("] [");
+    for (intptr_t r = 0; r < rank; r++)
+      P("%s%lld", r ? ", " : "", (long long)(o->bdim[i][r] >= 0 ? 1 : mlirShapedTypeGetDimSize(full[i], r)));
+    P("] [");
+    for (intptr_t r = 0; r < rank; r++) P("%s1", r ? ", " : "");
+    P("] : %s to %s\n", ft, views[i]);
+    free(ft);
+  }
 }
 
 /* Closes the launch (or the sim form's block loops, after freeing its
@@ -285,7 +334,7 @@ static char *close_func(gemm_gen *g, const char *const *free_names, const char *
                         char *C) {
   if (g->sim) {
     for (int i = 0; free_names[i]; i++) P("memref.dealloc %s : %s\n", free_names[i], free_types[i]);
-    P("}\n}\n");
+    P("}\n}\n%s", g->o->nbatch ? "}\n" : "");
   } else
     P("gpu.terminator\n}\n");
   P("return\n}\n");
@@ -316,7 +365,7 @@ static void gen_operands(gemm_gen *g, const cg_gemm_operands *o) {
 }
 
 char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_simt_schedule *s, bool sim) {
-  gemm_gen G = {.s = *s, .sim = sim}, *g = &G;
+  gemm_gen G = {.s = *s, .sim = sim, .o = o}, *g = &G;
   char *A = type_str(o->a), *B = type_str(o->b), *C = type_str(o->c);
   gen_operands(g, o);
   G.TS = G.T;
@@ -328,14 +377,17 @@ char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg
   int64_t gx = (G.N + s->bn - 1) / s->bn, gy = (G.M + s->bm - 1) / s->bm;
   open_func(g, name, A, B, C, gx, gy, s->threads);
   if (sim) {
+    if (o->nbatch) P("scf.for %%bz = %%c0 to %%gz step %%c1 {\n");
+    batch_views(g, A, B, C);
     P("scf.for %%by = %%c0 to %%gy step %%c1 {\nscf.for %%bx = %%c0 to %%gx step %%c1 {\n");
     P("%%zero = arith.constant 0.0 : %s\n%%zs = arith.constant 0.0 : %s\n%%As = memref.alloc() : %s\n"
       "%%Bs = memref.alloc() : %s\n%%acc = memref.alloc() : %s\n",
       G.T, G.TS, G.As, G.Bs, G.acc);
   } else {
-    P("gpu.launch blocks(%%bx, %%by, %%bz) in (%%sx = %%gx, %%sy = %%gy, %%sz = %%c1) threads(%%tx, %%ty, %%tz) in "
+    P("gpu.launch blocks(%%bx, %%by, %%bz) in (%%sx = %%gx, %%sy = %%gy, %%sz = %%gz) threads(%%tx, %%ty, %%tz) in "
       "(%%ux = %%nt, %%uy = %%c1, %%uz = %%c1) workgroup(%%As : %s, %%Bs : %s) {\n",
       G.As, G.Bs);
+    batch_views(g, A, B, C);
     P("%%zero = arith.constant 0.0 : %s\n%%zs = arith.constant 0.0 : %s\n", G.T, G.TS);
   }
   gen_body(g, A, B, C);
@@ -678,7 +730,7 @@ static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
 
 char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_schedule *s, bool sim) {
   cfg_gemm_simt_schedule simt = {.threads = s->threads};
-  gemm_gen G = {.s = simt, .sim = sim}, *g = &G;
+  gemm_gen G = {.s = simt, .sim = sim, .o = o}, *g = &G;
   gen_operands(g, o);
   bool h16 = !strcmp(G.TO, "bf16") || !strcmp(G.TO, "f16");
   tc_gen C = {g, s, s->warp_tile_m / 16, s->warp_tile_n / 8, h16, h16 ? 16 : 8, h16 ? 8 : 4, h16 ? 4 : 2, "", "", ""};
@@ -696,15 +748,18 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
   int64_t gx = (G.N + s->bn - 1) / s->bn, gy = (G.M + s->bm - 1) / s->bm;
   open_func(g, name, A, B, Ct, gx, gy, s->threads);
   if (sim) {
+    if (o->nbatch) P("scf.for %%bz = %%c0 to %%gz step %%c1 {\n");
+    batch_views(g, A, B, Ct);
     P("scf.for %%by = %%c0 to %%gy step %%c1 {\nscf.for %%bx = %%c0 to %%gx step %%c1 {\n");
     P("%%zero = arith.constant 0.0 : f32\n%%zs = arith.constant 0.0 : %s\n%%As = memref.alloc() : %s\n"
       "%%Bs = memref.alloc() : %s\n%%acc = memref.alloc() : %s\n%%fA = memref.alloc() : %s\n"
       "%%fB = memref.alloc() : %s\n",
       G.TS, G.As, G.Bs, C.accm, C.fA, C.fB);
   } else {
-    P("gpu.launch blocks(%%bx, %%by, %%bz) in (%%sx = %%gx, %%sy = %%gy, %%sz = %%c1) threads(%%tx, %%ty, %%tz) in "
+    P("gpu.launch blocks(%%bx, %%by, %%bz) in (%%sx = %%gx, %%sy = %%gy, %%sz = %%gz) threads(%%tx, %%ty, %%tz) in "
       "(%%ux = %%nt, %%uy = %%c1, %%uz = %%c1) workgroup(%%As : %s, %%Bs : %s) {\n",
       G.As, G.Bs);
+    batch_views(g, A, B, Ct);
     P("%%zero = arith.constant 0.0 : f32\n%%zs = arith.constant 0.0 : %s\n"
       "%%vz = arith.constant dense<0.0> : vector<2x2xf32>\n",
       G.TS);

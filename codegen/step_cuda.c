@@ -177,7 +177,7 @@ void cg_cuda_manifest(cJSON *root, const cg_gpu *gpu) {
     cJSON *gr = cJSON_AddArrayToObject(e, "grid");
     cJSON_AddItemToArray(gr, cJSON_CreateNumber((double)k->grid));
     cJSON_AddItemToArray(gr, cJSON_CreateNumber(k->grid_y ? (double)k->grid_y : 1));
-    cJSON_AddItemToArray(gr, cJSON_CreateNumber(1));
+    cJSON_AddItemToArray(gr, cJSON_CreateNumber(k->grid_z ? (double)k->grid_z : 1));
     cJSON *bl = cJSON_AddArrayToObject(e, "block");
     cJSON_AddItemToArray(bl, cJSON_CreateNumber((double)k->block));
     cJSON_AddItemToArray(bl, cJSON_CreateNumber(1));
@@ -188,6 +188,10 @@ void cg_cuda_manifest(cJSON *root, const cg_gpu *gpu) {
     cJSON_AddItemToArray(ks, e);
   }
   cJSON_ReplaceItemInObject(root, "kernels", ks);
+  int gemms = 0, tcs = 0;
+  for (int i = 0; i < gpu->nk; i++) gemms += gpu->k[i].gemm, tcs += gpu->k[i].tensor_core;
+  cJSON_AddNumberToObject(root, "gemm_kernels", gemms);
+  cJSON_AddNumberToObject(root, "tensor_core_kernels", tcs);
   cJSON *st = cJSON_CreateArray();
   cJSON *s0 = cJSON_CreateObject();
   cJSON_AddStringToObject(s0, "name", "step");

@@ -112,7 +112,8 @@ static void explain_matmuls(FILE *f, const cfg_device *dev, const nv_graph *g, b
     int eb = (int)fe_dtype_size(x->dtype);
     if (!any)
       fprintf(f, "\nGEMM schedules derived for the matmuls (%s):\n",
-              cuda ? "not generated yet: the kernels above compute each output point with a loop over K"
+              cuda ? "the configurator's full schedule; the matmul kernels above are the generated GEMMs, their "
+                     "tiles cut to what the generator takes: one shared-memory stage, no split-K"
                    : "the register tile and cache blocks of the runtime's contraction kernel");
     any = true;
     (*count)++;
@@ -170,16 +171,19 @@ void nd_explain(FILE *f, const cfg_device *dev, const nv_graph *g, const cg_gpu 
   if (gpu) {
     fprintf(f, "target: cuda (%s), %d kernels, %lld bytes of device scratch for intermediates\n\n", gpu->chip, gpu->nk,
             (long long)gpu->scratch_bytes);
-    fprintf(f, "%-9s %-10s %-18s %10s %8s %6s  %s\n", "kernel", "op", "iteration space", "points", "grid", "block",
-            "decided by [source]");
+    fprintf(f, "%-9s %-10s %-18s %10s %-16s %6s  %s\n", "kernel", "op", "iteration space", "points", "grid [x,y,z]",
+            "block", "decided by [source]");
     for (int i = 0; i < gpu->nk; i++) {
       const cg_kernel *k = &gpu->k[i];
       char space[64] = "";
       for (int d = 0; d < k->rank; d++)
         snprintf(space + strlen(space), sizeof space - strlen(space), "%s%lld", d ? "x" : "", (long long)k->dims[d]);
       if (!k->rank) snprintf(space, sizeof space, "-");
-      fprintf(f, "%-9s %-10s %-18s %10lld %8lld %6lld  %s [%s]\n", k->name, k->op, space, (long long)k->n,
-              (long long)k->grid, (long long)k->block, k->reason, k->loc);
+      char grid[48];
+      snprintf(grid, sizeof grid, "[%lld,%lld,%lld]", (long long)k->grid, (long long)(k->grid_y ? k->grid_y : 1),
+               (long long)(k->grid_z ? k->grid_z : 1));
+      fprintf(f, "%-9s %-10s %-18s %10lld %-16s %6lld  %s [%s]\n", k->name, k->op, space, (long long)k->n, grid,
+              (long long)k->block, k->reason, k->loc);
       count++;
     }
   } else {

@@ -34,11 +34,14 @@ static int st_fusion(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) 
   return cg_fuse(r->c, m, r->opt_level, half, plan);
 }
 
+/* (every other f32 contraction too: the GEMM kernels take them batched,
+ * their transposed operands read in place, gemm_cuda.c) */
 static int st_half(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
   (void)g, (void)plan;
-  int n = 0;
+  int n = 0, n32 = 0;
   int rc = cg_half_contractions(r->c, m, CG_HALF_BF16 | CG_HALF_F16, NULL, NULL, &n);
-  r->idle = !n;
+  if (!rc) rc = cg_half_contractions(r->c, m, CG_CONTRACT_F32, NULL, NULL, &n32);
+  r->idle = !n && !n32;
   return rc;
 }
 

@@ -104,6 +104,35 @@ for p in bf16:bf16 fp16:f16; do
   done
 done
 
+# every contraction a GEMM kernel (batched ones on the grid's z), the 16-bit
+# ones on the tensor cores: the manifest's counts against the contractions
+# the half-contract stage leaves (linalg.contract), on sm_80, sm_89, sm_90
+for m in gpt_block:$M/gpt_block/model.onnx:--dim=batch=2 transformer_block:examples/transformer_block.nova:--dim=batch=2; do
+  name=${m%%:*} rest=${m#*:} src=${rest%%:*} dims=${rest#*:}
+  for d in a100-80gb:sm_80 l4:sm_89 h100:sm_90; do
+    dev=${d%%:*} sm=${d#*:}
+    for prec in fp32 bf16; do
+      so=$T/gemms.$name.$prec.$sm.so
+      # shellcheck disable=SC2086
+      if "$NOVAC" "$src" $dims --precision=$prec --train --target=cuda --device="$dev" -o "$so" \
+        --dump-after=half-contract 2>"$T/ir" >/dev/null; then
+        contracts=$(grep -c "linalg.contract" "$T/ir")
+        half=$(grep "linalg.contract" "$T/ir" | grep -c "xbf16>, tensor<[0-9x]*xbf16>")
+        counts=$(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(m['gemm_kernels'], m['tensor_core_kernels'], max(k['grid'][2] for k in m['kernels']))" "${so%.so}.json")
+        set -- $counts
+        if [ "$contracts" -ge 1 ] && [ "$1" = "$contracts" ] && [ "$2" = "$half" ] && [ "$3" -gt 1 ] &&
+          { [ "$prec" = fp32 ] || [ "$half" -ge 1 ]; }; then
+          pass "gemms.$name.$prec.$sm"
+        else
+          fail "gemms.$name.$prec.$sm" "contractions $contracts (bf16 $half); manifest gemm_kernels, tensor_core_kernels, largest grid z: $counts"
+        fi
+      else
+        fail "gemms.$name.$prec.$sm" "$(head -c 1500 "$T/ir")"
+      fi
+    done
+  done
+done
+
 # sm_75 (a T4 as a device file): its f16 tensor cores have no m16n8k16 and it
 # has no bf16 ones: both precisions compile, their GEMMs as SIMT tiles
 cat >"$T/t4-device.json" <<'EOF'
@@ -227,10 +256,11 @@ else
   fail fake-setup "cannot build the fake driver:" "$(cat "$T/log")"
 fi
 
-# --explain-config: every kernel with its grid, block and deciding limit
+# --explain-config: every kernel with its grid ([x,y,z]), block and deciding limit
 if "$NOVAC" examples/mlp.nova --dim=batch=8 --train --target=cuda --device=h100 --explain-config -o "$T/e.so" \
   >"$T/explain" 2>"$T/log" && grep -q "^device: h100: sm_90" "$T/explain" &&
-  grep -q "^nova_k0 " "$T/explain" && grep -q "matmul" "$T/explain" && grep -q "^configurator: .* ms" "$T/explain"; then
+  grep -q "^nova_k0 " "$T/explain" && grep -q "matmul" "$T/explain" && grep -q "^configurator: .* ms" "$T/explain" &&
+  grep -q "^nova_k0 .* \[[0-9]*,[0-9]*,[0-9]*\] " "$T/explain"; then
   n=$(grep -c "^nova_k" "$T/explain")
   k=$(python3 -c "import json; print(len(json.load(open('$T/e.json'))['kernels']))")
   if [ "$n" = "$k" ]; then pass explain-config.cuda; else fail explain-config.cuda "$n kernels explained, $k in the manifest"; fi

@@ -12,7 +12,10 @@ more: the cpu target's cache blocks (m by mc, k by kc).  With
 products summed in f32 (tensor cores, mma.sync.m16n8k16, on the cuda
 target; the runtime's vdpbf16ps kernel on AVX-512 BF16 CPUs): the result,
 rounded to 16 bits, must equal the exact product of the rounded operands
-rounded the same way, but for rare ties of the f32 sums."""
+rounded the same way, but for rare ties of the f32 sums.  Batched,
+broadcast and transposed contractions (a batch of both operands, a
+weight the batch shares, attention's [B, H, T, D] products, either operand
+transposed) against float64, also under --precision=bf16."""
 import sys
 
 import numpy as np
@@ -58,6 +61,35 @@ def half_case(m, n, k, prec):
     case("gemm.%dx%dx%d.%s" % (m, n, k, prec), run)
 
 
+def batched_case(name, shapes, expr, ref, prec=None):
+    """A batched, broadcast or transposed contraction (one GEMM kernel, its
+    batch points on the grid's z on the cuda target) against float64."""
+    def run():
+        ins = {k: rng.uniform(-1, 1, s).astype(np.float32) for k, s in shapes.items()}
+        text = "".join("input %s: f32[%s]\n" % (k, ", ".join(map(str, s))) for k, s in shapes.items())
+        text += "c = %s\noutput c\n" % expr
+        flags = ["--precision=" + prec] if prec else []
+        outs, _ = compile_and_run(text, ins, flags=flags)
+        if prec:
+            dt = ml_dtypes.bfloat16 if prec == "bf16" else np.float16
+            want = ref(*[v.astype(dt).astype(np.float64) for v in ins.values()])
+            check_close(np.asarray(outs[0], dtype=np.float64), want, 2.0 ** (-8 if prec == "bf16" else -11))
+        else:
+            check_close(outs[0], ref(*[v.astype(np.float64) for v in ins.values()]), TOL["f32"])
+    case("gemm.batched.%s%s" % (name, "." + prec if prec else ""), run)
+
+
+BATCHED = [
+    ("both", {"a": (3, 37, 20), "b": (3, 20, 45)}, "matmul(a, b)", lambda a, b: a @ b),
+    ("weight_shared", {"a": (4, 33, 24), "w": (24, 70)}, "matmul(a, w)", lambda a, w: a @ w),
+    ("heads", {"q": (2, 3, 17, 16), "k": (2, 3, 16, 19)}, "matmul(q, k)", lambda q, k: q @ k),
+    ("a_transposed", {"a": (2, 24, 40), "b": (2, 24, 30)}, "matmul(transpose(a, perm=[0, 2, 1]), b)",
+     lambda a, b: a.transpose(0, 2, 1) @ b),
+    ("b_transposed", {"a": (5, 9, 32), "b": (5, 18, 32)}, "matmul(a, transpose(b, perm=[0, 2, 1]))",
+     lambda a, b: a @ b.transpose(0, 2, 1)),
+    ("weight_transposed", {"a": (3, 20, 64), "w": (48, 64)}, "matmul(a, transpose(w))", lambda a, w: a @ w.T),
+]
+
 if TF32:
     def tf32_rounds():
         """The tf32 operands are rounded (10-bit mantissa): the error is that of tf32, not of f32."""
@@ -76,7 +108,11 @@ for shape in SHAPES[:6]:
     gemm_case(*shape, "f64")
 for shape in [(224, 40, 2048), (120, 33, 3072)]:   # long k: cache-blocked on the cpu
     gemm_case(*shape, "f32")
+for b in BATCHED:
+    batched_case(*b)
 if not TF32:
+    for b in BATCHED:
+        batched_case(*b, prec="bf16")
     for shape in SHAPES[:8]:
         half_case(*shape, "bf16")
     for shape in SHAPES[1:7]:
