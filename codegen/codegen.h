@@ -273,14 +273,14 @@ void cg_gpu_free(cg_gpu *g);
 typedef struct cg_gemm_operands {
   MlirType a, b, c; /* the matrices' memref types (2-D, any strides) */
   bool ta, tb;      /* A is stored K x M, B N x K */
-  /* a batched GEMM (NBATCH > 0): the operands' own memref types FA, FB, FC,
-   * the batch loops' sizes, and for each dim of each operand the batch
-   * loop it walks (-1: one of its matrix dims); each block of the grid's
-   * z takes one point of the batch loops (a subview of each operand) */
+  /* VIEWS: the matrices are views of the operands FA, FB, FC (whose types
+   * differ: a batch, loops joined to m or n): for the batch point
+   * b... (NBATCH loops of BSIZE; grid z, the last loop fastest), operand
+   * i's view starts BSTRIDE[i][j] b_j elements past its own offset */
+  bool views;
   int nbatch;
-  int64_t bsize[CG_GEMM_MAXB];
+  int64_t bsize[CG_GEMM_MAXB], bstride[3][CG_GEMM_MAXB];
   MlirType fa, fb, fc;
-  int bdim[3][8];
 } cg_gemm_operands;
 struct cfg_gemm_simt_schedule;
 char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_simt_schedule *s, bool sim);

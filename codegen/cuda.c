@@ -418,29 +418,26 @@ static int copies_to_linalg(gpu_ctx *G, MlirModule m) {
   return l.oom ? -1 : 0;
 }
 
-/* The 2-D view of the memref type T along its dims R0 < R1 (the others
- * taken at one index each): its sizes and strides, a dynamic offset. */
-static MlirType matrix_view(MlirContext ctx, MlirType t, int r0, int r1) {
-  intptr_t rank = mlirShapedTypeGetRank(t);
-  int64_t strides[8], off, shape[2] = {mlirShapedTypeGetDimSize(t, r0), mlirShapedTypeGetDimSize(t, r1)};
-  if (rank > 8 || mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(t, strides, &off)))
-    return (MlirType){NULL};
-  int64_t st[2] = {strides[r0], strides[r1]};
-  if (st[0] == mlirShapedTypeGetDynamicStrideOrOffset() || st[1] == mlirShapedTypeGetDynamicStrideOrOffset())
-    return (MlirType){NULL};
-  MlirAttribute layout = mlirStridedLayoutAttrGet(ctx, mlirShapedTypeGetDynamicStrideOrOffset(), 2, st);
-  return mlirMemRefTypeGet(mlirShapedTypeGetElementType(t), 2, shape, layout, mlirMemRefTypeGetMemorySpace(t));
+/* A 2-D view of element type and memory space of T: SIZES, STRIDES, a
+ * dynamic offset. */
+static MlirType matrix_view(MlirContext ctx, MlirType t, const int64_t *sizes, const int64_t *strides) {
+  MlirAttribute layout = mlirStridedLayoutAttrGet(ctx, mlirShapedTypeGetDynamicStrideOrOffset(), 2, strides);
+  return mlirMemRefTypeGet(mlirShapedTypeGetElementType(t), 2, sizes, layout, mlirMemRefTypeGetMemorySpace(t));
 }
 
 /* Whether OP is a GEMM the kernels take (gemm_cuda.c), its operands in O:
  * a linalg.matmul of f32 or f64 buffers (identity layouts), or a
- * linalg.contract of static buffers, any strides: C[.., m, .., n] +=
- * A[.., m, k ..] B[.., k, n ..] (f32 or f64; or bf16 or f16 A and B and
+ * linalg.contract of static buffers, any static strides: C[.., m, .., n]
+ * += A[.., m, k ..] B[.., k, n ..] (f32 or f64; or bf16 or f16 A and B and
  * an f32 C, half_contract.c): n C's last dim, m its innermost other dim
  * of A and not B, one k loop, every other loop a batch loop of C that A
  * or B or both walk (a weight shared by the batch; the heads of a
- * projection written [b, t, h, d]), A or B maybe read transposed (k
- * before m in A, n before k in B). */
+ * projection written [b, t, h, d]).  A batch loop that continues m in A
+ * and C and that B lacks (the rows of a batch of sequences times a
+ * weight) joins m, one that continues n in B and C and that A lacks joins
+ * n: one GEMM of more rows or columns instead of a batch of small ones.
+ * A or B is read transposed where its k (A) or n (B) dim is the
+ * contiguous one. */
 static bool gemm_operands(MlirContext ctx, MlirOperation op, cg_gemm_operands *o) {
   bool matmul = cg_op_is(op, "linalg.matmul");
   if (!(matmul || cg_op_is(op, "linalg.contract")) || mlirOperationGetNumOperands(op) != 3) return false;
@@ -462,75 +459,81 @@ static bool gemm_operands(MlirContext ctx, MlirOperation op, cg_gemm_operands *o
     o->a = t[0], o->b = t[1], o->c = t[2];
     return true;
   }
-  /* the maps: each result one loop */
+  /* the maps (each result one loop), the loops' sizes and each operand's element stride along each loop */
   MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
   int nl = (int)mlirAffineMapGetNumDims(mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 0)));
   int d[3][8], rank[3];
+  int64_t size[8] = {0}, ls[3][8] = {{0}};
+  bool has[3][8] = {{false}};
   if (nl > 8) return false;
   for (int i = 0; i < 3; i++) {
     MlirAffineMap m = mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, i));
     rank[i] = (int)mlirShapedTypeGetRank(t[i]);
-    if ((int)mlirAffineMapGetNumDims(m) != nl || mlirAffineMapGetNumResults(m) != rank[i]) return false;
+    int64_t st[8], off;
+    if ((int)mlirAffineMapGetNumDims(m) != nl || mlirAffineMapGetNumResults(m) != rank[i] ||
+        mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(t[i], st, &off)))
+      return false;
     for (int r = 0; r < rank[i]; r++) {
       MlirAffineExpr e = mlirAffineMapGetResult(m, r);
-      if (!mlirAffineExprIsADim(e)) return false;
-      d[i][r] = (int)mlirAffineDimExprGetPosition(e);
+      if (!mlirAffineExprIsADim(e) || st[r] == mlirShapedTypeGetDynamicStrideOrOffset()) return false;
+      int l = d[i][r] = (int)mlirAffineDimExprGetPosition(e);
+      if (has[i][l]) return false; /* a diagonal */
+      has[i][l] = true, ls[i][l] = st[r], size[l] = mlirShapedTypeGetDimSize(t[i], r);
     }
   }
   /* roles: n C's last dim (B's, not A's); m C's innermost other dim that
-   * A has and B lacks; the batch loops C's others; k the one loop C lacks */
-  bool has[2][8] = {{false}};
-  for (int i = 0; i < 2; i++)
-    for (int r = 0; r < rank[i]; r++) has[i][d[i][r]] = true;
-  int rc = rank[2], dn = d[2][rc - 1], dm = -1, cm = -1, dk = -1, batch_of[8];
+   * A has and B lacks; k the one loop C lacks (A's and B's); the others
+   * batch loops */
+  int rc = rank[2], dn = d[2][rc - 1], dm = -1, dk = -1, batch[8], nb = 0;
   if (!has[1][dn] || has[0][dn]) return false;
-  for (int r = rc - 2; r >= 0 && cm < 0; r--)
-    if (has[0][d[2][r]] && !has[1][d[2][r]]) cm = r, dm = d[2][r];
-  if (cm < 0) return false;
-  for (int l = 0; l < nl; l++) batch_of[l] = -1;
-  o->nbatch = 0;
-  for (int r = 0; r < rc - 1; r++) {
-    if (r == cm) continue;
-    if (batch_of[d[2][r]] >= 0 || d[2][r] == dn || o->nbatch == CG_GEMM_MAXB) return false;
-    batch_of[d[2][r]] = o->nbatch;
-    o->bsize[o->nbatch++] = mlirShapedTypeGetDimSize(t[2], r);
-  }
+  for (int r = rc - 2; r >= 0 && dm < 0; r--)
+    if (has[0][d[2][r]] && !has[1][d[2][r]]) dm = d[2][r];
   for (int l = 0; l < nl; l++) {
-    bool in_c = false;
-    for (int r = 0; r < rc; r++) in_c |= d[2][r] == l;
-    if (in_c) continue;
-    if (dk >= 0) return false; /* two k loops */
+    if (has[2][l]) continue;
+    if (dk >= 0 || !has[0][l] || !has[1][l]) return false; /* two k loops, or a loop summed over one operand */
     dk = l;
   }
-  if (dk < 0 || dm == dn) return false;
-  /* A: m and k once each, no n; B: k and n, no m; the rest batch loops, once each */
-  int pm = -1, pk = -1, qk = -1, qn = -1;
-  for (int i = 0; i < 2; i++) {
-    bool seen[8] = {false};
-    for (int r = 0; r < rank[i]; r++) {
-      int l = d[i][r];
-      if (seen[l]) return false;
-      seen[l] = true;
-      o->bdim[i][r] = batch_of[l];
-      if (l == dk) *(i ? &qk : &pk) = r;
-      else if (l == (i ? dn : dm)) *(i ? &qn : &pm) = r;
-      else if (batch_of[l] < 0) return false;
+  if (dm < 0 || dk < 0) return false;
+  for (int r = 0; r < rc - 1; r++)
+    if (d[2][r] != dm) batch[nb++] = d[2][r];
+  /* batch loops that continue m or n join them (innermost first, again while any does) */
+  int64_t M = size[dm], N = size[dn], K = size[dk];
+  for (bool joined = true; joined;) {
+    joined = false;
+    for (int j = nb - 1; j >= 0; j--) {
+      int l = batch[j];
+      bool jm = !has[1][l] && ls[0][l] == ls[0][dm] * M && ls[2][l] == ls[2][dm] * M;
+      bool jn = !has[0][l] && ls[1][l] == ls[1][dn] * N && ls[2][l] == ls[2][dn] * N;
+      if (!jm && !jn) continue;
+      if (jm) M *= size[l];
+      else N *= size[l];
+      memmove(batch + j, batch + j + 1, (size_t)(nb - j - 1) * sizeof *batch);
+      nb--, joined = true;
     }
   }
-  if (pm < 0 || pk < 0 || qk < 0 || qn < 0) return false;
-  for (int r = 0; r < rc; r++) o->bdim[2][r] = batch_of[d[2][r]];
-  o->ta = pk < pm, o->tb = qn < qk;
-  o->a = matrix_view(ctx, t[0], pk < pm ? pk : pm, pk < pm ? pm : pk);
-  o->b = matrix_view(ctx, t[1], qk < qn ? qk : qn, qk < qn ? qn : qk);
-  o->c = matrix_view(ctx, t[2], cm, rc - 1);
-  if (mlirTypeIsNull(o->a) || mlirTypeIsNull(o->b) || mlirTypeIsNull(o->c)) return false;
-  if (o->nbatch == 0 && rank[0] == 2 && rank[1] == 2) {
+  if (nb > CG_GEMM_MAXB) return false;
+  int64_t points = 1;
+  o->nbatch = nb;
+  for (int j = 0; j < nb; j++) {
+    o->bsize[j] = size[batch[j]], points *= size[batch[j]];
+    for (int i = 0; i < 3; i++) o->bstride[i][j] = ls[i][batch[j]];
+  }
+  if (points > 65535) return false; /* grid.z */
+  /* the views: A [M, K] or, m contiguous, [K, M]; B [K, N] or, k contiguous, [N, K]; C [M, N] */
+  o->ta = ls[0][dm] < ls[0][dk], o->tb = ls[1][dk] < ls[1][dn];
+  int64_t sa[2] = {o->ta ? K : M, o->ta ? M : K}, ta2[2] = {o->ta ? ls[0][dk] : ls[0][dm], o->ta ? ls[0][dm] : ls[0][dk]};
+  int64_t sb[2] = {o->tb ? N : K, o->tb ? K : N}, tb2[2] = {o->tb ? ls[1][dn] : ls[1][dk], o->tb ? ls[1][dk] : ls[1][dn]};
+  int64_t sc[2] = {M, N}, tc2[2] = {ls[2][dm], ls[2][dn]};
+  o->a = matrix_view(ctx, t[0], sa, ta2);
+  o->b = matrix_view(ctx, t[1], sb, tb2);
+  o->c = matrix_view(ctx, t[2], sc, tc2);
+  bool plain = nb == 0 && rank[0] == 2 && rank[1] == 2 && rank[2] == 2 && M == size[dm] && N == size[dn];
+  for (int i = 0; plain && i < 3; i++) plain = mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t[i]));
+  if (plain && (o->ta ? d[0][0] == dk : d[0][0] == dm) && (o->tb ? d[1][0] == dn : d[1][0] == dk)) {
     o->a = t[0], o->b = t[1], o->c = t[2]; /* the buffers themselves */
     return true;
   }
-  int64_t nb = 1;
-  for (int r = 0; r < o->nbatch; r++) nb *= o->bsize[r];
-  if (nb > 65535) return false; /* grid.z */
+  o->views = true;
   o->fa = t[0], o->fb = t[1], o->fc = t[2];
   return true;
 }

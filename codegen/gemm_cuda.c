@@ -271,12 +271,13 @@ static char *type_str(MlirType t) {
 }
 
 /* func.func private @NAME(%A, %B, %C) with the constants both forms use
- * (%gz: the batch's points); a batched GEMM's arguments are the operands
- * themselves, %Af, %Bf, %Cf, whose matrices batch_views makes %A, %B, %C. */
+ * (%gz: the batch's points); where the matrices are views, the arguments
+ * are the operands themselves, %Af, %Bf, %Cf, whose views batch_views
+ * makes %A, %B, %C. */
 static void open_func(gemm_gen *g, const char *name, const char *A, const char *B, const char *C, int64_t gx,
                       int64_t gy, int threads) {
   int64_t gz = 1;
-  if (g->o->nbatch) {
+  if (g->o->views) {
     char *fa = type_str(g->o->fa), *fb = type_str(g->o->fb), *fc = type_str(g->o->fc);
     P("func.func private @%s(%%Af: %s, %%Bf: %s, %%Cf: %s) {\n", name, fa, fb, fc);
     free(fa), free(fb), free(fc);
@@ -289,41 +290,47 @@ static void open_func(gemm_gen *g, const char *name, const char *A, const char *
     (long long)gx, (long long)gy, (long long)gz, threads);
 }
 
-/* A batched GEMM's matrices for the batch point %bz: its batch indices
- * (the last loop fastest), then %A, %B, %C as subviews of %Af, %Bf, %Cf
- * (types A, B, C) at those indices. */
+/* The matrices %A, %B, %C (types A, B, C) for the batch point %bz: each a
+ * view of its operand's buffer (memref.reinterpret_cast) at the operand's
+ * offset plus the batch indices (the last loop fastest) times its strides. */
 static void batch_views(gemm_gen *g, const char *A, const char *B, const char *C) {
   const cg_gemm_operands *o = g->o;
-  if (!o->nbatch) return;
-  int bi[CG_GEMM_MAXB], q = -1;
+  if (!o->views) return;
+  int bi[CG_GEMM_MAXB];
+  char q[24] = "%bz";
   for (int r = o->nbatch - 1; r >= 0; r--) {
     int cs = cidx(g, o->bsize[r]), rem = fresh(g), div = fresh(g);
-    if (q < 0) P("%%t%d = arith.remui %%bz, %%t%d : index\n%%t%d = arith.divui %%bz, %%t%d : index\n", rem, cs, div, cs);
-    else P("%%t%d = arith.remui %%t%d, %%t%d : index\n%%t%d = arith.divui %%t%d, %%t%d : index\n", rem, q, cs, div, q, cs);
-    bi[r] = rem, q = div;
+    P("%%t%d = arith.remui %s, %%t%d : index\n%%t%d = arith.divui %s, %%t%d : index\n", rem, q, cs, div, q, cs);
+    bi[r] = rem;
+    snprintf(q, sizeof q, "%%t%d", div);
   }
   const char *names[3] = {"A", "B", "C"}, *views[3] = {A, B, C};
-  MlirType full[3] = {o->fa, o->fb, o->fc};
+  MlirType full[3] = {o->fa, o->fb, o->fc}, vt[3] = {o->a, o->b, o->c};
   for (int i = 0; i < 3; i++) {
     intptr_t rank = mlirShapedTypeGetRank(full[i]);
-    char *ft = type_str(full[i]);
-    if (rank == 2) { /* no batch dim (a weight the batch shares): the buffer, its offset made dynamic */
-      P("%%%s = memref.cast %%%sf : %s to %s\n", names[i], names[i], ft, views[i]);
-      free(ft);
-      continue;
+    MlirType base = mlirMemRefTypeGet(mlirShapedTypeGetElementType(full[i]), 0, NULL, mlirAttributeGetNull(),
+                                      mlirMemRefTypeGetMemorySpace(full[i]));
+    char *ft = type_str(full[i]), *bt = type_str(base);
+    int md = fresh(g);
+    P("%%t%d:%d = memref.extract_strided_metadata %%%sf : %s -> %s, index", md, (int)(2 + 2 * rank), names[i], ft, bt);
+    for (intptr_t r = 0; r < 2 * rank; r++) P(", index");
+    P("\n");
+    char cur[24];
+    snprintf(cur, sizeof cur, "%%t%d#1", md);
+    for (int j = 0; j < o->nbatch; j++) {
+      if (!o->bstride[i][j]) continue;
+      int cst = cidx(g, o->bstride[i][j]), mul = fresh(g), add = fresh(g);
+      P("%%t%d = arith.muli %%t%d, %%t%d : index\n%%t%d = arith.addi %s, %%t%d : index\n", mul, bi[j], cst, add, cur,
+        mul);
+      snprintf(cur, sizeof cur, "%%t%d", add);
     }
-    P("%%%s = memref.subview %%%sf[", names[i], names[i]);
-    for (intptr_t r = 0; r < rank; r++) {
-      if (o->bdim[i][r] >= 0) P("%s%%t%d", r ? ", " : "", bi[o->bdim[i][r]]);
-      else P("%s0", r ? ", " : "");
-    }
-    P("] [");
-    for (intptr_t r = 0; r < rank; r++)
-      P("%s%lld", r ? ", " : "", (long long)(o->bdim[i][r] >= 0 ? 1 : mlirShapedTypeGetDimSize(full[i], r)));
-    P("] [");
-    for (intptr_t r = 0; r < rank; r++) P("%s1", r ? ", " : "");
-    P("] : %s to %s\n", ft, views[i]);
+    int64_t st[2], off;
+    (void)mlirMemRefTypeGetStridesAndOffset(vt[i], st, &off);
+    P("%%%s = memref.reinterpret_cast %%t%d#0 to offset: [%s], sizes: [%lld, %lld], strides: [%lld, %lld] : %s to %s\n",
+      names[i], md, cur, (long long)mlirShapedTypeGetDimSize(vt[i], 0), (long long)mlirShapedTypeGetDimSize(vt[i], 1),
+      (long long)st[0], (long long)st[1], bt, views[i]);
     free(ft);
+    free(bt);
   }
 }
 
@@ -334,7 +341,7 @@ static char *close_func(gemm_gen *g, const char *const *free_names, const char *
                         char *C) {
   if (g->sim) {
     for (int i = 0; free_names[i]; i++) P("memref.dealloc %s : %s\n", free_names[i], free_types[i]);
-    P("}\n}\n%s", g->o->nbatch ? "}\n" : "");
+    P("}\n}\n%s", g->o->views ? "}\n" : "");
   } else
     P("gpu.terminator\n}\n");
   P("return\n}\n");
@@ -377,7 +384,7 @@ char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg
   int64_t gx = (G.N + s->bn - 1) / s->bn, gy = (G.M + s->bm - 1) / s->bm;
   open_func(g, name, A, B, C, gx, gy, s->threads);
   if (sim) {
-    if (o->nbatch) P("scf.for %%bz = %%c0 to %%gz step %%c1 {\n");
+    if (o->views) P("scf.for %%bz = %%c0 to %%gz step %%c1 {\n");
     batch_views(g, A, B, C);
     P("scf.for %%by = %%c0 to %%gy step %%c1 {\nscf.for %%bx = %%c0 to %%gx step %%c1 {\n");
     P("%%zero = arith.constant 0.0 : %s\n%%zs = arith.constant 0.0 : %s\n%%As = memref.alloc() : %s\n"
@@ -748,7 +755,7 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
   int64_t gx = (G.N + s->bn - 1) / s->bn, gy = (G.M + s->bm - 1) / s->bm;
   open_func(g, name, A, B, Ct, gx, gy, s->threads);
   if (sim) {
-    if (o->nbatch) P("scf.for %%bz = %%c0 to %%gz step %%c1 {\n");
+    if (o->views) P("scf.for %%bz = %%c0 to %%gz step %%c1 {\n");
     batch_views(g, A, B, Ct);
     P("scf.for %%by = %%c0 to %%gy step %%c1 {\nscf.for %%bx = %%c0 to %%gx step %%c1 {\n");
     P("%%zero = arith.constant 0.0 : f32\n%%zs = arith.constant 0.0 : %s\n%%As = memref.alloc() : %s\n"

@@ -6,7 +6,10 @@
 # ptxas must have accepted the PTX (the manifest lists each kernel with the
 # registers ptxas reported), the step.so must link with no undefined symbol
 # (novac links with --no-undefined; the CUDA driver is opened at run time)
-# and export the step ABI, and --emit=ptx must target the right sm.  Then the
+# and export the step ABI, and --emit=ptx must target the right sm.  Every
+# contraction of the GPT block and the transformer block must be a GEMM
+# kernel (the 16-bit ones on the tensor cores: the manifest's counts), and
+# no kernel of random GEMM shapes may exceed its device (kernel_limits.py).  Then the
 # errors a user can meet: no GPU driver at run time, ptxas missing or
 # failing, a model larger than the device, a CPU model given to the cuda
 # target, --explain-config on both targets.
@@ -132,6 +135,10 @@ for m in gpt_block:$M/gpt_block/model.onnx:--dim=batch=2 transformer_block:examp
     done
   done
 done
+
+# no emitted kernel exceeds its device (kernel_limits.py; NOVA_SEED: another draw of shapes)
+python3 testsuite/cuda/kernel_limits.py "$NOVAC" "$T" "${NOVA_SEED:-17}" >"$T/limits" 2>&1
+if [ "$(cat "$T/limits")" = ok ]; then pass kernel-limits; else fail kernel-limits "$(head -c 2000 "$T/limits")"; fi
 
 # sm_75 (a T4 as a device file): its f16 tensor cores have no m16n8k16 and it
 # has no bf16 ones: both precisions compile, their GEMMs as SIMT tiles
