@@ -806,7 +806,9 @@ static int compile(nv_diag *d, opts *o) {
     fe_graph_destroy(ge);
     return -1;
   }
-  c.conv_gemm = !cuda && cg_cpu_f32_kernel(&dev, o->opt_level);
+  /* convolutions as im2col + GEMMs where contractions are the fast kernels: the
+   * cpu's runtime kernels, the GPU's tiled GEMMs (tensor cores under bf16/fp16) */
+  c.conv_gemm = cuda ? o->opt_level > 0 : cg_cpu_f32_kernel(&dev, o->opt_level);
   cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block, o->tf32, o->memory_limit};
   if (o->train && (o->opt_level > 0 && !o->no_recompute)) {
     ad_remat pick = {-1, 0, 0, false};
