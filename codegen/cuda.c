@@ -527,12 +527,6 @@ static bool gemm_operands(MlirContext ctx, MlirOperation op, cg_gemm_operands *o
   o->a = matrix_view(ctx, t[0], sa, ta2);
   o->b = matrix_view(ctx, t[1], sb, tb2);
   o->c = matrix_view(ctx, t[2], sc, tc2);
-  bool plain = nb == 0 && rank[0] == 2 && rank[1] == 2 && rank[2] == 2 && M == size[dm] && N == size[dn];
-  for (int i = 0; plain && i < 3; i++) plain = mlirAffineMapIsIdentity(mlirMemRefTypeGetAffineMap(t[i]));
-  if (plain && (o->ta ? d[0][0] == dk : d[0][0] == dm) && (o->tb ? d[1][0] == dn : d[1][0] == dk)) {
-    o->a = t[0], o->b = t[1], o->c = t[2]; /* the buffers themselves */
-    return true;
-  }
   o->views = true;
   o->fa = t[0], o->fb = t[1], o->fc = t[2];
   return true;

@@ -586,17 +586,18 @@ static void swap_ab(contract *x) {
 
 /* ---- narrow: C of a few rows ------------------------------------------ */
 
-/* A contraction whose C has at most a dozen rows (a late convolution
- * layer's input gradient: 4 positions by 4608 window elements; its forward
- * as C^T: 8 positions by 512 filters) fills a 14 x 32 tile poorly and packs
- * the wide operand only to read it once.  Here the rows get a tile of
- * their own height and wider columns (AVX-512: 4 x 96, 8 x 48, 12 x 32;
- * AVX2: 2 x 48, 4 x 24), the few rows of A are packed once for the whole
- * k range, and B is read in place where its columns are contiguous (else
- * packed a k chunk at a time).  Loops that B does not have (the batch of
- * an input gradient read through a transpose) join the rows while they
- * fit the tile, whatever their strides: each row has its own offsets into
- * A and C. */
+/* A contraction whose C has few rows (a late convolution layer's input
+ * gradient: 4 positions by 4608 window elements; its forward as C^T: 8
+ * positions by 512 filters) fills a 14 x 32 tile poorly and packs the wide
+ * operand only to read it once.  Here the rows get a tile of their own
+ * height and wider columns (AVX-512: 4 x 96, 8 x 48, 12 x 32; AVX2: 2 x
+ * 48, 4 x 24), the few rows of A are packed once for the whole k range,
+ * and B is read in place where its columns are contiguous (else packed a k
+ * chunk at a time).  Up to NW_ROWS rows (AVX2: half) in several panels of
+ * the tile where B is read in place, one panel otherwise.  Loops that B
+ * does not have (the batch of an input gradient read through a transpose)
+ * join the rows while they fit, whatever their strides: each row has its
+ * own offsets into A and C. */
 #define NW_MAXR 12 /* the tallest narrow tile */
 #define NW_ROWS 24  /* rows taken in narrow tiles (AVX2: half): two 14-row tiles fill 28 well */
 #define NW_KC 8 /* k steps of a chunk, B read in place */
@@ -756,25 +757,26 @@ static bool run_narrow(contract *x) {
   int nws = x->k == &k_f32_512 ? 3 : 2, maxr = x->k == &k_f32_512 ? NW_ROWS : NW_ROWS / 2;
   int64_t M = x->size[x->lm], N = x->size[x->ln], K = x->size[x->lk];
   if ((M < N ? M : N) > maxr || K * (maxr + NW_MAXR) * 4 > NW_MAX_A) return false;
-  if (N < M) swap_ab(x);
-  int64_t rows = x->size[x->lm], nouter = x->nouter, size[RT_CONTRACT_MAXL];
-  memcpy(size, x->size, sizeof size);
-  int64_t oa[NW_ROWS], oc[NW_ROWS];
-  for (int64_t i = 0; i < rows; i++) oa[i] = i * x->sa[x->lm], oc[i] = i * x->sc[x->lm];
-  for (int l = 0; l < x->nl; l++) {
-    if (l == x->lm || l == x->ln || l == x->lk || x->size[l] < 2 || x->sb[l] != 0 || rows * x->size[l] > maxr) continue;
-    for (int64_t j = 1; j < x->size[l]; j++)
-      for (int64_t i = 0; i < rows; i++)
-        oa[j * rows + i] = oa[i] + j * x->sa[l], oc[j * rows + i] = oc[i] + j * x->sc[l];
-    rows *= x->size[l];
-    x->nouter /= x->size[l];
-    x->size[l] = 1;
-  }
+  if (N < M) swap_ab(x); /* (kept if the 14 x 32 tiles take it after all: either way round is C) */
+  /* the outer loops that join the rows */
+  bool join[RT_CONTRACT_MAXL] = {false};
+  int64_t rows = x->size[x->lm];
+  for (int l = 0; l < x->nl; l++)
+    if (l != x->lm && l != x->ln && l != x->lk && x->size[l] >= 2 && x->sb[l] == 0 && rows * x->size[l] <= maxr)
+      join[l] = true, rows *= x->size[l];
   const narrow *w = narrow_for(ws, nws, rows);
   int64_t R = w->r, P = (rows + R - 1) / R;
-  if (P > 1 && x->sb[x->ln] != 1) { /* B packed for several panels of rows: the 14 x 32 tiles' way is faster */
-    x->nouter = nouter, memcpy(x->size, size, sizeof size);
-    return false;
+  if (P > 1 && x->sb[x->ln] != 1) return false; /* B packed for several panels of rows: the 14 x 32 tiles are faster */
+  int64_t oa[NW_ROWS], oc[NW_ROWS], have = x->size[x->lm];
+  for (int64_t i = 0; i < have; i++) oa[i] = i * x->sa[x->lm], oc[i] = i * x->sc[x->lm];
+  for (int l = 0; l < x->nl; l++) {
+    if (!join[l]) continue;
+    for (int64_t j = 1; j < x->size[l]; j++)
+      for (int64_t i = 0; i < have; i++)
+        oa[j * have + i] = oa[i] + j * x->sa[l], oc[j * have + i] = oc[i] + j * x->sc[l];
+    have *= x->size[l];
+    x->nouter /= x->size[l];
+    x->size[l] = 1;
   }
   float *ap = aligned_alloc(64, (size_t)(P * K * R * 4 + 63) / 64 * 64);
   if (!ap) abort();
