@@ -282,6 +282,11 @@ static tile_plan plan_op(MlirOperation op, const cfg_device *dev) {
   if (!nred) {
     p.kind = TK_POINTWISE;
     p.tile[last] = tile_or_full(p.range[last], lanes);
+    /* LLVM 22's x86 back end cannot split a bf16 vector of 8k + 1 (k >= 1)
+     * elements (a copy of one aborts it): vectors of 8 then, the
+     * remainder under 8 */
+    int64_t v = p.tile[last] ? p.tile[last] : p.range[last], rem = p.tile[last] ? p.range[last] % p.tile[last] : 0;
+    if (half && ((v > 8 && v % 8 == 1) || (rem > 8 && rem % 8 == 1))) p.tile[last] = 8;
     return p;
   }
   p.kind = TK_REDUCE;

@@ -59,6 +59,8 @@ tv lw_reduce(lw *L, tv x, const bool *red, char kind, int nmore, const tv *more,
 /* nova.matmul's rule: a (.., m, k) x b (.., k, n) or b (k, n) into res. */
 tv lw_matmul(lw *L, tv a, tv b, const tv *res);
 tv lw_transpose(lw *L, tv x, const int64_t *perm);
+/* X extended to f32 where it is f16 or bf16, else X itself. */
+tv lw_to_f32(lw *L, tv x);
 double lw_fattr(MlirOperation op, const char *name);
 int64_t lw_iattr(MlirOperation op, const char *name);
 int lw_iarray(MlirOperation op, const char *name, int64_t *out);

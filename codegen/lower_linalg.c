@@ -484,6 +484,8 @@ static tv convert(lw *L, tv x, nova_dtype to) {
   return lw_elementwise(L, 1, &x, x.rank, x.shape, to, cast_body(x.dt, to, body, sizeof body));
 }
 
+tv lw_to_f32(lw *L, tv x) { return fe_dtype_is_half(x.dt) ? convert(L, x, NOVA_DTYPE_F32) : x; }
+
 tv lw_matmul(lw *L, tv a, tv b, const tv *res) {
   if (a.rank == 2) {
     tv f = lw_filled(L, res->rank, res->shape, res->dt, 0.0);
@@ -786,9 +788,14 @@ static int lower_op(lw *L, MlirOperation op, nv_op kind) {
    * rounded once, as numpy computes float16 per operation) */
   nova_dtype narrow = (nova_dtype)0;
   bool bytes = kind == NV_OP_MAX_POOL && fe_dtype_is_int(res.dt); /* i8, u8: exact in f32 too */
+  /* convolutions move their 16-bit operands as they are (padding, im2col,
+   * transposes: half the bytes) and extend them where they compute
+   * (lower_window.c): a contraction of extended 16-bit operands, which the
+   * targets' 16-bit kernels read directly (half_contract.c) */
+  bool conv = kind == NV_OP_CONV || kind == NV_OP_CONV_GRAD_INPUT || kind == NV_OP_CONV_GRAD_WEIGHT;
   if (computes(kind)) {
     for (int i = 0; i < nin && i < 64; i++)
-      if (fe_dtype_is_half(in[i].dt) || bytes) in[i] = convert(L, in[i], NOVA_DTYPE_F32);
+      if ((fe_dtype_is_half(in[i].dt) && !conv) || bytes) in[i] = convert(L, in[i], NOVA_DTYPE_F32);
     if (fe_dtype_is_half(res.dt) || bytes) narrow = res.dt, res.dt = NOVA_DTYPE_F32;
   }
   const char *T = lw_ety(res.dt);

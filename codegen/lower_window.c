@@ -173,7 +173,8 @@ static const char *mul_add(char *buf, size_t n, nova_dtype dt) {
  * map of a late layer: 4 columns of the register tile's 32). */
 static tv conv_forward_gemm(lw *L, tv xg, tv wg, const window *w, const int64_t *os) {
   int ns = w->ns, nl = 4 + 2 * ns; /* n g f o... c k... */
-  tv col = im2col(L, xg, w, os + 3, false);
+  tv col = lw_to_f32(L, im2col(L, xg, w, os + 3, false));
+  wg = lw_to_f32(L, wg);
   char iters[16] = {0}, lead[48], body[200];
   for (int i = 0; i < nl; i++) iters[i] = i < 3 + ns ? 'p' : 'r';
   nv_sbuf mw = {0}, mc = {0}, mo = {0};
@@ -185,8 +186,8 @@ static tv conv_forward_gemm(lw *L, tv xg, tv wg, const window *w, const int64_t 
   for (int i = 0; i < ns; i++) ts[3 + i] = os[3 + i], perm[3 + i] = 3 + i;
   tv ins[2] = {wg, col};
   const char *maps[2] = {mw.s, mc.s};
-  tv yt = generic_text(L, 2, ins, maps, mo.s, nl, iters, lw_filled(L, ns + 3, ts, xg.dt, 0.0),
-                       mul_add(body, sizeof body, xg.dt));
+  tv yt = generic_text(L, 2, ins, maps, mo.s, nl, iters, lw_filled(L, ns + 3, ts, col.dt, 0.0),
+                       mul_add(body, sizeof body, col.dt));
   nv_sb_free(&mw);
   nv_sb_free(&mc);
   nv_sb_free(&mo);
@@ -201,11 +202,13 @@ tv lw_lower_conv(lw *L, MlirOperation op, tv x, tv wt, const tv *res) {
   read_window(op, &w, ns);
   for (int i = 0; i < ns; i++) w.k[i] = wt.shape[2 + i];
   int64_t G = lw_iattr(op, "groups"), C = x.shape[1], F = wt.shape[0], Cg = C / G, Fg = F / G;
+  bool gemm = conv_as_gemm(L, ns, Cg, Fg);
+  if (!gemm) x = lw_to_f32(L, x), wt = lw_to_f32(L, wt);
   tv xp = pad_for(L, x, &w, res, 0.0);
   int64_t xs[NOVA_MAX_RANK] = {xp.shape[0], G, Cg}, ws[NOVA_MAX_RANK] = {G, Fg, Cg}, os[NOVA_MAX_RANK] = {res->shape[0], G, Fg};
   for (int i = 0; i < ns; i++) xs[3 + i] = xp.shape[2 + i], ws[3 + i] = w.k[i], os[3 + i] = res->shape[2 + i];
   tv xg = lw_reshape(L, xp, ns + 3, xs), wg = lw_reshape(L, wt, ns + 3, ws);
-  if (conv_as_gemm(L, ns, Cg, Fg)) return lw_reshape(L, conv_forward_gemm(L, xg, wg, &w, os), res->rank, res->shape);
+  if (gemm) return lw_reshape(L, conv_forward_gemm(L, xg, wg, &w, os), res->rank, res->shape);
   int nl = 4 + 2 * ns; /* n g f o... c k... */
   char iters[16] = {0};
   for (int i = 0; i < nl; i++) iters[i] = i < 3 + ns ? 'p' : 'r';
@@ -368,7 +371,7 @@ static tv dy_by_filter(lw *L, tv dy) {
  * contiguous k in both operands. */
 static tv conv_grad_weight_gemm(lw *L, tv x2, tv g2, const window *w, const int64_t *os) {
   int ns = w->ns, nl = 4 + 2 * ns; /* g f c k... n o... */
-  tv col = im2col(L, x2, w, g2.shape + 3, true), gt = dy_by_filter(L, g2);
+  tv col = lw_to_f32(L, im2col(L, x2, w, g2.shape + 3, true)), gt = lw_to_f32(L, dy_by_filter(L, g2));
   char iters[16] = {0}, lead[48], body[200];
   for (int i = 0; i < nl; i++) iters[i] = i < 3 + ns ? 'p' : 'r';
   nv_sbuf mg = {0}, mc = {0}, mo = {0};
@@ -378,8 +381,8 @@ static tv conv_grad_weight_gemm(lw *L, tv x2, tv g2, const window *w, const int6
   plain_map(&mo, nl, "d0, d1, d2", 3, ns);
   tv ins[2] = {gt, col};
   const char *maps[2] = {mg.s, mc.s};
-  tv dw = generic_text(L, 2, ins, maps, mo.s, nl, iters, lw_filled(L, ns + 3, os, x2.dt, 0.0),
-                       mul_add(body, sizeof body, x2.dt));
+  tv dw = generic_text(L, 2, ins, maps, mo.s, nl, iters, lw_filled(L, ns + 3, os, col.dt, 0.0),
+                       mul_add(body, sizeof body, col.dt));
   nv_sb_free(&mg);
   nv_sb_free(&mc);
   nv_sb_free(&mo);
@@ -392,7 +395,8 @@ static tv conv_grad_weight_gemm(lw *L, tv x2, tv g2, const window *w, const int6
  * the window it came from (col2im) in ACC [N, G, Cg, P...]. */
 static tv conv_grad_input_gemm(lw *L, tv g2, tv w2, const window *w, tv acc) {
   int ns = w->ns, nl = 4 + 2 * ns; /* g c k... n o... f */
-  tv gt = dy_by_filter(L, g2);
+  tv gt = lw_to_f32(L, dy_by_filter(L, g2));
+  w2 = lw_to_f32(L, w2);
   int64_t shape[NOVA_MAX_RANK] = {w2.shape[0], w2.shape[2]};
   for (int i = 0; i < ns; i++) shape[2 + i] = w->k[i], shape[3 + ns + i] = g2.shape[3 + i];
   shape[2 + ns] = g2.shape[0];
@@ -406,8 +410,8 @@ static tv conv_grad_input_gemm(lw *L, tv g2, tv w2, const window *w, tv acc) {
   plain_map(&mo, nl, "", 0, nl - 1);
   tv ins[2] = {w2, gt};
   const char *maps[2] = {mw.s, mg.s};
-  tv dcol = generic_text(L, 2, ins, maps, mo.s, nl, iters, lw_filled(L, nl - 1, shape, g2.dt, 0.0),
-                         mul_add(body, sizeof body, g2.dt));
+  tv dcol = generic_text(L, 2, ins, maps, mo.s, nl, iters, lw_filled(L, nl - 1, shape, gt.dt, 0.0),
+                         mul_add(body, sizeof body, gt.dt));
   nv_sb_free(&mw);
   nv_sb_free(&mg);
   nv_sb_free(&mo);
@@ -419,7 +423,7 @@ static tv conv_grad_input_gemm(lw *L, tv g2, tv w2, const window *w, tv acc) {
   plain_map(&mi, nc, "", 0, nc);
   snprintf(lead, sizeof lead, "d%d, d0, d1", 2 + ns);
   window_map(&mx, nc, lead, 3 + ns, 2, w);
-  snprintf(body, sizeof body, "%%r = arith.addf %%acc, %%in0 : %s", lw_ety(g2.dt));
+  snprintf(body, sizeof body, "%%r = arith.addf %%acc, %%in0 : %s", lw_ety(gt.dt));
   const char *cmaps[1] = {mi.s};
   tv full = generic_text(L, 1, &dcol, cmaps, mx.s, nc, iters, acc, body);
   nv_sb_free(&mi);
@@ -434,11 +438,13 @@ tv lw_lower_conv_grad_input(lw *L, MlirOperation op, tv gy, tv wt, const tv *res
   read_window(op, &w, ns);
   for (int i = 0; i < ns; i++) w.k[i] = wt.shape[2 + i];
   int64_t G = lw_iattr(op, "groups"), F = wt.shape[0], Cg = wt.shape[1], Fg = F / G, N = res->shape[0];
+  bool gemm = conv_as_gemm(L, ns, Cg, Fg);
+  if (!gemm) gy = lw_to_f32(L, gy), wt = lw_to_f32(L, wt);
   int64_t gs[NOVA_MAX_RANK] = {N, G, Fg}, ws[NOVA_MAX_RANK] = {G, Fg, Cg};
   for (int i = 0; i < ns; i++) gs[3 + i] = gy.shape[2 + i], ws[3 + i] = w.k[i];
   tv g2 = lw_reshape(L, gy, ns + 3, gs), w2 = lw_reshape(L, wt, ns + 3, ws);
   tv acc = window_target(L, &w, N, G, Cg, res->shape + 2, gy.shape + 2, res->dt, 3);
-  if (conv_as_gemm(L, ns, Cg, Fg)) {
+  if (gemm) {
     tv full = conv_grad_input_gemm(L, g2, w2, &w, acc);
     return lw_reshape(L, interior(L, full, &w, 3, res->shape + 2), res->rank, res->shape);
   }
@@ -469,11 +475,13 @@ tv lw_lower_conv_grad_weight(lw *L, MlirOperation op, tv x, tv gy, const tv *res
   read_window(op, &w, ns);
   for (int i = 0; i < ns; i++) w.k[i] = res->shape[2 + i];
   int64_t G = lw_iattr(op, "groups"), F = res->shape[0], Cg = res->shape[1], Fg = F / G, N = x.shape[0];
+  bool gemm = conv_as_gemm(L, ns, Cg, Fg);
+  if (!gemm) x = lw_to_f32(L, x), gy = lw_to_f32(L, gy);
   tv xp = pad_for(L, x, &w, &gy, 0.0);
   int64_t xs[NOVA_MAX_RANK] = {N, G, Cg}, gs[NOVA_MAX_RANK] = {N, G, Fg}, os[NOVA_MAX_RANK] = {G, Fg, Cg};
   for (int i = 0; i < ns; i++) xs[3 + i] = xp.shape[2 + i], gs[3 + i] = gy.shape[2 + i], os[3 + i] = w.k[i];
   tv x2 = lw_reshape(L, xp, ns + 3, xs), g2 = lw_reshape(L, gy, ns + 3, gs);
-  if (conv_as_gemm(L, ns, Cg, Fg)) return lw_reshape(L, conv_grad_weight_gemm(L, x2, g2, &w, os), res->rank, res->shape);
+  if (gemm) return lw_reshape(L, conv_grad_weight_gemm(L, x2, g2, &w, os), res->rank, res->shape);
   int nl = 4 + 2 * ns; /* g f c k... n o... */
   char iters[16] = {0}, lead[32];
   for (int i = 0; i < nl; i++) iters[i] = i < 3 + ns ? 'p' : 'r';

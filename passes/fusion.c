@@ -122,10 +122,23 @@ static bool reads_half(MlirOperation op) {
   return false;
 }
 
+/* V's producer through reshapes (each V's only use), which fusion
+ * propagates: the value under them and its user, in *V and *USER. */
+static void under_reshapes(MlirValue *v, MlirOperation *user) {
+  while (mlirValueIsAOpResult(*v) && (cg_op_is(mlirOpResultGetOwner(*v), "tensor.expand_shape") ||
+                                      cg_op_is(mlirOpResultGetOwner(*v), "tensor.collapse_shape"))) {
+    MlirOpOperand u = mlirValueGetFirstUse(*v);
+    if (mlirOpOperandIsNull(u) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u))) return;
+    *user = mlirOpResultGetOwner(*v);
+    *v = mlirOperationGetOperand(*user, 0);
+  }
+}
+
 /* The 16-bit operands of the extension P that single-use elementwise ops
- * make (a rounding of f32 to bf16) stay tensors of their own, with a
- * barrier: a contraction that reads 16-bit operands (codegen/cpu_ukernel.c)
- * then reads them instead of P's f32 copy. */
+ * make (a rounding of f32 to bf16), maybe reshaped (a convolution's
+ * weight), stay tensors of their own, with a barrier: a contraction that
+ * reads 16-bit operands (codegen/cpu_ukernel.c, the GPU's mma.sync) then
+ * reads them instead of P's f32 copy. */
 static void keep_half_operands(cap_state *s, MlirOperation p, int *barriers) {
   for (intptr_t i = 0; i < mlirOperationGetNumOperands(p); i++) {
     MlirValue v = mlirOperationGetOperand(p, i);
@@ -133,8 +146,15 @@ static void keep_half_operands(cap_state *s, MlirOperation p, int *barriers) {
     if (!mlirTypeIsARankedTensor(t) || !(mlirTypeIsAF16(mlirShapedTypeGetElementType(t)) ||
                                          mlirTypeIsABF16(mlirShapedTypeGetElementType(t))))
       continue;
-    if (mlirOperationIsNull(fusable_producer(s, p, i))) continue;
-    add_barrier(s, v, p);
+    MlirOperation user = p;
+    under_reshapes(&v, &user);
+    if (!mlirValueIsAOpResult(v)) continue;
+    MlirOperation q = mlirOpResultGetOwner(v);
+    MlirOpOperand u = mlirValueGetFirstUse(v);
+    if (!cg_op_is(q, "linalg.generic") || mlirOperationGetNumResults(q) != 1 || !all_parallel(s, q) ||
+        mlirOpOperandIsNull(u) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u)))
+      continue;
+    add_barrier(s, v, user);
     ++*barriers;
   }
 }

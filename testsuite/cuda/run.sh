@@ -8,7 +8,8 @@
 # (novac links with --no-undefined; the CUDA driver is opened at run time)
 # and export the step ABI, and --emit=ptx must target the right sm.  Every
 # contraction of the GPT block and the transformer block must be a GEMM
-# kernel (the 16-bit ones on the tensor cores: the manifest's counts), and
+# kernel (the 16-bit ones on the tensor cores: the manifest's counts), every
+# contraction of a CNN's bf16 step a tensor-core kernel, and
 # no kernel of random GEMM shapes may exceed its device (kernel_limits.py).  Then the
 # errors a user can meet: no GPU driver at run time, ptxas missing or
 # failing, a model larger than the device, a CPU model given to the cuda
@@ -133,6 +134,31 @@ for m in gpt_block:$M/gpt_block/model.onnx:--dim=batch=2 transformer_block:examp
         fail "gemms.$name.$prec.$sm" "$(head -c 1500 "$T/ir")"
       fi
     done
+  done
+done
+
+# convolutions under --precision=bf16 (im2col of the bf16 values, then the
+# GEMM): every contraction of a CNN's training step on the tensor cores
+for m in onnx_cnn:$M/cnn/model.onnx:--dim=batch=2 resnet18:testsuite/zoo/resnet18.ts/model.onnx:; do
+  name=${m%%:*} rest=${m#*:} src=${rest%%:*} dims=${rest#*:}
+  for d in a100-80gb:sm_80 h100:sm_90; do
+    dev=${d%%:*} sm=${d#*:}
+    [ "$name" = resnet18 ] && [ "$sm" = sm_80 ] && continue
+    so=$T/convs.$name.$sm.so
+    # shellcheck disable=SC2086
+    if "$NOVAC" "$src" $dims --precision=bf16 --train --target=cuda --device="$dev" -o "$so" \
+      --dump-after=half-contract 2>"$T/ir" >/dev/null; then
+      contracts=$(grep -c "linalg.contract" "$T/ir")
+      half=$(grep "linalg.contract" "$T/ir" | grep -c "xbf16>, tensor<[0-9x]*xbf16>")
+      counts=$(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(m['gemm_kernels'], m['tensor_core_kernels'])" "${so%.so}.json")
+      if [ "$contracts" -ge 2 ] && [ "$half" = "$contracts" ] && [ "$counts" = "$contracts $contracts" ]; then
+        pass "convs-bf16.$name.$sm"
+      else
+        fail "convs-bf16.$name.$sm" "contractions $contracts (bf16 $half); manifest gemm_kernels, tensor_core_kernels: $counts"
+      fi
+    else
+      fail "convs-bf16.$name.$sm" "$(head -c 1500 "$T/ir")"
+    fi
   done
 done
 

@@ -15,12 +15,17 @@ rounded to 16 bits, must equal the exact product of the rounded operands
 rounded the same way, but for rare ties of the f32 sums.  Batched,
 broadcast and transposed contractions (a batch of both operands, a
 weight the batch shares, attention's [B, H, T, D] products, either operand
-transposed) against float64, also under --precision=bf16."""
+transposed) against float64, also under --precision=bf16.  Convolutions
+(im2col + these GEMMs: the forward, the input and the weight gradient)
+under --precision=bf16 and fp16, their 16-bit operands moved as they are
+(padding, im2col, transposes) and read by the 16-bit GEMM: against
+float64 of the rounded operands."""
 import sys
 
 import numpy as np
 
-from harness import EXTRA_FLAGS, Failure, case, check_close, compile_and_run, rel_err, results
+from harness import EXTRA_FLAGS, Failure, _compile_and_run, case, check_close, compile_and_run, rel_err, results
+from refs import conv_ref
 
 rng = np.random.default_rng(7)
 import ml_dtypes
@@ -90,6 +95,54 @@ BATCHED = [
     ("weight_transposed", {"a": (3, 20, 64), "w": (48, 64)}, "matmul(a, transpose(w))", lambda a, w: a @ w.T),
 ]
 
+def conv_grads_ref(x, w, dy, strides, pads, dil):
+    """dx, dw of sum(conv(x, w) * dy) (one group), in float64."""
+    ns = x.ndim - 2
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[ns + i]) for i in range(ns)])
+    dxp, dw = np.zeros_like(xp), np.zeros_like(w)
+    for o in np.ndindex(*dy.shape[2:]):
+        g = dy[(slice(None), slice(None)) + o]  # N, F
+        for k in np.ndindex(*w.shape[2:]):
+            idx = (slice(None), slice(None)) + tuple(o[i] * strides[i] + k[i] * dil[i] for i in range(ns))
+            dw[(slice(None), slice(None)) + k] += g.T @ xp[idx]
+            dxp[idx] += g @ w[(slice(None), slice(None)) + k]
+    crop = (slice(None), slice(None)) + tuple(slice(pads[i], pads[i] + x.shape[2 + i]) for i in range(ns))
+    return dxp[crop], dw
+
+
+def conv_case(name, xs, ws, strides, pads, dil, prec):
+    """One training step of loss = sum(conv(x, w) * g), x and w params,
+    under --precision=PREC: the output and both gradients against float64
+    of the rounded operands (each result rounded to 16 bits once).  fp16
+    without loss scaling: the default scale of 65536 overflows these
+    gradients (sums of about 100 products of magnitude <= 1)."""
+    def run():
+        dt = ml_dtypes.bfloat16 if prec == "bf16" else np.float16
+        x = rng.uniform(-1, 1, xs).astype(np.float32)
+        w = rng.uniform(-1, 1, ws).astype(np.float32)
+        r64 = lambda a: a.astype(dt).astype(np.float64)  # noqa: E731
+        y = conv_ref(r64(x), r64(w), strides, pads, dil, 1)
+        g = rng.uniform(-1, 1, y.shape).astype(np.float32)
+        text = "param x: f32[%s] = file(\"x.bin\")\nparam w: f32[%s] = file(\"w.bin\")\n" % (
+            ", ".join(map(str, xs)), ", ".join(map(str, ws)))
+        text += "const g: f32[%s] = file(\"g.bin\")\n" % ", ".join(map(str, y.shape))
+        text += "r = conv(x, w, strides=%s, pads=%s, dilations=%s)\noutput r\noutput loss = reduce_sum(r * g)\n" % (
+            list(strides), list(pads), list(dil))
+        outs, dumped = _compile_and_run(text, {}, {"x.bin": x, "w.bin": w, "g.bin": g},
+                                        ["--train", "--keep-grads", "--precision=" + prec] +
+                                        (["--loss-scale=none"] if prec == "fp16" else []), True, None)
+        ulp = 2.0 ** (-8 if prec == "bf16" else -11)
+        dx, dw = conv_grads_ref(r64(x), r64(w), r64(g), strides, pads, dil)
+        check_close(np.asarray(outs[0], dtype=np.float64), y, ulp, "conv output")
+        check_close(dumped["grad.x"], dx, ulp, "input gradient")
+        check_close(dumped["grad.w"], dw, ulp, "weight gradient")
+    case("gemm.conv.%s.%s" % (name, prec), run)
+
+
+CONVS = [("3x3_padded", (2, 8, 9, 9), (16, 8, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+         ("strided_dilated", (2, 4, 7, 6), (6, 4, 3, 2), (2, 1), (1, 0, 1, 1), (1, 2)),
+         ("1d", (3, 5, 20), (7, 5, 4), (2,), (1, 2), (1,))]
+
 if TF32:
     def tf32_rounds():
         """The tf32 operands are rounded (10-bit mantissa): the error is that of tf32, not of f32."""
@@ -117,6 +170,9 @@ if not TF32:
         half_case(*shape, "bf16")
     for shape in SHAPES[1:7]:
         half_case(*shape, "fp16")
+    for c in CONVS:
+        conv_case(*c, prec="bf16")
+    conv_case(*CONVS[0], prec="fp16")
 
 print("# gemm: %d passed, %d failed" % (results["pass"], results["fail"]))
 sys.exit(0)
