@@ -249,6 +249,7 @@ typedef struct cg_gpu_options {
   int block;  /* --gpu-block=N: threads per block for every kernel; 0 = the configurator's */
   bool tf32;  /* --matmul-precision=tf32: f32 matmuls on tensor cores with tf32 operands */
   int64_t memory_limit; /* --memory-limit (0: none) */
+  int gemm_tile[5];     /* --gemm-tile=BMxBNxBK,WMxWN: every tensor-core GEMM's tiles (0: the configurator's) */
 } cg_gpu_options;
 /* The cuda target's steps, run by the pipeline (driver/pipeline.c) around
  * the whole-step passes: cg_gpu_init checks the options against DEV and

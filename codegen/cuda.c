@@ -45,6 +45,7 @@ typedef struct gpu_ctx {
   int block;     /* --gpu-block: threads per block chosen by hand; 0 = the configurator's */
   bool tf32;     /* --matmul-precision=tf32 */
   int failed;
+  const int *gemm_tile; /* --gemm-tile: BM, BN, BK, WM, WN (all 0: the configurator's) */
 } gpu_ctx;
 
 static MlirNamedAttribute named(MlirContext ctx, const char *name, MlirAttribute a) {
@@ -537,6 +538,38 @@ static bool gemm_operands(MlirContext ctx, MlirOperation op, cg_gemm_operands *o
  * and, with --matmul-precision=tf32, for f32 ones; SIMT tiles otherwise.
  * The kernels' table entries wait in G->gemm until map_function meets
  * their launches. */
+/* --gemm-tile: TC (the configurator's schedule of one tensor-core GEMM)
+ * with the block tile BM x BN x BK and warp tile WM x WN given by hand,
+ * checked against what the generator emits and the device holds: warp
+ * tiles of whole mma tiles (16 x 8), at most 64 x 64; at most 8 warps (a
+ * block of 255-register threads fits an SM's 64K registers); the staged
+ * tiles in the static shared memory of a block.  -1 (and an error) where
+ * the tile does not fit. */
+static int forced_tile(gpu_ctx *G, cfg_gemm_schedule *tc, bool h16, const char *kind) {
+  const int *t = G->gemm_tile;
+  int kstep = h16 ? 16 : 8, eb = h16 ? 2 : 4;
+  int64_t smem = (int64_t)(t[0] + t[1]) * t[2] * eb;
+  int warps = t[3] && t[4] ? (t[0] / t[3]) * (t[1] / t[4]) : 0;
+  const char *why = t[3] % 16 || t[4] % 8 ? "the warp tile must be whole 16x8 mma tiles"
+                    : t[3] * t[4] > 4096 ? "the warp tile holds at most 64x64 accumulators"
+                    : t[0] % t[3] || t[1] % t[4] ? "the block tile must be whole warp tiles"
+                    : t[2] % kstep ? (h16 ? "BK must be a multiple of 16 (the mma's k)" : "BK must be a multiple of 8 "
+                                                                                            "(the tf32 mma's k)")
+                    : warps > 8 || warps * 32 > G->dev->max_threads_per_block ? "at most 8 warps a block"
+                    : smem > G->dev->smem_per_block ? "the staged tiles exceed a block's static shared memory"
+                                                   : NULL;
+  if (why) {
+    nv_error_plain(G->c->diag, "--gemm-tile=%dx%dx%d,%dx%d: %s (%s operands: %lld bytes of shared memory, %d warps; "
+                   "%s holds %lld bytes a block)", t[0], t[1], t[2], t[3], t[4], why, kind, (long long)smem, warps,
+                   G->dev->name, (long long)G->dev->smem_per_block);
+    return -1;
+  }
+  tc->bm = t[0], tc->bn = t[1], tc->bk = t[2], tc->warp_tile_m = t[3], tc->warp_tile_n = t[4];
+  tc->wm = t[0] / t[3], tc->wn = t[1] / t[4], tc->warps = warps, tc->threads = 32 * warps;
+  tc->smem_bytes = smem, tc->stages = 1, tc->split_k = 1;
+  return 0;
+}
+
 static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);) {
@@ -559,7 +592,10 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
                                                                  : NULL;
     bool h16 = bf16 || f16;
     cfg_gemm_schedule tc = {0};
-    if (tc_kind) {
+    if (tc_kind && G->gemm_tile[0]) {
+      tc = cfg_gemm(G->dev, M, N, K, h16 ? 2 : 4, true);
+      if (tc.ok && forced_tile(G, &tc, h16, tc_kind)) return -1;
+    } else if (tc_kind) {
       tc = cfg_gemm(G->dev, M, N, K, h16 ? 2 : 4, true);
       /* the generator keeps warp tiles at most 64x32 (64 accumulators a
        * thread; larger ones spill in the code it emits), using more warps,
@@ -609,7 +645,9 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
       k->block = tc.threads;
       snprintf(k->reason, sizeof k->reason, "%s %s, tile %dx%dx%d, %dx%d warps of %dx%d%s",
                h16 ? "mma.sync.m16n8k16" : "mma.sync.m16n8k8", tc_kind, tc.bm, tc.bn, tc.bk, tc.wm, tc.wn,
-               tc.warp_tile_m, tc.warp_tile_n, tc.split_k > 1 ? " (the schedule's split-K is not generated)" : "");
+               tc.warp_tile_m, tc.warp_tile_n,
+               G->gemm_tile[0] ? " (--gemm-tile)"
+               : tc.split_k > 1 ? " (the schedule's split-K is not generated)" : "");
       text = cg_gemm_tc_text(fname, &go, &tc, G->sim);
     } else {
       k->grid = (N + s.bn - 1) / s.bn;
@@ -826,7 +864,7 @@ int cg_gpu_init(nova_ctx *c, const cfg_device *dev, const cg_gpu_options *o, cg_
 }
 
 static gpu_ctx gpu_context(nova_ctx *c, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out) {
-  return (gpu_ctx){c, c->ctx, dev, out, o->sim, NULL, 0, 0, o->block, o->tf32, 0};
+  return (gpu_ctx){c, c->ctx, dev, out, o->sim, NULL, 0, 0, o->block, o->tf32, 0, o->gemm_tile};
 }
 
 int cg_gpu_kernels(nova_ctx *c, MlirModule m, const cfg_device *dev, const cg_gpu_options *o, cg_gpu *out) {

@@ -36,6 +36,7 @@ typedef struct opts {
   int opt_level;
   bool train, time_passes, verbose, explain_config, gpu_sim;
   int gpu_block;
+  int gemm_tile[5]; /* --gemm-tile=BMxBNxBK,WMxWN */
   bool tf32;
   int64_t memory_limit; /* --memory-limit, bytes (0: none) */
   bool no_recompute;    /* --recompute=none */
@@ -70,6 +71,8 @@ static void usage(FILE *f) {
         "  --explain-config      print each kernel's schedule and the limit that decided it\n"
         "  --gpu-block=N         (cuda) N threads per block for every kernel instead of the\n"
         "                        configurator's choice (tuning experiments)\n"
+        "  --gemm-tile=BMxBNxBK,WMxWN  (cuda) every tensor-core GEMM with this block tile and\n"
+        "                        warp tile instead of the configurator's (tile searches)\n"
         "  --matmul-precision=highest|tf32  (cuda) tf32: f32 matmuls on tensor cores with tf32\n"
         "                        operands (10-bit mantissa; sm_80+); default highest (exact f32)\n"
         "  --gpu-sim             (cuda) run the GPU kernels as CPU loops over their grid and\n"
@@ -292,6 +295,16 @@ static int parse_args(int argc, char **argv, opts *o) {
         return bad_usage("--gpu-block takes a multiple of 32 from 32 to 1024, not '%s'", v);
       o->gpu_block = (int)b;
       nv_sb_printf(&o->flags, " --gpu-block=%ld", b);
+    } else if ((v = opt_value(argc, argv, &i, "--gemm-tile"))) {
+      int t[5], n = 0;
+      char tail;
+      if (sscanf(v, "%dx%dx%d,%dx%d%n%c", &t[0], &t[1], &t[2], &t[3], &t[4], &n, &tail) != 5 || v[n] ||
+          t[0] < 16 || t[1] < 8 || t[2] < 8 || t[3] < 16 || t[4] < 8 || t[0] > 512 || t[1] > 512 || t[2] > 256 ||
+          t[3] > 256 || t[4] > 256 || strspn(v, "0123456789x,") != strlen(v))
+        return bad_usage("--gemm-tile takes BMxBNxBK,WMxWN (block tile and warp tile, e.g. 128x128x32,64x32), "
+                         "not '%s'", v);
+      memcpy(o->gemm_tile, t, sizeof t);
+      nv_sb_printf(&o->flags, " --gemm-tile=%s", v);
     } else if ((v = opt_value(argc, argv, &i, "--memory-limit"))) {
       if (parse_bytes(v, &o->memory_limit))
         return bad_usage("--memory-limit takes a positive number of bytes (suffix K, M or G allowed), not '%s'", v);
@@ -715,6 +728,10 @@ static int compile(nv_diag *d, opts *o) {
     nv_error_plain(d, "--gpu-block needs --target=cuda");
     return -1;
   }
+  if (o->gemm_tile[0] && !cuda) {
+    nv_error_plain(d, "--gemm-tile needs --target=cuda (the cpu target's tiles come from its registers and caches)");
+    return -1;
+  }
   if (o->gpu_sim && o->emit == EMIT_PTX) {
     nv_error_plain(d, "--gpu-sim makes CPU code: there is no PTX to emit");
     return -1;
@@ -809,7 +826,8 @@ static int compile(nv_diag *d, opts *o) {
   /* convolutions as im2col + GEMMs where contractions are the fast kernels: the
    * cpu's runtime kernels, the GPU's tiled GEMMs (tensor cores under bf16/fp16) */
   c.conv_gemm = cuda ? o->opt_level > 0 : cg_cpu_f32_kernel(&dev, o->opt_level);
-  cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block, o->tf32, o->memory_limit};
+  cg_gpu_options go = {o->opt_level, o->gpu_sim, o->gpu_block, o->tf32, o->memory_limit, {0}};
+  memcpy(go.gemm_tile, o->gemm_tile, sizeof go.gemm_tile);
   if (o->train && (o->opt_level > 0 && !o->no_recompute)) {
     ad_remat pick = {-1, 0, 0, false};
     if (o->memory_limit) { /* what the backward recomputes: measured plans (driver/pipeline.c) */

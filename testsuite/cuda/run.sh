@@ -230,6 +230,27 @@ expect gpu-model-for-cpu 1 "GPU model" "$NOVAC" examples/mlp.nova --dim=batch=2 
 expect unknown-device 1 "known: host, auto, " "$NOVAC" examples/mlp.nova --dim=batch=2 --target=cuda --device=h1000 \
   -o "$T/x.so"
 expect gpu-sim-needs-cuda 1 "needs --target=cuda" "$NOVAC" examples/mlp.nova --dim=batch=2 --gpu-sim -o "$T/x.so"
+# --gemm-tile (tile searches): a tile the generator or the device cannot take is refused, naming the limit
+TB="examples/transformer_block.nova --dim=batch=2 --precision=bf16 --target=cuda --device=h100 -o $T/x.so"
+# shellcheck disable=SC2086
+{
+expect gemm-tile-syntax 2 "takes BMxBNxBK,WMxWN" "$NOVAC" $TB --gemm-tile=128x128
+expect gemm-tile-cpu 1 "needs --target=cuda" "$NOVAC" examples/mlp.nova --dim=batch=2 --gemm-tile=64x64x32,32x32 -o "$T/x.so"
+expect gemm-tile-warps 1 "at most 8 warps a block" "$NOVAC" $TB --gemm-tile=128x256x32,32x32
+expect gemm-tile-smem 1 "exceed a block's static shared memory (bf16 operands: 65536 bytes" "$NOVAC" $TB \
+  --gemm-tile=128x128x128,64x32
+expect gemm-tile-mma 1 "whole 16x8 mma tiles" "$NOVAC" $TB --gemm-tile=64x64x32,24x32
+expect gemm-tile-bk 1 "BK must be a multiple of 16" "$NOVAC" $TB --gemm-tile=64x64x24,32x32
+expect gemm-tile-tf32-smem 1 "tf32 operands: 65536 bytes" "$NOVAC" examples/mlp.nova --dim=batch=2 --target=cuda \
+  --device=h100 --matmul-precision=tf32 --gemm-tile=128x128x64,64x32 -o "$T/x.so"
+}
+if "$NOVAC" $TB --gemm-tile=64x128x32,32x64 --explain-config >"$T/log" 2>&1 &&
+  grep -q "tile 64x128x32, 2x2 warps of 32x64 (--gemm-tile)" "$T/log" &&
+  ! grep "mma.sync" "$T/log" | grep -v "^ " | grep -qv "(--gemm-tile)"; then
+  pass gemm-tile-applied
+else
+  fail gemm-tile-applied "$(head -c 1500 "$T/log")"
+fi
 
 # The runtime's CUDA path against a stand-in driver (fake_driver.c: host
 # memory, launches counted, not run): opening, uploads, one launch per

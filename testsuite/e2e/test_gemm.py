@@ -48,14 +48,16 @@ def gemm_case(m, n, k, dt):
     case("gemm.%dx%dx%d.%s" % (m, n, k, dt), run)
 
 
-def half_case(m, n, k, prec):
-    """C = A B under --precision=PREC against float64 of the rounded operands."""
+def half_case(m, n, k, prec, tile=None):
+    """C = A B under --precision=PREC against float64 of the rounded operands
+    (TILE: the kernel's tiles forced by --gemm-tile)."""
     def run():
         dt = ml_dtypes.bfloat16 if prec == "bf16" else np.float16
         a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
         b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
         text = "input a: f32[%d, %d]\ninput b: f32[%d, %d]\nc = matmul(a, b)\noutput c\n" % (m, k, k, n)
-        outs, _ = compile_and_run(text, {"a": a, "b": b}, flags=["--precision=" + prec])
+        outs, _ = compile_and_run(text, {"a": a, "b": b},
+                                  flags=["--precision=" + prec] + (["--gemm-tile=" + tile] if tile else []))
         ref = (a.astype(dt).astype(np.float64) @ b.astype(dt).astype(np.float64)).astype(np.float32).astype(dt)
         got = np.asarray(outs[0], dtype=np.float32)
         ulp = 2.0 ** (-8 if prec == "bf16" else -11)
@@ -63,7 +65,7 @@ def half_case(m, n, k, prec):
         same = float(np.mean(got == ref.astype(np.float32)))
         if same < 0.98:
             raise Failure("only %.1f%% of the results equal the rounded product of the rounded operands" % (100 * same))
-    case("gemm.%dx%dx%d.%s" % (m, n, k, prec), run)
+    case("gemm.%dx%dx%d.%s%s" % (m, n, k, prec, ".tile_" + tile.replace(",", "_") if tile else ""), run)
 
 
 def batched_case(name, shapes, expr, ref, prec=None):
@@ -155,6 +157,17 @@ if TF32:
             raise Failure("relative error %.3g against f64: expected that of tf32 operands (1e-5 .. 5e-3)" % e)
     case("gemm.tf32_rounds", tf32_rounds)
 
+    def tf32_tiles():
+        """tf32 GEMMs with tiles given by hand (--gemm-tile) against float64."""
+        a = rng.uniform(-1, 1, (100, 70)).astype(np.float32)
+        b = rng.uniform(-1, 1, (70, 130)).astype(np.float32)
+        text = "input a: f32[100, 70]\ninput b: f32[70, 130]\nc = matmul(a, b)\noutput c\n"
+        for tile in ["32x32x8,16x8", "64x128x16,32x64", "128x64x32,64x32"]:
+            outs, _ = compile_and_run(text, {"a": a, "b": b}, flags=["--gemm-tile=" + tile])
+            check_close(outs[0], a.astype(np.float64) @ b.astype(np.float64), TOL["f32"], "--gemm-tile=" + tile)
+    if "--gpu-sim" in EXTRA_FLAGS:
+        case("gemm.tf32_tiles", tf32_tiles)
+
 for shape in SHAPES:
     gemm_case(*shape, "f32")
 for shape in SHAPES[:6]:
@@ -170,6 +183,10 @@ if not TF32:
         half_case(*shape, "bf16")
     for shape in SHAPES[1:7]:
         half_case(*shape, "fp16")
+    if "--gpu-sim" in EXTRA_FLAGS:   # tiles given by hand (--gemm-tile, the tile search of bench/bench_gpu.py)
+        for tile in ["32x32x16,16x8", "64x128x32,32x64", "128x64x64,64x64", "256x32x16,32x32", "16x256x32,16x64"]:
+            half_case(100, 130, 70, "bf16", tile)
+            half_case(33, 300, 17, "fp16", tile)
     for c in CONVS:
         conv_case(*c, prec="bf16")
     conv_case(*CONVS[0], prec="fp16")
