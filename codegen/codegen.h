@@ -90,6 +90,10 @@ typedef struct cg_kernel {
   int64_t grid_y;         /* grid.y (0 = 1) */
   int64_t grid_z;         /* grid.z (0 = 1) */
   bool gemm, tensor_core; /* a tiled GEMM (gemm_cuda.c); on the tensor cores (mma.sync) */
+  int64_t gemm_mnk[3];    /* a GEMM's M, N, K (its batch: grid_z) */
+  bool gemm_ta, gemm_tb;  /* A stored K x M, B stored N x K */
+  char gemm_dtype[8];     /* its operands' element type (f32, f64, bf16, f16) */
+  int gemm_tile[5];       /* BM, BN, BK and the warp tile (tensor cores) or thread tile (SIMT) */
   int regs;               /* registers per thread (ptxas), 0 if unknown */
   int64_t smem;           /* static shared memory bytes (ptxas) */
   char reason[192];       /* the configurator's deciding limit */

@@ -631,6 +631,8 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
     describe_loc(mlirOperationGetLocation(op), k);
     snprintf(k->op, sizeof k->op, "matmul");
     k->gemm = true, k->tensor_core = tc.ok;
+    k->gemm_mnk[0] = M, k->gemm_mnk[1] = N, k->gemm_mnk[2] = K, k->gemm_ta = go.ta, k->gemm_tb = go.tb;
+    snprintf(k->gemm_dtype, sizeof k->gemm_dtype, "%s", bf16 ? "bf16" : f16 ? "f16" : eb == 8 ? "f64" : "f32");
     k->grid_z = 1;
     for (int r = 0; r < go.nbatch; r++) k->dims[k->rank++] = go.bsize[r], k->grid_z *= go.bsize[r];
     k->dims[k->rank++] = M;
@@ -643,6 +645,8 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
       k->grid = (N + tc.bn - 1) / tc.bn;
       k->grid_y = (M + tc.bm - 1) / tc.bm;
       k->block = tc.threads;
+      int tt[5] = {tc.bm, tc.bn, tc.bk, tc.warp_tile_m, tc.warp_tile_n};
+      memcpy(k->gemm_tile, tt, sizeof tt);
       snprintf(k->reason, sizeof k->reason, "%s %s, tile %dx%dx%d, %dx%d warps of %dx%d%s",
                h16 ? "mma.sync.m16n8k16" : "mma.sync.m16n8k8", tc_kind, tc.bm, tc.bn, tc.bk, tc.wm, tc.wn,
                tc.warp_tile_m, tc.warp_tile_n,
@@ -653,6 +657,8 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
       k->grid = (N + s.bn - 1) / s.bn;
       k->grid_y = (M + s.bm - 1) / s.bm;
       k->block = s.threads;
+      int tt[5] = {s.bm, s.bn, s.bk, s.tm, s.tn};
+      memcpy(k->gemm_tile, tt, sizeof tt);
       snprintf(k->reason, sizeof k->reason, "%.140s%s%s%s", s.reason, tc_kind ? " (no usable " : "",
                tc_kind ? tc_kind : "", tc_kind ? " schedule)" : "");
       text = cg_gemm_text(fname, &go, &s, G->sim);

@@ -185,6 +185,21 @@ void cg_cuda_manifest(cJSON *root, const cg_gpu *gpu) {
     cJSON_AddNumberToObject(e, "shared_memory", (double)k->smem);
     if (k->regs) cJSON_AddNumberToObject(e, "registers", k->regs);
     cJSON_AddStringToObject(e, "schedule", k->reason);
+    if (k->gemm) { /* what a tile search needs to make the GEMM again (bench/bench_gpu.py) */
+      cJSON *g = cJSON_AddObjectToObject(e, "gemm");
+      cJSON_AddNumberToObject(g, "m", (double)k->gemm_mnk[0]);
+      cJSON_AddNumberToObject(g, "n", (double)k->gemm_mnk[1]);
+      cJSON_AddNumberToObject(g, "k", (double)k->gemm_mnk[2]);
+      cJSON_AddNumberToObject(g, "batch", k->grid_z ? (double)k->grid_z : 1);
+      cJSON_AddBoolToObject(g, "a_transposed", k->gemm_ta);
+      cJSON_AddBoolToObject(g, "b_transposed", k->gemm_tb);
+      cJSON_AddStringToObject(g, "operands", k->gemm_dtype);
+      cJSON_AddStringToObject(g, "instruction", k->tensor_core ? (strcmp(k->gemm_dtype, "f32") ? "mma.sync.m16n8k16"
+                                                                                             : "mma.sync.m16n8k8")
+                                                               : "fma");
+      cJSON *t = cJSON_AddArrayToObject(g, "tile");
+      for (int j = 0; j < 5; j++) cJSON_AddItemToArray(t, cJSON_CreateNumber(k->gemm_tile[j]));
+    }
     cJSON_AddItemToArray(ks, e);
   }
   cJSON_ReplaceItemInObject(root, "kernels", ks);
