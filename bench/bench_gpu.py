@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """GPU benchmark of novac's --target=cuda steps, in one run:
 
-  1. GEMM: novac's generated matmul kernel vs cuBLAS (PyTorch) fp32, tf32, bf16
-  2. training step (AdamW): MLP and GPT block, novac vs PyTorch eager
-  3. exhaustive block-size tuner (evaluation only) vs the analytic choice
+  1. GEMM: novac's generated matmul kernels vs cuBLAS (PyTorch) fp32, tf32, bf16, fp16 on
+     GPT-2 small's transformer and attention shapes and squares
+  2. training step (AdamW): MLP, GPT block, 4-layer GPT, GPT-2 small (bf16), novac vs PyTorch
+     eager and torch.compile, MFU
+  3. exhaustive block-size tuner of the pointwise kernels (evaluation only) vs the analytic choice
+  4. GEMM tile search: every tensor-core GEMM shape of the bf16 GPT steps, the analytic tiles
+     against a grid of block / warp tiles and BK (novac --gemm-tile)
 
     python3 bench/bench_gpu.py [BUILD_DIR] [--out FILE] [--dry-run]
 
@@ -40,12 +44,19 @@ import numpy as np
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import stepcache  # noqa: E402  (NOVA_STEP_CACHE: compiles recorded elsewhere, see bench/pack_gpu.sh)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import gpt_nova  # noqa: E402
 GPT_MODEL = os.path.join(ROOT, "testsuite", "onnx", "models", "gpt_block", "model.onnx")
 MLP_MODEL = os.path.join(ROOT, "examples", "mlp.nova")
 GPT_VOCAB, GPT_T = 50, 8          # testsuite/onnx/models/export.py: VOCAB, T
 MLP_CLASSES = 10
-GEMM_SHAPES = [(4096, 768, 768), (4096, 3072, 768), (4096, 768, 3072),
-               (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096)]
+# (kind, batch, M, N, K, B transposed): GPT-2 small's products at batch 8 x context 1024 (8192 tokens; QKV,
+# projection, MLP up and down, the head's 50257 columns; attention's Q K^T and P V per head, 8 x 12 heads), squares
+GEMM_SHAPES = [("transformer", 1, 8192, 2304, 768, False), ("transformer", 1, 8192, 768, 768, False),
+               ("transformer", 1, 8192, 3072, 768, False), ("transformer", 1, 8192, 768, 3072, False),
+               ("transformer", 1, 8192, 50257, 768, False), ("attention", 96, 1024, 1024, 64, True),
+               ("attention", 96, 1024, 64, 1024, False),
+               ("square", 1, 1024, 1024, 1024, False), ("square", 1, 4096, 4096, 4096, False)]
 BLOCKS = [32, 64, 128, 256, 512, 1024]
 GEMM_NOVA = """# bench/bench_gpu.py: one GEMM, c = a @ b
 input a: f32[M, K]
@@ -54,6 +65,7 @@ c = matmul(a, b)
 output c
 """
 NA_DRY = "n/a (dry run)"
+PEAK_BF16 = [("H200", 989.4), ("H100", 989.4), ("A100", 312.0), ("L4", 121.0), ("RTX 4090", 165.2)]
 TRAIN_FLAGS = ["--train", "--optimizer=adamw", "--lr=1e-3"]
 
 
@@ -404,40 +416,53 @@ class Bench:
 
 # ======================================================================= 1. GEMM
 
-def novac_gemm(B, row, tag, model, flags, inp, shape):
+def gemm_text(batch, M, N, K, tb, dt="f32"):
+    """The .nova text of one GEMM c = a @ b (a [batch,] M x K; b K x N, or
+    stored N x K and transposed when TB: attention's Q K^T)."""
+    lead = "%d, " % batch if batch > 1 else ""
+    bshape = (N, K) if tb else (K, N)
+    perm = "perm=[0, 2, 1]" if batch > 1 else "perm=[1, 0]"
+    return ("# bench/bench_gpu.py: one GEMM\ninput a: %s[%s%d, %d]\ninput b: %s[%s%d, %d]\nc = matmul(a, %s)\n"
+            "output c\n" % (dt, lead, M, K, dt, lead, bshape[0], bshape[1],
+                             "transpose(b, %s)" % perm if tb else "b"))
+
+
+def novac_gemm(B, row, tag, model, flags, inp, g):
     """Compiles and runs one novac GEMM (FLAGS), filling ROW with compile_s,
     kernel_ms (the matmul kernels of --profile), step_ms, launches; returns
     the output array, or None."""
-    M, N, K = shape
-    key = "gemm_%d_%d_%d%s" % (M, N, K, tag)
+    key = "gemm_%s%s" % (g["key"], tag)
     c = B.compile(key, model, flags)
     row["compile_s"] = c["wall_s"] if c["ok"] else short_err(c["err"])
     if not c["ok"]:
         row["kernel_ms"] = row["step_ms"] = "not compiled"
         return None
-    outd = os.path.join(B.tmp, key + "_out")
+    # the result is read back and checked where it is at most 64M elements (the head's 8192 x 50257 is 1.6 GB)
+    outd = os.path.join(B.tmp, key + "_out") if g["batch"] * g["M"] * g["N"] <= GEMM_CHECK_MAX else None
     r = B.run(c["so"], inp, B.args.gemm_repeat, profile=True, outputs=outd)
     if not r["ok"]:
         row["kernel_ms"] = row["step_ms"] = short_err(r["err"])
         return None
+    mm = [k for k in (c["kernels"] or []) if k.get("op") == "matmul"]
+    row["schedule"] = "; ".join(k.get("schedule", "") for k in mm)
     if B.dry:
         row["kernel_ms"] = NA_DRY
         row["step_ms"] = r["wall_ms"]
         row["step_kind"] = "wall, CPU sim"
     else:
-        mm = [k["name"] for k in (c["kernels"] or []) if k.get("op") == "matmul"]
         prof = r["kernels"] or {}
         if not mm:
             row["kernel_ms"] = "error: no matmul kernel in the manifest"
-        elif not all(k in prof for k in mm):
-            row["kernel_ms"] = "error: matmul kernel %s missing from --profile" % ",".join(mm)
+        elif not all(k["name"] in prof for k in mm):
+            row["kernel_ms"] = "error: matmul kernel %s missing from --profile" % ",".join(k["name"] for k in mm)
         else:
-            row["kernel_ms"] = sum(prof[k][1] for k in mm)
-            row["kernel_names"] = ",".join(mm)
-            row["schedule"] = "; ".join(k.get("schedule", "") for k in c["kernels"] if k.get("op") == "matmul")
+            row["kernel_ms"] = sum(prof[k["name"]][1] for k in mm)
         row["step_ms"] = r["gpu_ms"] if r["gpu_ms"] is not None else "error: no GPU time line"
         row["step_kind"] = "GPU events"
         row["launches"] = r["launches"]
+    if outd is None:
+        row["err"] = "not checked (%d x %d output)" % (g["batch"] * g["M"], g["N"])
+        return None
     try:
         return read_pb(os.path.join(outd, "output_0.pb")).astype(np.float32)
     except Exception as e:  # noqa: BLE001
@@ -445,67 +470,90 @@ def novac_gemm(B, row, tag, model, flags, inp, shape):
         return None
 
 
+GEMM_CHECK_MAX = 64 << 20
+# novac flags and cuBLAS dtype of each precision of section 1; tolerance of the result against float64
+GEMM_PRECS = [("f32", [], "fp32", 1e-3), ("tf32", ["--matmul-precision=tf32"], "tf32", 1e-2),
+              ("bf16", ["--precision=bf16"], "bf16", 3e-2), ("fp16", ["--precision=fp16"], "fp16", 5e-3)]
+
+
+def gemm_shapes(B):
+    """GEMM_SHAPES as dicts (scaled down 16x per dimension in the dry run)."""
+    out = []
+    for kind, batch, M, N, K, tb in GEMM_SHAPES:
+        if B.dry:
+            batch, M, N, K = max(1, batch // 16), max(16, M // 16), max(16, N // 16), max(16, K // 16)
+        out.append({"kind": kind, "batch": batch, "M": M, "N": N, "K": K, "tb": tb,
+                    "key": "%d_%d_%d_%d%s" % (batch, M, N, K, "_bt" if tb else ""),
+                    "label": "%s%d x %d x %d%s" % ("%d x " % batch if batch > 1 else "", M, N, K,
+                                                    " (B^T)" if tb else "")})
+    return out
+
+
 def bench_gemm(B):
     a_ = B.args
-    shapes = [(max(16, m // 16), max(16, n // 16), max(16, k // 16)) for m, n, k in GEMM_SHAPES] if B.dry \
-        else GEMM_SHAPES
-    model = os.path.join(B.tmp, "gemm.nova")
-    with open(model, "w") as f:
-        f.write(GEMM_NOVA)
     rng = np.random.default_rng(1)
     torch = B.get_torch()
     rows = []
-    for (M, N, K) in shapes:
-        row = {"shape": (M, N, K), "flop": 2.0 * M * N * K}
-        log("GEMM %dx%dx%d" % (M, N, K))
-        a = rng.standard_normal((M, K), dtype=np.float32)
-        b = rng.standard_normal((K, N), dtype=np.float32)
-        inp = write_inputs(os.path.join(B.tmp, "gemm_%d_%d_%d_in" % (M, N, K)), {"a": a, "b": b})
-        dims = ["--dim=M=%d" % M, "--dim=N=%d" % N, "--dim=K=%d" % K]
-        novac_c = novac_gemm(B, row, "", model, dims, inp, (M, N, K))
-        row["tc"] = {}
-        novac_tc = novac_gemm(B, row["tc"], "_tf32", model, dims + ["--matmul-precision=tf32"], inp, (M, N, K))
-        row["bf"] = {}  # --precision=bf16: a and b rounded to bf16, mma.sync.m16n8k16, the result rounded to bf16
-        novac_bf = novac_gemm(B, row["bf"], "_bf16", model, dims + ["--precision=bf16"], inp, (M, N, K))
+    for g in gemm_shapes(B):
+        batch, M, N, K, tb = g["batch"], g["M"], g["N"], g["K"], g["tb"]
+        row = {"g": g, "flop": 2.0 * batch * M * N * K, "nv": {}, "cublas": {}}
+        log("GEMM %s" % g["label"])
+        lead = (batch,) if batch > 1 else ()
+        a = rng.standard_normal(lead + (M, K), dtype=np.float32)
+        b = rng.standard_normal(lead + ((N, K) if tb else (K, N)), dtype=np.float32)
+        model = os.path.join(B.tmp, "gemm_%s.nova" % g["key"])
+        with open(model, "w") as f:
+            f.write(gemm_text(batch, M, N, K, tb))
+        inp = write_inputs(os.path.join(B.tmp, "gemm_%s_in" % g["key"]), {"a": a, "b": b})
+        got = {}
+        for prec, flags, _, _ in GEMM_PRECS:
+            row["nv"][prec] = {}
+            got[prec] = novac_gemm(B, row["nv"][prec], "_" + prec, model, flags, inp, g)
         # cuBLAS through PyTorch, and the reference for the error check
         ref = None
+        bt = (lambda x: x.transpose(-1, -2)) if tb else (lambda x: x)
         if B.dry:
-            row["fp32_ms"] = row["tf32_ms"] = row["bf16_ms"] = NA_DRY
-            ref = (a.astype(np.float64) @ b.astype(np.float64))
+            for _, _, cb, _ in GEMM_PRECS:
+                row["cublas"][cb] = NA_DRY
+            a64, b64 = a.astype(np.float64), b.astype(np.float64)
+            ref = a64 @ (np.swapaxes(b64, -1, -2) if tb else b64)
         elif torch is None:
-            row["fp32_ms"] = row["tf32_ms"] = row["bf16_ms"] = short_err(B.torch_err)
+            for _, _, cb, _ in GEMM_PRECS:
+                row["cublas"][cb] = short_err(B.torch_err)
         else:
             try:
-                ta, tb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+                ta, tb_ = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+                if batch * M * N <= GEMM_CHECK_MAX:
+                    ref = torch.matmul(ta.double(), bt(tb_.double()))
                 old = torch.backends.cuda.matmul.allow_tf32
                 try:
-                    torch.backends.cuda.matmul.allow_tf32 = False
-                    ref = torch.matmul(ta, tb).double()
-                    row["fp32_ms"] = B.torch_time_ms(lambda: torch.matmul(ta, tb), 5, a_.torch_gemm_repeat)[0]
-                    torch.backends.cuda.matmul.allow_tf32 = True
-                    row["tf32_ms"] = B.torch_time_ms(lambda: torch.matmul(ta, tb), 5, a_.torch_gemm_repeat)[0]
+                    for tf32, cb in ((False, "fp32"), (True, "tf32")):
+                        torch.backends.cuda.matmul.allow_tf32 = tf32
+                        row["cublas"][cb] = B.torch_time_ms(lambda: torch.matmul(ta, bt(tb_)), 5,
+                                                            a_.torch_gemm_repeat)[0]
                 finally:
                     torch.backends.cuda.matmul.allow_tf32 = old
-                ha, hb = ta.bfloat16(), tb.bfloat16()
-                row["bf16_ms"] = B.torch_time_ms(lambda: torch.matmul(ha, hb), 5, a_.torch_gemm_repeat)[0]
-                del ta, tb, ha, hb
+                for dt, cb in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+                    ha, hb = ta.to(dt), tb_.to(dt)
+                    row["cublas"][cb] = B.torch_time_ms(lambda: torch.matmul(ha, bt(hb)), 5, a_.torch_gemm_repeat)[0]
+                del ta, tb_, ha, hb
             except Exception as e:  # noqa: BLE001
-                for k in ("fp32_ms", "tf32_ms", "bf16_ms"):
-                    row.setdefault(k, short_err("%s: %s" % (type(e).__name__, e)))
-                B.failures.append("cuBLAS %dx%dx%d: %s" % (M, N, K, e))
-        for r_, got, tol, what in ((row, novac_c, 1e-3, "f32"), (row["tc"], novac_tc, 1e-2, "tf32"),
-                                   (row["bf"], novac_bf, 3e-2, "bf16")):
-            if got is None or ref is None or "err" in r_:
+                for _, _, cb, _ in GEMM_PRECS:
+                    row["cublas"].setdefault(cb, short_err("%s: %s" % (type(e).__name__, e)))
+                B.failures.append("cuBLAS %s: %s" % (g["label"], e))
+        for prec, _, _, tol in GEMM_PRECS:
+            r_ = row["nv"][prec]
+            if got[prec] is None or ref is None or "err" in r_:
                 continue
             if not isinstance(ref, np.ndarray):
-                d = (torch.from_numpy(got).cuda().double() - ref).abs().max().item()
+                d = (torch.from_numpy(got[prec]).cuda().double() - ref).abs().max().item()
                 s_ = ref.abs().max().item()
             else:
-                d, s_ = float(np.max(np.abs(got - ref))), float(np.max(np.abs(ref)))
+                d, s_ = float(np.max(np.abs(got[prec] - ref))), float(np.max(np.abs(ref)))
             r_["err"] = d / s_ if s_ else d
             if not np.isfinite(r_["err"]) or r_["err"] > tol:
-                B.failures.append("GEMM %dx%dx%d (%s): novac result differs from the reference (%.3g)"
-                                  % (M, N, K, what, r_["err"]))
+                B.failures.append("GEMM %s (%s): novac result differs from the reference (%.3g)"
+                                  % (g["label"], prec, r_["err"]))
         rows.append(row)
         if torch is not None and not B.dry:
             torch.cuda.empty_cache()
@@ -521,52 +569,49 @@ def report_gemm(B, rows):
     if B.dry:
         out += ["Dry run: shapes scaled down 16x per dimension (CPU simulation of the kernels); "
                 "novac time = novarun wall time of the whole step (no --profile under --gpu-sim).", ""]
-    out += ["TFLOP/s = 2MNK / time.  novac: f32, the matmul kernel's time from `novarun --profile` "
-            "(last of %d runs) and the whole step (matmul + the fill kernel of the zero init; CUDA events, "
-            "median of %d).  cuBLAS: `torch.matmul` on CUDA tensors, CUDA events per call, median of %d after "
-            "5 warm-up calls; fp32 = `allow_tf32=False`, tf32 = `allow_tf32=True`, bf16 = bf16 inputs.  "
-            "novac tf32 = `--matmul-precision=tf32` (mma.sync.m16n8k8 tensor cores); novac bf16 = `--precision=bf16` "
-            "(operands rounded to bf16 by their own kernels, mma.sync.m16n8k16, f32 accumulation; the matmul "
-            "kernel's time).  "
-            "Ratios = novac TFLOP/s / cuBLAS TFLOP/s (matmul kernel alone).  err = max |novac - cuBLAS fp32| / "
-            "max |cuBLAS fp32|." % (B.args.gemm_repeat, B.args.gemm_repeat, B.args.torch_gemm_repeat), ""]
-    head = ["M x N x K", "novac f32 kernel TFLOP/s", "novac f32 step TFLOP/s", "cuBLAS fp32 TFLOP/s",
-            "novac f32 / cuBLAS fp32", "novac tf32 kernel TFLOP/s", "cuBLAS tf32 TFLOP/s", "novac tf32 / cuBLAS tf32",
-            "cuBLAS bf16 TFLOP/s", "novac bf16 kernel TFLOP/s", "novac bf16 / cuBLAS bf16", "err f32", "err tf32",
-            "err bf16", "novac compile s (f32, tf32, bf16)"]
+    out += ["TFLOP/s = 2 batch M N K / time.  novac: the matmul kernel's time from `novarun --profile` (last of %d "
+            "runs); f32 = SIMT tiles, tf32 = `--matmul-precision=tf32` (mma.sync.m16n8k8), bf16 / fp16 = "
+            "`--precision=bf16|fp16` (operands rounded by their own kernels, mma.sync.m16n8k16, f32 "
+            "accumulation).  cuBLAS: `torch.matmul` on CUDA tensors (batched: bmm; B^T: a transposed view), "
+            "CUDA events per call, median of %d after 5 warm-up calls; fp32 = `allow_tf32=False`, tf32 = "
+            "`allow_tf32=True`, bf16 / fp16 = inputs of that type.  Ratio = novac TFLOP/s / cuBLAS TFLOP/s "
+            "(the matmul kernel alone).  err = max |novac - float64| / max |float64|."
+            % (B.args.gemm_repeat, B.args.torch_gemm_repeat), ""]
+    head = ["shape (batch x) M x N x K", "kind"]
+    for prec, _, cb, _ in GEMM_PRECS:
+        head += ["novac %s TFLOP/s" % prec, "cuBLAS %s TFLOP/s" % cb, "%s ratio" % prec]
+    head += ["err f32 / tf32 / bf16 / fp16", "compile s (f32, tf32, bf16, fp16)"]
     t = []
+    targets = {"bf16": [0, 0, 0.9], "tf32": [0, 0, 0.85]}
     for r in rows:
         f = r["flop"]
-        tc = r.get("tc", {})
-        kt = tflops(f, r.get("kernel_ms"))
-        st = tflops(f, r.get("step_ms"))
-        kt_tc = tflops(f, tc.get("kernel_ms"))
-        bf = r.get("bf", {})
-        kt_bf = tflops(f, bf.get("kernel_ms"))
-        c32, ct, cb = (tflops(f, r.get(k)) for k in ("fp32_ms", "tf32_ms", "bf16_ms"))
-        t.append(["%d x %d x %d" % r["shape"], fnum(kt, "%.2f"), fnum(st, "%.2f"), fnum(c32, "%.2f"),
-                  ratio(kt, c32, "%.3f"), fnum(kt_tc, "%.2f"), fnum(ct, "%.2f"), ratio(kt_tc, ct, "%.3f"),
-                  fnum(cb, "%.2f"), fnum(kt_bf, "%.2f"), ratio(kt_bf, cb, "%.3f"),
-                  fnum(r.get("err"), "%.1e"), fnum(tc.get("err"), "%.1e"), fnum(bf.get("err"), "%.1e"),
-                  "%s, %s, %s" % (fnum(r.get("compile_s"), "%.2f"), fnum(tc.get("compile_s"), "%.2f"),
-                                  fnum(bf.get("compile_s"), "%.2f"))])
+        line = [r["g"]["label"], r["g"]["kind"]]
+        for prec, _, cb, _ in GEMM_PRECS:
+            nv, cu = tflops(f, r["nv"][prec].get("kernel_ms")), tflops(f, r["cublas"].get(cb))
+            line += [fnum(nv, "%.2f"), fnum(cu, "%.2f"), ratio(nv, cu, "%.3f")]
+            if prec in targets and r["g"]["kind"] != "square" and isinstance(nv, float) and isinstance(cu, float):
+                targets[prec][1] += 1
+                targets[prec][0] += nv / cu >= targets[prec][2]
+        line += [" / ".join(fnum(r["nv"][p].get("err"), "%.1e") for p, _, _, _ in GEMM_PRECS),
+                 ", ".join(fnum(r["nv"][p].get("compile_s"), "%.2f") for p, _, _, _ in GEMM_PRECS)]
+        t.append(line)
     out += [table(head, t), ""]
-    sched = [(r["shape"], r.get("schedule"), r.get("tc", {}).get("schedule"), r.get("bf", {}).get("schedule"))
-             for r in rows if r.get("schedule")]
-    if sched:
-        out += ["novac's GEMM schedules (from the manifests):", ""]
-        out += ["- %d x %d x %d: f32: %s; tf32: %s; bf16: %s" % (sh + (a or "?", b or "?", c or "?"))
-                for sh, a, b, c in sched]
-        out += [""]
-    head = ["M x N x K", "GFLOP", "novac f32 matmul kernel ms", "novac f32 whole step ms", "launches",
-            "novac tf32 matmul kernel ms", "novac bf16 matmul kernel ms", "cuBLAS fp32 ms", "cuBLAS tf32 ms",
-            "cuBLAS bf16 ms"]
-    t = [["%d x %d x %d" % r["shape"], "%.2f" % (r["flop"] / 1e9), fnum(r.get("kernel_ms"), "%.4f"),
-          fnum(r.get("step_ms"), "%.4f") + (" (%s)" % r["step_kind"] if "step_kind" in r else ""),
-          fnum(r.get("launches"), "%d"), fnum(r.get("tc", {}).get("kernel_ms"), "%.4f"),
-          fnum(r.get("bf", {}).get("kernel_ms"), "%.4f"),
-          fnum(r.get("fp32_ms"), "%.4f"), fnum(r.get("tf32_ms"), "%.4f"),
-          fnum(r.get("bf16_ms"), "%.4f")] for r in rows]
+    out += ["Targets (transformer and attention shapes): bf16 >= 0.9x cuBLAS on %d of %d shapes (wanted: at least "
+            "half); tf32 >= 0.85x on %d of %d." % (targets["bf16"][0], targets["bf16"][1], targets["tf32"][0],
+                                                   targets["tf32"][1]), ""]
+    out += ["novac's GEMM schedules (from the manifests):", ""]
+    for r in rows:
+        out.append("- %s: %s" % (r["g"]["label"], "; ".join("%s: %s" % (p, r["nv"][p].get("schedule") or "?")
+                                                           for p, _, _, _ in GEMM_PRECS)))
+    out += [""]
+    head = ["shape", "GFLOP"] + ["novac %s ms" % p for p, _, _, _ in GEMM_PRECS] + \
+        ["cuBLAS %s ms" % cb for _, _, cb, _ in GEMM_PRECS] + ["novac f32 whole step ms", "launches"]
+    t = [[r["g"]["label"], "%.2f" % (r["flop"] / 1e9)] +
+         [fnum(r["nv"][p].get("kernel_ms"), "%.4f") for p, _, _, _ in GEMM_PRECS] +
+         [fnum(r["cublas"].get(cb), "%.4f") for _, _, cb, _ in GEMM_PRECS] +
+         [fnum(r["nv"]["f32"].get("step_ms"), "%.4f") +
+          (" (%s)" % r["nv"]["f32"]["step_kind"] if "step_kind" in r["nv"]["f32"] else ""),
+          fnum(r["nv"]["f32"].get("launches"), "%d")] for r in rows]
     out += ["Times:", "", table(head, t), ""]
     return out
 
@@ -609,17 +654,40 @@ def workloads(B):
                          "targets": rng.integers(0, GPT_VOCAB, (b, GPT_T)).astype(np.int64)}})
     if B.args.gpt4:   # bench/pack_gpu.sh exports it (bench_cpu.py's 4-layer GPT)
         b, t, v = 8, 128, 512
-        w.append({"key": "gpt4_b8", "name": "4-layer GPT (d 256, 4 heads, T 128, vocab 512), batch 8",
-                  "model": B.args.gpt4, "dims": ["--dim=batch=%d" % b], "kind": "gpt4", "batch": b,
-                  "inputs": {"idx": rng.integers(0, v, (b, t)).astype(np.int64),
-                             "targets": rng.integers(0, v, (b, t)).astype(np.int64)}})
+        for prec in ("fp32", "bf16"):
+            w.append({"key": "gpt4_b8" + ("_bf16" if prec == "bf16" else ""),
+                      "name": "4-layer GPT (d 256, 4 heads, T 128, vocab 512), batch 8%s" %
+                      (", bf16 (autocast)" if prec == "bf16" else ""),
+                      "model": B.args.gpt4, "dims": ["--dim=batch=%d" % b] + (["--precision=bf16"] if prec == "bf16"
+                                                                              else []),
+                      "kind": "gpt4", "batch": b, "autocast": prec == "bf16", "torch_compile": True,
+                      "flop": gpt_nova.step_flop(4, 256, t, v, b), "prec": prec,
+                      "inputs": {"idx": rng.integers(0, v, (b, t)).astype(np.int64),
+                                 "targets": rng.integers(0, v, (b, t)).astype(np.int64)}})
+    # GPT-2 small as .nova text (bench/gpt_nova.py: parameters drawn at run time); a 2-layer one in the dry run
+    cfg = dict(gpt_nova.GPT2_SMALL) if not B.dry else {"layers": 2, "d": 64, "heads": 4, "t": 32, "vocab": 256}
+    b = 8 if not B.dry else 2
+    path = os.path.join(B.tmp, "gpt2_small.nova")
+    with open(path, "w") as f:
+        f.write(gpt_nova.gpt_text(**cfg))
+    w.append({"key": "gpt2s_b%d_bf16" % b,
+              "name": "GPT-2 small (%d layers, d %d, %d heads, T %d, vocab %d; bench/gpt_nova.py), batch %d, bf16 "
+              "(autocast)" % (cfg["layers"], cfg["d"], cfg["heads"], cfg["t"], cfg["vocab"], b),
+              "model": path, "dims": ["--dim=batch=%d" % b, "--precision=bf16"], "kind": "gptnova", "cfg": cfg,
+              "batch": b, "autocast": True, "torch_compile": True, "prec": "bf16",
+              "flop": gpt_nova.step_flop(cfg["layers"], cfg["d"], cfg["t"], cfg["vocab"], b),
+              "inputs": {"tokens": rng.integers(0, cfg["vocab"], (b, cfg["t"])).astype(np.int64),
+                         "targets": rng.integers(0, cfg["vocab"], (b, cfg["t"])).astype(np.int64)}})
     for x in w:
         x["in_dir"] = write_inputs(os.path.join(B.tmp, x["key"] + "_in"), x["inputs"])
     return w
 
 
 def torch_train_ms(B, wl):
-    """PyTorch eager: forward + loss + backward + AdamW step (lr 1e-3)."""
+    """PyTorch: forward + loss + backward + AdamW step (lr 1e-3), eager and
+    (where the workload asks) torch.compile of the module: {"eager": (gpu
+    ms, wall ms), "compile": ...}, or None in the dry run (each code path run
+    once on the CPU, untimed)."""
     torch = B.torch
     import torch.nn.functional as F
     dev = B.torch_device()
@@ -638,6 +706,12 @@ def torch_train_ms(B, wl):
         def loss_fn(m, idx, tgt):
             return m(idx, tgt)[1]
         args = (wl["inputs"]["idx"], wl["inputs"]["targets"])
+    elif wl["kind"] == "gptnova":
+        model = gpt_nova.torch_gpt(**wl["cfg"])
+
+        def loss_fn(m, idx, tgt):
+            return m(idx, tgt)[1]
+        args = (wl["inputs"]["tokens"], wl["inputs"]["targets"])
     else:
         export = import_export_module()
         model = export.GPTBlock()
@@ -647,21 +721,51 @@ def torch_train_ms(B, wl):
         args = (wl["inputs"]["idx"], wl["inputs"]["targets"])
     model = model.to(dev).float().train()
     targs = [torch.from_numpy(np.ascontiguousarray(a)).to(dev) for a in args]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    res = {}
+    modes = ["eager"] + (["compile"] if wl.get("torch_compile") else [])
+    for mode in modes:
+        if B.out_of_time(30):
+            res[mode] = "skipped (time budget)"
+            continue
+        m = model if mode == "eager" else torch.compile(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        if wl.get("autocast"):
-            with torch.autocast(dev, dtype=torch.bfloat16):
-                loss = loss_fn(model, *targs)
-        else:
-            loss = loss_fn(model, *targs)
-        loss.backward()
-        opt.step()
-    if B.dry:
-        step()   # the code path, once, on the CPU; not timed
-        return None
-    return B.torch_time_ms(step, B.args.torch_warmup, B.args.torch_repeat)
+        def step():
+            opt.zero_grad(set_to_none=True)
+            if wl.get("autocast"):
+                with torch.autocast(dev, dtype=torch.bfloat16):
+                    loss = loss_fn(m, *targs)
+            else:
+                loss = loss_fn(m, *targs)
+            loss.backward()
+            opt.step()
+        if B.dry:
+            if mode == "eager":
+                step()   # the code path, once, on the CPU; not timed (torch.compile: not run on the CPU)
+            continue
+        try:
+            t0 = time.perf_counter()
+            step()       # torch.compile compiles here
+            res[mode + "_first_s"] = time.perf_counter() - t0
+            res[mode] = B.torch_time_ms(step, B.args.torch_warmup, B.args.torch_repeat)
+        except Exception as e:  # noqa: BLE001
+            res[mode] = short_err("%s: %s" % (type(e).__name__, e))
+            B.failures.append("PyTorch %s %s: %s" % (mode, wl["key"], e))
+    return None if B.dry else res
+
+
+def peak_bf16(B):
+    """The GPU's dense bf16 peak (TFLOP/s) for the MFU column, or None."""
+    name = ""
+    if B.torch is not None and not B.dry:
+        try:
+            name = B.torch.cuda.get_device_name(0)
+        except Exception:  # noqa: BLE001
+            name = ""
+    for key, peak in PEAK_BF16:
+        if key in name.upper():
+            return peak, name
+    return None, name or "unknown"
 
 
 def bench_train(B, wls):
@@ -669,10 +773,13 @@ def bench_train(B, wls):
     torch = B.get_torch()
     for wl in wls:
         log("train step %s" % wl["key"])
-        row = {"name": wl["name"]}
+        row = {"name": wl["name"], "flop": wl.get("flop"), "prec": wl.get("prec", "fp32"),
+               "torch_compile": wl.get("torch_compile", False)}
         c = B.compile(wl["key"], wl["model"], wl["dims"] + TRAIN_FLAGS)
         row["compile_s"] = c["wall_s"] if c["ok"] else short_err(c["err"])
         row["kernels"] = len(c["kernels"]) if c.get("kernels") else None
+        row["gemms"] = sum(1 for k in c.get("kernels") or [] if k.get("gemm"))
+        row["tc"] = sum(1 for k in c.get("kernels") or [] if (k.get("gemm") or {}).get("instruction", "fma") != "fma")
         if c["ok"]:
             r = B.run(c["so"], wl["in_dir"], B.args.train_repeat)
             if r["ok"]:
@@ -683,20 +790,28 @@ def bench_train(B, wls):
                 row["nv_gpu"] = row["nv_wall"] = short_err(r["err"])
         else:
             row["nv_gpu"] = row["nv_wall"] = "not compiled"
+        keys = ("pt_gpu", "pt_wall", "pc_gpu", "pc_wall")
         if torch is None:
-            row["pt_gpu"] = row["pt_wall"] = short_err(B.torch_err)
+            for k in keys:
+                row[k] = short_err(B.torch_err)
         elif B.out_of_time():
-            row["pt_gpu"] = row["pt_wall"] = "skipped (time budget)"
+            for k in keys:
+                row[k] = "skipped (time budget)"
         else:
             try:
                 res = torch_train_ms(B, wl)
                 if res is None:
-                    row["pt_gpu"] = row["pt_wall"] = NA_DRY
+                    for k in keys:
+                        row[k] = NA_DRY
                     row["pt_note"] = "CPU smoke step ok"
                 else:
-                    row["pt_gpu"], row["pt_wall"] = res
+                    for mode, (g, w) in (("eager", ("pt_gpu", "pt_wall")), ("compile", ("pc_gpu", "pc_wall"))):
+                        v = res.get(mode, "not asked")
+                        row[g], row[w] = v if isinstance(v, tuple) else (v, v)
+                    row["pc_first_s"] = res.get("compile_first_s")
             except Exception as e:  # noqa: BLE001
-                row["pt_gpu"] = row["pt_wall"] = short_err("%s: %s" % (type(e).__name__, e))
+                for k in keys:
+                    row[k] = short_err("%s: %s" % (type(e).__name__, e))
                 B.failures.append("PyTorch %s: %s" % (wl["key"], e))
         rows.append(row)
     return rows
@@ -704,23 +819,43 @@ def bench_train(B, wls):
 
 def report_train(B, rows):
     a = B.args
-    out = ["## 2. Training step (AdamW, lr 1e-3): novac vs PyTorch eager, same GPU", ""]
-    out += ["novac: `novac MODEL --dim=batch=B --train --optimizer=adamw --lr=1e-3 %s`, then `novarun --repeat %d` "
-            "on one batch (every run is a training step): GPU = CUDA events median, wall = host median per run.  "
-            "PyTorch eager: the same module (GPT block: `GPTBlock` of testsuite/onnx/models/export.py; MLP: "
-            "Linear-ReLU-Linear), float32, `torch.optim.AdamW(lr=1e-3)`, zero_grad + forward + loss + backward + "
-            "step; CUDA events around each step, median of %d after %d warm-up steps; wall = mean over the %d "
-            "steps.  Random inputs of the bound batch.  Compile s = wall time of the novac call."
-            % (" ".join(B.target), a.train_repeat, a.torch_repeat, a.torch_warmup, a.torch_repeat), ""]
+    peak, gpu = peak_bf16(B)
+    out = ["## 2. Training step (AdamW, lr 1e-3): novac vs PyTorch eager and torch.compile, same GPU", ""]
+    out += ["novac: `novac MODEL --dim=batch=B --train --optimizer=adamw --lr=1e-3 [--precision=bf16] %s`, then "
+            "`novarun --repeat %d` on one batch (every run is a training step): GPU = CUDA events median, wall = "
+            "host median per run.  PyTorch: the same function (GPT block: `GPTBlock` of "
+            "testsuite/onnx/models/export.py; MLP: Linear-ReLU-Linear; 4-layer GPT: bench_cpu.py's; GPT-2 small: "
+            "bench/gpt_nova.py's module), float32 parameters, bf16 rows under `torch.autocast(bfloat16)`, "
+            "`torch.optim.AdamW(lr=1e-3)`, zero_grad + forward + loss + backward + step; eager, and "
+            "`torch.compile(model)` (default mode; its first step, which compiles, is not timed); CUDA events "
+            "around each step, median of %d after %d warm-up steps; wall = mean over the steps.  Random inputs of "
+            "the bound batch.  Compile s = wall time of the novac call.  TFLOP/s = the step's model FLOP "
+            "(bench/gpt_nova.py step_flop: 6 x matmul parameters x tokens + the attention products, fwd + bwd) / "
+            "GPU time; MFU = that / the GPU's dense bf16 peak (%s: %s TFLOP/s)."
+            % (" ".join(B.target), a.train_repeat, a.torch_repeat, a.torch_warmup, gpu,
+               "%.1f" % peak if peak else "unknown"), ""]
     if B.dry:
-        out += ["Dry run: novac times are CPU simulation wall times; PyTorch CUDA not run (its code path ran once "
-                "on the CPU: %s)." % ", ".join(sorted(set(r.get("pt_note", "not run") for r in rows))), ""]
-    head = ["workload", "novac compile s", "kernels", "novac GPU ms/step", "novac wall ms/step",
-            "PyTorch eager GPU ms/step", "PyTorch eager wall ms/step", "eager / novac (GPU)", "eager / novac (wall)"]
-    t = [[r["name"], fnum(r.get("compile_s"), "%.2f"), fnum(r.get("kernels"), "%d"), fnum(r.get("nv_gpu")),
-          fnum(r.get("nv_wall")), fnum(r.get("pt_gpu")), fnum(r.get("pt_wall")),
-          ratio(r.get("pt_gpu"), r.get("nv_gpu")), ratio(r.get("pt_wall"), r.get("nv_wall"))] for r in rows]
+        out += ["Dry run: novac times are CPU simulation wall times; PyTorch CUDA not run (its eager code path ran "
+                "once on the CPU: %s)." % ", ".join(sorted(set(r.get("pt_note", "not run") for r in rows))), ""]
+    head = ["workload", "novac compile s", "kernels (GEMMs, on tensor cores)", "novac GPU ms/step",
+            "novac wall ms/step", "eager GPU ms/step", "torch.compile GPU ms/step", "eager / novac (GPU)",
+            "torch.compile / novac (GPU)", "novac TFLOP/s", "MFU novac / eager / compile", "torch.compile first step s"]
+
+    def mfu(ms):
+        return ("%.1f%%" % (100.0 * tflops(r["flop"], ms) / peak)) if (
+            peak and r.get("flop") and r["prec"] == "bf16" and isinstance(ms, float) and ms > 0) else "n/a"
+    t = []
+    for r in rows:
+        t.append([r["name"], fnum(r.get("compile_s"), "%.2f"),
+                  "%s (%s, %s)" % (fnum(r.get("kernels"), "%d"), r.get("gemms", "?"), r.get("tc", "?")),
+                  fnum(r.get("nv_gpu")), fnum(r.get("nv_wall")), fnum(r.get("pt_gpu")),
+                  fnum(r.get("pc_gpu")) if r.get("torch_compile") else "not run",
+                  ratio(r.get("pt_gpu"), r.get("nv_gpu")), ratio(r.get("pc_gpu"), r.get("nv_gpu")),
+                  fnum(tflops(r["flop"], r.get("nv_gpu")), "%.1f") if r.get("flop") else "n/a",
+                  " / ".join(mfu(r.get(k)) for k in ("nv_gpu", "pt_gpu", "pc_gpu")),
+                  fnum(r.get("pc_first_s"), "%.1f")])
     out += [table(head, t), ""]
+    out += ["Targets (4-layer GPT and GPT-2 small, bf16): novac >= 1.15x eager and >= 1.0x torch.compile.", ""]
     return out
 
 
@@ -895,6 +1030,184 @@ def report_tuner(B, res):
     return out
 
 
+# ======================================================== 4. GEMM tile search
+
+SEARCH_TILES = [(64, 64, (32, 32)), (64, 64, (64, 32)), (64, 64, (32, 64)),
+                (64, 128, (32, 32)), (64, 128, (64, 32)), (64, 128, (32, 64)), (64, 128, (64, 64)),
+                (128, 64, (32, 32)), (128, 64, (64, 32)), (128, 64, (32, 64)), (128, 64, (64, 64)),
+                (128, 128, (64, 32)), (128, 128, (32, 64)), (128, 128, (64, 64)),
+                (128, 256, (64, 64)), (256, 128, (64, 64)),
+                (64, 256, (32, 64)), (64, 256, (64, 32)), (64, 256, (64, 64)),
+                (256, 64, (64, 32)), (256, 64, (32, 64)), (256, 64, (64, 64))]
+SEARCH_BK = (32, 64)
+
+
+def search_grid(dry):
+    """--gemm-tile values of the search: every block tile x warp tile above
+    (2 to 8 warps), with 32 and then 64 elements of k a stage (bf16; the
+    staged tiles at most 48 KiB).  The dry run takes three of them."""
+    g = ["%dx%dx%d,%dx%d" % (bm, bn, bk, w[0], w[1]) for bk in SEARCH_BK for bm, bn, w in SEARCH_TILES
+         if (bm + bn) * bk * 2 <= 48 * 1024]
+    return g[:3] if dry else g
+
+
+def search_gemms(B, wls):
+    """The distinct tensor-core GEMMs of the bf16 GPT steps (from their
+    manifests): key -> {gemm fields, count: how many kernels of the steps
+    have it, steps: which}."""
+    out = {}
+    for wl in wls:
+        if wl.get("prec") != "bf16" or wl["kind"] not in ("gpt4", "gptnova"):
+            continue
+        c = B.compile(wl["key"], wl["model"], wl["dims"] + TRAIN_FLAGS)
+        for k in c.get("kernels") or []:
+            g = k.get("gemm")
+            if not g or g.get("instruction") != "mma.sync.m16n8k16":
+                continue
+            key = (g["batch"], g["m"], g["n"], g["k"], g["a_transposed"], g["b_transposed"])
+            e = out.setdefault(key, {"gemm": g, "count": 0, "steps": set(), "analytic_tile": g.get("tile")})
+            e["count"] += 1
+            e["steps"].add(wl["key"])
+    return out
+
+
+def search_text(gemms):
+    """One .nova model computing every GEMM of GEMMS (keys in order) once,
+    each an output; each operand x[i, j] = r[i] + c[j] made on the GPU from
+    a small random pool (no large parameter to draw on the host), in its
+    stored layout (transposed where the step's kernel reads it so)."""
+    need = 0
+    for (batch, m, n, k, ta, tb) in gemms:
+        need = max(need, batch * k + m, batch * m + k, batch * k + n, batch * n + k)
+    L = ["# bench/bench_gpu.py: the GEMMs of the bf16 GPT steps, for the tile search",
+         "param pool: f32[%d] = uniform(-1, 1)" % need]
+
+    def operand(name, rows, cols):
+        L.append("%s_r = reshape(slice(pool, axis=0, start=0, end=%d), shape=[%d, 1])" % (name, rows, rows))
+        L.append("%s_c = reshape(slice(pool, axis=0, start=%d, end=%d), shape=[1, %d])" % (name, rows, rows + cols,
+                                                                                          cols))
+        L.append("%s = %s_r + %s_c" % (name, name, name))
+    for i, (batch, m, n, k, ta, tb) in enumerate(gemms):
+        a_rows, a_cols = (k, m) if ta else (m, k)
+        b_rows, b_cols = (n, k) if tb else (k, n)
+        operand("a%d" % i, batch * a_rows, a_cols)
+        operand("b%d" % i, batch * b_rows, b_cols)
+        lead = "%d, " % batch if batch > 1 else ""
+        perm = "perm=[0, 2, 1]" if batch > 1 else "perm=[1, 0]"
+        A = "reshape(a%d, shape=[%s%d, %d])" % (i, lead, a_rows, a_cols)
+        Bv = "reshape(b%d, shape=[%s%d, %d])" % (i, lead, b_rows, b_cols)
+        if batch == 1:
+            A, Bv = "a%d" % i, "b%d" % i
+        L.append("c%d = matmul(%s, %s)" % (i, "transpose(%s, %s)" % (A, perm) if ta else A,
+                                           "transpose(%s, %s)" % (Bv, perm) if tb else Bv))
+        L.append("output c%d" % i)
+    return "\n".join(L) + "\n"
+
+
+def bench_search(B, wls):
+    gemms = search_gemms(B, wls)
+    keys = sorted(gemms, key=lambda x: -2.0 * x[0] * x[1] * x[2] * x[3])
+    res = {"gemms": gemms, "keys": keys, "configs": [], "search_s": 0.0}
+    if not keys:
+        res["err"] = "no bf16 tensor-core GEMM in the steps (were they compiled?)"
+        return res
+    model = os.path.join(B.tmp, "search.nova")
+    with open(model, "w") as f:
+        f.write(search_text(keys))
+    empty = os.path.join(B.tmp, "search_in")
+    os.makedirs(empty, exist_ok=True)
+    flags = ["--precision=bf16"]
+    for tile in [None, None] + search_grid(B.dry):    # the analytic choice twice: the noise floor
+        cfg = {"tile": tile}
+        if B.out_of_time(20):
+            cfg["err"] = "skipped (time budget)"
+            res["configs"].append(cfg)
+            continue
+        t0 = time.perf_counter()
+        c = B.compile("search_" + (tile or "analytic").replace(",", "_"), model,
+                      flags + (["--gemm-tile=" + tile] if tile else []))
+        cfg["compile_s"] = c["wall_s"]
+        if not c["ok"]:
+            cfg["err"] = c["err"]
+        else:
+            byname = {k["name"]: k["gemm"] for k in c["kernels"] or [] if k.get("gemm")}
+            r = B.run(c["so"], empty, B.args.search_repeat, profile=True)
+            if not r["ok"]:
+                cfg["err"] = r["err"]
+            elif B.dry:
+                cfg["wall_ms"] = r["wall_ms"]
+            elif r["kernels"] is None:
+                cfg["err"] = "no --profile output"
+            else:
+                cfg["times"], cfg["tiles"] = {}, {}
+                for name, g in byname.items():
+                    key = (g["batch"], g["m"], g["n"], g["k"], g["a_transposed"], g["b_transposed"])
+                    if name in r["kernels"]:
+                        cfg["times"][key] = r["kernels"][name][1]
+                        cfg["tiles"][key] = g.get("tile")
+        if tile is not None:
+            res["search_s"] += time.perf_counter() - t0
+        res["configs"].append(cfg)
+    return res
+
+
+def report_search(B, res):
+    a = B.args
+    out = ["## 4. GEMM tile search: the analytic tiles against every tile of a grid", ""]
+    grid = search_grid(B.dry)
+    out += ["Every distinct tensor-core GEMM of the bf16 4-layer GPT and GPT-2 small training steps (batch, M, N, K "
+            "and the operands' layouts from the manifests' `gemm` objects) computed once in one step "
+            "(bench_gpu.py search_text: operands made on the GPU), compiled with the configurator's tiles and with "
+            "each `--gemm-tile` of a grid of %d (block tiles 64..256 x 64..256, warp tiles 32..64 x 32..64, 2 to 8 "
+            "warps, BK 32 and 64); each compile run with `novarun --profile --repeat %d` (the kernel's time in "
+            "the last run).  analytic / best > 1: the best tile of the grid is that much faster.  Noise floor: "
+            "the analytic step run twice.  Search time = the grid's compiles and runs (what the analytic choice "
+            "saves; the compiles are of one step holding every GEMM)." % (len(grid), a.search_repeat), ""]
+    if res.get("err"):
+        return out + ["Not run: %s" % res["err"], ""]
+    cfgs = res["configs"]
+    done = [c for c in cfgs[2:] if "times" in c or "wall_ms" in c]
+    out += ["Configurations run: %d of %d (%d refused or failed, %d skipped by the time budget)."
+            % (len(done), len(grid), sum(1 for c in cfgs[2:] if "err" in c and "time budget" not in c["err"]),
+               sum(1 for c in cfgs[2:] if "time budget" in c.get("err", ""))), ""]
+    if B.dry:
+        out += ["Dry run: no --profile under --gpu-sim; whole-step CPU simulation wall times: " +
+                ", ".join("%s %s ms" % (c["tile"] or "analytic", fnum(c.get("wall_ms"))) for c in cfgs
+                          if "wall_ms" in c), ""]
+        return out
+    ana, ana2 = cfgs[0], cfgs[1]
+    if "times" not in ana:
+        return out + ["The analytic step did not run: %s" % short_err(ana.get("err", "?")), ""]
+    rows, within, n = [], 0, 0
+    for key in res["keys"]:
+        g = res["gemms"][key]
+        ta_ = ana["times"].get(key)
+        cands = [(c["times"][key], c["tile"]) for c in done if key in c.get("times", {})]
+        if ta_ is None or not cands:
+            rows.append(["%d x %d x %d x %d" % key[:4], "", "", fnum(ta_, "%.4f"), "n/a", "n/a", "n/a", "", ""])
+            continue
+        best, btile = min(cands)
+        best = min(best, ta_)
+        r = ta_ / best if best > 0 else float("nan")
+        n += 1
+        within += r <= 1.10
+        rank = 1 + sum(1 for t, _ in cands if t < ta_)
+        noise = ratio(ta_, min(ta_, ana2.get("times", {}).get(key, ta_)), "%.3f")
+        rows.append(["%s%d x %d x %d" % ("%d x " % key[0] if key[0] > 1 else "", key[1], key[2], key[3]),
+                     ("A^T " if key[4] else "") + ("B^T" if key[5] else ""),
+                     "%d (%s)" % (g["count"], ", ".join(sorted(g["steps"]))),
+                     "%s: %.4f" % ("x".join(map(str, g["analytic_tile"] or [])), ta_),
+                     "%s: %.4f" % (btile, best), "%.3f" % r, "%d of %d" % (rank, len(cands) + 1), noise,
+                     "%.1f" % (2.0 * key[0] * key[1] * key[2] * key[3] / (ta_ * 1e-3) / 1e12)])
+    out += ["Analytic within 10%% of the grid's best on %d of %d GEMM shapes (target: 80%%).  Search wall time "
+            "%.1f s for %d configurations; the analytic compile %.2f s." % (within, n, res["search_s"], len(done),
+                                                                          ana.get("compile_s") or 0), ""]
+    out += [table(["GEMM (batch x) M x N x K", "layout", "kernels in the steps", "analytic tile: ms",
+                   "best tile: ms", "analytic / best", "analytic's rank", "noise floor", "analytic TFLOP/s"],
+                  rows), ""]
+    return out
+
+
 # ====================================================================== header
 
 def header(B, cmdline):
@@ -957,7 +1270,7 @@ def main():
     ap.add_argument("--dry-run", action="store_true", help="CPU-only end-to-end check (--gpu-sim)")
     ap.add_argument("--device", default="auto", help="novac --device for the GPU run (default auto)")
     ap.add_argument("--budget", type=float, default=None, help="seconds for the whole run (default 330; dry 170)")
-    ap.add_argument("--only", default="1,2,3", help="sections to run, e.g. 1,3")
+    ap.add_argument("--only", default="1,2,4,3", help="sections to run, in this order, e.g. 1,4")
     ap.add_argument("--compile-timeout", type=int, default=180)
     ap.add_argument("--run-timeout", type=int, default=120)
     ap.add_argument("--gpt4", default=None, metavar="MODEL.onnx",
@@ -973,6 +1286,7 @@ def main():
     args.torch_warmup = 1 if args.dry_run else 10
     args.torch_repeat = 2 if args.dry_run else 50
     args.tune_repeat = 2 if args.dry_run else 20
+    args.search_repeat = 2 if args.dry_run else 5
     cmdline = " ".join(shlex.quote(a) for a in ["python3", os.path.relpath(os.path.abspath(__file__), os.getcwd())]
                        + sys.argv[1:])
 
@@ -994,17 +1308,21 @@ def main():
             B.failures.append("parser self-test: %s" % e)
     sections = {}
     wls = None
-    if "2" in only or "3" in only:
+    if only & {"2", "3", "4"}:
         wls = workloads(B)
-    # the cheaper sections first, the tuner last; reported in order 1, 2, 3
-    if "2" in only:
-        sections["2"] = report_train(B, bench_train(B, wls))
-    if "1" in only:
-        sections["1"] = report_gemm(B, bench_gemm(B))
-    if "3" in only:
-        tw = [w for w in wls if w["key"] in ("mlp_b64", "gpt_b32")]
-        sections["3"] = report_tuner(B, bench_tuner(B, tw))
-    for k in ("1", "2", "3"):
+    # in the order --only gives (default: GEMMs, training steps, the tile search, the block tuner last, as
+    # the time budget allows); reported in order 1, 2, 3, 4
+    for sec in args.only.split(","):
+        if sec == "1":
+            sections["1"] = report_gemm(B, bench_gemm(B))
+        elif sec == "2":
+            sections["2"] = report_train(B, bench_train(B, wls))
+        elif sec == "3":
+            tw = [w for w in wls if w["key"] in ("mlp_b64", "gpt_b32")]
+            sections["3"] = report_tuner(B, bench_tuner(B, tw))
+        elif sec == "4":
+            sections["4"] = report_search(B, bench_search(B, wls))
+    for k in ("1", "2", "3", "4"):
         lines += sections.get(k, [])
     elapsed = time.perf_counter() - T0
     lines += ["## Run", "",

@@ -241,10 +241,11 @@ static int rebuild(amp *A, const amp_options *o) {
    * outputs and names move over (before this point only masters changed) */
   int nl = 0;
   for (int i = 0; i < g->nnodes; i++) nl += !g->nodes[i]->nin;
-  nv_node **outs = nv_xcalloc((size_t)g->noutputs + 1, sizeof *outs);
-  nv_node **all = nv_xmalloc(((size_t)nl + (size_t)A->out->nnodes + 1) * sizeof *all);
-  for (int i = 0; outs && all && i < g->noutputs; i++) /* the interface keeps its dtypes */
+  nv_node **outs = nv_xcalloc((size_t)g->noutputs + 1, sizeof *outs), **all = NULL;
+  for (int i = 0; outs && i < g->noutputs; i++) /* the interface keeps its dtypes (casts added to A->out) */
     if (!(outs[i] = in_dtype(A, g->outputs[i].node, A->orig[g->outputs[i].node->id]))) break;
+  if (outs && (!g->noutputs || outs[g->noutputs - 1])) /* sized after those casts */
+    all = nv_xmalloc(((size_t)nl + (size_t)A->out->nnodes + 1) * sizeof *all);
   if (!outs || !all || (g->noutputs && !outs[g->noutputs - 1])) {
     free(outs);
     free(all);
