@@ -294,6 +294,8 @@ char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg
  * f16 ones, accumulated in f32. */
 struct cfg_gemm_schedule;
 char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_schedule *s, bool sim);
+/* The static shared memory of that kernel: the staged A and B tiles, their rows padded against bank conflicts. */
+int64_t cg_gemm_tc_smem(const struct cfg_gemm_schedule *s, bool h16);
 
 /* step_cuda.c: writes DIR/kernels.ptx and assembles DIR/kernels.cubin with
  * ptxas (registers and shared memory per kernel go into GPU's table). */

@@ -547,8 +547,9 @@ static bool gemm_operands(MlirContext ctx, MlirOperation op, cg_gemm_operands *o
  * the tile does not fit. */
 static int forced_tile(gpu_ctx *G, cfg_gemm_schedule *tc, bool h16, const char *kind) {
   const int *t = G->gemm_tile;
-  int kstep = h16 ? 16 : 8, eb = h16 ? 2 : 4;
-  int64_t smem = (int64_t)(t[0] + t[1]) * t[2] * eb;
+  int kstep = h16 ? 16 : 8;
+  cfg_gemm_schedule ts = {.bm = t[0], .bn = t[1], .bk = t[2]};
+  int64_t smem = cg_gemm_tc_smem(&ts, h16);
   int warps = t[3] && t[4] ? (t[0] / t[3]) * (t[1] / t[4]) : 0;
   const char *why = t[3] % 16 || t[4] % 8 ? "the warp tile must be whole 16x8 mma tiles"
                     : t[3] * t[4] > 4096 ? "the warp tile holds at most 64x64 accumulators"
@@ -616,7 +617,8 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
       tc.ok = tc.ok && tc.mma == (h16 ? CFG_MMA_M16N8K16 : CFG_MMA_M16N8K8) && tc.warp_tile_m % 16 == 0 &&
               tc.warp_tile_n % 8 == 0 && tc.bk % kstep == 0 && tc.bm == tc.wm * tc.warp_tile_m &&
               tc.bn == tc.wn * tc.warp_tile_n && tc.threads <= G->dev->max_threads_per_block &&
-              tc.warp_tile_m <= 256 && tc.warp_tile_n <= 256 && (tc.warp_tile_m / 16) * (tc.warp_tile_n / 8) <= 256;
+              tc.warp_tile_m <= 256 && tc.warp_tile_n <= 256 && (tc.warp_tile_m / 16) * (tc.warp_tile_n / 8) <= 256 &&
+              cg_gemm_tc_smem(&tc, h16) <= G->dev->smem_per_block;
     }
     cfg_gemm_simt_schedule s = cfg_gemm_simt(G->dev, M, N, K, eb);
     cg_kernel *gk = nv_xrealloc(G->gemm, (size_t)(G->ngemm + 1) * sizeof *gk);

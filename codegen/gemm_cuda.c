@@ -735,6 +735,24 @@ static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
   phase_end(g);
 }
 
+/* Each staged tile's rows padded so that a warp's fragment loads hit 32
+ * distinct banks: a 16-bit tile's rows (BK values) by 8 (a row is then 4
+ * words past a multiple of 8 words: the 8 rows g of a load start in
+ * distinct groups of 4 banks, the 4 columns t fill them); a tf32 A tile's
+ * by 4 (the same, in f32); a tf32 B tile's rows (BN values, read down k
+ * by t) to 8 past a multiple of 32. */
+static void tc_pads(const struct cfg_gemm_schedule *s, bool h16, int *pa, int *pb) {
+  *pa = h16 ? 8 : 4;
+  *pb = h16 ? 8 : ((8 - s->bn % 32) % 32 + 32) % 32;
+}
+
+int64_t cg_gemm_tc_smem(const struct cfg_gemm_schedule *s, bool h16) {
+  int pa, pb;
+  tc_pads(s, h16, &pa, &pb);
+  return h16 ? ((int64_t)s->bm * (s->bk + pa) + (int64_t)s->bn * (s->bk + pb)) * 2
+             : ((int64_t)s->bm * (s->bk + pa) + (int64_t)s->bk * (s->bn + pb)) * 4;
+}
+
 char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_schedule *s, bool sim) {
   cfg_gemm_simt_schedule simt = {.threads = s->threads};
   gemm_gen G = {.s = simt, .sim = sim, .o = o}, *g = &G;
@@ -745,9 +763,11 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
   G.conv = h16 ? CV_NONE : CV_TF32;
   char *A = type_str(o->a), *B = type_str(o->b), *Ct = type_str(o->c);
   const char *space = sim ? "" : ", #gpu.address_space<workgroup>";
-  snprintf(G.As, sizeof G.As, "memref<%dx%dx%s%s>", s->bm, s->bk, G.TS, space);
-  if (h16) snprintf(G.Bs, sizeof G.Bs, "memref<%dx%dx%s%s>", s->bn, s->bk, G.TS, space);
-  else snprintf(G.Bs, sizeof G.Bs, "memref<%dx%dx%s%s>", s->bk, s->bn, G.TS, space);
+  int pa, pb;
+  tc_pads(s, h16, &pa, &pb);
+  snprintf(G.As, sizeof G.As, "memref<%dx%dx%s%s>", s->bm, s->bk + pa, G.TS, space);
+  if (h16) snprintf(G.Bs, sizeof G.Bs, "memref<%dx%dx%s%s>", s->bn, s->bk + pb, G.TS, space);
+  else snprintf(G.Bs, sizeof G.Bs, "memref<%dx%dx%s%s>", s->bk, s->bn + pb, G.TS, space);
   int nw = s->warps;
   snprintf(C.fA, sizeof C.fA, "memref<%dx32x%dx%dx%s>", nw, C.mi, C.fa, G.TS);
   snprintf(C.fB, sizeof C.fB, "memref<%dx32x%dx%dx%s>", nw, C.ni, C.fb, G.TS);

@@ -162,6 +162,26 @@ for m in onnx_cnn:$M/cnn/model.onnx:--dim=batch=2 resnet18:testsuite/zoo/resnet1
   done
 done
 
+# the 4-layer GPT of the GPU benchmark (bench/gpt_nova.py: width 256, 4 heads,
+# context 128, vocabulary 512) under --precision=bf16 on sm_90: every
+# contraction on the tensor cores but one, the token embedding's gradient
+# (a one-hot product, exact in f32)
+python3 bench/gpt_nova.py 4 256 4 128 512 >"$T/gpt4.nova"
+if "$NOVAC" "$T/gpt4.nova" --dim=batch=8 --precision=bf16 --train --optimizer=adamw --target=cuda --device=h100 \
+  -o "$T/gpt4.so" --dump-after=half-contract 2>"$T/ir" >/dev/null; then
+  contracts=$(grep -c "linalg.contract" "$T/ir")
+  half=$(grep "linalg.contract" "$T/ir" | grep -c "xbf16>, tensor<[0-9x]*xbf16>")
+  f32=$(grep "linalg.contract" "$T/ir" | grep -v "xbf16>, tensor<[0-9x]*xbf16>" | grep -c "tensor<1024x512xf32>, tensor<1024x256xf32>")
+  counts=$(python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(m['gemm_kernels'], m['tensor_core_kernels'])" "$T/gpt4.json")
+  if [ "$contracts" -ge 70 ] && [ "$half" = $((contracts - 1)) ] && [ "$f32" = 1 ] && [ "$counts" = "$contracts $half" ]; then
+    pass "gemms.gpt4.bf16.sm_90"
+  else
+    fail "gemms.gpt4.bf16.sm_90" "contractions $contracts (bf16 $half, the embedding gradient $f32); manifest gemm_kernels, tensor_core_kernels: $counts"
+  fi
+else
+  fail "gemms.gpt4.bf16.sm_90" "$(head -c 1500 "$T/ir")"
+fi
+
 # no emitted kernel exceeds its device (kernel_limits.py; NOVA_SEED: another draw of shapes)
 python3 testsuite/cuda/kernel_limits.py "$NOVAC" "$T" "${NOVA_SEED:-17}" >"$T/limits" 2>&1
 if [ "$(cat "$T/limits")" = ok ]; then pass kernel-limits; else fail kernel-limits "$(head -c 2000 "$T/limits")"; fi
@@ -237,11 +257,11 @@ TB="examples/transformer_block.nova --dim=batch=2 --precision=bf16 --target=cuda
 expect gemm-tile-syntax 2 "takes BMxBNxBK,WMxWN" "$NOVAC" $TB --gemm-tile=128x128
 expect gemm-tile-cpu 1 "needs --target=cuda" "$NOVAC" examples/mlp.nova --dim=batch=2 --gemm-tile=64x64x32,32x32 -o "$T/x.so"
 expect gemm-tile-warps 1 "at most 8 warps a block" "$NOVAC" $TB --gemm-tile=128x256x32,32x32
-expect gemm-tile-smem 1 "exceed a block's static shared memory (bf16 operands: 65536 bytes" "$NOVAC" $TB \
+expect gemm-tile-smem 1 "exceed a block's static shared memory (bf16 operands: 69632 bytes" "$NOVAC" $TB \
   --gemm-tile=128x128x128,64x32
 expect gemm-tile-mma 1 "whole 16x8 mma tiles" "$NOVAC" $TB --gemm-tile=64x64x32,24x32
 expect gemm-tile-bk 1 "BK must be a multiple of 16" "$NOVAC" $TB --gemm-tile=64x64x24,32x32
-expect gemm-tile-tf32-smem 1 "tf32 operands: 65536 bytes" "$NOVAC" examples/mlp.nova --dim=batch=2 --target=cuda \
+expect gemm-tile-tf32-smem 1 "tf32 operands: 69632 bytes" "$NOVAC" examples/mlp.nova --dim=batch=2 --target=cuda \
   --device=h100 --matmul-precision=tf32 --gemm-tile=128x128x64,64x32 -o "$T/x.so"
 }
 if "$NOVAC" $TB --gemm-tile=64x128x32,32x64 --explain-config >"$T/log" 2>&1 &&
