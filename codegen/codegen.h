@@ -109,6 +109,7 @@ typedef struct cg_gpu {
   int64_t cubin_size;     /* after cg_cuda_assemble */
   cg_plan plan;           /* the arena of intermediates (scratch_bytes includes it) */
   const cfg_device *dev;
+  int split_rows, split_cols; /* reductions split for the threads (gpu_reduce.c): along rows, along columns */
 } cg_gpu;
 
 #define CG_EVAL_PREFIX "nova_eval_"
@@ -154,6 +155,13 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
 #define CG_CONTRACT_MAXL 8
 typedef bool (*cg_half_hook)(MlirOperation contract, MlirOperation f32_contract, void *ud);
 int cg_half_contractions(nova_ctx *c, MlirModule m, unsigned kinds, cg_half_hook hook, void *ud, int *count);
+
+/* gpu_reduce.c (the cuda target, linalg on tensors after fusion): each
+ * reduction over a long row, or over a long column with few outputs, split
+ * into partial reductions that many threads share and a second, shorter
+ * one, in a fixed order; *ROWS, *COLS: the reductions split of each kind.
+ * 0, or -1 after a diagnostic. */
+int cg_gpu_split_reductions(nova_ctx *c, MlirModule m, const cfg_device *dev, int *rows, int *cols);
 bool cg_contract_loop_sizes(MlirOperation op, int nl, int64_t *size, int (*dim_of)[CG_CONTRACT_MAXL]);
 /* cpu_ukernel.c, the "ukernels" stage: on a host with bf16 dot products
  * (HOST->has_bf16_dot), cg_half_contractions for bf16; on a host with

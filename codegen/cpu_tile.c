@@ -688,6 +688,8 @@ static MlirOperation merge_loops(MlirContext ctx, MlirOperation op) {
   return g;
 }
 
+MlirOperation cg_merge_loops(MlirContext ctx, MlirOperation op) { return merge_loops(ctx, op); }
+
 /* ---- order-free sums --------------------------------------------------- */
 
 /* OP's body (one input, one output) adds IN - IN to OUT. */

@@ -33,6 +33,11 @@ MlirOperation cg_to_contract(MlirContext ctx, MlirOperation op);
  * not verified. */
 MlirOperation cg_new_contract(MlirContext ctx, MlirOperation before, const MlirValue *ops, MlirType rt,
                               const MlirAttribute *maps);
+/* OP (a linalg.generic on static tensors, not a contraction) with adjacent
+ * loops of one iterator type merged where every operand has them adjacent
+ * (or neither), the operands collapsed, the result expanded back; the new
+ * op, or OP when nothing merges (cpu_tile.c). */
+MlirOperation cg_merge_loops(MlirContext ctx, MlirOperation op);
 /* tensor.collapse_shape of V into NR dims of SHAPE, GROUPS its
  * reassociation (arrays of i64 attributes), inserted before BEFORE. */
 MlirValue cg_collapse_shape(MlirContext ctx, MlirOperation before, MlirValue v, int nr, const int64_t *shape,

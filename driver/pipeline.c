@@ -45,6 +45,16 @@ static int st_half(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
   return rc;
 }
 
+/* reductions split for the GPU's threads (codegen/gpu_reduce.c) */
+static int st_split(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
+  (void)g, (void)plan;
+  int rows = 0, cols = 0;
+  int rc = cg_gpu_split_reductions(r->c, m, r->dev, &rows, &cols);
+  if (r->gpu_out) r->gpu_out->split_rows = rows, r->gpu_out->split_cols = cols;
+  r->idle = !rows && !cols;
+  return rc;
+}
+
 static int run_range(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan, int from, int to, bool main);
 
 /* cg_plan_fn for remat: the stages inplace .. memplan on a copy. */
@@ -159,6 +169,7 @@ static const np_stage cpu_stages[] = {
 static const np_stage gpu_stages[] = {
     {"fusion", 0, st_fusion},              /* passes/fusion.c */
     {"half-contract", 1, st_half},         /* codegen/half_contract.c: contractions read 16-bit operands */
+    {"split-reduce", 1, st_split},         /* codegen/gpu_reduce.c: long reductions shared by many threads */
     {"remat", 1, st_remat},                /* passes/remat.c: with --memory-limit */
     {"inplace", 1, st_inplace},            /* passes/inplace.c: update destinations */
     {"bufferization", 0, st_bufferize},    /* codegen/cpu.c */

@@ -151,6 +151,17 @@ for dt in ("f32", "f64") + tuple(t for t in ("f16", "bf16") if t in NP):
             cross_entropy, dt)
     op_case("cross_entropy_3d", "r = cross_entropy(l, y)",
             {"l": r(2, 3, 7, lo=-4, hi=4), "y": rng.integers(0, 7, (2, 3))}, cross_entropy, dt)
+    # long rows and long columns: on the cuda target the reductions are split among threads (gpu_reduce.c:
+    # lanes along a row of 128 or more, blocks of rows for a column with few outputs); a row of 250 splits
+    # 25 ways, a softmax over 256 and a layer norm over 384 32 ways, a sum over 640 rows 16 blocks
+    op_case("softmax_long_rows", "r = softmax(a)", {"a": r(5, 256, lo=-5, hi=5)}, lambda a: softmax(a, -1), dt)
+    op_case("layer_norm_long_rows", "r = layer_norm(a, g, b)", {"a": r(2, 3, 384), "g": r(384), "b": r(384)},
+            layer_norm, dt)
+    op_case("reduce_max_long_rows", "r = reduce_max(a, axes=[1])", {"a": r(6, 250)}, lambda a: a.max(1), dt)
+    op_case("reduce_sum_long_columns", "r = reduce_sum(a, axes=[0, 1])", {"a": r(20, 32, 6)},
+            lambda a: a.sum((0, 1)), dt)
+    op_case("cross_entropy_long_rows", "r = cross_entropy(l, y)",
+            {"l": r(4, 300, lo=-4, hi=4), "y": rng.integers(0, 300, (4,))}, cross_entropy, dt)
     op_case("pow", "r = pow(a, b)", {"a": r(3, 4, lo=0.2, hi=3), "b": r(4, lo=-2, hi=2)}, np.power, dt)
     op_case("abs", "r = abs(a)", {"a": r(3, 4)}, np.abs, dt)
     op_case("erf", "r = erf(a)", {"a": r(3, 4)}, erf, dt)
