@@ -124,6 +124,70 @@ static void stage(gemm_gen *g, const char *src, const char *srct, bool swap, con
   P("}\n}\n");
 }
 
+/* Whether memref type T (a matrix, maybe a view) has its rows' starts 16
+ * bytes apart by multiples (16-bit elements: the last stride 1, the other
+ * stride, the static offset and every batch stride BSTRIDE of the view
+ * multiples of 8) and its last dim a multiple of 8: then a vector of 8
+ * elements at a column that is a multiple of 8 is whole and aligned (the
+ * buffers themselves start 256-byte aligned). */
+static bool rows_aligned8(MlirType t, MlirType full, bool views, int nbatch, const int64_t *bstride) {
+  int64_t st[2], off = 0, fst[8], foff = 0;
+  if (mlirShapedTypeGetRank(t) != 2 || mlirShapedTypeGetDimSize(t, 1) % 8 ||
+      mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(t, st, &off)))
+    return false;
+  if (st[1] != 1 || st[0] % 8) return false;
+  /* a view's offset is the full operand's (static) plus the batch point's */
+  if (!views) return off != mlirShapedTypeGetDynamicStrideOrOffset() && off % 8 == 0;
+  if (mlirShapedTypeGetRank(full) > 8 || mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(full, fst, &foff)) ||
+      foff == mlirShapedTypeGetDynamicStrideOrOffset() || foff % 8)
+    return false;
+  for (int j = 0; j < nbatch; j++)
+    if (bstride[j] % 8) return false;
+  return true;
+}
+
+/* Stages a TR x TC tile of SRC (type SRCT; stored coordinates: rows SR,
+ * columns SC, the tile at (OROW, OCOL)) with vector loads of 8 16-bit
+ * values along its rows (rows_aligned8 holds: a vector is all inside SRC
+ * or all outside, then zeros) into DST[i][j..j+7], or with SCATTER into
+ * DST[j..j+7][i] (the tile transposed: 8 stores).  Consecutive threads take
+ * consecutive vectors of a row: a warp reads 512 contiguous bytes. */
+static void stage_vec(gemm_gen *g, const char *src, const char *srct, int64_t SR, int64_t SC, const char *orow,
+                      const char *ocol, int64_t TR, int64_t TC, const char *dst, const char *dstt, bool scatter) {
+  int64_t nvec = TR * (TC / 8);
+  const char *V = !strcmp(g->TS, "bf16") ? "vector<8xbf16>" : "vector<8xf16>";
+  const char *al = g->sim ? "" : " {alignment = 16 : i64}";
+  int cwd = cidx(g, TC / 8), c8 = cidx(g, 8), csr = cidx(g, SR), csc = cidx(g, SC), cn = cidx(g, nvec);
+  int cnt = cidx(g, g->s.threads), citer = cidx(g, (nvec + g->s.threads - 1) / g->s.threads);
+  int si = fresh(g), off = fresh(g), e = fresh(g), ine = fresh(g);
+  P("scf.for %%t%d = %%c0 to %%t%d step %%c1 {\n%%t%d = arith.muli %%t%d, %%t%d : index\n"
+    "%%t%d = arith.addi %%tx, %%t%d : index\n%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\nscf.if %%t%d {\n",
+    si, citer, off, si, cnt, e, off, ine, e, cn, ine);
+  int i = fresh(g), jv = fresh(g), j = fresh(g), gi = fresh(g), gj = fresh(g);
+  P("%%t%d = arith.divui %%t%d, %%t%d : index\n%%t%d = arith.remui %%t%d, %%t%d : index\n"
+    "%%t%d = arith.muli %%t%d, %%t%d : index\n",
+    i, e, cwd, jv, e, cwd, j, jv, c8);
+  P("%%t%d = arith.addi %s, %%t%d : index\n%%t%d = arith.addi %s, %%t%d : index\n", gi, orow, i, gj, ocol, j);
+  int ok1 = fresh(g), ok2 = fresh(g), ok = fresh(g), v = fresh(g), l = fresh(g), z = fresh(g);
+  P("%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n"
+    "%%t%d = arith.andi %%t%d, %%t%d : i1\n",
+    ok1, gi, csr, ok2, gj, csc, ok, ok1, ok2);
+  P("%%t%d = scf.if %%t%d -> (%s) {\n%%t%d = vector.load %s[%%t%d, %%t%d]%s : %s, %s\nscf.yield %%t%d : %s\n"
+    "} else {\n%%t%d = arith.constant dense<0.0> : %s\nscf.yield %%t%d : %s\n}\n",
+    v, ok, V, l, src, gi, gj, al, srct, V, l, V, z, V, z, V);
+  if (!scatter) {
+    P("vector.store %%t%d, %s[%%t%d, %%t%d]%s : %s, %s\n", v, dst, i, j, al, dstt, V);
+  } else {
+    for (int q = 0; q < 8; q++) {
+      int x = fresh(g), cq = cidx(g, q), jq = fresh(g);
+      P("%%t%d = vector.extract %%t%d[%d] : %s from %s\n%%t%d = arith.addi %%t%d, %%t%d : index\n"
+        "memref.store %%t%d, %s[%%t%d, %%t%d] : %s\n",
+        x, v, q, g->TS, V, jq, j, cq, x, dst, jq, i, dstt);
+    }
+  }
+  P("}\n}\n");
+}
+
 /* The accumulators: on the GPU, SSA values carried through the K loops
  * (registers); in the sim form, a per-thread slice of a memref (the
  * threads of a phase run one after the other).  acc_get returns the name of
@@ -526,7 +590,10 @@ static int load_b(tc_gen *c, int col, int k) {
 static int load_pair(tc_gen *c, const char *buf, const char *bt, int i, int k) {
   gemm_gen *g = c->g;
   int v = fresh(g);
-  P("%%t%d = vector.load %s[%%t%d, %%t%d] : %s, vector<2x%s>\n", v, buf, i, k, bt, g->TS);
+  /* (4-byte aligned: k is even, a padded row an even number of values; as
+   * one ld.shared.b32, not two 16-bit loads) */
+  P("%%t%d = vector.load %s[%%t%d, %%t%d]%s : %s, vector<2x%s>\n", v, buf, i, k,
+    g->sim ? "" : " {alignment = 4 : i64}", bt, g->TS);
   if (strcmp(g->TS, "bf16")) return v;
   int w = fresh(g), x = fresh(g);
   P("%%t%d = vector.bitcast %%t%d : vector<2xbf16> to vector<1xi32>\n%%t%d = vector.extract %%t%d[0] : i32 from "
@@ -638,8 +705,18 @@ static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
     warp_pos(c);
   int cbk = open_k_loop(g, s->bm, s->bn, s->bk, nacc, "%vz", V);
   phase_begin(g);
-  stage(g, "%A", At, g->ta, "%As", g->As, g->M, g->K, "%row0", "%k0", s->bk, (int64_t)s->bm * s->bk, false);
-  stage(g, "%B", Bt, g->tb, "%Bs", g->Bs, g->K, g->N, "%k0", "%col0", s->bn, (int64_t)s->bk * s->bn, c->h16);
+  /* 16-bit operands whose rows allow it: vectors of 8 along the stored rows */
+  const cg_gemm_operands *o = g->o;
+  bool va = c->h16 && rows_aligned8(o->a, o->fa, o->views, o->nbatch, o->bstride[0]) && s->bk % 8 == 0 &&
+            s->bm % 8 == 0,
+       vb = c->h16 && rows_aligned8(o->b, o->fb, o->views, o->nbatch, o->bstride[1]) && s->bk % 8 == 0 &&
+            s->bn % 8 == 0;
+  if (va && !g->ta) stage_vec(g, "%A", At, g->M, g->K, "%row0", "%k0", s->bm, s->bk, "%As", g->As, false);
+  else if (va) stage_vec(g, "%A", At, g->K, g->M, "%k0", "%row0", s->bk, s->bm, "%As", g->As, true);
+  else stage(g, "%A", At, g->ta, "%As", g->As, g->M, g->K, "%row0", "%k0", s->bk, (int64_t)s->bm * s->bk, false);
+  if (vb && g->tb) stage_vec(g, "%B", Bt, g->N, g->K, "%col0", "%k0", s->bn, s->bk, "%Bs", g->Bs, false);
+  else if (vb) stage_vec(g, "%B", Bt, g->K, g->N, "%k0", "%col0", s->bk, s->bn, "%Bs", g->Bs, true);
+  else stage(g, "%B", Bt, g->tb, "%Bs", g->Bs, g->K, g->N, "%k0", "%col0", s->bn, (int64_t)s->bk * s->bn, c->h16);
   phase_end(g);
   if (!g->sim) P("gpu.barrier\n");
   int pos[8], kk[8];
