@@ -92,6 +92,7 @@ typedef struct cg_kernel {
   bool gemm, tensor_core; /* a tiled GEMM (gemm_cuda.c); on the tensor cores (mma.sync) */
   int64_t gemm_mnk[3];    /* a GEMM's M, N, K (its batch: grid_z) */
   bool gemm_ta, gemm_tb;  /* A stored K x M, B stored N x K */
+  bool gemm_overwrite;    /* C = A B (the zero fill of C folded in), else C += A B */
   char gemm_dtype[8];     /* its operands' element type (f32, f64, bf16, f16) */
   int gemm_tile[5];       /* BM, BN, BK and the warp tile (tensor cores) or thread tile (SIMT) */
   int regs;               /* registers per thread (ptxas), 0 if unknown */
@@ -294,6 +295,7 @@ typedef struct cg_gemm_operands {
   int nbatch;
   int64_t bsize[CG_GEMM_MAXB], bstride[3][CG_GEMM_MAXB];
   MlirType fa, fb, fc;
+  bool overwrite;   /* C was zero-filled just before: the kernel stores C = A B (the fill goes) */
 } cg_gemm_operands;
 struct cfg_gemm_simt_schedule;
 char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_simt_schedule *s, bool sim);

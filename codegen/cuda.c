@@ -24,6 +24,7 @@
 #include <mlir-c/BuiltinTypes.h>
 #include <mlir-c/Dialect/GPU.h>
 #include <mlir-c/Dialect/Linalg.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -571,12 +572,40 @@ static int forced_tile(gpu_ctx *G, cfg_gemm_schedule *tc, bool h16, const char *
   return 0;
 }
 
+/* Ops that neither read nor write a buffer's contents. */
+static bool no_data_access(MlirOperation p) {
+  return cg_op_is(p, "arith.constant") || cg_op_is(p, "memref.view") || cg_op_is(p, "memref.subview") ||
+         cg_op_is(p, "memref.expand_shape") || cg_op_is(p, "memref.collapse_shape") ||
+         cg_op_is(p, "memref.reinterpret_cast") || cg_op_is(p, "memref.cast");
+}
+
+/* FILL (the last linalg.fill before the contraction OP, with only
+ * no_data_access ops between them) if it fills OP's output buffer C with
+ * +0.0, else null: the GEMM then writes C = A B (every element of C is one
+ * block's and written once) and the fill goes: C is not written, read and
+ * written again. */
+static MlirOperation zero_fill_of_c(MlirOperation op, MlirOperation fill) {
+  MlirValue c = mlirOperationGetOperand(op, mlirOperationGetNumOperands(op) - 1);
+  if (mlirOperationIsNull(fill) || mlirOperationGetNumOperands(fill) != 2 ||
+      !mlirValueEqual(mlirOperationGetOperand(fill, 1), c))
+    return (MlirOperation){NULL};
+  MlirValue v = mlirOperationGetOperand(fill, 0);
+  if (!mlirValueIsAOpResult(v) || !cg_op_is(mlirOpResultGetOwner(v), "arith.constant")) return (MlirOperation){NULL};
+  MlirAttribute a = mlirOperationGetAttributeByName(mlirOpResultGetOwner(v), nova_str("value"));
+  return mlirAttributeIsAFloat(a) && mlirFloatAttrGetValueDouble(a) == 0.0 && !signbit(mlirFloatAttrGetValueDouble(a))
+             ? fill
+             : (MlirOperation){NULL};
+}
+
 static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
+  MlirOperation last_fill = {NULL}; /* the last linalg.fill, while only no_data_access ops follow it */
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);) {
     MlirOperation next = mlirOperationGetNextInBlock(op);
     cg_gemm_operands go;
     if (!gemm_operands(G->ctx, op, &go)) {
+      if (cg_op_is(op, "linalg.fill")) last_fill = op;
+      else if (!no_data_access(op)) last_fill = (MlirOperation){NULL};
       op = next;
       continue;
     }
@@ -628,12 +657,17 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
       return -1;
     }
     G->gemm = gk;
+    MlirOperation fill = zero_fill_of_c(op, last_fill);
+    last_fill = (MlirOperation){NULL};
+    go.overwrite = !mlirOperationIsNull(fill);
+    if (go.overwrite) mlirOperationDestroy(fill);
     cg_kernel *k = &G->gemm[G->ngemm];
     memset(k, 0, sizeof *k);
     describe_loc(mlirOperationGetLocation(op), k);
     snprintf(k->op, sizeof k->op, "matmul");
     k->gemm = true, k->tensor_core = tc.ok;
     k->gemm_mnk[0] = M, k->gemm_mnk[1] = N, k->gemm_mnk[2] = K, k->gemm_ta = go.ta, k->gemm_tb = go.tb;
+    k->gemm_overwrite = go.overwrite;
     snprintf(k->gemm_dtype, sizeof k->gemm_dtype, "%s", bf16 ? "bf16" : f16 ? "f16" : eb == 8 ? "f64" : "f32");
     k->grid_z = 1;
     for (int r = 0; r < go.nbatch; r++) k->dims[k->rank++] = go.bsize[r], k->grid_z *= go.bsize[r];
@@ -654,6 +688,8 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
                tc.warp_tile_m, tc.warp_tile_n,
                G->gemm_tile[0] ? " (--gemm-tile)"
                : tc.split_k > 1 ? " (the schedule's split-K is not generated)" : "");
+      if (go.overwrite) snprintf(k->reason + strlen(k->reason), sizeof k->reason - strlen(k->reason),
+                                 "; C written once, its zero fill folded in");
       text = cg_gemm_tc_text(fname, &go, &tc, G->sim);
     } else {
       k->grid = (N + s.bn - 1) / s.bn;

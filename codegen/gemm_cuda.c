@@ -320,9 +320,12 @@ static void gen_body(gemm_gen *g, const char *At, const char *Bt, const char *Ct
       char acc[64];
       acc_get(g, acc, sizeof acc, i * s->tn + j, "res");
       int cv = fresh(g), sum = fresh(g);
-      P("%%t%d = memref.load %%C[%%t%d, %%t%d] : %s\n%%t%d = arith.addf %%t%d, %s : %s\n"
-        "memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n}\n",
-        cv, gri, gcj, Ct, sum, cv, acc, g->T, sum, gri, gcj, Ct);
+      if (g->o->overwrite)
+        P("memref.store %s, %%C[%%t%d, %%t%d] : %s\n}\n", acc, gri, gcj, Ct);
+      else
+        P("%%t%d = memref.load %%C[%%t%d, %%t%d] : %s\n%%t%d = arith.addf %%t%d, %s : %s\n"
+          "memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n}\n",
+          cv, gri, gcj, Ct, sum, cv, acc, g->T, sum, gri, gcj, Ct);
     }
   }
   phase_end(g);
@@ -805,9 +808,12 @@ static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
         } else
           P("%%t%d = vector.extract %%kres#%d[%d, %d] : f32 from %s\n", v, idx, i / 2, i % 2, V);
         int cv = fresh(g), sum = fresh(g);
-        P("%%t%d = memref.load %%C[%%t%d, %%t%d] : %s\n%%t%d = arith.addf %%t%d, %%t%d : f32\n"
-          "memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n}\n",
-          cv, row, col, Ct, sum, cv, v, sum, row, col, Ct);
+        if (g->o->overwrite)
+          P("memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n}\n", v, row, col, Ct);
+        else
+          P("%%t%d = memref.load %%C[%%t%d, %%t%d] : %s\n%%t%d = arith.addf %%t%d, %%t%d : f32\n"
+            "memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n}\n",
+            cv, row, col, Ct, sum, cv, v, sum, row, col, Ct);
       }
   phase_end(g);
 }

@@ -194,6 +194,7 @@ void cg_cuda_manifest(cJSON *root, const cg_gpu *gpu) {
       cJSON_AddBoolToObject(g, "a_transposed", k->gemm_ta);
       cJSON_AddBoolToObject(g, "b_transposed", k->gemm_tb);
       cJSON_AddStringToObject(g, "operands", k->gemm_dtype);
+      cJSON_AddStringToObject(g, "c", k->gemm_overwrite ? "written" : "accumulated");
       cJSON_AddStringToObject(g, "instruction", k->tensor_core ? (strcmp(k->gemm_dtype, "f32") ? "mma.sync.m16n8k16"
                                                                                              : "mma.sync.m16n8k8")
                                                                : "fma");
