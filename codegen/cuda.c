@@ -688,8 +688,16 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
                tc.warp_tile_m, tc.warp_tile_n,
                G->gemm_tile[0] ? " (--gemm-tile)"
                : tc.split_k > 1 ? " (the schedule's split-K is not generated)" : "");
-      if (go.overwrite) snprintf(k->reason + strlen(k->reason), sizeof k->reason - strlen(k->reason),
-                                 "; C written once, its zero fill folded in");
+      /* occupancy: registers as the configurator estimates them (the f32
+       * accumulators, one k step's fragments, 32 for addresses) */
+      int regs = tc.warp_tile_m * tc.warp_tile_n / 32 + (tc.warp_tile_m / 16) * 4 + (tc.warp_tile_n / 8) * 2 + 32;
+      regs = regs > 255 ? 255 : (regs + 7) / 8 * 8;
+      const char *lim = "";
+      double waves = 0;
+      int bps = cfg_occupancy(G->dev, tc.threads, cg_gemm_tc_smem(&tc, h16), regs, k->grid * k->grid_y * k->grid_z,
+                              &lim, &waves);
+      snprintf(k->reason + strlen(k->reason), sizeof k->reason - strlen(k->reason), "; %d blocks/SM (%s), %.2f waves%s",
+               bps, lim, waves, go.overwrite ? "; C written, its zero fill folded in" : "");
       text = cg_gemm_tc_text(fname, &go, &tc, G->sim);
     } else {
       k->grid = (N + s.bn - 1) / s.bn;

@@ -173,6 +173,25 @@ cfg_gemm_schedule cfg_gemm(const cfg_device *d, int64_t M, int64_t N, int64_t K,
     return s;
 }
 
+int cfg_occupancy(const cfg_device *d, int threads, int64_t smem, int regs, int64_t nblocks, const char **limit,
+                  double *waves)
+{
+    const int64_t reserve = d->cc_major >= 8 ? 1024 : 0; /* [CCT]: 1 KiB per block reserved by the system */
+    int64_t regs_per_warp = cfg_cdiv((int64_t)regs * 32, 256) * 256; /* [CCT]: 256-register warp allocation unit */
+    int64_t warps = cfg_cdiv(threads, 32);
+    int64_t by[4] = {d->max_threads_per_sm / cfg_max64(1, threads),
+                     regs_per_warp > 0 ? (d->regs_per_sm / regs_per_warp) / cfg_max64(1, warps) : d->max_blocks_per_sm,
+                     smem > 0 ? d->smem_per_sm / (smem + reserve) : d->max_blocks_per_sm, d->max_blocks_per_sm};
+    static const char *const names[4] = {"threads", "registers", "smem", "blocks"};
+    int k = 0;
+    for (int i = 1; i < 4; i++)
+        if (by[i] < by[k]) k = i;
+    int64_t blocks = cfg_max64(1, by[k]);
+    if (limit) *limit = names[k];
+    if (waves) *waves = (double)nblocks / ((double)cfg_max64(1, d->sm_count) * (double)blocks);
+    return (int)blocks;
+}
+
 cfg_gemm_cpu_schedule cfg_gemm_cpu(const cfg_device *d, int64_t M, int64_t N, int64_t K, int b)
 {
     if (!d || d->kind != CFG_DEV_CPU || (b != 2 && b != 4 && b != 8)) return cfg_gemm_cpu_tile(d, M, N, K, b, 1, 1);

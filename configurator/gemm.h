@@ -83,6 +83,12 @@ typedef struct cfg_gemm_simt_schedule {
     char reason[192];
 } cfg_gemm_simt_schedule;
 
+/* Resident blocks per SM of a kernel of THREADS threads a block, SMEM
+ * bytes of static shared memory and about REGS registers a thread (at
+ * least 1), the limit that sets them ("threads", "registers", "smem",
+ * "blocks") in *LIMIT, and the waves NBLOCKS blocks take in *WAVES. */
+int cfg_occupancy(const cfg_device *d, int threads, int64_t smem, int regs, int64_t nblocks, const char **limit,
+                  double *waves);
 cfg_gemm_simt_schedule cfg_gemm_simt(const cfg_device *d, int64_t M, int64_t N, int64_t K, int dtype_bytes);
 
 #endif
