@@ -50,12 +50,15 @@
 typedef struct gr_state {
   const cfg_device *dev;
   nv_sbuf script;
-  int n;              /* ops marked */
+  int n;              /* ops marked (their ids 0 .. n-1) */
   int rows, cols;     /* of them, row and column reductions */
+  bool *is_row;       /* by id: a row reduction */
   MlirContext ctx;
   MlirAttribute reduction; /* #linalg.iterator_type<reduction> */
 } gr_state;
 
+/* Whether OP's body reads linalg.index or holds an op with regions (the
+ * split would have to rewrite them). */
 static bool body_has_index(MlirOperation op) {
   MlirBlock b = mlirRegionGetFirstBlock(mlirOperationGetRegion(op, 0));
   for (MlirOperation o = mlirBlockGetFirstOperation(b); !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o))
@@ -144,7 +147,11 @@ static void consider(gr_state *S, MlirOperation op) {
     for (int d = 0; d < red; d++) insert++; /* the parallel loops before it */
   }
   if (factor < 2) return;
+  bool *is_row = nv_xrealloc(S->is_row, (size_t)(S->n + 1) * sizeof *is_row);
+  if (!is_row) return;
+  S->is_row = is_row;
   int id = S->n++;
+  S->is_row[id] = inner;
   if (inner) S->rows++;
   else S->cols++;
   mlirOperationSetDiscardableAttributeByName(op, nova_str(GR_ATTR),
@@ -203,8 +210,16 @@ static MlirWalkResult unmark_cb(MlirOperation op, void *ud) {
   return MlirWalkResultAdvance;
 }
 
-static MlirWalkResult count_cb(MlirOperation op, void *ud) {
-  if (!mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(op, nova_str(GR_ATTR)))) ++*(int *)ud;
+/* An op the transform did not take (still marked): not counted as split. */
+static MlirWalkResult uncount_cb(MlirOperation op, void *ud) {
+  gr_state *S = ud;
+  MlirAttribute a = mlirOperationGetDiscardableAttributeByName(op, nova_str(GR_ATTR));
+  if (mlirAttributeIsNull(a) || !mlirAttributeIsAInteger(a)) return MlirWalkResultAdvance;
+  int64_t id = mlirIntegerAttrGetValueInt(a);
+  if (id >= 0 && id < S->n) {
+    if (S->is_row[id]) S->rows--;
+    else S->cols--;
+  }
   return MlirWalkResultAdvance;
 }
 
@@ -244,15 +259,11 @@ int cg_gpu_split_reductions(nova_ctx *c, MlirModule m, const cfg_device *dev, in
   } else if (S.script.oom) {
     rc = -1;
   }
-  /* the ops the transform did not take keep the mark (counted as not split); it goes */
-  int left = 0;
-  mlirOperationWalk(mlirModuleGetOperation(m), count_cb, &left, MlirWalkPreOrder);
+  /* the ops the transform did not take keep the mark (not counted as split); it goes */
+  mlirOperationWalk(mlirModuleGetOperation(m), uncount_cb, &S, MlirWalkPreOrder);
   mlirOperationWalk(mlirModuleGetOperation(m), unmark_cb, NULL, MlirWalkPreOrder);
   *rows = S.rows, *cols = S.cols;
-  if (left) { /* which kind they were is not kept: both counts stay upper bounds less the misses */
-    int take = left < *cols ? left : *cols;
-    *cols -= take, *rows -= left - take;
-  }
+  free(S.is_row);
   nv_sb_free(&S.script);
   return rc;
 }
