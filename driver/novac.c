@@ -646,10 +646,20 @@ static int build_eval(nova_ctx *c, const opts *o, const nv_graph *g, nv_graph *g
  * (the evaluation entry's graph, or NULL), before autodiff; tf32 turns on
  * cuda's tensor-core f32 matmuls; fp16 training gets dynamic loss scaling
  * unless --loss-scale=none.  0, or -1 after a diagnostic. */
-static int apply_precision(nv_diag *d, opts *o, nv_graph *g, nv_graph *ge, bool cuda) {
+static int apply_precision(nv_diag *d, opts *o, nv_graph *g, nv_graph *ge, const cfg_device *dev) {
+  bool cuda = dev->kind == CFG_DEV_GPU;
   char p[sizeof g->precision];
   snprintf(p, sizeof p, "%s", o->precision ? o->precision : g->precision[0] ? g->precision : "fp32");
   memcpy(g->precision, p, sizeof p);
+  /* bf16 arithmetic (and its tensor cores) came with sm_80: computing in
+   * bf16 on an older GPU would be f32 work on rounded values, slower than
+   * fp32, so it is refused there (as PyTorch's autocast does) */
+  if (cuda && !strcmp(p, "bf16") && (dev->cc_major < 8 || !dev->has_mma_sync_bf16)) {
+    nv_error_plain(d, "--precision=bf16%s: %s (sm_%d%d) has no bf16 arithmetic or tensor cores (sm_80 and newer "
+                      "have); use --precision=fp16 or fp32",
+                   o->precision ? "" : " (the model's precision statement)", dev->name, dev->cc_major, dev->cc_minor);
+    return -1;
+  }
   if (strcmp(p, "fp32")) nv_sb_printf(&o->flags, " --precision=%s", p);
   bool low = !strcmp(p, "bf16") || !strcmp(p, "fp16");
   if (!strcmp(p, "tf32")) {
@@ -765,7 +775,7 @@ static int compile(nv_diag *d, opts *o) {
     fe_graph_destroy(ge);
     return -1;
   }
-  if (apply_precision(d, o, g, ge, cuda) || dump_graph(o, "amp", d, g)) {
+  if (apply_precision(d, o, g, ge, &dev) || dump_graph(o, "amp", d, g)) {
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
     return -1;

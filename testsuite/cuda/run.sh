@@ -185,12 +185,37 @@ else
   fail "gemms.gpt4.bf16.sm_90" "$(head -c 1500 "$T/ir")"
 fi
 
+# the configurator's choices follow the device: the 4-layer GPT's GEMM tiles
+# and launch configurations differ between an H100 (132 SMs, 228 KiB of
+# shared memory an SM) and an RTX 3060 (28 SMs, 100 KiB), and every kernel
+# names the limit that decided it
+if "$NOVAC" "$T/gpt4.nova" --dim=batch=8 --precision=bf16 --train --optimizer=adamw --target=cuda --device=rtx3060 \
+  -o "$T/gpt4_rtx.so" >"$T/log" 2>&1 && python3 - "$T/gpt4.json" "$T/gpt4_rtx.json" >"$T/cmp" 2>&1 <<'EOF'
+import json, sys
+a, b = (json.load(open(p))["kernels"] for p in sys.argv[1:3])
+assert len(a) == len(b), "kernel counts differ: %d, %d" % (len(a), len(b))
+cfg = lambda k: (k["grid"], k["block"], (k.get("gemm") or {}).get("tile"))
+gemms = [(x, y) for x, y in zip(a, b) if x.get("gemm")]
+dg = sum(1 for x, y in gemms if cfg(x) != cfg(y))
+assert dg >= len(gemms) // 4, "only %d of %d GEMM configurations differ" % (dg, len(gemms))
+words = ("limit", "blocks/SM", "waves", "fits one block", "no parallel")
+bad = [k["name"] + ": " + k["schedule"] for k in a + b if not any(w in k["schedule"] for w in words)]
+assert not bad, "kernels whose schedule names no limit: %s" % bad[:3]
+print("%d of %d GEMM configurations differ" % (dg, len(gemms)))
+EOF
+then
+  pass "device-choices ($(cat "$T/cmp"))"
+else
+  fail device-choices "$(head -c 1500 "$T/log")" "$(cat "$T/cmp")"
+fi
+
 # no emitted kernel exceeds its device (kernel_limits.py; NOVA_SEED: another draw of shapes)
 python3 testsuite/cuda/kernel_limits.py "$NOVAC" "$T" "${NOVA_SEED:-17}" >"$T/limits" 2>&1
 if [ "$(cat "$T/limits")" = ok ]; then pass kernel-limits; else fail kernel-limits "$(head -c 2000 "$T/limits")"; fi
 
-# sm_75 (a T4 as a device file): its f16 tensor cores have no m16n8k16 and it
-# has no bf16 ones: both precisions compile, their GEMMs as SIMT tiles
+# sm_75 (a T4 as a device file): its f16 tensor cores have no m16n8k16, so
+# fp16 compiles with SIMT GEMMs; it has no bf16 arithmetic at all, so bf16
+# (an option or the model's precision statement) is refused, naming the device
 cat >"$T/t4-device.json" <<'EOF'
 {"name": "t4", "kind": "gpu", "peak_tflops_fp32": 8.1, "peak_tflops_tf32": 0, "peak_tflops_fp16": 65,
  "peak_tflops_bf16": 0, "mem_bw_gbs": 320, "l2_bytes": 4194304, "sm_count": 40, "max_threads_per_block": 1024,
@@ -199,15 +224,21 @@ cat >"$T/t4-device.json" <<'EOF'
  "has_mma_sync_f16": true, "has_mma_sync_bf16": false, "has_mma_sync_tf32": false, "has_wgmma": false,
  "total_mem_bytes": 16000000000}
 EOF
-for prec in bf16 fp16; do
-  if "$NOVAC" examples/transformer_block.nova --dim=batch=2 --precision="$prec" --train --target=cuda \
-    --device="$T/t4-device.json" -o "$T/t4.so" >"$T/log" 2>&1 && grep -q "SIMT tile" "$T/t4.json" &&
-    ! grep -q "m16n8k16" "$T/t4.json"; then
-    pass "sm_75-$prec"
-  else
-    fail "sm_75-$prec" "$(head -c 1500 "$T/log")"
-  fi
-done
+if "$NOVAC" examples/transformer_block.nova --dim=batch=2 --precision=fp16 --train --target=cuda \
+  --device="$T/t4-device.json" -o "$T/t4.so" >"$T/log" 2>&1 && grep -q "SIMT tile" "$T/t4.json" &&
+  ! grep -q "m16n8k16" "$T/t4.json"; then
+  pass "sm_75-fp16"
+else
+  fail "sm_75-fp16" "$(head -c 1500 "$T/log")"
+fi
+expect sm_75-bf16 1 "precision=bf16: t4 (sm_75) has no bf16 arithmetic or tensor cores (sm_80 and newer have)" \
+  "$NOVAC" examples/transformer_block.nova --dim=batch=2 --precision=bf16 --train --target=cuda \
+  --device="$T/t4-device.json" -o "$T/t4b.so"
+[ ! -e "$T/t4b.so" ] && pass sm_75-bf16-no-output || fail sm_75-bf16-no-output "a refused compile left $T/t4b.so"
+printf 'precision bf16\ninput x: f32[4, 8]\nparam w: f32[8, 8] = normal(0.1)\ny = x @ w\noutput y\n' >"$T/p.nova"
+expect sm_75-bf16-statement 1 "the model's precision statement" "$NOVAC" "$T/p.nova" --target=cuda \
+  --device="$T/t4-device.json" -o "$T/t4c.so"
+
 
 # --emit=ptx targets the device's architecture
 for d in a100-80gb:sm_80 rtx3060:sm_86 h100:sm_90 l4:sm_89; do
