@@ -786,6 +786,14 @@ def bench_train(B, wls):
                 row["nv_gpu"] = NA_DRY if B.dry else (r["gpu_ms"] if r["gpu_ms"] is not None
                                                      else "error: no GPU time line")
                 row["nv_wall"] = r["wall_ms"]
+                # where the step's time goes: the kernels of one profiled run, the largest first
+                if not B.dry and wl.get("torch_compile") and not B.out_of_time(30):
+                    p = B.run(c["so"], wl["in_dir"], 3, profile=True)
+                    if p["ok"] and p["kernels"]:
+                        info = {k["name"]: k for k in c["kernels"] or []}
+                        tot = sum(v[1] for v in p["kernels"].values()) or 1.0
+                        row["top"] = [(n, v[1], 100.0 * v[1] / tot, info.get(n, {})) for n, v in
+                                      sorted(p["kernels"].items(), key=lambda kv: -kv[1][1])[:8]]
             else:
                 row["nv_gpu"] = row["nv_wall"] = short_err(r["err"])
         else:
@@ -856,6 +864,15 @@ def report_train(B, rows):
                   fnum(r.get("pc_first_s"), "%.1f")])
     out += [table(head, t), ""]
     out += ["Targets (4-layer GPT and GPT-2 small, bf16): novac >= 1.15x eager and >= 1.0x torch.compile.", ""]
+    for r in rows:
+        if not r.get("top"):
+            continue
+        out += ["Where novac's step goes, %s (`novarun --profile --repeat 3`, the last run; the 8 largest kernels):"
+                % r["name"], ""]
+        out += [table(["kernel", "ms", "share", "op", "iteration space", "schedule"],
+                      [[n, "%.4f" % ms, "%.1f%%" % sh, k.get("op", "?"),
+                        "x".join(map(str, k.get("iteration_space") or [])),
+                        (k.get("schedule") or "")[:120]] for n, ms, sh, k in r["top"]]), ""]
     return out
 
 

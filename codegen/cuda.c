@@ -534,11 +534,6 @@ static bool gemm_operands(MlirContext ctx, MlirOperation op, cg_gemm_operands *o
   return true;
 }
 
-/* Each GEMM (gemm_operands) -> the tiled GEMM kernel (gemm_cuda.c, a
- * function whose body takes its place): tensor cores for 16-bit operands
- * and, with --matmul-precision=tf32, for f32 ones; SIMT tiles otherwise.
- * The kernels' table entries wait in G->gemm until map_function meets
- * their launches. */
 /* --gemm-tile: TC (the configurator's schedule of one tensor-core GEMM)
  * with the block tile BM x BN x BK and warp tile WM x WN given by hand,
  * checked against what the generator emits and the device holds: warp
@@ -597,6 +592,11 @@ static MlirOperation zero_fill_of_c(MlirOperation op, MlirOperation fill) {
              : (MlirOperation){NULL};
 }
 
+/* Each GEMM (gemm_operands) -> the tiled GEMM kernel (gemm_cuda.c, a
+ * function whose body takes its place): tensor cores for 16-bit operands
+ * and, with --matmul-precision=tf32, for f32 ones; SIMT tiles otherwise.
+ * The kernels' table entries wait in G->gemm until map_function meets
+ * their launches. */
 static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
   MlirOperation last_fill = {NULL}; /* the last linalg.fill, while only no_data_access ops follow it */
