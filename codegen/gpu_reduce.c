@@ -66,9 +66,10 @@ static bool body_has_index(MlirOperation op) {
   return false;
 }
 
-/* The loops of generic OP: their static ranges, which one is the
- * reduction (*RED, exactly one), and whether the output map is the
- * parallel loops in order; false where OP does not qualify. */
+/* The loops of generic OP: their static ranges and which one is the
+ * reduction (*RED, exactly one); false where OP does not qualify: every
+ * map a projected permutation of dims alone, the output's the parallel
+ * loops in order. */
 static bool read_op(MlirOperation op, MlirAttribute reduction, int *nl, int64_t *range, int *red) {
   if (mlirOperationGetNumResults(op) != 1) return false;
   MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(op);
@@ -99,10 +100,7 @@ static bool read_op(MlirOperation op, MlirAttribute reduction, int *nl, int64_t 
     int prev = -1;
     for (intptr_t r = 0; r < mlirAffineMapGetNumResults(m); r++) {
       MlirAffineExpr e = mlirAffineMapGetResult(m, r);
-      if (!mlirAffineExprIsADim(e)) {
-        if (mlirAffineExprIsAConstant(e) && mlirAffineConstantExprGetValue(e) == 0 && i != nops - 1) continue;
-        return false;
-      }
+      if (!mlirAffineExprIsADim(e)) return false; /* (a unit dim read at 0: split_reduction mis-expands it) */
       int d = (int)mlirAffineDimExprGetPosition(e);
       range[d] = mlirShapedTypeGetDimSize(t, r);
       seen[d] = true;

@@ -209,6 +209,46 @@ else
   fail device-choices "$(head -c 1500 "$T/log")" "$(cat "$T/cmp")"
 fi
 
+# an exported cross-entropy (SoftmaxCrossEntropyLoss with ignore_index, over
+# 256 classes) trains: its reductions with a unit dim read at 0 (the labels
+# as [N, 1]) are left whole by split-reduce, the others split; ptxas accepts
+# the step, and under --gpu-sim its loss equals numpy's
+python3 - "$T" <<'EOF' >"$T/sce.log" 2>&1
+import sys, numpy as np, onnx
+from onnx import helper as h, TensorProto as T, numpy_helper as nh
+sys.path.insert(0, "testsuite/e2e")
+from harness import write_pb
+d = sys.argv[1]
+rng = np.random.default_rng(5)
+w = (rng.standard_normal((16, 256)) * 0.3).astype(np.float32)
+g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["l"]),
+                  h.make_node("SoftmaxCrossEntropyLoss", ["l", "y"], ["loss"], reduction="mean", ignore_index=-100)],
+                 "sce", [h.make_tensor_value_info("x", T.FLOAT, [8, 16]), h.make_tensor_value_info("y", T.INT64, [8])],
+                 [h.make_tensor_value_info("loss", T.FLOAT, [])], initializer=[nh.from_array(w, "w")])
+onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), d + "/sce.onnx")
+x = rng.standard_normal((8, 16)).astype(np.float32)
+y = rng.integers(0, 256, 8).astype(np.int64)
+y[3] = -100
+import os
+os.makedirs(d + "/sce_in", exist_ok=True)
+write_pb(d + "/sce_in/input_0.pb", x, "x")
+write_pb(d + "/sce_in/input_1.pb", y, "y")
+l = x.astype(np.float64) @ w.astype(np.float64)
+lse = np.log(np.exp(l - l.max(1, keepdims=True)).sum(1)) + l.max(1)
+keep = y != -100
+print(repr(float(np.mean((lse - l[np.arange(8), np.where(keep, y, 0)])[keep]))))
+EOF
+want=$(tail -n 1 "$T/sce.log")
+if "$NOVAC" "$T/sce.onnx" --train --target=cuda --device=h100 --explain-config -o "$T/sce.so" >"$T/sce.explain" 2>"$T/log" &&
+  grep -q "reductions split across threads: [1-9]" "$T/sce.explain" &&
+  "$NOVAC" "$T/sce.onnx" --train --target=cuda --device=h100 --gpu-sim -o "$T/sce_sim.so" 2>>"$T/log" &&
+  "$NOVARUN" "$T/sce_sim.so" --inputs "$T/sce_in" --outputs "$T/sce_out" -q 2>>"$T/log" &&
+  python3 -c "import sys; sys.path.insert(0, 'testsuite/e2e'); from harness import read_pb; got = float(read_pb(sys.argv[1])); want = float(sys.argv[2]); sys.exit(0 if abs(got - want) <= 1e-5 * abs(want) else 1)" "$T/sce_out/output_0.pb" "$want" 2>>"$T/log"; then
+  pass split-reduce-sce
+else
+  fail split-reduce-sce "$(head -c 1500 "$T/log")" "$(head -c 500 "$T/sce.log")"
+fi
+
 # no emitted kernel exceeds its device (kernel_limits.py; NOVA_SEED: another draw of shapes)
 python3 testsuite/cuda/kernel_limits.py "$NOVAC" "$T" "${NOVA_SEED:-17}" >"$T/limits" 2>&1
 if [ "$(cat "$T/limits")" = ok ]; then pass kernel-limits; else fail kernel-limits "$(head -c 2000 "$T/limits")"; fi
