@@ -652,18 +652,25 @@ def workloads(B):
               "batch": b, "autocast": True,
               "inputs": {"idx": rng.integers(0, GPT_VOCAB, (b, GPT_T)).astype(np.int64),
                          "targets": rng.integers(0, GPT_VOCAB, (b, GPT_T)).astype(np.int64)}})
-    if B.args.gpt4:   # bench/pack_gpu.sh exports it (bench_cpu.py's 4-layer GPT)
-        b, t, v = 8, 128, 512
+    # the 4-layer GPT (bench_cpu.py's sizes: width 256, 4 heads, context 128, vocabulary 512) and GPT-2 small as
+    # .nova text (bench/gpt_nova.py: parameters drawn at run time, so the compiled steps carry no weights and the
+    # GPU pack stays small); scaled down in the dry run
+    for cfg, b, name in (({"layers": 4, "d": 256, "heads": 4, "t": 128, "vocab": 512}, 8, "4-layer GPT"),):
+        if B.dry:
+            cfg, b = {"layers": 2, "d": 64, "heads": 4, "t": 32, "vocab": 256}, 2
+        path = os.path.join(B.tmp, "gpt4.nova")
+        with open(path, "w") as f:
+            f.write(gpt_nova.gpt_text(**cfg))
         for prec in ("fp32", "bf16"):
-            w.append({"key": "gpt4_b8" + ("_bf16" if prec == "bf16" else ""),
-                      "name": "4-layer GPT (d 256, 4 heads, T 128, vocab 512), batch 8%s" %
-                      (", bf16 (autocast)" if prec == "bf16" else ""),
-                      "model": B.args.gpt4, "dims": ["--dim=batch=%d" % b] + (["--precision=bf16"] if prec == "bf16"
-                                                                              else []),
-                      "kind": "gpt4", "batch": b, "autocast": prec == "bf16", "torch_compile": True,
-                      "flop": gpt_nova.step_flop(4, 256, t, v, b), "prec": prec,
-                      "inputs": {"idx": rng.integers(0, v, (b, t)).astype(np.int64),
-                                 "targets": rng.integers(0, v, (b, t)).astype(np.int64)}})
+            w.append({"key": "gpt4_b%d%s" % (b, "_bf16" if prec == "bf16" else ""),
+                      "name": "%s (%d layers, d %d, %d heads, T %d, vocab %d; bench/gpt_nova.py), batch %d%s"
+                      % (name, cfg["layers"], cfg["d"], cfg["heads"], cfg["t"], cfg["vocab"], b,
+                         ", bf16 (autocast)" if prec == "bf16" else ""),
+                      "model": path, "dims": ["--dim=batch=%d" % b] + (["--precision=bf16"] if prec == "bf16" else []),
+                      "kind": "gptnova", "cfg": cfg, "batch": b, "autocast": prec == "bf16", "torch_compile": True,
+                      "flop": gpt_nova.step_flop(cfg["layers"], cfg["d"], cfg["t"], cfg["vocab"], b), "prec": prec,
+                      "inputs": {"tokens": rng.integers(0, cfg["vocab"], (b, cfg["t"])).astype(np.int64),
+                                 "targets": rng.integers(0, cfg["vocab"], (b, cfg["t"])).astype(np.int64)}})
     # GPT-2 small as .nova text (bench/gpt_nova.py: parameters drawn at run time); a 2-layer one in the dry run
     cfg = dict(gpt_nova.GPT2_SMALL) if not B.dry else {"layers": 2, "d": 64, "heads": 4, "t": 32, "vocab": 256}
     b = 8 if not B.dry else 2
@@ -698,14 +705,6 @@ def torch_train_ms(B, wl):
         def loss_fn(m, x, y):
             return F.cross_entropy(m(x), y)
         args = (wl["inputs"]["x"], wl["inputs"]["y"])
-    elif wl["kind"] == "gpt4":
-        sys.path.insert(0, os.path.join(ROOT, "bench"))
-        import bench_cpu
-        model = bench_cpu.torch_models()["gpt4"]()
-
-        def loss_fn(m, idx, tgt):
-            return m(idx, tgt)[1]
-        args = (wl["inputs"]["idx"], wl["inputs"]["targets"])
     elif wl["kind"] == "gptnova":
         model = gpt_nova.torch_gpt(**wl["cfg"])
 
@@ -832,7 +831,7 @@ def report_train(B, rows):
     out += ["novac: `novac MODEL --dim=batch=B --train --optimizer=adamw --lr=1e-3 [--precision=bf16] %s`, then "
             "`novarun --repeat %d` on one batch (every run is a training step): GPU = CUDA events median, wall = "
             "host median per run.  PyTorch: the same function (GPT block: `GPTBlock` of "
-            "testsuite/onnx/models/export.py; MLP: Linear-ReLU-Linear; 4-layer GPT: bench_cpu.py's; GPT-2 small: "
+            "testsuite/onnx/models/export.py; MLP: Linear-ReLU-Linear; the 4-layer GPT and GPT-2 small: "
             "bench/gpt_nova.py's module), float32 parameters, bf16 rows under `torch.autocast(bfloat16)`, "
             "`torch.optim.AdamW(lr=1e-3)`, zero_grad + forward + loss + backward + step; eager, and "
             "`torch.compile(model)` (default mode; its first step, which compiles, is not timed); CUDA events "
@@ -1074,7 +1073,7 @@ def search_gemms(B, wls):
     have it, steps: which}."""
     out = {}
     for wl in wls:
-        if wl.get("prec") != "bf16" or wl["kind"] not in ("gpt4", "gptnova"):
+        if wl.get("prec") != "bf16" or wl["kind"] != "gptnova":
             continue
         c = B.compile(wl["key"], wl["model"], wl["dims"] + TRAIN_FLAGS)
         for k in c.get("kernels") or []:
@@ -1290,8 +1289,6 @@ def main():
     ap.add_argument("--only", default="1,2,4,3", help="sections to run, in this order, e.g. 1,4")
     ap.add_argument("--compile-timeout", type=int, default=180)
     ap.add_argument("--run-timeout", type=int, default=120)
-    ap.add_argument("--gpt4", default=None, metavar="MODEL.onnx",
-                    help="also time the 4-layer GPT of bench_cpu.py, exported to MODEL.onnx (bench/pack_gpu.sh does)")
     ap.add_argument("--keep-tmp", action="store_true", help="keep the compiled steps and inputs")
     args = ap.parse_args()
     if args.budget is None:

@@ -28,12 +28,8 @@ echo "pack_gpu: recording the check-gpu compiles (--device=$DEV)"
 NOVA_SUITES=gpu NOVA_GPU_FLAGS="--target=cuda --device=$DEV" sh testsuite/run.sh "$B" > "$P/check_fill.log" 2>&1
 grep -E '^(FAIL|TIMEOUT)' "$P/check_fill.log"
 tail -n 1 "$P/check_fill.log"
-echo "pack_gpu: exporting the 4-layer GPT of bench/bench_cpu.py to $P/gpt4.onnx"
-python3 -c "import sys; sys.path.insert(0, 'bench'); import bench_cpu; bench_cpu.Bench.export_gpt4(None, sys.argv[1])" \
-  "$P" && mv "$P/model.onnx" "$P/gpt4.onnx" || echo "pack_gpu: no 4-layer GPT (needs torch and onnx here)"
 echo "pack_gpu: recording the benchmark's compiles"
-G4=; [ -f "$P/gpt4.onnx" ] && G4="--gpt4=$P/gpt4.onnx"
-python3 bench/bench_gpu.py "$B" --device="$DEV" --budget 100000 $G4 --out "$P/bench_fill.md" \
+python3 bench/bench_gpu.py "$B" --device="$DEV" --budget 100000 --out "$P/bench_fill.md" \
   2> "$P/bench_fill.log" > /dev/null
 cp "$B/bin/novarun" "$P/bin/"
 ldd "$B/bin/novarun" | awk '/=> \// {print $3}' | grep -Ev '/(libc|libm|libdl|libpthread|librt)\.so' |

@@ -91,8 +91,7 @@ case "$CHECK_TAIL" in *"skipped:"*) fail check-gpu "skipped: no usable GPU" ;; e
 
 # 3. the benchmark
 note "python3 bench/bench_gpu.py $B --out $OUT"
-G4=; [ -f "$B/gpt4.onnx" ] && G4="--gpt4=$B/gpt4.onnx"
-lim "${NOVA_BENCH_TIMEOUT:-420}" python3 bench/bench_gpu.py "$B" --device="$DEVICE" $G4 \
+lim "${NOVA_BENCH_TIMEOUT:-420}" python3 bench/bench_gpu.py "$B" --device="$DEVICE" \
   --budget "${NOVA_BENCH_BUDGET:-330}" --out "$OUT" > "$LOGDIR/bench.out" 2> "$LOGDIR/bench.err"
 rc=$?
 if [ $rc -ne 0 ]; then
