@@ -1061,9 +1061,10 @@ SEARCH_BK = (32, 64)
 def search_grid(dry):
     """--gemm-tile values of the search: every block tile x warp tile above
     (2 to 8 warps), with 32 and then 64 elements of k a stage (bf16; the
-    staged tiles at most 48 KiB).  The dry run takes three of them."""
+    staged tiles, each row padded by 8 values as novac stages them, at most
+    48 KiB).  The dry run takes three of them."""
     g = ["%dx%dx%d,%dx%d" % (bm, bn, bk, w[0], w[1]) for bk in SEARCH_BK for bm, bn, w in SEARCH_TILES
-         if (bm + bn) * bk * 2 <= 48 * 1024]
+         if (bm + bn) * (bk + 8) * 2 <= 48 * 1024]
     return g[:3] if dry else g
 
 
