@@ -94,9 +94,10 @@ typedef struct cg_kernel {
   bool gemm_ta, gemm_tb;  /* A stored K x M, B stored N x K */
   bool gemm_overwrite;    /* C = A B (the zero fill of C folded in), else C += A B */
   char gemm_dtype[8];     /* its operands' element type (f32, f64, bf16, f16) */
-  int gemm_tile[5];       /* BM, BN, BK and the warp tile (tensor cores) or thread tile (SIMT) */
+  int gemm_tile[6];       /* BM, BN, BK, the warp tile (tensor cores) or thread tile (SIMT), stages */
   int regs;               /* registers per thread (ptxas), 0 if unknown */
   int64_t smem;           /* static shared memory bytes (ptxas) */
+  int64_t dyn_smem;       /* dynamic shared memory bytes a launch asks for (the GEMMs' pipeline stages) */
   char reason[192];       /* the configurator's deciding limit */
 } cg_kernel;
 
@@ -262,7 +263,7 @@ typedef struct cg_gpu_options {
   int block;  /* --gpu-block=N: threads per block for every kernel; 0 = the configurator's */
   bool tf32;  /* --matmul-precision=tf32: f32 matmuls on tensor cores with tf32 operands */
   int64_t memory_limit; /* --memory-limit (0: none) */
-  int gemm_tile[5];     /* --gemm-tile=BMxBNxBK,WMxWN: every tensor-core GEMM's tiles (0: the configurator's) */
+  int gemm_tile[6];     /* --gemm-tile=BMxBNxBK,WMxWN[,S]: every tensor-core GEMM's tiles (0: the configurator's) */
 } cg_gpu_options;
 /* The cuda target's steps, run by the pipeline (driver/pipeline.c) around
  * the whole-step passes: cg_gpu_init checks the options against DEV and
@@ -304,8 +305,11 @@ char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg
  * f16 ones, accumulated in f32. */
 struct cfg_gemm_schedule;
 char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_schedule *s, bool sim);
-/* The static shared memory of that kernel: the staged A and B tiles, their rows padded against bank conflicts. */
-int64_t cg_gemm_tc_smem(const struct cfg_gemm_schedule *s, bool h16);
+/* The static shared memory of that kernel: S->stages (16-bit operands;
+ * tf32 has one) of the staged A and B tiles, as stored (TA: A is K x M, TB:
+ * B is N x K), their rows padded against bank conflicts; and of one stage. */
+int64_t cg_gemm_tc_smem(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb);
+int64_t cg_gemm_tc_stage_bytes(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb);
 
 /* step_cuda.c: writes DIR/kernels.ptx and assembles DIR/kernels.cubin with
  * ptxas (registers and shared memory per kernel go into GPU's table). */

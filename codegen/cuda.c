@@ -535,36 +535,51 @@ static bool gemm_operands(MlirContext ctx, MlirOperation op, cg_gemm_operands *o
 }
 
 /* --gemm-tile: TC (the configurator's schedule of one tensor-core GEMM)
- * with the block tile BM x BN x BK and warp tile WM x WN given by hand,
- * checked against what the generator emits and the device holds: warp
- * tiles of whole mma tiles (16 x 8), at most 64 x 64; at most 8 warps (a
- * block of 255-register threads fits an SM's 64K registers); the staged
- * tiles in the static shared memory of a block.  -1 (and an error) where
- * the tile does not fit. */
-static int forced_tile(gpu_ctx *G, cfg_gemm_schedule *tc, bool h16, const char *kind) {
+ * with the block tile BM x BN x BK, warp tile WM x WN and (16-bit
+ * operands) S stages given by hand (S 0: the configurator's), checked
+ * against what the generator emits and the device holds: warp tiles of
+ * whole mma tiles (16 x 8), at most 64 x 64; at most 8 warps (a block of
+ * 255-register threads fits an SM's 64K registers); the staged tiles in
+ * the static shared memory of a block.  -1 (and an error) where the tile
+ * does not fit. */
+static int forced_tile(gpu_ctx *G, cfg_gemm_schedule *tc, bool h16, bool ta, bool tb, const char *kind) {
   const int *t = G->gemm_tile;
   int kstep = h16 ? 16 : 8;
-  cfg_gemm_schedule ts = {.bm = t[0], .bn = t[1], .bk = t[2]};
-  int64_t smem = cg_gemm_tc_smem(&ts, h16);
+  cfg_gemm_schedule ts = {.bm = t[0], .bn = t[1], .bk = t[2], .stages = t[5] ? t[5] : 1};
   int warps = t[3] && t[4] ? (t[0] / t[3]) * (t[1] / t[4]) : 0;
+  int64_t smem = cg_gemm_tc_smem(&ts, h16, ta, tb);
+  /* 16-bit operands' stages are in dynamic shared memory, tf32's static */
+  int64_t lim = h16 ? G->dev->smem_per_block_optin : G->dev->smem_per_block;
+  char sfx[16] = "";
+  if (t[5]) snprintf(sfx, sizeof sfx, ",%d", t[5]);
   const char *why = t[3] % 16 || t[4] % 8 ? "the warp tile must be whole 16x8 mma tiles"
                     : t[3] * t[4] > 4096 ? "the warp tile holds at most 64x64 accumulators"
                     : t[0] % t[3] || t[1] % t[4] ? "the block tile must be whole warp tiles"
                     : t[2] % kstep ? (h16 ? "BK must be a multiple of 16 (the mma's k)" : "BK must be a multiple of 8 "
                                                                                             "(the tf32 mma's k)")
                     : warps > 8 || warps * 32 > G->dev->max_threads_per_block ? "at most 8 warps a block"
-                    : smem > G->dev->smem_per_block ? "the staged tiles exceed a block's static shared memory"
-                                                   : NULL;
+                    : !h16 && t[5] > 1 ? "tf32 operands are staged in one stage"
+                    : smem > lim ? (h16 ? "the staged tiles exceed a block's shared memory (opt-in)"
+                                        : "the staged tiles exceed a block's static shared memory")
+                                 : NULL;
   if (why) {
-    nv_error_plain(G->c->diag, "--gemm-tile=%dx%dx%d,%dx%d: %s (%s operands: %lld bytes of shared memory, %d warps; "
-                   "%s holds %lld bytes a block)", t[0], t[1], t[2], t[3], t[4], why, kind, (long long)smem, warps,
-                   G->dev->name, (long long)G->dev->smem_per_block);
+    nv_error_plain(G->c->diag, "--gemm-tile=%dx%dx%d,%dx%d%s: %s (%s operands: %lld bytes of shared memory in %d "
+                   "stage%s, %d warps; %s holds %lld bytes a block)", t[0], t[1], t[2], t[3], t[4], sfx, why, kind,
+                   (long long)smem, ts.stages, ts.stages == 1 ? "" : "s", warps, G->dev->name, (long long)lim);
     return -1;
   }
   tc->bm = t[0], tc->bn = t[1], tc->bk = t[2], tc->warp_tile_m = t[3], tc->warp_tile_n = t[4];
   tc->wm = t[0] / t[3], tc->wn = t[1] / t[4], tc->warps = warps, tc->threads = 32 * warps;
-  tc->smem_bytes = smem, tc->stages = 1, tc->split_k = 1;
+  tc->smem_bytes = smem, tc->stages = t[5], tc->split_k = 1;
   return 0;
+}
+
+/* Registers a thread of a tensor-core GEMM with a WTM x WTN warp tile, as
+ * the configurator estimates them: the f32 accumulators, one k step's
+ * fragments, 32 for addresses. */
+static int tc_regs(const cfg_gemm_schedule *tc) {
+  int regs = tc->warp_tile_m * tc->warp_tile_n / 32 + (tc->warp_tile_m / 16) * 4 + (tc->warp_tile_n / 8) * 2 + 32;
+  return regs > 255 ? 255 : (regs + 7) / 8 * 8;
 }
 
 /* Ops that neither read nor write a buffer's contents. */
@@ -624,7 +639,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
     cfg_gemm_schedule tc = {0};
     if (tc_kind && G->gemm_tile[0]) {
       tc = cfg_gemm(G->dev, M, N, K, h16 ? 2 : 4, true);
-      if (tc.ok && forced_tile(G, &tc, h16, tc_kind)) return -1;
+      if (tc.ok && forced_tile(G, &tc, h16, go.ta, go.tb, tc_kind)) return -1;
     } else if (tc_kind) {
       tc = cfg_gemm(G->dev, M, N, K, h16 ? 2 : 4, true);
       /* the generator keeps warp tiles at most 64x32 (64 accumulators a
@@ -643,12 +658,22 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
       tc.threads = 32 * tc.warps;
       /* what the generator handles: one stage, no split-K across blocks */
       int kstep = h16 ? 16 : 8;
+      tc.stages = 0;
       tc.ok = tc.ok && tc.mma == (h16 ? CFG_MMA_M16N8K16 : CFG_MMA_M16N8K8) && tc.warp_tile_m % 16 == 0 &&
               tc.warp_tile_n % 8 == 0 && tc.bk % kstep == 0 && tc.bm == tc.wm * tc.warp_tile_m &&
               tc.bn == tc.wn * tc.warp_tile_n && tc.threads <= G->dev->max_threads_per_block &&
               tc.warp_tile_m <= 256 && tc.warp_tile_n <= 256 && (tc.warp_tile_m / 16) * (tc.warp_tile_n / 8) <= 256 &&
-              cg_gemm_tc_smem(&tc, h16) <= G->dev->smem_per_block;
+              cg_gemm_tc_smem(&tc, h16, go.ta, go.tb) <=
+                  (h16 ? G->dev->smem_per_block_optin : G->dev->smem_per_block);
     }
+    /* the pipeline's depth (16-bit operands; tf32 ones are rounded as they
+     * are staged, in one stage), unless --gemm-tile gave it */
+    const char *stage_lim = "tf32 operands rounded as staged";
+    if (tc.ok && h16 && !tc.stages)
+      tc.stages = cfg_gemm_stages(G->dev, cg_gemm_tc_stage_bytes(&tc, h16, go.ta, go.tb), tc.threads, tc_regs(&tc),
+                                  (K + tc.bk - 1) / tc.bk, &stage_lim);
+    else if (tc.ok && h16) stage_lim = "--gemm-tile";
+    if (tc.ok && !h16) tc.stages = 1;
     cfg_gemm_simt_schedule s = cfg_gemm_simt(G->dev, M, N, K, eb);
     cg_kernel *gk = nv_xrealloc(G->gemm, (size_t)(G->ngemm + 1) * sizeof *gk);
     if (!s.ok || !gk) {
@@ -681,23 +706,20 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
       k->grid = (N + tc.bn - 1) / tc.bn;
       k->grid_y = (M + tc.bm - 1) / tc.bm;
       k->block = tc.threads;
-      int tt[5] = {tc.bm, tc.bn, tc.bk, tc.warp_tile_m, tc.warp_tile_n};
+      int tt[6] = {tc.bm, tc.bn, tc.bk, tc.warp_tile_m, tc.warp_tile_n, tc.stages};
       memcpy(k->gemm_tile, tt, sizeof tt);
-      snprintf(k->reason, sizeof k->reason, "%s %s, tile %dx%dx%d, %dx%d warps of %dx%d%s",
+      snprintf(k->reason, sizeof k->reason, "%s %s, tile %dx%dx%d, %dx%d warps of %dx%d, %d stage%s (%s)%s",
                h16 ? "mma.sync.m16n8k16" : "mma.sync.m16n8k8", tc_kind, tc.bm, tc.bn, tc.bk, tc.wm, tc.wn,
-               tc.warp_tile_m, tc.warp_tile_n,
+               tc.warp_tile_m, tc.warp_tile_n, tc.stages, tc.stages == 1 ? "" : "s", stage_lim,
                G->gemm_tile[0] ? " (--gemm-tile)"
                : tc.split_k > 1 ? " (the schedule's split-K is not generated)" : "");
-      /* occupancy: registers as the configurator estimates them (the f32
-       * accumulators, one k step's fragments, 32 for addresses) */
-      int regs = tc.warp_tile_m * tc.warp_tile_n / 32 + (tc.warp_tile_m / 16) * 4 + (tc.warp_tile_n / 8) * 2 + 32;
-      regs = regs > 255 ? 255 : (regs + 7) / 8 * 8;
       const char *lim = "";
       double waves = 0;
-      int bps = cfg_occupancy(G->dev, tc.threads, cg_gemm_tc_smem(&tc, h16), regs, k->grid * k->grid_y * k->grid_z,
-                              &lim, &waves);
+      int bps = cfg_occupancy(G->dev, tc.threads, cg_gemm_tc_smem(&tc, h16, go.ta, go.tb), tc_regs(&tc),
+                              k->grid * k->grid_y * k->grid_z, &lim, &waves);
       snprintf(k->reason + strlen(k->reason), sizeof k->reason - strlen(k->reason), "; %d blocks/SM (%s), %.2f waves%s",
                bps, lim, waves, go.overwrite ? "; C written, its zero fill folded in" : "");
+      if (h16) k->dyn_smem = cg_gemm_tc_smem(&tc, h16, go.ta, go.tb);
       text = cg_gemm_tc_text(fname, &go, &tc, G->sim);
     } else {
       k->grid = (N + s.bn - 1) / s.bn;
@@ -709,6 +731,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
                tc_kind ? tc_kind : "", tc_kind ? " schedule)" : "");
       text = cg_gemm_text(fname, &go, &s, G->sim);
     }
+    if (getenv("NOVA_TMP_GEMM")) fputs(text, stderr);
     MlirOperation fn = text ? mlirOperationCreateParse(G->ctx, nova_str(text), nova_str(fname)) : (MlirOperation){NULL};
     free(text);
     if (mlirOperationIsNull(fn)) {
@@ -799,6 +822,21 @@ static MlirOperation entry_function(MlirModule m) {
 /* The outlined kernels, one gpu.module each, become functions of the first
  * module, renamed nova_kI in launch order (globals cloned into several
  * modules are kept once). */
+/* Every shared-memory buffer of kernel F 16-byte aligned (llvm.align of
+ * its workgroup attributions; the lowering's default is the element's):
+ * the GEMMs' cp.async, ldmatrix and vector accesses move 16 bytes at a
+ * time. */
+static void align_workgroup(MlirContext ctx, MlirOperation f) {
+  MlirAttribute n = mlirOperationGetAttributeByName(f, nova_str("workgroup_attributions"));
+  int64_t nw = mlirAttributeIsNull(n) || !mlirAttributeIsAInteger(n) ? 0 : mlirIntegerAttrGetValueInt(n);
+  if (nw < 1 || nw > 64) return;
+  MlirAttribute d[64];
+  MlirNamedAttribute al = mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str("llvm.align")),
+                                                mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), 16));
+  for (int64_t i = 0; i < nw; i++) d[i] = mlirDictionaryAttrGet(ctx, 1, &al);
+  mlirOperationSetAttributeByName(f, nova_str("workgroup_attrib_attrs"), mlirArrayAttrGet(ctx, nw, d));
+}
+
 static int merge_modules(gpu_ctx *G, MlirModule m, MlirOperation f) {
   MlirOperation first = {NULL};
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
@@ -830,6 +868,7 @@ static int merge_modules(gpu_ctx *G, MlirModule m, MlirOperation f) {
       MlirAttribute sn = mlirOperationGetAttributeByName(x, nova_str("sym_name"));
       if (cg_op_is(x, "gpu.func") && mlirStringRefEqual(mlirStringAttrGetValue(sn), fname)) {
         mlirOperationSetAttributeByName(x, nova_str("sym_name"), mlirStringAttrGet(G->ctx, nova_str(kname)));
+        align_workgroup(G->ctx, x);
         if (!mlirOperationEqual(mod, first)) {
           mlirOperationRemoveFromParent(x);
           mlirBlockAppendOwnedOperation(firstb, x);

@@ -146,48 +146,6 @@ static bool rows_aligned8(MlirType t, MlirType full, bool views, int nbatch, con
   return true;
 }
 
-/* Stages a TR x TC tile of SRC (type SRCT; stored coordinates: rows SR,
- * columns SC, the tile at (OROW, OCOL)) with vector loads of 8 16-bit
- * values along its rows (rows_aligned8 holds: a vector is all inside SRC
- * or all outside, then zeros) into DST[i][j..j+7], or with SCATTER into
- * DST[j..j+7][i] (the tile transposed: 8 stores).  Consecutive threads take
- * consecutive vectors of a row: a warp reads 512 contiguous bytes. */
-static void stage_vec(gemm_gen *g, const char *src, const char *srct, int64_t SR, int64_t SC, const char *orow,
-                      const char *ocol, int64_t TR, int64_t TC, const char *dst, const char *dstt, bool scatter) {
-  int64_t nvec = TR * (TC / 8);
-  const char *V = !strcmp(g->TS, "bf16") ? "vector<8xbf16>" : "vector<8xf16>";
-  const char *al = g->sim ? "" : " {alignment = 16 : i64}";
-  int cwd = cidx(g, TC / 8), c8 = cidx(g, 8), csr = cidx(g, SR), csc = cidx(g, SC), cn = cidx(g, nvec);
-  int cnt = cidx(g, g->s.threads), citer = cidx(g, (nvec + g->s.threads - 1) / g->s.threads);
-  int si = fresh(g), off = fresh(g), e = fresh(g), ine = fresh(g);
-  P("scf.for %%t%d = %%c0 to %%t%d step %%c1 {\n%%t%d = arith.muli %%t%d, %%t%d : index\n"
-    "%%t%d = arith.addi %%tx, %%t%d : index\n%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\nscf.if %%t%d {\n",
-    si, citer, off, si, cnt, e, off, ine, e, cn, ine);
-  int i = fresh(g), jv = fresh(g), j = fresh(g), gi = fresh(g), gj = fresh(g);
-  P("%%t%d = arith.divui %%t%d, %%t%d : index\n%%t%d = arith.remui %%t%d, %%t%d : index\n"
-    "%%t%d = arith.muli %%t%d, %%t%d : index\n",
-    i, e, cwd, jv, e, cwd, j, jv, c8);
-  P("%%t%d = arith.addi %s, %%t%d : index\n%%t%d = arith.addi %s, %%t%d : index\n", gi, orow, i, gj, ocol, j);
-  int ok1 = fresh(g), ok2 = fresh(g), ok = fresh(g), v = fresh(g), l = fresh(g), z = fresh(g);
-  P("%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n"
-    "%%t%d = arith.andi %%t%d, %%t%d : i1\n",
-    ok1, gi, csr, ok2, gj, csc, ok, ok1, ok2);
-  P("%%t%d = scf.if %%t%d -> (%s) {\n%%t%d = vector.load %s[%%t%d, %%t%d]%s : %s, %s\nscf.yield %%t%d : %s\n"
-    "} else {\n%%t%d = arith.constant dense<0.0> : %s\nscf.yield %%t%d : %s\n}\n",
-    v, ok, V, l, src, gi, gj, al, srct, V, l, V, z, V, z, V);
-  if (!scatter) {
-    P("vector.store %%t%d, %s[%%t%d, %%t%d]%s : %s, %s\n", v, dst, i, j, al, dstt, V);
-  } else {
-    for (int q = 0; q < 8; q++) {
-      int x = fresh(g), cq = cidx(g, q), jq = fresh(g);
-      P("%%t%d = vector.extract %%t%d[%d] : %s from %s\n%%t%d = arith.addi %%t%d, %%t%d : index\n"
-        "memref.store %%t%d, %s[%%t%d, %%t%d] : %s\n",
-        x, v, q, g->TS, V, jq, j, cq, x, dst, jq, i, dstt);
-    }
-  }
-  P("}\n}\n");
-}
-
 /* The accumulators: on the GPU, SSA values carried through the K loops
  * (registers); in the sim form, a per-thread slice of a memref (the
  * threads of a phase run one after the other).  acc_get returns the name of
@@ -528,22 +486,17 @@ static int add_c(gemm_gen *g, const char *base, int64_t v) {
   return r;
 }
 
-/* The (row, k) positions in the block tile of this thread's operand values
- * of A's mma row tile MI (c->fa of them, in fragment order) and of B's
- * column tile NI ((col, k), c->fb), for the k step KS (an SSA name). */
+/* The (row, k) positions in the block tile of this thread's tf32 operand
+ * values of A's mma row tile MI (c->fa of them, in fragment order) and of
+ * B's column tile NI ((col, k), c->fb), for the k step KS (an SSA name). */
 /* %t<result> = ORIGIN + TILE + g (the fragment's first row or column),
- * and in KB the name of its first k: KS + 2t (16-bit) or KS + t (tf32). */
+ * and in KB the name of its first k: KS + t. */
 static int frag_origin(tc_gen *c, const char *origin, int tile, const char *ks, char *kb, size_t n) {
   gemm_gen *g = c->g;
   char ob[24];
   snprintf(ob, sizeof ob, "%%t%d", add_c(g, origin, tile));
   int r0 = fresh(g), k0 = fresh(g);
-  P("%%t%d = arith.addi %s, %%g : index\n", r0, ob);
-  if (c->h16) {
-    int t2 = fresh(g), c2 = cidx(g, 2);
-    P("%%t%d = arith.muli %%t, %%t%d : index\n%%t%d = arith.addi %%t%d, %s : index\n", t2, c2, k0, t2, ks);
-  } else
-    P("%%t%d = arith.addi %%t, %s : index\n", k0, ks);
+  P("%%t%d = arith.addi %s, %%g : index\n%%t%d = arith.addi %%t, %s : index\n", r0, ob, k0, ks);
   snprintf(kb, n, "%%t%d", k0);
   return r0;
 }
@@ -553,11 +506,9 @@ static void frag_pos_a(tc_gen *c, const char *ks, int mi, int *row, int *k) {
   char rb[24], kb[24];
   int r0 = frag_origin(c, "%m0", mi * 16, ks, kb, sizeof kb);
   snprintf(rb, sizeof rb, "%%t%d", r0);
-  for (int e = 0; e < c->fa; e++) {
-    /* 16-bit: value e = 2r + j of register r; tf32: register e */
-    int r = c->h16 ? e / 2 : e, j = c->h16 ? e % 2 : 0;
-    row[e] = r % 2 ? add_c(g, rb, 8) : r0;
-    k[e] = c->h16 ? add_c(g, kb, j + 8 * (r / 2)) : add_c(g, kb, 4 * (r / 2));
+  for (int r = 0; r < c->fa; r++) {
+    row[r] = r % 2 ? add_c(g, rb, 8) : r0;
+    k[r] = add_c(g, kb, 4 * (r / 2));
   }
 }
 
@@ -565,10 +516,9 @@ static void frag_pos_b(tc_gen *c, const char *ks, int ni, int *col, int *k) {
   gemm_gen *g = c->g;
   char kb[24];
   int c0 = frag_origin(c, "%n0", ni * 8, ks, kb, sizeof kb);
-  for (int e = 0; e < c->fb; e++) {
-    int r = c->h16 ? e / 2 : e, j = c->h16 ? e % 2 : 0;
-    col[e] = c0;
-    k[e] = c->h16 ? add_c(g, kb, j + 8 * r) : add_c(g, kb, 4 * r);
+  for (int r = 0; r < c->fb; r++) {
+    col[r] = c0;
+    k[r] = add_c(g, kb, 4 * r);
   }
 }
 
@@ -583,26 +533,8 @@ static int load_a(tc_gen *c, int row, int k) {
 static int load_b(tc_gen *c, int col, int k) {
   gemm_gen *g = c->g;
   int v = fresh(g);
-  if (c->h16) P("%%t%d = memref.load %%Bs[%%t%d, %%t%d] : %s\n", v, col, k, g->Bs);
-  else P("%%t%d = memref.load %%Bs[%%t%d, %%t%d] : %s\n", v, k, col, g->Bs);
+  P("%%t%d = memref.load %%Bs[%%t%d, %%t%d] : %s\n", v, k, col, g->Bs);
   return v;
-}
-
-/* One 16-bit register: the two values at [I, K], [I, K + 1] of the tile
- * BUF (type BT), as the mma takes it (i32 for bf16, vector<2xf16>). */
-static int load_pair(tc_gen *c, const char *buf, const char *bt, int i, int k) {
-  gemm_gen *g = c->g;
-  int v = fresh(g);
-  /* (4-byte aligned: k is even, a padded row an even number of values; as
-   * one ld.shared.b32, not two 16-bit loads) */
-  P("%%t%d = vector.load %s[%%t%d, %%t%d]%s : %s, vector<2x%s>\n", v, buf, i, k,
-    g->sim ? "" : " {alignment = 4 : i64}", bt, g->TS);
-  if (strcmp(g->TS, "bf16")) return v;
-  int w = fresh(g), x = fresh(g);
-  P("%%t%d = vector.bitcast %%t%d : vector<2xbf16> to vector<1xi32>\n%%t%d = vector.extract %%t%d[0] : i32 from "
-    "vector<1xi32>\n",
-    w, v, x, w);
-  return x;
 }
 
 /* Sim: acc[tx][idx][i] += sum_k A(row, k) B(k, col) over the fragments of
@@ -692,6 +624,45 @@ static int mma(tc_gen *c, int idx, const int *a, const int *b) {
   return d;
 }
 
+/* C (+)= the accumulators: element (r, cc) of mma tile (mi, ni) at row
+ * g + 8r, column 2t + cc of the warp tile. */
+static void tc_store(tc_gen *c, const char *Ct) {
+  gemm_gen *g = c->g;
+  const char *V = "vector<2x2xf32>";
+  phase_begin(g);
+  if (g->sim) warp_pos(c);
+  int cm = cidx(g, g->M), cn = cidx(g, g->N), c2 = cidx(g, 2);
+  P("%%gr0 = arith.addi %%row0, %%m0 : index\n%%gr1 = arith.addi %%gr0, %%g : index\n"
+    "%%gc0 = arith.addi %%col0, %%n0 : index\n%%tt2 = arith.muli %%t, %%t%d : index\n"
+    "%%gc1 = arith.addi %%gc0, %%tt2 : index\n",
+    c2);
+  for (int mi = 0; mi < c->mi; mi++)
+    for (int ni = 0; ni < c->ni; ni++)
+      for (int i = 0; i < 4; i++) {
+        int idx = mi * c->ni + ni;
+        int cr = cidx(g, mi * 16 + 8 * (i / 2)), cc = cidx(g, ni * 8 + i % 2), row = fresh(g), col = fresh(g);
+        P("%%t%d = arith.addi %%gr1, %%t%d : index\n%%t%d = arith.addi %%gc1, %%t%d : index\n", row, cr, col, cc);
+        int ok1 = fresh(g), ok2 = fresh(g), ok = fresh(g);
+        P("%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n"
+          "%%t%d = arith.andi %%t%d, %%t%d : i1\nscf.if %%t%d {\n",
+          ok1, row, cm, ok2, col, cn, ok, ok1, ok2, ok);
+        int v = fresh(g);
+        if (g->sim) {
+          int cidxv = cidx(g, idx), ci = cidx(g, i);
+          P("%%t%d = memref.load %%acc[%%tx, %%t%d, %%t%d] : %s\n", v, cidxv, ci, c->accm);
+        } else
+          P("%%t%d = vector.extract %%kres#%d[%d, %d] : f32 from %s\n", v, idx, i / 2, i % 2, V);
+        int cv = fresh(g), sum = fresh(g);
+        if (g->o->overwrite)
+          P("memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n}\n", v, row, col, Ct);
+        else
+          P("%%t%d = memref.load %%C[%%t%d, %%t%d] : %s\n%%t%d = arith.addf %%t%d, %%t%d : f32\n"
+            "memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n}\n",
+            cv, row, col, Ct, sum, cv, v, sum, row, col, Ct);
+      }
+  phase_end(g);
+}
+
 static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
   gemm_gen *g = c->g;
   const cfg_gemm_schedule *s = c->s;
@@ -708,18 +679,8 @@ static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
     warp_pos(c);
   int cbk = open_k_loop(g, s->bm, s->bn, s->bk, nacc, "%vz", V);
   phase_begin(g);
-  /* 16-bit operands whose rows allow it: vectors of 8 along the stored rows */
-  const cg_gemm_operands *o = g->o;
-  bool va = c->h16 && rows_aligned8(o->a, o->fa, o->views, o->nbatch, o->bstride[0]) && s->bk % 8 == 0 &&
-            s->bm % 8 == 0,
-       vb = c->h16 && rows_aligned8(o->b, o->fb, o->views, o->nbatch, o->bstride[1]) && s->bk % 8 == 0 &&
-            s->bn % 8 == 0;
-  if (va && !g->ta) stage_vec(g, "%A", At, g->M, g->K, "%row0", "%k0", s->bm, s->bk, "%As", g->As, false);
-  else if (va) stage_vec(g, "%A", At, g->K, g->M, "%k0", "%row0", s->bk, s->bm, "%As", g->As, true);
-  else stage(g, "%A", At, g->ta, "%As", g->As, g->M, g->K, "%row0", "%k0", s->bk, (int64_t)s->bm * s->bk, false);
-  if (vb && g->tb) stage_vec(g, "%B", Bt, g->N, g->K, "%col0", "%k0", s->bn, s->bk, "%Bs", g->Bs, false);
-  else if (vb) stage_vec(g, "%B", Bt, g->K, g->N, "%k0", "%col0", s->bk, s->bn, "%Bs", g->Bs, true);
-  else stage(g, "%B", Bt, g->tb, "%Bs", g->Bs, g->K, g->N, "%k0", "%col0", s->bn, (int64_t)s->bk * s->bn, c->h16);
+  stage(g, "%A", At, g->ta, "%As", g->As, g->M, g->K, "%row0", "%k0", s->bk, (int64_t)s->bm * s->bk, false);
+  stage(g, "%B", Bt, g->tb, "%Bs", g->Bs, g->K, g->N, "%k0", "%col0", s->bn, (int64_t)s->bk * s->bn, false);
   phase_end(g);
   if (!g->sim) P("gpu.barrier\n");
   int pos[8], kk[8];
@@ -762,13 +723,11 @@ static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
     int a[16][4], b[32][2], d[256];
     for (int mi = 0; mi < c->mi; mi++) {
       frag_pos_a(c, "%ks", mi, pos, kk);
-      for (int r = 0; r < 4; r++)
-        a[mi][r] = c->h16 ? load_pair(c, "%As", g->As, pos[2 * r], kk[2 * r]) : load_a(c, pos[r], kk[r]);
+      for (int r = 0; r < 4; r++) a[mi][r] = load_a(c, pos[r], kk[r]);
     }
     for (int ni = 0; ni < c->ni; ni++) {
       frag_pos_b(c, "%ks", ni, pos, kk);
-      for (int r = 0; r < 2; r++)
-        b[ni][r] = c->h16 ? load_pair(c, "%Bs", g->Bs, pos[2 * r], kk[2 * r]) : load_b(c, pos[r], kk[r]);
+      for (int r = 0; r < 2; r++) b[ni][r] = load_b(c, pos[r], kk[r]);
     }
     for (int mi = 0; mi < c->mi; mi++)
       for (int ni = 0; ni < c->ni; ni++) d[mi * c->ni + ni] = mma(c, mi * c->ni + ni, a[mi], b[ni]);
@@ -783,57 +742,357 @@ static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
     P("\n");
   }
   P("}\n");
-  /* C += accumulators: element (r, cc) of tile (mi, ni) at row g + 8r, column 2t + cc */
-  phase_begin(g);
-  if (g->sim) warp_pos(c);
-  int cm = cidx(g, g->M), cn = cidx(g, g->N), c2 = cidx(g, 2);
-  P("%%gr0 = arith.addi %%row0, %%m0 : index\n%%gr1 = arith.addi %%gr0, %%g : index\n"
-    "%%gc0 = arith.addi %%col0, %%n0 : index\n%%tt2 = arith.muli %%t, %%t%d : index\n"
-    "%%gc1 = arith.addi %%gc0, %%tt2 : index\n",
-    c2);
-  for (int mi = 0; mi < c->mi; mi++)
-    for (int ni = 0; ni < c->ni; ni++)
-      for (int i = 0; i < 4; i++) {
-        int idx = mi * c->ni + ni;
-        int cr = cidx(g, mi * 16 + 8 * (i / 2)), cc = cidx(g, ni * 8 + i % 2), row = fresh(g), col = fresh(g);
-        P("%%t%d = arith.addi %%gr1, %%t%d : index\n%%t%d = arith.addi %%gc1, %%t%d : index\n", row, cr, col, cc);
-        int ok1 = fresh(g), ok2 = fresh(g), ok = fresh(g);
-        P("%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n"
-          "%%t%d = arith.andi %%t%d, %%t%d : i1\nscf.if %%t%d {\n",
-          ok1, row, cm, ok2, col, cn, ok, ok1, ok2, ok);
-        int v = fresh(g);
-        if (g->sim) {
-          int cidxv = cidx(g, idx), ci = cidx(g, i);
-          P("%%t%d = memref.load %%acc[%%tx, %%t%d, %%t%d] : %s\n", v, cidxv, ci, c->accm);
-        } else
-          P("%%t%d = vector.extract %%kres#%d[%d, %d] : f32 from %s\n", v, idx, i / 2, i % 2, V);
-        int cv = fresh(g), sum = fresh(g);
-        if (g->o->overwrite)
-          P("memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n}\n", v, row, col, Ct);
-        else
-          P("%%t%d = memref.load %%C[%%t%d, %%t%d] : %s\n%%t%d = arith.addf %%t%d, %%t%d : f32\n"
-            "memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n}\n",
-            cv, row, col, Ct, sum, cv, v, sum, row, col, Ct);
+  tc_store(c, Ct);
+}
+
+/* ---- 16-bit operands: an S-stage cp.async pipeline, ldmatrix fragments --
+ *
+ * Each operand's tile is staged as the operand is stored: A as [BM][BK]
+ * (or, stored K x M, [BK][BM]), B as [BN][BK] (or, stored K x N, [BK][BN]),
+ * every row padded by 8 values (a row is then 4 words past a multiple of
+ * 8 words: the 8 rows an ldmatrix reads at once fall on 32 distinct banks),
+ * S stages of both in shared memory.  Rows whose values allow it
+ * (rows_aligned8) are copied 16 bytes at a time by cp.async (cg: around
+ * L1), zero-filled past the operand (a source size of 0); other operands
+ * value by value, loaded and stored.  The K loop, over the BK-deep tiles:
+ *   prologue: tiles 0 .. S-2 into stages 0 .. S-2, one commit group each;
+ *   tile kt: wait until at most S-2 groups are pending (tile kt has landed,
+ *   for this thread), barrier (for every thread; and every thread is done
+ *   with stage (kt-1) % S), copy tile kt+S-1 into that stage, commit, and
+ *   compute from stage kt % S;
+ * with one stage: barrier, copy tile kt, wait for it, barrier, compute.
+ * Tiles past K are zero-filled, never read from the operand.
+ * Fragments come from ldmatrix: .x4 for an mma row tile of A (its four 8x8
+ * matrices are the registers a0..a3), .x4 for two column tiles of B and .x2
+ * for a last one (b0, b1 of each), .trans where the tile is stored with k
+ * along its rows.  Lane l gives the address of row l % 8 of matrix l / 8;
+ * without .trans lane (g, t) receives row g, values 2t and 2t+1 of each
+ * matrix, with .trans values g of rows 2t and 2t+1.
+ * The sim form runs the same stages and indices, copies as vector loads and
+ * stores, and ldmatrix as what it does: every lane publishes its row
+ * addresses to its warp, then gathers its registers from the rows the
+ * other lanes named. */
+
+typedef struct pipe16 {
+  tc_gen *c;
+  int S;                   /* stages */
+  bool kca, kcb;           /* A stored M x K, B stored N x K: k along the staged rows */
+  bool va, vb;             /* 16-byte copies */
+  int64_t ar, ac, br, bc;  /* the staged tiles' rows and (unpadded) columns */
+  int nbx4, nslot;         /* ldmatrix.x4 of B per k step (pairs of column tiles); all ldmatrix per k step */
+  char addr[96];           /* sim: the row addresses [warp][lane][slot][2] */
+} pipe16;
+
+/* Copies the TR x TC window at (OROW, OCOL) of SRC (type SRCT, SR x SC as
+ * stored) into stage STG (an SSA name) of DST, zeros outside SRC; VEC:
+ * 8 values at a time (then TC % 8 == 0 and a vector is all in or all out
+ * of SRC).  Consecutive threads take consecutive pieces of a row. */
+static void copy_tile(gemm_gen *g, const char *src, const char *srct, int64_t SR, int64_t SC, const char *orow,
+                      const char *ocol, int64_t TR, int64_t TC, const char *dst, const char *dstt, const char *stg,
+                      bool vec) {
+  int w = vec ? 8 : 1;
+  int64_t n = TR * (TC / w);
+  const char *V = !strcmp(g->TS, "bf16") ? "vector<8xbf16>" : "vector<8xf16>";
+  int cwd = cidx(g, TC / w), cw = cidx(g, w), csr = cidx(g, SR), csc = cidx(g, SC), cn = cidx(g, n);
+  int cnt = cidx(g, g->s.threads), citer = cidx(g, (n + g->s.threads - 1) / g->s.threads);
+  int si = fresh(g), off = fresh(g), e = fresh(g), ine = fresh(g);
+  P("scf.for %%t%d = %%c0 to %%t%d step %%c1 {\n%%t%d = arith.muli %%t%d, %%t%d : index\n"
+    "%%t%d = arith.addi %%tx, %%t%d : index\n%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\nscf.if %%t%d {\n",
+    si, citer, off, si, cnt, e, off, ine, e, cn, ine);
+  int i = fresh(g), jv = fresh(g), j = fresh(g), gi = fresh(g), gj = fresh(g);
+  P("%%t%d = arith.divui %%t%d, %%t%d : index\n%%t%d = arith.remui %%t%d, %%t%d : index\n"
+    "%%t%d = arith.muli %%t%d, %%t%d : index\n",
+    i, e, cwd, jv, e, cwd, j, jv, cw);
+  P("%%t%d = arith.addi %s, %%t%d : index\n%%t%d = arith.addi %s, %%t%d : index\n", gi, orow, i, gj, ocol, j);
+  int ok1 = fresh(g), ok2 = fresh(g), ok = fresh(g);
+  P("%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n"
+    "%%t%d = arith.andi %%t%d, %%t%d : i1\n",
+    ok1, gi, csr, ok2, gj, csc, ok, ok1, ok2);
+  if (vec && !g->sim) {
+    /* out of SRC: no byte read (source size 0), the address kept inside SRC */
+    int si2 = fresh(g), sj2 = fresh(g), ns = fresh(g), tk = fresh(g);
+    P("%%t%d = arith.select %%t%d, %%t%d, %%c0 : index\n%%t%d = arith.select %%t%d, %%t%d, %%c0 : index\n"
+      "%%t%d = arith.select %%t%d, %%t%d, %%c0 : index\n",
+      si2, ok, gi, sj2, ok, gj, ns, ok, cw);
+    P("%%t%d = nvgpu.device_async_copy %s[%%t%d, %%t%d], %s[%s, %%t%d, %%t%d], 8, %%t%d {bypassL1} : %s to %s\n", tk,
+      src, si2, sj2, dst, stg, i, j, ns, srct, dstt);
+  } else if (vec) {
+    int v = fresh(g), l = fresh(g), z = fresh(g);
+    P("%%t%d = scf.if %%t%d -> (%s) {\n%%t%d = vector.load %s[%%t%d, %%t%d] : %s, %s\nscf.yield %%t%d : %s\n"
+      "} else {\n%%t%d = arith.constant dense<0.0> : %s\nscf.yield %%t%d : %s\n}\n",
+      v, ok, V, l, src, gi, gj, srct, V, l, V, z, V, z, V);
+    P("vector.store %%t%d, %s[%s, %%t%d, %%t%d] : %s, %s\n", v, dst, stg, i, j, dstt, V);
+  } else {
+    int v = fresh(g), l = fresh(g);
+    P("%%t%d = scf.if %%t%d -> (%s) {\n%%t%d = memref.load %s[%%t%d, %%t%d] : %s\nscf.yield %%t%d : %s\n"
+      "} else {\nscf.yield %%zs : %s\n}\n",
+      v, ok, g->TS, l, src, gi, gj, srct, l, g->TS, g->TS);
+    P("memref.store %%t%d, %s[%s, %%t%d, %%t%d] : %s\n", v, dst, stg, i, j, dstt);
+  }
+  P("}\n}\n");
+}
+
+/* Both operands' tiles for the K offset KN into stage STG (SSA names). */
+static void copy_tiles(pipe16 *p, const char *At, const char *Bt, const char *kn, const char *stg) {
+  gemm_gen *g = p->c->g;
+  if (p->kca) copy_tile(g, "%A", At, g->M, g->K, "%row0", kn, p->ar, p->ac, "%As", g->As, stg, p->va);
+  else copy_tile(g, "%A", At, g->K, g->M, kn, "%row0", p->ar, p->ac, "%As", g->As, stg, p->va);
+  if (p->kcb) copy_tile(g, "%B", Bt, g->N, g->K, "%col0", kn, p->br, p->bc, "%Bs", g->Bs, stg, p->vb);
+  else copy_tile(g, "%B", Bt, g->K, g->N, kn, "%col0", p->br, p->bc, "%Bs", g->Bs, stg, p->vb);
+}
+
+/* %l8 (lane % 8), %q (lane / 8: the matrix whose row this lane names) and
+ * its two bits %qa (q % 2) and %qb (q / 2); %q2 (for .x2: (lane % 16) / 8). */
+static void ldm_lane(gemm_gen *g) {
+  int c8 = cidx(g, 8), c2 = cidx(g, 2), c16 = cidx(g, 16), l16 = fresh(g);
+  P("%%l8 = arith.remui %%lane, %%t%d : index\n%%q = arith.divui %%lane, %%t%d : index\n"
+    "%%qa = arith.remui %%q, %%t%d : index\n%%qb = arith.divui %%q, %%t%d : index\n"
+    "%%t%d = arith.remui %%lane, %%t%d : index\n%%q2 = arith.divui %%t%d, %%t%d : index\n",
+    c8, c8, c2, c2, l16, c16, l16, c8);
+}
+
+/* %t<result> = A * 8 + B + C (SSA names; B and C may be NULL). */
+static int lin8(gemm_gen *g, const char *a, const char *b, const char *c) {
+  int c8 = cidx(g, 8), r = fresh(g);
+  P("%%t%d = arith.muli %s, %%t%d : index\n", r, a, c8);
+  const char *t[2] = {b, c};
+  for (int i = 0; i < 2; i++)
+    if (t[i]) {
+      int n = fresh(g);
+      P("%%t%d = arith.addi %%t%d, %s : index\n", n, r, t[i]);
+      r = n;
+    }
+  return r;
+}
+
+/* The row and column this lane names for ldmatrix SLOT of the k step KS:
+ * slots 0 .. mi-1 are A's row tiles, then B's pairs of column tiles, then
+ * a last single one. */
+static void ldm_addr(pipe16 *p, int slot, const char *ks, int *row, int *col) {
+  tc_gen *c = p->c;
+  gemm_gen *g = c->g;
+  char b[24], q[24];
+  if (slot < c->mi) { /* A: matrix q is rows 8 (q % 2), k 8 (q / 2) of the 16 x 16 tile */
+    snprintf(b, sizeof b, "%%t%d", add_c(g, "%m0", slot * 16));
+    if (p->kca) *row = lin8(g, "%qa", b, "%l8"), *col = lin8(g, "%qb", ks, NULL);
+    else *row = lin8(g, "%qb", ks, "%l8"), *col = lin8(g, "%qa", b, NULL);
+    return;
+  }
+  /* B: matrix q is column tile ni + q / 2, k 8 (q % 2) */
+  int ni = 2 * (slot - c->mi);
+  bool x2 = slot - c->mi >= p->nbx4;
+  snprintf(b, sizeof b, "%%t%d", add_c(g, "%n0", ni * 8));
+  snprintf(q, sizeof q, "%s", x2 ? "%q2" : "%qa");
+  int n0 = x2 ? 0 : lin8(g, "%qb", b, NULL);
+  char nb[24];
+  snprintf(nb, sizeof nb, "%%t%d", n0);
+  const char *nbase = x2 ? b : nb;
+  if (p->kcb) {
+    int r = fresh(g);
+    P("%%t%d = arith.addi %s, %%l8 : index\n", r, nbase);
+    *row = r, *col = lin8(g, q, ks, NULL);
+  } else {
+    *row = lin8(g, q, ks, "%l8");
+    int r = fresh(g);
+    P("%%t%d = arith.addi %s, %%c0 : index\n", r, nbase);
+    *col = r;
+  }
+}
+
+/* GPU: ldmatrix SLOT at k step KS from stage %sc; the registers (i32 for
+ * bf16, vector<2xf16>) of A's row tile into A[slot], of B's column tiles
+ * into B[ni]. */
+static void ldm_gpu(pipe16 *p, int slot, const char *ks, int (*A)[4], int (*B)[2]) {
+  tc_gen *c = p->c;
+  gemm_gen *g = c->g;
+  bool isa = slot < c->mi, x2 = !isa && slot - c->mi >= p->nbx4;
+  int row, col, n = x2 ? 2 : 4, v = fresh(g);
+  ldm_addr(p, slot, ks, &row, &col);
+  P("%%t%d = nvgpu.ldmatrix %s[%%sc, %%t%d, %%t%d] {numTiles = %d : i32, transpose = %s} : %s -> vector<%dx2x%s>\n",
+    v, isa ? "%As" : "%Bs", row, col, n, (isa ? p->kca : p->kcb) ? "false" : "true", isa ? g->As : g->Bs, n, g->TS);
+  for (int i = 0; i < n; i++) {
+    int r = fresh(g);
+    P("%%t%d = vector.extract %%t%d[%d] : vector<2x%s> from vector<%dx2x%s>\n", r, v, i, g->TS, n, g->TS);
+    if (!strcmp(g->TS, "bf16")) {
+      int w = fresh(g), x = fresh(g);
+      P("%%t%d = vector.bitcast %%t%d : vector<2xbf16> to vector<1xi32>\n%%t%d = vector.extract %%t%d[0] : i32 from "
+        "vector<1xi32>\n",
+        w, r, x, w);
+      r = x;
+    }
+    if (isa) A[slot][i] = r;
+    else B[2 * (slot - c->mi) + i / 2][i % 2] = r;
+  }
+}
+
+/* Sim, one phase per call: every thread stores the addresses of its slots
+ * at the k step KS; then every thread gathers its fragments (into %fA
+ * [warp][lane][mi][2r + j], %fB [warp][lane][ni][2r + j]: register r, half
+ * j) from the rows its warp's lanes named. */
+static void ldm_sim_publish(pipe16 *p, const char *ks) {
+  gemm_gen *g = p->c->g;
+  for (int s = 0; s < p->nslot; s++) {
+    int row, col, cs = cidx(g, s);
+    ldm_addr(p, s, ks, &row, &col);
+    P("memref.store %%t%d, %%addr[%%warp, %%lane, %%t%d, %%c0] : %s\nmemref.store %%t%d, %%addr[%%warp, %%lane, %%t%d, "
+      "%%c1] : %s\n",
+      row, cs, p->addr, col, cs, p->addr);
+  }
+}
+
+static void ldm_sim_gather(pipe16 *p) {
+  tc_gen *c = p->c;
+  gemm_gen *g = c->g;
+  for (int s = 0; s < p->nslot; s++) {
+    bool isa = s < c->mi, x2 = !isa && s - c->mi >= p->nbx4, trans = !(isa ? p->kca : p->kcb);
+    const char *buf = isa ? "%As" : "%Bs", *bt = isa ? g->As : g->Bs;
+    int cs = cidx(g, s);
+    for (int q = 0; q < (x2 ? 2 : 4); q++)
+      for (int j = 0; j < 2; j++) {
+        /* the lane naming the row: 8q + g, or (.trans) 8q + 2t + j; the value's column: its named column plus
+         * 2t + j, or (.trans) g */
+        int c8q = cidx(g, 8 * q), src = fresh(g), off = fresh(g), cj = cidx(g, j), c2 = cidx(g, 2), t2 = fresh(g);
+        P("%%t%d = arith.muli %%t, %%t%d : index\n%%t%d = arith.addi %%t%d, %%t%d : index\n", t2, c2, off, t2, cj);
+        if (trans) P("%%t%d = arith.addi %%t%d, %%t%d : index\n", src, c8q, off);
+        else P("%%t%d = arith.addi %%t%d, %%g : index\n", src, c8q);
+        int r = fresh(g), cl = fresh(g), cc = fresh(g), v = fresh(g);
+        P("%%t%d = memref.load %%addr[%%warp, %%t%d, %%t%d, %%c0] : %s\n%%t%d = memref.load %%addr[%%warp, %%t%d, "
+          "%%t%d, %%c1] : %s\n",
+          r, src, cs, p->addr, cl, src, cs, p->addr);
+        if (trans) P("%%t%d = arith.addi %%t%d, %%g : index\n", cc, cl);
+        else P("%%t%d = arith.addi %%t%d, %%t%d : index\n", cc, cl, off);
+        P("%%t%d = memref.load %s[%%sc, %%t%d, %%t%d] : %s\n", v, buf, r, cc, bt);
+        int dst_i, dst_e;
+        if (isa) dst_i = s, dst_e = 2 * q + j;
+        else dst_i = 2 * (s - c->mi) + q / 2, dst_e = 2 * (q % 2) + j;
+        int ci = cidx(g, dst_i), ce = cidx(g, dst_e);
+        P("memref.store %%t%d, %s[%%warp, %%lane, %%t%d, %%t%d] : %s\n", v, isa ? "%fA" : "%fB", ci, ce,
+          isa ? c->fA : c->fB);
       }
+  }
+}
+
+static void p16_body(pipe16 *p, const char *At, const char *Bt, const char *Ct) {
+  tc_gen *c = p->c;
+  gemm_gen *g = c->g;
+  const cfg_gemm_schedule *s = c->s;
+  int nacc = c->mi * c->ni, S = p->S;
+  const char *V = "vector<2x2xf32>";
+  char kn[24], stg[24];
+  if (g->sim) { /* zero the accumulators */
+    phase_begin(g);
+    int cn = cidx(g, nacc), c4 = cidx(g, 4);
+    P("scf.for %%ai = %%c0 to %%t%d step %%c1 {\nscf.for %%aj = %%c0 to %%t%d step %%c1 {\n"
+      "memref.store %%zero, %%acc[%%tx, %%ai, %%aj] : %s\n}\n}\n",
+      cn, c4, c->accm);
+    phase_end(g);
+  } else {
+    warp_pos(c);
+    ldm_lane(g);
+  }
+  int cbm = cidx(g, s->bm), cbn = cidx(g, s->bn), cbk = cidx(g, s->bk), cS = cidx(g, S), cS1 = cidx(g, S - 1);
+  int cnkt = cidx(g, (g->K + s->bk - 1) / s->bk);
+  P("%%row0 = arith.muli %%by, %%t%d : index\n%%col0 = arith.muli %%bx, %%t%d : index\n", cbm, cbn);
+  /* prologue: tiles 0 .. S-2 */
+  int tokp = -1;
+  for (int q = 0; q + 1 < S; q++) {
+    snprintf(kn, sizeof kn, "%%t%d", cidx(g, (int64_t)q * s->bk));
+    snprintf(stg, sizeof stg, "%%t%d", cidx(g, q));
+    phase_begin(g);
+    copy_tiles(p, At, Bt, kn, stg);
+    phase_end(g);
+    if (!g->sim) P("%%t%d = \"nvgpu.device_async_create_group\"() : () -> !nvgpu.device.async.token\n", tokp = fresh(g));
+  }
+  if (g->sim) P("scf.for %%kt = %%c0 to %%t%d step %%c1 {\n", cnkt);
+  else {
+    P("%%kres:%d = scf.for %%kt = %%c0 to %%t%d step %%c1 iter_args(", nacc, cnkt);
+    for (int i = 0; i < nacc; i++) P("%s%%x%d = %%vz", i ? ", " : "", i);
+    P(") -> (");
+    for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", V);
+    P(") {\n");
+    if (S >= 2) P("nvgpu.device_async_wait %%t%d {numGroups = %d : i32}\n", tokp, S - 2);
+    P("gpu.barrier\n");
+  }
+  /* tile kt + S - 1 into stage (kt + S - 1) % S; compute from stage kt % S */
+  P("%%ktn = arith.addi %%kt, %%t%d : index\n%%kn = arith.muli %%ktn, %%t%d : index\n"
+    "%%sn = arith.remui %%ktn, %%t%d : index\n%%sc = arith.remui %%kt, %%t%d : index\n",
+    cS1, cbk, cS, cS);
+  phase_begin(g);
+  copy_tiles(p, At, Bt, "%kn", "%sn");
   phase_end(g);
+  if (!g->sim) {
+    int tk = fresh(g);
+    P("%%t%d = \"nvgpu.device_async_create_group\"() : () -> !nvgpu.device.async.token\n", tk);
+    if (S == 1) P("nvgpu.device_async_wait %%t%d {numGroups = 0 : i32}\ngpu.barrier\n", tk);
+  }
+  if (g->sim) {
+    for (int ks = 0; ks < s->bk; ks += 16) {
+      char ksn[24];
+      snprintf(ksn, sizeof ksn, "%%t%d", cidx(g, ks));
+      phase_begin(g);
+      warp_pos(c);
+      ldm_lane(g);
+      ldm_sim_publish(p, ksn);
+      phase_end(g);
+      phase_begin(g);
+      warp_pos(c);
+      ldm_sim_gather(p);
+      phase_end(g);
+      phase_begin(g);
+      warp_pos(c);
+      for (int mi = 0; mi < c->mi; mi++)
+        for (int ni = 0; ni < c->ni; ni++) emulate_mma(c, mi, ni);
+      phase_end(g);
+    }
+    P("}\n");
+  } else {
+    int c16 = cidx(g, 16);
+    P("%%kkres:%d = scf.for %%ks = %%c0 to %%t%d step %%t%d iter_args(", nacc, cbk, c16);
+    for (int i = 0; i < nacc; i++) P("%s%%y%d = %%x%d", i ? ", " : "", i, i);
+    P(") -> (");
+    for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", V);
+    P(") {\n");
+    int a[16][4], b[32][2], d[256];
+    for (int sl = 0; sl < p->nslot; sl++) ldm_gpu(p, sl, "%ks", a, b);
+    for (int mi = 0; mi < c->mi; mi++)
+      for (int ni = 0; ni < c->ni; ni++) d[mi * c->ni + ni] = mma(c, mi * c->ni + ni, a[mi], b[ni]);
+    P("scf.yield ");
+    for (int i = 0; i < nacc; i++) P("%s%%t%d", i ? ", " : "", d[i]);
+    P(" : ");
+    for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", V);
+    P("\n}\nscf.yield ");
+    for (int i = 0; i < nacc; i++) P("%s%%kkres#%d", i ? ", " : "", i);
+    P(" : ");
+    for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", V);
+    P("\n}\n");
+    /* the zero-filled copies past K still pending */
+    if (S >= 2) P("nvgpu.device_async_wait %%t%d {numGroups = 0 : i32}\n", tokp);
+  }
+  tc_store(c, Ct);
 }
 
-/* Each staged tile's rows padded so that a warp's fragment loads hit 32
- * distinct banks: a 16-bit tile's rows (BK values) by 8 (a row is then 4
- * words past a multiple of 8 words: the 8 rows g of a load start in
- * distinct groups of 4 banks, the 4 columns t fill them); a tf32 A tile's
- * by 4 (the same, in f32); a tf32 B tile's rows (BN values, read down k
- * by t) to 8 past a multiple of 32. */
-static void tc_pads(const struct cfg_gemm_schedule *s, bool h16, int *pa, int *pb) {
-  *pa = h16 ? 8 : 4;
-  *pb = h16 ? 8 : ((8 - s->bn % 32) % 32 + 32) % 32;
+/* The staged tiles of one stage: tf32 A [BM][BK + 4] and B [BK][BN + pad]
+ * (pad: BN's rows to 8 words past a multiple of 32: a warp's loads down k
+ * by t then hit distinct banks); 16-bit tiles as stored, rows padded by 8
+ * (p16 above).  Sizes in elements; the element size is 2 or 4 bytes. */
+static void tc_tiles(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb, int64_t dims[2][2]) {
+  if (!h16) {
+    dims[0][0] = s->bm, dims[0][1] = s->bk + 4;
+    dims[1][0] = s->bk, dims[1][1] = s->bn + ((8 - s->bn % 32) % 32 + 32) % 32;
+    return;
+  }
+  dims[0][0] = ta ? s->bk : s->bm, dims[0][1] = (ta ? s->bm : s->bk) + 8;
+  dims[1][0] = tb ? s->bn : s->bk, dims[1][1] = (tb ? s->bk : s->bn) + 8;
 }
 
-int64_t cg_gemm_tc_smem(const struct cfg_gemm_schedule *s, bool h16) {
-  int pa, pb;
-  tc_pads(s, h16, &pa, &pb);
-  return h16 ? ((int64_t)s->bm * (s->bk + pa) + (int64_t)s->bn * (s->bk + pb)) * 2
-             : ((int64_t)s->bm * (s->bk + pa) + (int64_t)s->bk * (s->bn + pb)) * 4;
+int64_t cg_gemm_tc_stage_bytes(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb) {
+  int64_t d[2][2];
+  tc_tiles(s, h16, ta, tb, d);
+  return (d[0][0] * d[0][1] + d[1][0] * d[1][1]) * (h16 ? 2 : 4);
+}
+
+int64_t cg_gemm_tc_smem(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb) {
+  return cg_gemm_tc_stage_bytes(s, h16, ta, tb) * (h16 && s->stages > 1 ? s->stages : 1);
 }
 
 char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_schedule *s, bool sim) {
@@ -846,11 +1105,24 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
   G.conv = h16 ? CV_NONE : CV_TF32;
   char *A = type_str(o->a), *B = type_str(o->b), *Ct = type_str(o->c);
   const char *space = sim ? "" : ", #gpu.address_space<workgroup>";
-  int pa, pb;
-  tc_pads(s, h16, &pa, &pb);
-  snprintf(G.As, sizeof G.As, "memref<%dx%dx%s%s>", s->bm, s->bk + pa, G.TS, space);
-  if (h16) snprintf(G.Bs, sizeof G.Bs, "memref<%dx%dx%s%s>", s->bn, s->bk + pb, G.TS, space);
-  else snprintf(G.Bs, sizeof G.Bs, "memref<%dx%dx%s%s>", s->bk, s->bn + pb, G.TS, space);
+  int64_t d[2][2];
+  tc_tiles(s, h16, G.ta, G.tb, d);
+  pipe16 P16 = {&C, s->stages > 1 ? s->stages : 1, !G.ta, G.tb, false, false, 0, 0, 0, 0, 0, 0, ""};
+  if (h16) {
+    char st[24];
+    snprintf(st, sizeof st, "%dx", P16.S);
+    snprintf(G.As, sizeof G.As, "memref<%s%lldx%lldx%s%s>", st, (long long)d[0][0], (long long)d[0][1], G.TS, space);
+    snprintf(G.Bs, sizeof G.Bs, "memref<%s%lldx%lldx%s%s>", st, (long long)d[1][0], (long long)d[1][1], G.TS, space);
+    P16.ar = d[0][0], P16.ac = d[0][1] - 8, P16.br = d[1][0], P16.bc = d[1][1] - 8;
+    P16.va = rows_aligned8(o->a, o->fa, o->views, o->nbatch, o->bstride[0]) && P16.ac % 8 == 0;
+    P16.vb = rows_aligned8(o->b, o->fb, o->views, o->nbatch, o->bstride[1]) && P16.bc % 8 == 0;
+    P16.nbx4 = C.ni / 2;
+    P16.nslot = C.mi + C.ni / 2 + C.ni % 2;
+    snprintf(P16.addr, sizeof P16.addr, "memref<%dx32x%dx2xindex>", s->warps, P16.nslot);
+  } else {
+    snprintf(G.As, sizeof G.As, "memref<%lldx%lldx%s%s>", (long long)d[0][0], (long long)d[0][1], G.TS, space);
+    snprintf(G.Bs, sizeof G.Bs, "memref<%lldx%lldx%s%s>", (long long)d[1][0], (long long)d[1][1], G.TS, space);
+  }
   int nw = s->warps;
   snprintf(C.fA, sizeof C.fA, "memref<%dx32x%dx%dx%s>", nw, C.mi, C.fa, G.TS);
   snprintf(C.fB, sizeof C.fB, "memref<%dx32x%dx%dx%s>", nw, C.ni, C.fb, G.TS);
@@ -865,6 +1137,23 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
       "%%Bs = memref.alloc() : %s\n%%acc = memref.alloc() : %s\n%%fA = memref.alloc() : %s\n"
       "%%fB = memref.alloc() : %s\n",
       G.TS, G.As, G.Bs, C.accm, C.fA, C.fB);
+    if (h16) P("%%addr = memref.alloc() : %s\n", P16.addr);
+  } else if (h16) {
+    /* the stages in dynamic shared memory: past a block's static 48 KiB
+     * up to the device's opt-in limit (the runtime opts in at launch) */
+    int64_t abytes = (int64_t)P16.S * d[0][0] * d[0][1] * 2;
+    P("%%dsm = arith.constant %lld : i32\n", (long long)cg_gemm_tc_smem(s, true, G.ta, G.tb));
+    P("gpu.launch blocks(%%bx, %%by, %%bz) in (%%sx = %%gx, %%sy = %%gy, %%sz = %%gz) threads(%%tx, %%ty, %%tz) in "
+      "(%%ux = %%nt, %%uy = %%c1, %%uz = %%c1) dynamic_shared_memory_size %%dsm {\n");
+    P("%%dyn = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>\n"
+      "%%offb = arith.constant %lld : index\n"
+      "%%As = memref.view %%dyn[%%c0][] : memref<?xi8, #gpu.address_space<workgroup>> to %s\n"
+      "%%Bs = memref.view %%dyn[%%offb][] : memref<?xi8, #gpu.address_space<workgroup>> to %s\n",
+      (long long)abytes, G.As, G.Bs);
+    batch_views(g, A, B, Ct);
+    P("%%zero = arith.constant 0.0 : f32\n%%zs = arith.constant 0.0 : %s\n"
+      "%%vz = arith.constant dense<0.0> : vector<2x2xf32>\n",
+      G.TS);
   } else {
     P("gpu.launch blocks(%%bx, %%by, %%bz) in (%%sx = %%gx, %%sy = %%gy, %%sz = %%gz) threads(%%tx, %%ty, %%tz) in "
       "(%%ux = %%nt, %%uy = %%c1, %%uz = %%c1) workgroup(%%As : %s, %%Bs : %s) {\n",
@@ -874,7 +1163,9 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
       "%%vz = arith.constant dense<0.0> : vector<2x2xf32>\n",
       G.TS);
   }
-  tc_body(&C, A, B, Ct);
-  const char *names[] = {"%As", "%Bs", "%acc", "%fA", "%fB", NULL}, *types[] = {G.As, G.Bs, C.accm, C.fA, C.fB};
+  if (h16) p16_body(&P16, A, B, Ct);
+  else tc_body(&C, A, B, Ct);
+  const char *names[] = {"%As", "%Bs", "%acc", "%fA", "%fB", h16 ? "%addr" : NULL, NULL},
+             *types[] = {G.As, G.Bs, C.accm, C.fA, C.fB, P16.addr};
   return close_func(g, names, types, A, B, Ct);
 }

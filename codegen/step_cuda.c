@@ -182,7 +182,8 @@ void cg_cuda_manifest(cJSON *root, const cg_gpu *gpu) {
     cJSON_AddItemToArray(bl, cJSON_CreateNumber((double)k->block));
     cJSON_AddItemToArray(bl, cJSON_CreateNumber(1));
     cJSON_AddItemToArray(bl, cJSON_CreateNumber(1));
-    cJSON_AddNumberToObject(e, "shared_memory", (double)k->smem);
+    cJSON_AddNumberToObject(e, "shared_memory", (double)(k->smem + k->dyn_smem));
+    if (k->dyn_smem) cJSON_AddNumberToObject(e, "dynamic_shared_memory", (double)k->dyn_smem);
     if (k->regs) cJSON_AddNumberToObject(e, "registers", k->regs);
     cJSON_AddStringToObject(e, "schedule", k->reason);
     if (k->gemm) { /* what a tile search needs to make the GEMM again (bench/bench_gpu.py) */
@@ -200,6 +201,7 @@ void cg_cuda_manifest(cJSON *root, const cg_gpu *gpu) {
                                                                : "fma");
       cJSON *t = cJSON_AddArrayToObject(g, "tile");
       for (int j = 0; j < 5; j++) cJSON_AddItemToArray(t, cJSON_CreateNumber(k->gemm_tile[j]));
+      if (k->tensor_core) cJSON_AddNumberToObject(g, "stages", k->gemm_tile[5]);
     }
     cJSON_AddItemToArray(ks, e);
   }

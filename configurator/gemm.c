@@ -192,6 +192,28 @@ int cfg_occupancy(const cfg_device *d, int threads, int64_t smem, int regs, int6
     return (int)blocks;
 }
 
+int cfg_gemm_stages(const cfg_device *d, int64_t stage_bytes, int threads, int regs, int64_t k_tiles,
+                    const char **why)
+{
+    const char *w = "k tiles";
+    int s = 1;
+    if (stage_bytes < 1 || k_tiles < 2) { if (why) *why = w; return 1; }
+    int64_t by_static = d->smem_per_block_optin / stage_bytes;
+    if (by_static < 2) { if (why) *why = "shared memory per block"; return 1; }
+    s = 2;
+    for (;;) {
+        if (s >= 4) { w = "4 stages"; break; }
+        if (s + 1 > k_tiles) { w = "k tiles"; break; }
+        if (s + 1 > by_static) { w = "shared memory per block"; break; }
+        int now = cfg_occupancy(d, threads, s * stage_bytes, regs, 1, NULL, NULL);
+        int more = cfg_occupancy(d, threads, (s + 1) * stage_bytes, regs, 1, NULL, NULL);
+        if (more < now) { w = "shared memory per SM"; break; }
+        s++;
+    }
+    if (why) *why = w;
+    return s;
+}
+
 cfg_gemm_cpu_schedule cfg_gemm_cpu(const cfg_device *d, int64_t M, int64_t N, int64_t K, int b)
 {
     if (!d || d->kind != CFG_DEV_CPU || (b != 2 && b != 4 && b != 8)) return cfg_gemm_cpu_tile(d, M, N, K, b, 1, 1);

@@ -89,6 +89,16 @@ typedef struct cfg_gemm_simt_schedule {
  * "blocks") in *LIMIT, and the waves NBLOCKS blocks take in *WAVES. */
 int cfg_occupancy(const cfg_device *d, int threads, int64_t smem, int regs, int64_t nblocks, const char **limit,
                   double *waves);
+/* Shared-memory pipeline depth of a GEMM kernel whose staged tiles take
+ * STAGE_BYTES a stage (THREADS threads a block, about REGS registers a
+ * thread, K_TILES tiles along K): two stages where two fit a block's
+ * (opt-in, dynamic) shared memory and there are two tiles (a block's copies
+ * of the next tile then overlap its MMAs even when it is alone on its SM),
+ * then more, up to 4, while each costs no resident block (shared memory
+ * per SM).  The limit that stopped it goes to WHY ("k tiles", "shared
+ * memory per block", "shared memory per SM", "4 stages"). */
+int cfg_gemm_stages(const cfg_device *d, int64_t stage_bytes, int threads, int regs, int64_t k_tiles,
+                    const char **why);
 cfg_gemm_simt_schedule cfg_gemm_simt(const cfg_device *d, int64_t M, int64_t N, int64_t K, int dtype_bytes);
 
 #endif

@@ -36,7 +36,7 @@ typedef struct opts {
   int opt_level;
   bool train, time_passes, verbose, explain_config, gpu_sim;
   int gpu_block;
-  int gemm_tile[5]; /* --gemm-tile=BMxBNxBK,WMxWN */
+  int gemm_tile[6]; /* --gemm-tile=BMxBNxBK,WMxWN[,S] */
   bool tf32;
   int64_t memory_limit; /* --memory-limit, bytes (0: none) */
   bool no_recompute;    /* --recompute=none */
@@ -296,13 +296,14 @@ static int parse_args(int argc, char **argv, opts *o) {
       o->gpu_block = (int)b;
       nv_sb_printf(&o->flags, " --gpu-block=%ld", b);
     } else if ((v = opt_value(argc, argv, &i, "--gemm-tile"))) {
-      int t[5], n = 0;
+      int t[6] = {0}, n = 0, n2 = 0;
       char tail;
-      if (sscanf(v, "%dx%dx%d,%dx%d%n%c", &t[0], &t[1], &t[2], &t[3], &t[4], &n, &tail) != 5 || v[n] ||
-          t[0] < 16 || t[1] < 8 || t[2] < 8 || t[3] < 16 || t[4] < 8 || t[0] > 512 || t[1] > 512 || t[2] > 256 ||
-          t[3] > 256 || t[4] > 256 || strspn(v, "0123456789x,") != strlen(v))
-        return bad_usage("--gemm-tile takes BMxBNxBK,WMxWN (block tile and warp tile, e.g. 128x128x32,64x32), "
-                         "not '%s'", v);
+      if (sscanf(v, "%dx%dx%d,%dx%d%n,%d%n%c", &t[0], &t[1], &t[2], &t[3], &t[4], &n, &t[5], &n2, &tail) < 5 ||
+          (v[n] && (!n2 || v[n2])) || t[0] < 16 || t[1] < 8 || t[2] < 8 || t[3] < 16 || t[4] < 8 || t[0] > 512 ||
+          t[1] > 512 || t[2] > 256 || t[3] > 256 || t[4] > 256 || (v[n] && (t[5] < 1 || t[5] > 8)) ||
+          strspn(v, "0123456789x,") != strlen(v))
+        return bad_usage("--gemm-tile takes BMxBNxBK,WMxWN[,S] (block tile, warp tile and, for 16-bit operands, "
+                         "1 to 8 pipeline stages; e.g. 128x128x32,64x32,3), not '%s'", v);
       memcpy(o->gemm_tile, t, sizeof t);
       nv_sb_printf(&o->flags, " --gemm-tile=%s", v);
     } else if ((v = opt_value(argc, argv, &i, "--memory-limit"))) {

@@ -459,9 +459,17 @@ void mgpuLaunchKernel(CUfunction f, intptr_t gx, intptr_t gy, intptr_t gz, intpt
   (void)stream, (void)nparams;
   struct rt_cuda *cu = rt_cur;
   if (!cu || cu->failed || !f) return;
+  /* past 48 KiB of dynamic shared memory (a GEMM's pipeline stages) a
+   * kernel must be opted in, up to the device's limit */
+  CUresult r;
+  if (smem > 48 * 1024 && (r = D.cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))) {
+    cu_fail(cu, r, "kernel %s needs %d bytes of shared memory a block, more than this GPU allows (compile for it: "
+            "--device=auto)", fn_name(f), (int)smem);
+    return;
+  }
   CUevent *ev = cu->profiling ? next_launch_events(cu, fn_name(f)) : NULL;
   if (ev) D.cuEventRecord(ev[0], cu->stream);
-  CUresult r = D.cuLaunchKernel(f, (unsigned)gx, (unsigned)gy, (unsigned)gz, (unsigned)bx, (unsigned)by,
+  r = D.cuLaunchKernel(f, (unsigned)gx, (unsigned)gy, (unsigned)gz, (unsigned)bx, (unsigned)by,
                                 (unsigned)bz, (unsigned)smem, cu->stream, params, extra);
   if (ev) D.cuEventRecord(ev[1], cu->stream);
   if (r)

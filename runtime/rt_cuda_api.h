@@ -29,6 +29,7 @@ typedef struct CUevent_st *CUevent;
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
 #define CU_STREAM_NON_BLOCKING 0x1
 #define CU_EVENT_DEFAULT 0x0
+#define CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 
 /* X(return, name, symbol, parameters) for every driver function used. */
 #define RT_CUDA_FUNCS(X)                                                                            \
@@ -43,6 +44,7 @@ typedef struct CUevent_st *CUevent;
   X(CUresult, cuModuleLoadData, "cuModuleLoadData", (CUmodule * m, const void *image))               \
   X(CUresult, cuModuleUnload, "cuModuleUnload", (CUmodule m))                                        \
   X(CUresult, cuModuleGetFunction, "cuModuleGetFunction", (CUfunction * f, CUmodule m, const char *name)) \
+  X(CUresult, cuFuncSetAttribute, "cuFuncSetAttribute", (CUfunction f, int attr, int value))           \
   X(CUresult, cuLaunchKernel, "cuLaunchKernel",                                                      \
     (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,      \
      unsigned smem, CUstream s, void **params, void **extra))                                         \

@@ -10,7 +10,13 @@
  *   FAKE_CUDA_FAIL_LAUNCH=N   the Nth launch (from 1) fails
  *   FAKE_CUDA_NO_BINARY=1     cuModuleLoadData refuses cubins (a cubin for
  *                             another GPU), accepts PTX
- *   FAKE_CUDA_LOG=FILE        appends one line per launch: the kernel name
+ *   FAKE_CUDA_SMEM_OPTIN=B    the dynamic shared memory a kernel may be opted
+ *                             in to (default 232448, an H100's); a launch
+ *                             asking for more than 48 KiB without that opt-in
+ *                             fails
+ *   FAKE_CUDA_LOG=FILE        appends one line per launch: the kernel name,
+ *                             the threads of the grid and of a block, the
+ *                             dynamic shared memory
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stddef.h>
@@ -34,6 +40,7 @@ CUresult cuCtxSetCurrent(void *ctx);
 CUresult cuModuleLoadData(void **m, const void *image);
 CUresult cuModuleUnload(void *m);
 CUresult cuModuleGetFunction(void **f, void *m, const char *name);
+CUresult cuFuncSetAttribute(void *f, int attr, int value);
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, void *s, void **params, void **extra);
 CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b);
@@ -108,6 +115,20 @@ CUresult cuModuleUnload(void *m) {
 /* The handle is the name, kept here: the launch log prints it. */
 static char fn_names[4096][32];
 static int nfn;
+static long fn_optin[4096]; /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */
+
+static long fn_index(const void *f) {
+  long i = ((const char *)f - fn_names[0]) / (long)sizeof fn_names[0];
+  return i >= 0 && i < nfn && f == fn_names[i] ? i : -1;
+}
+
+CUresult cuFuncSetAttribute(void *f, int attr, int value) {
+  long i = fn_index(f);
+  if (i < 0) return 400; /* CUDA_ERROR_INVALID_HANDLE */
+  if (attr != 8 || value < 0 || value > env_long("FAKE_CUDA_SMEM_OPTIN", 232448)) return 1;
+  fn_optin[i] = value;
+  return 0;
+}
 
 CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
   (void)m;
@@ -124,14 +145,16 @@ CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
 }
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, void *s, void **params, void **extra) {
-  (void)smem, (void)extra;
-  if (s != &stream_token || !params || !gx || !gy || !gz || !bx || !by || !bz || (unsigned long)bx * by * bz > 1024)
+  (void)extra;
+  long fi = fn_index(f);
+  if (s != &stream_token || !params || !gx || !gy || !gz || !bx || !by || !bz || (unsigned long)bx * by * bz > 1024 ||
+      fi < 0 || (smem > 48 * 1024 && smem > fn_optin[fi]))
     return 1; /* CUDA_ERROR_INVALID_VALUE */
   launches++;
   const char *log = getenv("FAKE_CUDA_LOG");
   FILE *lf = log && *log ? fopen(log, "a") : NULL;
   if (lf) {
-    fprintf(lf, "%s %u %u\n", (const char *)f, gx * gy * gz, bx * by * bz);
+    fprintf(lf, "%s %u %u %u\n", (const char *)f, gx * gy * gz, bx * by * bz, smem);
     fclose(lf);
   }
   return launches == env_long("FAKE_CUDA_FAIL_LAUNCH", 0) ? 719 : 0; /* CUDA_ERROR_LAUNCH_FAILED */

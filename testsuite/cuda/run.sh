@@ -397,6 +397,22 @@ then
   else
     fail fake-driver.ptx-fallback "$(head -c 1000 "$T/err")"
   fi
+  # a bf16 GEMM whose 4 pipeline stages (74 KiB) exceed the 48 KiB of static shared memory: launched with the
+  # dynamic shared memory the manifest gives, after opting the kernel in; refused, naming it, by a smaller GPU
+  printf 'param a: f32[256, 256] = uniform(-1, 1)\nparam b: f32[256, 512] = uniform(-1, 1)\nc = matmul(a, b)\noutput c\n' \
+    >"$T/big.nova"
+  "$NOVAC" "$T/big.nova" --precision=bf16 --target=cuda --device=h100 --cpu=x86-64 --gemm-tile=128x128x32,64x32,4 \
+    -o "$T/big.so" 2>"$T/log" || fail fake-setup "$(cat "$T/log")"
+  dyn=$(python3 -c "import json; print([k.get('dynamic_shared_memory', 0) for k in json.load(open('$T/big.json'))['kernels'] if k.get('gemm')][0])")
+  rm -f "$T/launches"
+  if [ "$dyn" = 75776 ] && fake FAKE_CUDA_LOG="$T/launches" "$NOVARUN" "$T/big.so" -q 2>"$T/err" &&
+    grep -q " 75776$" "$T/launches"; then
+    pass fake-driver.dynamic-shared-memory
+  else
+    fail fake-driver.dynamic-shared-memory "manifest: $dyn bytes" "$(cat "$T/launches" 2>/dev/null)" "$(head -c 800 "$T/err")"
+  fi
+  expect fake-driver.shared-memory-limit 1 "kernel nova_k[0-9]* needs 75776 bytes of shared memory a block, more than this GPU" \
+    fake FAKE_CUDA_SMEM_OPTIN=65536 "$NOVARUN" "$T/big.so"
   "$NOVAC" examples/mlp.nova --dim=batch=8 -o "$T/cpu.so" 2>"$T/log" || fail fake-setup "$(cat "$T/log")"
   expect fake-driver.profile-cpu-step 1 "per-kernel profiling needs a --target=cuda step" \
     "$NOVARUN" "$T/cpu.so" --inputs examples/data/mlp --profile
