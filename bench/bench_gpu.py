@@ -7,7 +7,7 @@
      eager and torch.compile, MFU
   3. exhaustive block-size tuner of the pointwise kernels (evaluation only) vs the analytic choice
   4. GEMM tile search: every tensor-core GEMM shape of the bf16 GPT steps, the analytic tiles
-     against a grid of block / warp tiles and BK (novac --gemm-tile)
+     against a grid of block / warp tiles, BK and pipeline stages (novac --gemm-tile)
 
     python3 bench/bench_gpu.py [BUILD_DIR] [--out FILE] [--dry-run]
 
@@ -1058,14 +1058,27 @@ SEARCH_TILES = [(64, 64, (32, 32)), (64, 64, (64, 32)), (64, 64, (32, 64)),
 SEARCH_BK = (32, 64)
 
 
+SEARCH_STAGES = (2, 3, 4)
+SMEM_OPTIN = 232448      # an H100's / H200's shared memory a block may opt in to
+
+
+def stage_bytes(bm, bn, bk):
+    """The most one stage of a bf16 tile takes (either layout of each
+    operand: rows of BK or of BM / BN values, each padded by 8)."""
+    return 2 * (max(bm * (bk + 8), bk * (bm + 8)) + max(bn * (bk + 8), bk * (bn + 8)))
+
+
 def search_grid(dry):
     """--gemm-tile values of the search: every block tile x warp tile above
-    (2 to 8 warps), with 32 and then 64 elements of k a stage (bf16; the
-    staged tiles, each row padded by 8 values as novac stages them, at most
-    48 KiB).  The dry run takes three of them."""
-    g = ["%dx%dx%d,%dx%d" % (bm, bn, bk, w[0], w[1]) for bk in SEARCH_BK for bm, bn, w in SEARCH_TILES
-         if (bm + bn) * (bk + 8) * 2 <= 48 * 1024]
-    return g[:3] if dry else g
+    (2 to 8 warps) with 32 and then 64 elements of k a stage, first with
+    the configurator's pipeline depth for that tile, then with 2, 3 and 4
+    stages (those within the opt-in shared memory of a block).  The dry run
+    takes four of them."""
+    tiles = ["%dx%dx%d,%dx%d" % (bm, bn, bk, w[0], w[1]) for bk in SEARCH_BK for bm, bn, w in SEARCH_TILES]
+    staged = ["%dx%dx%d,%dx%d,%d" % (bm, bn, bk, w[0], w[1], st) for st in SEARCH_STAGES for bk in SEARCH_BK
+              for bm, bn, w in SEARCH_TILES if st * stage_bytes(bm, bn, bk) <= SMEM_OPTIN]
+    g = tiles + staged
+    return (g[:3] + staged[:1]) if dry else g
 
 
 def search_gemms(B, wls):
@@ -1176,7 +1189,8 @@ def report_search(B, res):
             "and the operands' layouts from the manifests' `gemm` objects) computed once in one step "
             "(bench_gpu.py search_text: operands made on the GPU), compiled with the configurator's tiles and with "
             "each `--gemm-tile` of a grid of %d (block tiles 64..256 x 64..256, warp tiles 32..64 x 32..64, 2 to 8 "
-            "warps, BK 32 and 64); each compile run with `novarun --profile --repeat %d` (the kernel's time in "
+            "warps, BK 32 and 64; the configurator's pipeline depth for the tile, then 2, 3 and 4 stages); each "
+            "compile run with `novarun --profile --repeat %d` (the kernel's time in "
             "the last run).  analytic / best > 1: the best tile of the grid is that much faster.  Noise floor: "
             "the analytic step run twice.  Search time = the grid's compiles and runs (what the analytic choice "
             "saves; the compiles are of one step holding every GEMM)." % (len(grid), a.search_repeat), ""]

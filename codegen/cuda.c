@@ -672,7 +672,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
     if (tc.ok && h16 && !tc.stages)
       tc.stages = cfg_gemm_stages(G->dev, cg_gemm_tc_stage_bytes(&tc, h16, go.ta, go.tb), tc.threads, tc_regs(&tc),
                                   (K + tc.bk - 1) / tc.bk, &stage_lim);
-    else if (tc.ok && h16) stage_lim = "--gemm-tile";
+    else if (tc.ok && h16) stage_lim = "given";
     if (tc.ok && !h16) tc.stages = 1;
     cfg_gemm_simt_schedule s = cfg_gemm_simt(G->dev, M, N, K, eb);
     cg_kernel *gk = nv_xrealloc(G->gemm, (size_t)(G->ngemm + 1) * sizeof *gk);
@@ -731,7 +731,6 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
                tc_kind ? tc_kind : "", tc_kind ? " schedule)" : "");
       text = cg_gemm_text(fname, &go, &s, G->sim);
     }
-    if (getenv("NOVA_TMP_GEMM")) fputs(text, stderr);
     MlirOperation fn = text ? mlirOperationCreateParse(G->ctx, nova_str(text), nova_str(fname)) : (MlirOperation){NULL};
     free(text);
     if (mlirOperationIsNull(fn)) {

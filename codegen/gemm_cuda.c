@@ -433,11 +433,11 @@ char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg
  * 16-bit ones (a contraction of --precision=bf16/fp16 values that reads
  * them itself, half_contract.c) mma.sync.m16n8k16 .bf16/.f16; both
  * accumulate in f32 (sm_80+).  The block tile, warp layout and warp tile
- * are cfg_gemm's (one shared-memory stage; its split-K is not generated).
- * The block stages A (BM x BK, row-major) and B (BK x BN; for 16-bit
- * operands stored transposed, BN x BK, so that a register's two k values
- * are adjacent) in shared memory, tf32 operands rounded to tf32 as they
- * are staged; each warp computes its WTM x WTN warp tile as (WTM/16) x
+ * are cfg_gemm's (its split-K is not generated).  tf32: the block stages A
+ * (BM x BK, row-major) and B (BK x BN) in shared memory, one stage, the
+ * values rounded to tf32 as they are staged (tc_body); 16-bit operands go
+ * through a pipeline of stages and ldmatrix (p16_body, below).  Each warp
+ * computes its WTM x WTN warp tile as (WTM/16) x
  * (WTN/8) mma tiles, one mma per tile and k step (8 or 16), the
  * accumulators (vector<2x2xf32> each) carried through the K loop.
  * Fragments follow the PTX ISA's layouts, with g = lane / 4, t = lane % 4:

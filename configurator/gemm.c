@@ -202,7 +202,7 @@ int cfg_gemm_stages(const cfg_device *d, int64_t stage_bytes, int threads, int r
     if (by_static < 2) { if (why) *why = "shared memory per block"; return 1; }
     s = 2;
     for (;;) {
-        if (s >= 4) { w = "4 stages"; break; }
+        if (s >= 4) { w = "at most 4"; break; }
         if (s + 1 > k_tiles) { w = "k tiles"; break; }
         if (s + 1 > by_static) { w = "shared memory per block"; break; }
         int now = cfg_occupancy(d, threads, s * stage_bytes, regs, 1, NULL, NULL);

@@ -96,7 +96,7 @@ int cfg_occupancy(const cfg_device *d, int threads, int64_t smem, int regs, int6
  * of the next tile then overlap its MMAs even when it is alone on its SM),
  * then more, up to 4, while each costs no resident block (shared memory
  * per SM).  The limit that stopped it goes to WHY ("k tiles", "shared
- * memory per block", "shared memory per SM", "4 stages"). */
+ * memory per block", "shared memory per SM", "at most 4"). */
 int cfg_gemm_stages(const cfg_device *d, int64_t stage_bytes, int threads, int regs, int64_t k_tiles,
                     const char **why);
 cfg_gemm_simt_schedule cfg_gemm_simt(const cfg_device *d, int64_t M, int64_t N, int64_t K, int dtype_bytes);

@@ -1,7 +1,8 @@
 """No emitted kernel exceeds its device (testsuite/cuda/run.sh): random
 batched, broadcast and transposed GEMM shapes (a fixed seed, or argv[3])
 compiled for every GPU architecture at fp32 and bf16; ptxas's shared memory
-per block must be within the architecture's opt-in limit, registers within
+per block (static and dynamic) must be within the architecture's opt-in
+limit, the static part within 48 KiB, registers within
 255 a thread and 64 Ki a block, threads within 1024, and every shape a GEMM
 kernel.  Prints "ok" or the offending kernels."""
 import json
@@ -40,8 +41,9 @@ for n in range(2):
             for kn in man["kernels"]:
                 threads = kn["block"][0] * kn["block"][1] * kn["block"][2]
                 regs = kn.get("registers", 0)
-                if kn["shared_memory"] > SMEM_OPTIN[sm] or not 0 < regs <= 255 or regs * threads > 65536 or \
-                        threads > 1024:
+                static = kn["shared_memory"] - kn.get("dynamic_shared_memory", 0)
+                if kn["shared_memory"] > SMEM_OPTIN[sm] or static > 49152 or not 0 < regs <= 255 or \
+                        regs * threads > 65536 or threads > 1024:
                     bad.append("%s: kernel %s: %d B shared, %d registers, %d threads" %
                                (what, kn["name"], kn["shared_memory"], regs, threads))
 print("\n".join(bad) if bad else "ok")

@@ -90,7 +90,8 @@ echo "$models" | while IFS=: read -r model msrc mdims; do
 done
 
 # mixed precision: the GEMMs of 16-bit values on the tensor cores, in the
-# manifest's schedules and in the PTX
+# manifest's schedules and in the PTX: mma.sync fed by ldmatrix (.trans for
+# an operand stored with k along its rows) from stages cp.async fills
 for p in bf16:bf16 fp16:f16; do
   prec=${p%%:*} kind=${p#*:}
   for d in a100-80gb:sm_80 h100:sm_90; do
@@ -100,7 +101,10 @@ for p in bf16:bf16 fp16:f16; do
     n=$(grep -c "mma.sync.m16n8k16 $kind," "$T/transformer_block.$prec.train.$sm.json" 2>/dev/null)
     if "$NOVAC" examples/transformer_block.nova --dim=batch=2 --precision="$prec" --train --target=cuda \
       --device="$dev" --emit=ptx -o "$T/k.ptx" 2>"$T/log" && [ "${n:-0}" -ge 1 ] &&
-      grep -q "mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.$kind\.$kind\.f32" "$T/k.ptx"; then
+      grep -q "mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.$kind\.$kind\.f32" "$T/k.ptx" &&
+      grep -q "cp\.async\.cg\.shared\.global" "$T/k.ptx" && grep -q "cp\.async\.wait_group" "$T/k.ptx" &&
+      grep -q "ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16" "$T/k.ptx" &&
+      grep -q "ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16" "$T/k.ptx"; then
       pass "mma-$prec.$sm"
     else
       fail "mma-$prec.$sm" "manifest kernels with mma.sync.m16n8k16 $kind: ${n:-0}" "$(head -c 1000 "$T/log")"
@@ -194,7 +198,7 @@ if "$NOVAC" "$T/gpt4.nova" --dim=batch=8 --precision=bf16 --train --optimizer=ad
 import json, sys
 a, b = (json.load(open(p))["kernels"] for p in sys.argv[1:3])
 assert len(a) == len(b), "kernel counts differ: %d, %d" % (len(a), len(b))
-cfg = lambda k: (k["grid"], k["block"], (k.get("gemm") or {}).get("tile"))
+cfg = lambda k: (k["grid"], k["block"], (k.get("gemm") or {}).get("tile"), (k.get("gemm") or {}).get("stages"))
 gemms = [(x, y) for x, y in zip(a, b) if x.get("gemm")]
 dg = sum(1 for x, y in gemms if cfg(x) != cfg(y))
 assert dg >= len(gemms) // 4, "only %d of %d GEMM configurations differ" % (dg, len(gemms))
@@ -331,19 +335,28 @@ TB="examples/transformer_block.nova --dim=batch=2 --precision=bf16 --target=cuda
 expect gemm-tile-syntax 2 "takes BMxBNxBK,WMxWN" "$NOVAC" $TB --gemm-tile=128x128
 expect gemm-tile-cpu 1 "needs --target=cuda" "$NOVAC" examples/mlp.nova --dim=batch=2 --gemm-tile=64x64x32,32x32 -o "$T/x.so"
 expect gemm-tile-warps 1 "at most 8 warps a block" "$NOVAC" $TB --gemm-tile=128x256x32,32x32
-expect gemm-tile-smem 1 "exceed a block's static shared memory (bf16 operands: 69632 bytes" "$NOVAC" $TB \
-  --gemm-tile=128x128x128,64x32
+expect gemm-tile-stages-syntax 2 "takes BMxBNxBK,WMxWN\\[,S\\]" "$NOVAC" $TB --gemm-tile=64x64x32,32x32,9
+expect gemm-tile-smem 1 "exceed a block's shared memory (opt-in) (bf16 operands: [0-9]* bytes of shared memory in 3 stages" \
+  "$NOVAC" $TB --gemm-tile=128x256x128,64x64,3
+expect gemm-tile-tf32-stages 1 "tf32 operands are staged in one stage" "$NOVAC" examples/mlp.nova --dim=batch=2 \
+  --target=cuda --device=h100 --matmul-precision=tf32 --gemm-tile=64x64x32,32x32,2 -o "$T/x.so"
 expect gemm-tile-mma 1 "whole 16x8 mma tiles" "$NOVAC" $TB --gemm-tile=64x64x32,24x32
 expect gemm-tile-bk 1 "BK must be a multiple of 16" "$NOVAC" $TB --gemm-tile=64x64x24,32x32
 expect gemm-tile-tf32-smem 1 "tf32 operands: 69632 bytes" "$NOVAC" examples/mlp.nova --dim=batch=2 --target=cuda \
   --device=h100 --matmul-precision=tf32 --gemm-tile=128x128x64,64x32 -o "$T/x.so"
 }
 if "$NOVAC" $TB --gemm-tile=64x128x32,32x64 --explain-config >"$T/log" 2>&1 &&
-  grep -q "tile 64x128x32, 2x2 warps of 32x64 (--gemm-tile)" "$T/log" &&
+  grep -q "tile 64x128x32, 2x2 warps of 32x64, [1-4] stages* ([a-z 0-9]*) (--gemm-tile)" "$T/log" &&
   ! grep "mma.sync" "$T/log" | grep -v "^ " | grep -qv "(--gemm-tile)"; then
   pass gemm-tile-applied
 else
   fail gemm-tile-applied "$(head -c 1500 "$T/log")"
+fi
+if "$NOVAC" $TB --gemm-tile=64x128x32,32x64,3 --explain-config >"$T/log" 2>&1 &&
+  ! grep "mma.sync" "$T/log" | grep -v "^ " | grep -qv "tile 64x128x32, 2x2 warps of 32x64, 3 stages (given)"; then
+  pass gemm-tile-stages-applied
+else
+  fail gemm-tile-stages-applied "$(head -c 1500 "$T/log")"
 fi
 
 # The runtime's CUDA path against a stand-in driver (fake_driver.c: host
