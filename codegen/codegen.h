@@ -305,9 +305,9 @@ char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg
  * f16 ones, accumulated in f32. */
 struct cfg_gemm_schedule;
 char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_schedule *s, bool sim);
-/* The static shared memory of that kernel: S->stages (16-bit operands;
- * tf32 has one) of the staged A and B tiles, as stored (TA: A is K x M, TB:
- * B is N x K), their rows padded against bank conflicts; and of one stage. */
+/* The (dynamic) shared memory of that kernel: S->stages of the staged A
+ * and B tiles, as stored (TA: A is K x M, TB: B is N x K), their rows
+ * padded against bank conflicts; and of one stage. */
 int64_t cg_gemm_tc_smem(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb);
 int64_t cg_gemm_tc_stage_bytes(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb);
 

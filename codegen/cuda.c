@@ -535,8 +535,8 @@ static bool gemm_operands(MlirContext ctx, MlirOperation op, cg_gemm_operands *o
 }
 
 /* --gemm-tile: TC (the configurator's schedule of one tensor-core GEMM)
- * with the block tile BM x BN x BK, warp tile WM x WN and (16-bit
- * operands) S stages given by hand (S 0: the configurator's), checked
+ * with the block tile BM x BN x BK, warp tile WM x WN and S pipeline
+ * stages given by hand (S 0: the configurator's), checked
  * against what the generator emits and the device holds: warp tiles of
  * whole mma tiles (16 x 8), at most 64 x 64; at most 8 warps (a block of
  * 255-register threads fits an SM's 64K registers); the staged tiles in
@@ -548,8 +548,8 @@ static int forced_tile(gpu_ctx *G, cfg_gemm_schedule *tc, bool h16, bool ta, boo
   cfg_gemm_schedule ts = {.bm = t[0], .bn = t[1], .bk = t[2], .stages = t[5] ? t[5] : 1};
   int warps = t[3] && t[4] ? (t[0] / t[3]) * (t[1] / t[4]) : 0;
   int64_t smem = cg_gemm_tc_smem(&ts, h16, ta, tb);
-  /* 16-bit operands' stages are in dynamic shared memory, tf32's static */
-  int64_t lim = h16 ? G->dev->smem_per_block_optin : G->dev->smem_per_block;
+  /* the stages are in dynamic shared memory */
+  int64_t lim = G->dev->smem_per_block_optin;
   char sfx[16] = "";
   if (t[5]) snprintf(sfx, sizeof sfx, ",%d", t[5]);
   const char *why = t[3] % 16 || t[4] % 8 ? "the warp tile must be whole 16x8 mma tiles"
@@ -558,9 +558,7 @@ static int forced_tile(gpu_ctx *G, cfg_gemm_schedule *tc, bool h16, bool ta, boo
                     : t[2] % kstep ? (h16 ? "BK must be a multiple of 16 (the mma's k)" : "BK must be a multiple of 8 "
                                                                                             "(the tf32 mma's k)")
                     : warps > 8 || warps * 32 > G->dev->max_threads_per_block ? "at most 8 warps a block"
-                    : !h16 && t[5] > 1 ? "tf32 operands are staged in one stage"
-                    : smem > lim ? (h16 ? "the staged tiles exceed a block's shared memory (opt-in)"
-                                        : "the staged tiles exceed a block's static shared memory")
+                    : smem > lim ? "the staged tiles exceed a block's shared memory (opt-in)"
                                  : NULL;
   if (why) {
     nv_error_plain(G->c->diag, "--gemm-tile=%dx%dx%d,%dx%d%s: %s (%s operands: %lld bytes of shared memory in %d "
@@ -663,17 +661,13 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
               tc.warp_tile_n % 8 == 0 && tc.bk % kstep == 0 && tc.bm == tc.wm * tc.warp_tile_m &&
               tc.bn == tc.wn * tc.warp_tile_n && tc.threads <= G->dev->max_threads_per_block &&
               tc.warp_tile_m <= 256 && tc.warp_tile_n <= 256 && (tc.warp_tile_m / 16) * (tc.warp_tile_n / 8) <= 256 &&
-              cg_gemm_tc_smem(&tc, h16, go.ta, go.tb) <=
-                  (h16 ? G->dev->smem_per_block_optin : G->dev->smem_per_block);
+              cg_gemm_tc_smem(&tc, h16, go.ta, go.tb) <= G->dev->smem_per_block_optin;
     }
-    /* the pipeline's depth (16-bit operands; tf32 ones are rounded as they
-     * are staged, in one stage), unless --gemm-tile gave it */
-    const char *stage_lim = "tf32 operands rounded as staged";
-    if (tc.ok && h16 && !tc.stages)
+    /* the pipeline's depth, unless --gemm-tile gave it */
+    const char *stage_lim = "given";
+    if (tc.ok && !tc.stages)
       tc.stages = cfg_gemm_stages(G->dev, cg_gemm_tc_stage_bytes(&tc, h16, go.ta, go.tb), tc.threads, tc_regs(&tc),
                                   (K + tc.bk - 1) / tc.bk, &stage_lim);
-    else if (tc.ok && h16) stage_lim = "given";
-    if (tc.ok && !h16) tc.stages = 1;
     cfg_gemm_simt_schedule s = cfg_gemm_simt(G->dev, M, N, K, eb);
     cg_kernel *gk = nv_xrealloc(G->gemm, (size_t)(G->ngemm + 1) * sizeof *gk);
     if (!s.ok || !gk) {
@@ -719,7 +713,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
                               k->grid * k->grid_y * k->grid_z, &lim, &waves);
       snprintf(k->reason + strlen(k->reason), sizeof k->reason - strlen(k->reason), "; %d blocks/SM (%s), %.2f waves%s",
                bps, lim, waves, go.overwrite ? "; C written, its zero fill folded in" : "");
-      if (h16) k->dyn_smem = cg_gemm_tc_smem(&tc, h16, go.ta, go.tb);
+      k->dyn_smem = cg_gemm_tc_smem(&tc, h16, go.ta, go.tb);
       text = cg_gemm_tc_text(fname, &go, &tc, G->sim);
     } else {
       k->grid = (N + s.bn - 1) / s.bn;

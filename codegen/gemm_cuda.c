@@ -25,7 +25,7 @@
 #include "../support/util.h"
 #include "codegen.h"
 
-typedef enum { CV_NONE, CV_EXT, CV_TF32 } stage_conv;
+typedef enum { CV_NONE, CV_EXT } stage_conv;
 
 typedef struct gemm_gen {
   nv_sbuf b;
@@ -79,9 +79,7 @@ static void phase_end(gemm_gen *g) {
  * (TRANSPOSE) or DST[r][c], zeros outside SRC.  SRC is stored as the
  * logical matrix or, with SWAP, its transpose: then consecutive threads
  * take consecutive rows (contiguous in memory), else columns.  Each value
- * is converted by g->conv: extended to f32, or rounded to tf32 (to nearest,
- * ties away from zero, as cvt.rna.tf32.f32: the tensor cores then see the
- * same operands on the GPU and in the sim form). */
+ * is converted by g->conv (extended to f32, or kept). */
 static void stage(gemm_gen *g, const char *src, const char *srct, bool swap, const char *dst, const char *dstt,
                   int64_t rows, int64_t cols, const char *row0, const char *col0, int64_t wd, int64_t count,
                   bool transpose) {
@@ -109,14 +107,6 @@ static void stage(gemm_gen *g, const char *src, const char *srct, bool swap, con
   if (g->conv == CV_EXT) {
     y = fresh(g);
     P("%%t%d = arith.extf %%t%d : %s to %s\n", y, l, g->TO, g->TS);
-  } else if (g->conv == CV_TF32) {
-    int bi = fresh(g), half = fresh(g), ad = fresh(g), mk = fresh(g), mm = fresh(g), rf = fresh(g), nan = fresh(g);
-    y = fresh(g);
-    P("%%t%d = arith.bitcast %%t%d : f32 to i32\n%%t%d = arith.constant 4096 : i32\n"
-      "%%t%d = arith.addi %%t%d, %%t%d : i32\n%%t%d = arith.constant -8192 : i32\n"
-      "%%t%d = arith.andi %%t%d, %%t%d : i32\n%%t%d = arith.bitcast %%t%d : i32 to f32\n"
-      "%%t%d = arith.cmpf uno, %%t%d, %%t%d : f32\n%%t%d = arith.select %%t%d, %%t%d, %%t%d : f32\n",
-      bi, l, half, ad, bi, half, mk, mm, ad, mk, rf, mm, nan, l, l, y, nan, l, rf);
   }
   P("scf.yield %%t%d : %s\n} else {\nscf.yield %%zs : %s\n}\n", y, g->TS, g->TS);
   if (transpose) P("memref.store %%t%d, %s[%%t%d, %%t%d] : %s\n", v, dst, c, r, dstt);
@@ -125,24 +115,24 @@ static void stage(gemm_gen *g, const char *src, const char *srct, bool swap, con
 }
 
 /* Whether memref type T (a matrix, maybe a view) has its rows' starts 16
- * bytes apart by multiples (16-bit elements: the last stride 1, the other
- * stride, the static offset and every batch stride BSTRIDE of the view
- * multiples of 8) and its last dim a multiple of 8: then a vector of 8
- * elements at a column that is a multiple of 8 is whole and aligned (the
+ * bytes apart by multiples (N elements of 16 bytes: the last stride 1, the
+ * other stride, the static offset and every batch stride BSTRIDE of the
+ * view multiples of N) and its last dim a multiple of N: then a vector of
+ * N elements at a column that is a multiple of N is whole and aligned (the
  * buffers themselves start 256-byte aligned). */
-static bool rows_aligned8(MlirType t, MlirType full, bool views, int nbatch, const int64_t *bstride) {
+static bool rows_aligned(MlirType t, MlirType full, bool views, int nbatch, const int64_t *bstride, int n) {
   int64_t st[2], off = 0, fst[8], foff = 0;
-  if (mlirShapedTypeGetRank(t) != 2 || mlirShapedTypeGetDimSize(t, 1) % 8 ||
+  if (mlirShapedTypeGetRank(t) != 2 || mlirShapedTypeGetDimSize(t, 1) % n ||
       mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(t, st, &off)))
     return false;
-  if (st[1] != 1 || st[0] % 8) return false;
+  if (st[1] != 1 || st[0] % n) return false;
   /* a view's offset is the full operand's (static) plus the batch point's */
-  if (!views) return off != mlirShapedTypeGetDynamicStrideOrOffset() && off % 8 == 0;
+  if (!views) return off != mlirShapedTypeGetDynamicStrideOrOffset() && off % n == 0;
   if (mlirShapedTypeGetRank(full) > 8 || mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(full, fst, &foff)) ||
-      foff == mlirShapedTypeGetDynamicStrideOrOffset() || foff % 8)
+      foff == mlirShapedTypeGetDynamicStrideOrOffset() || foff % n)
     return false;
   for (int j = 0; j < nbatch; j++)
-    if (bstride[j] % 8) return false;
+    if (bstride[j] % n) return false;
   return true;
 }
 
@@ -486,57 +476,6 @@ static int add_c(gemm_gen *g, const char *base, int64_t v) {
   return r;
 }
 
-/* The (row, k) positions in the block tile of this thread's tf32 operand
- * values of A's mma row tile MI (c->fa of them, in fragment order) and of
- * B's column tile NI ((col, k), c->fb), for the k step KS (an SSA name). */
-/* %t<result> = ORIGIN + TILE + g (the fragment's first row or column),
- * and in KB the name of its first k: KS + t. */
-static int frag_origin(tc_gen *c, const char *origin, int tile, const char *ks, char *kb, size_t n) {
-  gemm_gen *g = c->g;
-  char ob[24];
-  snprintf(ob, sizeof ob, "%%t%d", add_c(g, origin, tile));
-  int r0 = fresh(g), k0 = fresh(g);
-  P("%%t%d = arith.addi %s, %%g : index\n%%t%d = arith.addi %%t, %s : index\n", r0, ob, k0, ks);
-  snprintf(kb, n, "%%t%d", k0);
-  return r0;
-}
-
-static void frag_pos_a(tc_gen *c, const char *ks, int mi, int *row, int *k) {
-  gemm_gen *g = c->g;
-  char rb[24], kb[24];
-  int r0 = frag_origin(c, "%m0", mi * 16, ks, kb, sizeof kb);
-  snprintf(rb, sizeof rb, "%%t%d", r0);
-  for (int r = 0; r < c->fa; r++) {
-    row[r] = r % 2 ? add_c(g, rb, 8) : r0;
-    k[r] = add_c(g, kb, 4 * (r / 2));
-  }
-}
-
-static void frag_pos_b(tc_gen *c, const char *ks, int ni, int *col, int *k) {
-  gemm_gen *g = c->g;
-  char kb[24];
-  int c0 = frag_origin(c, "%n0", ni * 8, ks, kb, sizeof kb);
-  for (int r = 0; r < c->fb; r++) {
-    col[r] = c0;
-    k[r] = add_c(g, kb, 4 * r);
-  }
-}
-
-/* The value of A at (ROW, K) or of B at (COL, K) in the block tile. */
-static int load_a(tc_gen *c, int row, int k) {
-  gemm_gen *g = c->g;
-  int v = fresh(g);
-  P("%%t%d = memref.load %%As[%%t%d, %%t%d] : %s\n", v, row, k, g->As);
-  return v;
-}
-
-static int load_b(tc_gen *c, int col, int k) {
-  gemm_gen *g = c->g;
-  int v = fresh(g);
-  P("%%t%d = memref.load %%Bs[%%t%d, %%t%d] : %s\n", v, k, col, g->Bs);
-  return v;
-}
-
 /* Sim: acc[tx][idx][i] += sum_k A(row, k) B(k, col) over the fragments of
  * the warp, for this thread's element i of mma tile (MI, NI). */
 static void emulate_mma(tc_gen *c, int mi, int ni) {
@@ -663,98 +602,15 @@ static void tc_store(tc_gen *c, const char *Ct) {
   phase_end(g);
 }
 
-static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
-  gemm_gen *g = c->g;
-  const cfg_gemm_schedule *s = c->s;
-  int nacc = c->mi * c->ni;
-  const char *V = "vector<2x2xf32>";
-  if (g->sim) { /* zero the accumulators */
-    phase_begin(g);
-    int cn = cidx(g, nacc), c4 = cidx(g, 4), c0 = cidx(g, 0), c1 = cidx(g, 1);
-    P("scf.for %%ai = %%t%d to %%t%d step %%t%d {\nscf.for %%aj = %%t%d to %%t%d step %%t%d {\n"
-      "memref.store %%zero, %%acc[%%tx, %%ai, %%aj] : %s\n}\n}\n",
-      c0, cn, c1, c0, c4, c1, c->accm);
-    phase_end(g);
-  } else
-    warp_pos(c);
-  int cbk = open_k_loop(g, s->bm, s->bn, s->bk, nacc, "%vz", V);
-  phase_begin(g);
-  stage(g, "%A", At, g->ta, "%As", g->As, g->M, g->K, "%row0", "%k0", s->bk, (int64_t)s->bm * s->bk, false);
-  stage(g, "%B", Bt, g->tb, "%Bs", g->Bs, g->K, g->N, "%k0", "%col0", s->bn, (int64_t)s->bk * s->bn, false);
-  phase_end(g);
-  if (!g->sim) P("gpu.barrier\n");
-  int pos[8], kk[8];
-  char ksn[32];
-  if (g->sim) {
-    for (int ks = 0; ks < s->bk; ks += c->kstep) {
-      snprintf(ksn, sizeof ksn, "%%t%d", cidx(g, ks));
-      phase_begin(g);
-      warp_pos(c);
-      /* publish the fragments to the warp */
-      for (int mi = 0; mi < c->mi; mi++) {
-        frag_pos_a(c, ksn, mi, pos, kk);
-        for (int e = 0; e < c->fa; e++) {
-          int v = load_a(c, pos[e], kk[e]), cmi = cidx(g, mi), ce = cidx(g, e);
-          P("memref.store %%t%d, %%fA[%%warp, %%lane, %%t%d, %%t%d] : %s\n", v, cmi, ce, c->fA);
-        }
-      }
-      for (int ni = 0; ni < c->ni; ni++) {
-        frag_pos_b(c, ksn, ni, pos, kk);
-        for (int e = 0; e < c->fb; e++) {
-          int v = load_b(c, pos[e], kk[e]), cni = cidx(g, ni), ce = cidx(g, e);
-          P("memref.store %%t%d, %%fB[%%warp, %%lane, %%t%d, %%t%d] : %s\n", v, cni, ce, c->fB);
-        }
-      }
-      phase_end(g);
-      phase_begin(g);
-      warp_pos(c);
-      for (int mi = 0; mi < c->mi; mi++)
-        for (int ni = 0; ni < c->ni; ni++) emulate_mma(c, mi, ni);
-      phase_end(g);
-    }
-  } else {
-    /* the k steps of the tile: a loop carrying the accumulators */
-    int cks = cidx(g, c->kstep);
-    P("%%kkres:%d = scf.for %%ks = %%c0 to %%t%d step %%t%d iter_args(", nacc, cbk, cks);
-    for (int i = 0; i < nacc; i++) P("%s%%y%d = %%x%d", i ? ", " : "", i, i);
-    P(") -> (");
-    for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", V);
-    P(") {\n");
-    int a[16][4], b[32][2], d[256];
-    for (int mi = 0; mi < c->mi; mi++) {
-      frag_pos_a(c, "%ks", mi, pos, kk);
-      for (int r = 0; r < 4; r++) a[mi][r] = load_a(c, pos[r], kk[r]);
-    }
-    for (int ni = 0; ni < c->ni; ni++) {
-      frag_pos_b(c, "%ks", ni, pos, kk);
-      for (int r = 0; r < 2; r++) b[ni][r] = load_b(c, pos[r], kk[r]);
-    }
-    for (int mi = 0; mi < c->mi; mi++)
-      for (int ni = 0; ni < c->ni; ni++) d[mi * c->ni + ni] = mma(c, mi * c->ni + ni, a[mi], b[ni]);
-    P("scf.yield ");
-    for (int i = 0; i < nacc; i++) P("%s%%t%d", i ? ", " : "", d[i]);
-    P(" : ");
-    for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", V);
-    P("\n}\ngpu.barrier\nscf.yield ");
-    for (int i = 0; i < nacc; i++) P("%s%%kkres#%d", i ? ", " : "", i);
-    P(" : ");
-    for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", V);
-    P("\n");
-  }
-  P("}\n");
-  tc_store(c, Ct);
-}
-
-/* ---- 16-bit operands: an S-stage cp.async pipeline, ldmatrix fragments --
+/* ---- the pipeline: S shared-memory stages filled by cp.async -----------
  *
  * Each operand's tile is staged as the operand is stored: A as [BM][BK]
  * (or, stored K x M, [BK][BM]), B as [BN][BK] (or, stored K x N, [BK][BN]),
- * every row padded by 8 values (a row is then 4 words past a multiple of
- * 8 words: the 8 rows an ldmatrix reads at once fall on 32 distinct banks),
- * S stages of both in shared memory.  Rows whose values allow it
- * (rows_aligned8) are copied 16 bytes at a time by cp.async (cg: around
- * L1), zero-filled past the operand (a source size of 0); other operands
- * value by value, loaded and stored.  The K loop, over the BK-deep tiles:
+ * S stages of both in (dynamic) shared memory, every row padded against
+ * bank conflicts (tc_tiles).  Rows whose values allow it (rows_aligned) are
+ * copied 16 bytes at a time by cp.async (cg: around L1), zero-filled past
+ * the operand (a source size of 0); other operands value by value, loaded
+ * and stored.  The K loop, over the BK-deep tiles:
  *   prologue: tiles 0 .. S-2 into stages 0 .. S-2, one commit group each;
  *   tile kt: wait until at most S-2 groups are pending (tile kt has landed,
  *   for this thread), barrier (for every thread; and every thread is done
@@ -762,7 +618,11 @@ static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
  *   compute from stage kt % S;
  * with one stage: barrier, copy tile kt, wait for it, barrier, compute.
  * Tiles past K are zero-filled, never read from the operand.
- * Fragments come from ldmatrix: .x4 for an mma row tile of A (its four 8x8
+ * tf32 fragments are loaded value by value (the layouts above, read from
+ * the tile as stored) and rounded to tf32 there (to nearest, ties away
+ * from zero, as cvt.rna.tf32.f32: the tensor cores then see the same
+ * operands on the GPU and in the sim form).
+ * 16-bit fragments come from ldmatrix: .x4 for an mma row tile of A (its four 8x8
  * matrices are the registers a0..a3), .x4 for two column tiles of B and .x2
  * for a last one (b0, b1 of each), .trans where the tile is stored with k
  * along its rows.  Lane l gives the address of row l % 8 of matrix l / 8;
@@ -773,7 +633,7 @@ static void tc_body(tc_gen *c, const char *At, const char *Bt, const char *Ct) {
  * addresses to its warp, then gathers its registers from the rows the
  * other lanes named. */
 
-typedef struct pipe16 {
+typedef struct pipe {
   tc_gen *c;
   int S;                   /* stages */
   bool kca, kcb;           /* A stored M x K, B stored N x K: k along the staged rows */
@@ -781,18 +641,18 @@ typedef struct pipe16 {
   int64_t ar, ac, br, bc;  /* the staged tiles' rows and (unpadded) columns */
   int nbx4, nslot;         /* ldmatrix.x4 of B per k step (pairs of column tiles); all ldmatrix per k step */
   char addr[96];           /* sim: the row addresses [warp][lane][slot][2] */
-} pipe16;
+} pipe;
 
 /* Copies the TR x TC window at (OROW, OCOL) of SRC (type SRCT, SR x SC as
  * stored) into stage STG (an SSA name) of DST, zeros outside SRC; VEC:
- * 8 values at a time (then TC % 8 == 0 and a vector is all in or all out
- * of SRC).  Consecutive threads take consecutive pieces of a row. */
+ * 16 bytes at a time (then a piece is all in or all out of SRC).
+ * Consecutive threads take consecutive pieces of a row. */
 static void copy_tile(gemm_gen *g, const char *src, const char *srct, int64_t SR, int64_t SC, const char *orow,
                       const char *ocol, int64_t TR, int64_t TC, const char *dst, const char *dstt, const char *stg,
                       bool vec) {
-  int w = vec ? 8 : 1;
+  int w = !vec ? 1 : strcmp(g->TS, "f32") ? 8 : 4;
   int64_t n = TR * (TC / w);
-  const char *V = !strcmp(g->TS, "bf16") ? "vector<8xbf16>" : "vector<8xf16>";
+  const char *V = !strcmp(g->TS, "bf16") ? "vector<8xbf16>" : !strcmp(g->TS, "f16") ? "vector<8xf16>" : "vector<4xf32>";
   int cwd = cidx(g, TC / w), cw = cidx(g, w), csr = cidx(g, SR), csc = cidx(g, SC), cn = cidx(g, n);
   int cnt = cidx(g, g->s.threads), citer = cidx(g, (n + g->s.threads - 1) / g->s.threads);
   int si = fresh(g), off = fresh(g), e = fresh(g), ine = fresh(g);
@@ -814,8 +674,8 @@ static void copy_tile(gemm_gen *g, const char *src, const char *srct, int64_t SR
     P("%%t%d = arith.select %%t%d, %%t%d, %%c0 : index\n%%t%d = arith.select %%t%d, %%t%d, %%c0 : index\n"
       "%%t%d = arith.select %%t%d, %%t%d, %%c0 : index\n",
       si2, ok, gi, sj2, ok, gj, ns, ok, cw);
-    P("%%t%d = nvgpu.device_async_copy %s[%%t%d, %%t%d], %s[%s, %%t%d, %%t%d], 8, %%t%d {bypassL1} : %s to %s\n", tk,
-      src, si2, sj2, dst, stg, i, j, ns, srct, dstt);
+    P("%%t%d = nvgpu.device_async_copy %s[%%t%d, %%t%d], %s[%s, %%t%d, %%t%d], %d, %%t%d {bypassL1} : %s to %s\n", tk,
+      src, si2, sj2, dst, stg, i, j, w, ns, srct, dstt);
   } else if (vec) {
     int v = fresh(g), l = fresh(g), z = fresh(g);
     P("%%t%d = scf.if %%t%d -> (%s) {\n%%t%d = vector.load %s[%%t%d, %%t%d] : %s, %s\nscf.yield %%t%d : %s\n"
@@ -833,7 +693,7 @@ static void copy_tile(gemm_gen *g, const char *src, const char *srct, int64_t SR
 }
 
 /* Both operands' tiles for the K offset KN into stage STG (SSA names). */
-static void copy_tiles(pipe16 *p, const char *At, const char *Bt, const char *kn, const char *stg) {
+static void copy_tiles(pipe *p, const char *At, const char *Bt, const char *kn, const char *stg) {
   gemm_gen *g = p->c->g;
   if (p->kca) copy_tile(g, "%A", At, g->M, g->K, "%row0", kn, p->ar, p->ac, "%As", g->As, stg, p->va);
   else copy_tile(g, "%A", At, g->K, g->M, kn, "%row0", p->ar, p->ac, "%As", g->As, stg, p->va);
@@ -868,7 +728,7 @@ static int lin8(gemm_gen *g, const char *a, const char *b, const char *c) {
 /* The row and column this lane names for ldmatrix SLOT of the k step KS:
  * slots 0 .. mi-1 are A's row tiles, then B's pairs of column tiles, then
  * a last single one. */
-static void ldm_addr(pipe16 *p, int slot, const char *ks, int *row, int *col) {
+static void ldm_addr(pipe *p, int slot, const char *ks, int *row, int *col) {
   tc_gen *c = p->c;
   gemm_gen *g = c->g;
   char b[24], q[24];
@@ -902,7 +762,7 @@ static void ldm_addr(pipe16 *p, int slot, const char *ks, int *row, int *col) {
 /* GPU: ldmatrix SLOT at k step KS from stage %sc; the registers (i32 for
  * bf16, vector<2xf16>) of A's row tile into A[slot], of B's column tiles
  * into B[ni]. */
-static void ldm_gpu(pipe16 *p, int slot, const char *ks, int (*A)[4], int (*B)[2]) {
+static void ldm_gpu(pipe *p, int slot, const char *ks, int (*A)[4], int (*B)[2]) {
   tc_gen *c = p->c;
   gemm_gen *g = c->g;
   bool isa = slot < c->mi, x2 = !isa && slot - c->mi >= p->nbx4;
@@ -929,7 +789,7 @@ static void ldm_gpu(pipe16 *p, int slot, const char *ks, int (*A)[4], int (*B)[2
  * at the k step KS; then every thread gathers its fragments (into %fA
  * [warp][lane][mi][2r + j], %fB [warp][lane][ni][2r + j]: register r, half
  * j) from the rows its warp's lanes named. */
-static void ldm_sim_publish(pipe16 *p, const char *ks) {
+static void ldm_sim_publish(pipe *p, const char *ks) {
   gemm_gen *g = p->c->g;
   for (int s = 0; s < p->nslot; s++) {
     int row, col, cs = cidx(g, s);
@@ -940,7 +800,7 @@ static void ldm_sim_publish(pipe16 *p, const char *ks) {
   }
 }
 
-static void ldm_sim_gather(pipe16 *p) {
+static void ldm_sim_gather(pipe *p) {
   tc_gen *c = p->c;
   gemm_gen *g = c->g;
   for (int s = 0; s < p->nslot; s++) {
@@ -972,7 +832,49 @@ static void ldm_sim_gather(pipe16 *p) {
   }
 }
 
-static void p16_body(pipe16 *p, const char *At, const char *Bt, const char *Ct) {
+/* %t<result>: V (f32) rounded to tf32 (to nearest, ties away from zero;
+ * NaN kept). */
+static int round_tf32(gemm_gen *g, int v) {
+  int bi = fresh(g), half = fresh(g), ad = fresh(g), mk = fresh(g), mm = fresh(g), rf = fresh(g), nan = fresh(g),
+      y = fresh(g);
+  P("%%t%d = arith.bitcast %%t%d : f32 to i32\n%%t%d = arith.constant 4096 : i32\n"
+    "%%t%d = arith.addi %%t%d, %%t%d : i32\n%%t%d = arith.constant -8192 : i32\n"
+    "%%t%d = arith.andi %%t%d, %%t%d : i32\n%%t%d = arith.bitcast %%t%d : i32 to f32\n"
+    "%%t%d = arith.cmpf uno, %%t%d, %%t%d : f32\n%%t%d = arith.select %%t%d, %%t%d, %%t%d : f32\n",
+    bi, v, half, ad, bi, half, mk, mm, ad, mk, rf, mm, nan, v, v, y, nan, v, rf);
+  return y;
+}
+
+/* tf32: this lane's fragments at the k step KS from stage %sc, rounded:
+ * A register r of row tile mi at row g + 8 (r % 2), k t + 4 (r / 2); B
+ * register r of column tile ni at column g, k t + 4 r; into A[mi][r],
+ * B[ni][r]. */
+static void tf32_frags(pipe *p, const char *ks, int (*A)[4], int (*B)[2]) {
+  tc_gen *c = p->c;
+  gemm_gen *g = c->g;
+  int k0 = fresh(g);
+  P("%%t%d = arith.addi %s, %%t : index\n", k0, ks);
+  char kb[24];
+  snprintf(kb, sizeof kb, "%%t%d", k0);
+  for (int x = 0; x < c->mi + c->ni; x++) {
+    bool isa = x < c->mi, kc = isa ? p->kca : p->kcb;
+    char base[24];
+    snprintf(base, sizeof base, "%%t%d", isa ? add_c(g, "%m0", x * 16) : add_c(g, "%n0", (x - c->mi) * 8));
+    int i0 = fresh(g);
+    P("%%t%d = arith.addi %s, %%g : index\n", i0, base);
+    char ib[24];
+    snprintf(ib, sizeof ib, "%%t%d", i0);
+    for (int r = 0; r < (isa ? 4 : 2); r++) {
+      int i = isa && r % 2 ? add_c(g, ib, 8) : i0, k = add_c(g, kb, 4 * (isa ? r / 2 : r)), v = fresh(g);
+      P("%%t%d = memref.load %s[%%sc, %%t%d, %%t%d] : %s\n", v, isa ? "%As" : "%Bs", kc ? i : k, kc ? k : i,
+        isa ? g->As : g->Bs);
+      if (isa) A[x][r] = round_tf32(g, v);
+      else B[x - c->mi][r] = round_tf32(g, v);
+    }
+  }
+}
+
+static void pipe_body(pipe *p, const char *At, const char *Bt, const char *Ct) {
   tc_gen *c = p->c;
   gemm_gen *g = c->g;
   const cfg_gemm_schedule *s = c->s;
@@ -988,7 +890,7 @@ static void p16_body(pipe16 *p, const char *At, const char *Bt, const char *Ct) 
     phase_end(g);
   } else {
     warp_pos(c);
-    ldm_lane(g);
+    if (c->h16) ldm_lane(g);
   }
   int cbm = cidx(g, s->bm), cbn = cidx(g, s->bn), cbk = cidx(g, s->bk), cS = cidx(g, S), cS1 = cidx(g, S - 1);
   int cnkt = cidx(g, (g->K + s->bk - 1) / s->bk);
@@ -1026,18 +928,36 @@ static void p16_body(pipe16 *p, const char *At, const char *Bt, const char *Ct) 
     if (S == 1) P("nvgpu.device_async_wait %%t%d {numGroups = 0 : i32}\ngpu.barrier\n", tk);
   }
   if (g->sim) {
-    for (int ks = 0; ks < s->bk; ks += 16) {
+    for (int ks = 0; ks < s->bk; ks += c->kstep) {
       char ksn[24];
       snprintf(ksn, sizeof ksn, "%%t%d", cidx(g, ks));
-      phase_begin(g);
-      warp_pos(c);
-      ldm_lane(g);
-      ldm_sim_publish(p, ksn);
-      phase_end(g);
-      phase_begin(g);
-      warp_pos(c);
-      ldm_sim_gather(p);
-      phase_end(g);
+      if (c->h16) {
+        phase_begin(g);
+        warp_pos(c);
+        ldm_lane(g);
+        ldm_sim_publish(p, ksn);
+        phase_end(g);
+        phase_begin(g);
+        warp_pos(c);
+        ldm_sim_gather(p);
+        phase_end(g);
+      } else { /* publish the rounded fragments to the warp */
+        phase_begin(g);
+        warp_pos(c);
+        int a[16][4], b[32][2];
+        tf32_frags(p, ksn, a, b);
+        for (int mi = 0; mi < c->mi; mi++)
+          for (int r = 0; r < 4; r++) {
+            int cmi = cidx(g, mi), cr = cidx(g, r);
+            P("memref.store %%t%d, %%fA[%%warp, %%lane, %%t%d, %%t%d] : %s\n", a[mi][r], cmi, cr, c->fA);
+          }
+        for (int ni = 0; ni < c->ni; ni++)
+          for (int r = 0; r < 2; r++) {
+            int cni = cidx(g, ni), cr = cidx(g, r);
+            P("memref.store %%t%d, %%fB[%%warp, %%lane, %%t%d, %%t%d] : %s\n", b[ni][r], cni, cr, c->fB);
+          }
+        phase_end(g);
+      }
       phase_begin(g);
       warp_pos(c);
       for (int mi = 0; mi < c->mi; mi++)
@@ -1046,14 +966,17 @@ static void p16_body(pipe16 *p, const char *At, const char *Bt, const char *Ct) 
     }
     P("}\n");
   } else {
-    int c16 = cidx(g, 16);
-    P("%%kkres:%d = scf.for %%ks = %%c0 to %%t%d step %%t%d iter_args(", nacc, cbk, c16);
+    int cks = cidx(g, c->kstep);
+    P("%%kkres:%d = scf.for %%ks = %%c0 to %%t%d step %%t%d iter_args(", nacc, cbk, cks);
     for (int i = 0; i < nacc; i++) P("%s%%y%d = %%x%d", i ? ", " : "", i, i);
     P(") -> (");
     for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", V);
     P(") {\n");
     int a[16][4], b[32][2], d[256];
-    for (int sl = 0; sl < p->nslot; sl++) ldm_gpu(p, sl, "%ks", a, b);
+    if (c->h16)
+      for (int sl = 0; sl < p->nslot; sl++) ldm_gpu(p, sl, "%ks", a, b);
+    else
+      tf32_frags(p, "%ks", a, b);
     for (int mi = 0; mi < c->mi; mi++)
       for (int ni = 0; ni < c->ni; ni++) d[mi * c->ni + ni] = mma(c, mi * c->ni + ni, a[mi], b[ni]);
     P("scf.yield ");
@@ -1071,18 +994,21 @@ static void p16_body(pipe16 *p, const char *At, const char *Bt, const char *Ct) 
   tc_store(c, Ct);
 }
 
-/* The staged tiles of one stage: tf32 A [BM][BK + 4] and B [BK][BN + pad]
- * (pad: BN's rows to 8 words past a multiple of 32: a warp's loads down k
- * by t then hit distinct banks); 16-bit tiles as stored, rows padded by 8
- * (p16 above).  Sizes in elements; the element size is 2 or 4 bytes. */
+/* The staged tiles of one stage, each operand's as it is stored (A
+ * [BM][BK] or, stored K x M, [BK][BM]; B [BN][BK] or [BK][BN]), rows
+ * padded so that a warp's fragment loads fall on distinct banks: 16-bit
+ * rows by 8 values (a row 4 words past a multiple of 8 words: the 8 rows
+ * an ldmatrix reads at once cover the 32 banks); tf32 rows of k by 4 (the
+ * same: lanes g, t read word 4g' + t), tf32 rows of m or n to 8 words past
+ * a multiple of 32 (lanes t read 4 rows, g 8 consecutive words).  Sizes
+ * in elements of 2 or 4 bytes; every row a multiple of 16 bytes. */
 static void tc_tiles(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb, int64_t dims[2][2]) {
-  if (!h16) {
-    dims[0][0] = s->bm, dims[0][1] = s->bk + 4;
-    dims[1][0] = s->bk, dims[1][1] = s->bn + ((8 - s->bn % 32) % 32 + 32) % 32;
-    return;
+  int64_t r[2] = {ta ? s->bk : s->bm, tb ? s->bn : s->bk}, c[2] = {ta ? s->bm : s->bk, tb ? s->bk : s->bn};
+  bool kc[2] = {!ta, tb};
+  for (int i = 0; i < 2; i++) {
+    dims[i][0] = r[i];
+    dims[i][1] = c[i] + (h16 ? 8 : kc[i] ? 4 : ((8 - c[i] % 32) % 32 + 32) % 32);
   }
-  dims[0][0] = ta ? s->bk : s->bm, dims[0][1] = (ta ? s->bm : s->bk) + 8;
-  dims[1][0] = tb ? s->bn : s->bk, dims[1][1] = (tb ? s->bk : s->bn) + 8;
 }
 
 int64_t cg_gemm_tc_stage_bytes(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb) {
@@ -1092,7 +1018,7 @@ int64_t cg_gemm_tc_stage_bytes(const struct cfg_gemm_schedule *s, bool h16, bool
 }
 
 int64_t cg_gemm_tc_smem(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb) {
-  return cg_gemm_tc_stage_bytes(s, h16, ta, tb) * (h16 && s->stages > 1 ? s->stages : 1);
+  return cg_gemm_tc_stage_bytes(s, h16, ta, tb) * (s->stages > 1 ? s->stages : 1);
 }
 
 char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_schedule *s, bool sim) {
@@ -1100,29 +1026,22 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
   gemm_gen G = {.s = simt, .sim = sim, .o = o}, *g = &G;
   gen_operands(g, o);
   bool h16 = !strcmp(G.TO, "bf16") || !strcmp(G.TO, "f16");
+  int es = h16 ? 2 : 4, vn = 16 / es;
   tc_gen C = {g, s, s->warp_tile_m / 16, s->warp_tile_n / 8, h16, h16 ? 16 : 8, h16 ? 8 : 4, h16 ? 4 : 2, "", "", ""};
   G.TS = G.TO;
-  G.conv = h16 ? CV_NONE : CV_TF32;
   char *A = type_str(o->a), *B = type_str(o->b), *Ct = type_str(o->c);
   const char *space = sim ? "" : ", #gpu.address_space<workgroup>";
   int64_t d[2][2];
   tc_tiles(s, h16, G.ta, G.tb, d);
-  pipe16 P16 = {&C, s->stages > 1 ? s->stages : 1, !G.ta, G.tb, false, false, 0, 0, 0, 0, 0, 0, ""};
-  if (h16) {
-    char st[24];
-    snprintf(st, sizeof st, "%dx", P16.S);
-    snprintf(G.As, sizeof G.As, "memref<%s%lldx%lldx%s%s>", st, (long long)d[0][0], (long long)d[0][1], G.TS, space);
-    snprintf(G.Bs, sizeof G.Bs, "memref<%s%lldx%lldx%s%s>", st, (long long)d[1][0], (long long)d[1][1], G.TS, space);
-    P16.ar = d[0][0], P16.ac = d[0][1] - 8, P16.br = d[1][0], P16.bc = d[1][1] - 8;
-    P16.va = rows_aligned8(o->a, o->fa, o->views, o->nbatch, o->bstride[0]) && P16.ac % 8 == 0;
-    P16.vb = rows_aligned8(o->b, o->fb, o->views, o->nbatch, o->bstride[1]) && P16.bc % 8 == 0;
-    P16.nbx4 = C.ni / 2;
-    P16.nslot = C.mi + C.ni / 2 + C.ni % 2;
-    snprintf(P16.addr, sizeof P16.addr, "memref<%dx32x%dx2xindex>", s->warps, P16.nslot);
-  } else {
-    snprintf(G.As, sizeof G.As, "memref<%lldx%lldx%s%s>", (long long)d[0][0], (long long)d[0][1], G.TS, space);
-    snprintf(G.Bs, sizeof G.Bs, "memref<%lldx%lldx%s%s>", (long long)d[1][0], (long long)d[1][1], G.TS, space);
-  }
+  pipe Pp = {&C, s->stages > 1 ? s->stages : 1, !G.ta, G.tb, false, false, 0, 0, 0, 0, 0, 0, ""};
+  snprintf(G.As, sizeof G.As, "memref<%dx%lldx%lldx%s%s>", Pp.S, (long long)d[0][0], (long long)d[0][1], G.TS, space);
+  snprintf(G.Bs, sizeof G.Bs, "memref<%dx%lldx%lldx%s%s>", Pp.S, (long long)d[1][0], (long long)d[1][1], G.TS, space);
+  Pp.ar = d[0][0], Pp.ac = G.ta ? s->bm : s->bk, Pp.br = d[1][0], Pp.bc = G.tb ? s->bk : s->bn;
+  Pp.va = rows_aligned(o->a, o->fa, o->views, o->nbatch, o->bstride[0], vn) && Pp.ac % vn == 0;
+  Pp.vb = rows_aligned(o->b, o->fb, o->views, o->nbatch, o->bstride[1], vn) && Pp.bc % vn == 0;
+  Pp.nbx4 = C.ni / 2;
+  Pp.nslot = C.mi + C.ni / 2 + C.ni % 2;
+  snprintf(Pp.addr, sizeof Pp.addr, "memref<%dx32x%dx2xindex>", s->warps, Pp.nslot);
   int nw = s->warps;
   snprintf(C.fA, sizeof C.fA, "memref<%dx32x%dx%dx%s>", nw, C.mi, C.fa, G.TS);
   snprintf(C.fB, sizeof C.fB, "memref<%dx32x%dx%dx%s>", nw, C.ni, C.fb, G.TS);
@@ -1135,14 +1054,13 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
     P("scf.for %%by = %%c0 to %%gy step %%c1 {\nscf.for %%bx = %%c0 to %%gx step %%c1 {\n");
     P("%%zero = arith.constant 0.0 : f32\n%%zs = arith.constant 0.0 : %s\n%%As = memref.alloc() : %s\n"
       "%%Bs = memref.alloc() : %s\n%%acc = memref.alloc() : %s\n%%fA = memref.alloc() : %s\n"
-      "%%fB = memref.alloc() : %s\n",
-      G.TS, G.As, G.Bs, C.accm, C.fA, C.fB);
-    if (h16) P("%%addr = memref.alloc() : %s\n", P16.addr);
-  } else if (h16) {
+      "%%fB = memref.alloc() : %s\n%%addr = memref.alloc() : %s\n",
+      G.TS, G.As, G.Bs, C.accm, C.fA, C.fB, Pp.addr);
+  } else {
     /* the stages in dynamic shared memory: past a block's static 48 KiB
      * up to the device's opt-in limit (the runtime opts in at launch) */
-    int64_t abytes = (int64_t)P16.S * d[0][0] * d[0][1] * 2;
-    P("%%dsm = arith.constant %lld : i32\n", (long long)cg_gemm_tc_smem(s, true, G.ta, G.tb));
+    int64_t abytes = (int64_t)Pp.S * d[0][0] * d[0][1] * es;
+    P("%%dsm = arith.constant %lld : i32\n", (long long)cg_gemm_tc_smem(s, h16, G.ta, G.tb));
     P("gpu.launch blocks(%%bx, %%by, %%bz) in (%%sx = %%gx, %%sy = %%gy, %%sz = %%gz) threads(%%tx, %%ty, %%tz) in "
       "(%%ux = %%nt, %%uy = %%c1, %%uz = %%c1) dynamic_shared_memory_size %%dsm {\n");
     P("%%dyn = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>\n"
@@ -1154,18 +1072,9 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
     P("%%zero = arith.constant 0.0 : f32\n%%zs = arith.constant 0.0 : %s\n"
       "%%vz = arith.constant dense<0.0> : vector<2x2xf32>\n",
       G.TS);
-  } else {
-    P("gpu.launch blocks(%%bx, %%by, %%bz) in (%%sx = %%gx, %%sy = %%gy, %%sz = %%gz) threads(%%tx, %%ty, %%tz) in "
-      "(%%ux = %%nt, %%uy = %%c1, %%uz = %%c1) workgroup(%%As : %s, %%Bs : %s) {\n",
-      G.As, G.Bs);
-    batch_views(g, A, B, Ct);
-    P("%%zero = arith.constant 0.0 : f32\n%%zs = arith.constant 0.0 : %s\n"
-      "%%vz = arith.constant dense<0.0> : vector<2x2xf32>\n",
-      G.TS);
   }
-  if (h16) p16_body(&P16, A, B, Ct);
-  else tc_body(&C, A, B, Ct);
-  const char *names[] = {"%As", "%Bs", "%acc", "%fA", "%fB", h16 ? "%addr" : NULL, NULL},
-             *types[] = {G.As, G.Bs, C.accm, C.fA, C.fB, P16.addr};
+  pipe_body(&Pp, A, B, Ct);
+  const char *names[] = {"%As", "%Bs", "%acc", "%fA", "%fB", "%addr", NULL},
+             *types[] = {G.As, G.Bs, C.accm, C.fA, C.fB, Pp.addr};
   return close_func(g, names, types, A, B, Ct);
 }

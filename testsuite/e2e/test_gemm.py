@@ -162,7 +162,8 @@ if TF32:
         a = rng.uniform(-1, 1, (100, 70)).astype(np.float32)
         b = rng.uniform(-1, 1, (70, 130)).astype(np.float32)
         text = "input a: f32[100, 70]\ninput b: f32[70, 130]\nc = matmul(a, b)\noutput c\n"
-        for tile in ["32x32x8,16x8", "64x128x16,32x64", "128x64x32,64x32"]:
+        for tile in ["32x32x8,16x8", "64x128x16,32x64", "128x64x32,64x32", "64x64x8,32x32,4", "32x32x16,16x16,1",
+                     "64x32x8,32x16,3"]:
             outs, _ = compile_and_run(text, {"a": a, "b": b}, flags=["--gemm-tile=" + tile])
             check_close(outs[0], a.astype(np.float64) @ b.astype(np.float64), TOL["f32"], "--gemm-tile=" + tile)
     if "--gpu-sim" in EXTRA_FLAGS:
@@ -184,7 +185,8 @@ if not TF32:
     for shape in SHAPES[1:7]:
         half_case(*shape, "fp16")
     if "--gpu-sim" in EXTRA_FLAGS:   # tiles given by hand (--gemm-tile, the tile search of bench/bench_gpu.py)
-        for tile in ["32x32x16,16x8", "64x128x32,32x64", "128x64x64,64x64", "256x32x16,32x32", "16x256x32,16x64"]:
+        for tile in ["32x32x16,16x8", "64x128x32,32x64", "128x64x64,64x64", "256x32x16,32x32", "16x256x32,16x64",
+                     "64x64x16,32x32,4", "32x64x32,16x32,1", "64x32x16,32x16,3"]:
             half_case(100, 130, 70, "bf16", tile)
             half_case(33, 300, 17, "fp16", tile)
     for c in CONVS:
