@@ -95,6 +95,7 @@ typedef struct cg_kernel {
   bool gemm_overwrite;    /* C = A B (the zero fill of C folded in), else C += A B */
   char gemm_dtype[8];     /* its operands' element type (f32, f64, bf16, f16) */
   int gemm_tile[6];       /* BM, BN, BK, the warp tile (tensor cores) or thread tile (SIMT), stages */
+  int gemm_split;         /* split-K ranges (1: none; the grid's z counts batch x split) */
   int regs;               /* registers per thread (ptxas), 0 if unknown */
   int64_t smem;           /* static shared memory bytes (ptxas) */
   int64_t dyn_smem;       /* dynamic shared memory bytes a launch asks for (the GEMMs' pipeline stages) */
@@ -297,12 +298,17 @@ typedef struct cg_gemm_operands {
   int64_t bsize[CG_GEMM_MAXB], bstride[3][CG_GEMM_MAXB];
   MlirType fa, fb, fc;
   bool overwrite;   /* C was zero-filled just before: the kernel stores C = A B (the fill goes) */
+  int64_t work_elems; /* split-K: the f32 elements of the workspace (the function's 4th argument) */
 } cg_gemm_operands;
 struct cfg_gemm_simt_schedule;
 char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_simt_schedule *s, bool sim);
 /* The same with tensor cores and the tiles of the cfg_gemm schedule S:
  * mma.sync.m16n8k8 with tf32 operands for f32 ones, m16n8k16 for bf16 and
- * f16 ones, accumulated in f32. */
+ * f16 ones, accumulated in f32, through S->stages shared-memory stages.
+ * With S->split_k > 1 the K tiles of each batch point are cut into
+ * split_k ranges of S->k_tiles_per_split: the function then takes a 4th
+ * argument, an f32 workspace of O->work_elems >= batch * split_k * M * N
+ * elements, which a second kernel sums into C. */
 struct cfg_gemm_schedule;
 char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_schedule *s, bool sim);
 /* The (dynamic) shared memory of that kernel: S->stages of the staged A

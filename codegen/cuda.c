@@ -610,8 +610,119 @@ static MlirOperation zero_fill_of_c(MlirOperation op, MlirOperation fill) {
  * and, with --matmul-precision=tf32, for f32 ones; SIMT tiles otherwise.
  * The kernels' table entries wait in G->gemm until map_function meets
  * their launches. */
+/* A GEMM's plan: its product and the kernel's schedule. */
+typedef struct gemm_plan {
+  int64_t M, N, K, nb;     /* nb: batch points */
+  bool bf16, f16, h16;
+  int eb;                  /* C's element bytes */
+  const char *tc_kind;     /* "bf16", "f16", "tf32" or NULL (SIMT) */
+  cfg_gemm_schedule tc;    /* .ok: on the tensor cores */
+  const char *stage_lim, *split_lim;
+  int64_t work;            /* split-K: workspace elements, nb * split * M * N */
+} gemm_plan;
+
+/* The tensor-core schedule of GO (-1 and an error where --gemm-tile gives
+ * a tile that does not fit): the configurator's tile cut to what the
+ * generator emits, or --gemm-tile's; the pipeline's depth; split-K where
+ * the output tiles leave most of a wave idle. */
+static int plan_gemm(gpu_ctx *G, const cg_gemm_operands *go, gemm_plan *pl) {
+  memset(pl, 0, sizeof *pl);
+  MlirType ot = mlirShapedTypeGetElementType(go->a);
+  pl->bf16 = mlirTypeIsABF16(ot), pl->f16 = mlirTypeIsAF16(ot), pl->h16 = pl->bf16 || pl->f16;
+  int64_t M = mlirShapedTypeGetDimSize(go->a, go->ta ? 1 : 0), K = mlirShapedTypeGetDimSize(go->a, go->ta ? 0 : 1);
+  int64_t N = mlirShapedTypeGetDimSize(go->b, go->tb ? 0 : 1);
+  pl->M = M, pl->N = N, pl->K = K, pl->nb = 1;
+  for (int r = 0; r < go->nbatch; r++) pl->nb *= go->bsize[r];
+  pl->eb = mlirTypeIsAF64(mlirShapedTypeGetElementType(go->c)) ? 8 : 4;
+  bool h16 = pl->h16;
+  /* (m16n8k16 with 16-bit operands is sm_80's; sm_75's f16 mma is m16n8k8, not generated) */
+  bool sm80 = G->dev->cc_major >= 8;
+  const char *tc_kind = pl->bf16 && sm80 && G->dev->has_mma_sync_bf16 ? "bf16"
+                        : pl->f16 && sm80 && G->dev->has_mma_sync_f16 ? "f16"
+                        : G->tf32 && pl->eb == 4 && !h16 ? "tf32"
+                                                         : NULL;
+  pl->tc_kind = tc_kind;
+  cfg_gemm_schedule tc = {0};
+  if (tc_kind && G->gemm_tile[0]) {
+    tc = cfg_gemm(G->dev, M, N, K, h16 ? 2 : 4, true);
+    if (tc.ok && forced_tile(G, &tc, h16, go->ta, go->tb, tc_kind)) return -1;
+  } else if (tc_kind) {
+    tc = cfg_gemm(G->dev, M, N, K, h16 ? 2 : 4, true);
+    /* the generator keeps warp tiles at most 64x32 (64 accumulators a
+     * thread; larger ones spill in the code it emits), using more warps,
+     * and blocks at most 8 warps (a thread then has up to 255 registers),
+     * shrinking the block tile */
+    while (tc.ok && tc.warp_tile_m * tc.warp_tile_n > 2048) {
+      if (tc.warp_tile_m >= tc.warp_tile_n && tc.warp_tile_m >= 32) tc.warp_tile_m /= 2, tc.wm *= 2;
+      else tc.warp_tile_n /= 2, tc.wn *= 2;
+    }
+    while (tc.ok && tc.wm * tc.wn > 8) {
+      if (tc.wm >= tc.wn) tc.wm /= 2, tc.bm /= 2;
+      else tc.wn /= 2, tc.bn /= 2;
+    }
+    tc.warps = tc.wm * tc.wn;
+    tc.threads = 32 * tc.warps;
+    int kstep = h16 ? 16 : 8;
+    tc.stages = 0;
+    tc.ok = tc.ok && tc.mma == (h16 ? CFG_MMA_M16N8K16 : CFG_MMA_M16N8K8) && tc.warp_tile_m % 16 == 0 &&
+            tc.warp_tile_n % 8 == 0 && tc.bk % kstep == 0 && tc.bm == tc.wm * tc.warp_tile_m &&
+            tc.bn == tc.wn * tc.warp_tile_n && tc.threads <= G->dev->max_threads_per_block &&
+            tc.warp_tile_m <= 256 && tc.warp_tile_n <= 256 && (tc.warp_tile_m / 16) * (tc.warp_tile_n / 8) <= 256 &&
+            cg_gemm_tc_smem(&tc, h16, go->ta, go->tb) <= G->dev->smem_per_block_optin;
+  }
+  /* the pipeline's depth, unless --gemm-tile gave it */
+  pl->stage_lim = "given";
+  int64_t k_tiles = tc.ok ? (K + tc.bk - 1) / tc.bk : 0;
+  if (tc.ok && !tc.stages)
+    tc.stages = cfg_gemm_stages(G->dev, cg_gemm_tc_stage_bytes(&tc, h16, go->ta, go->tb), tc.threads, tc_regs(&tc),
+                                k_tiles, &pl->stage_lim);
+  /* split-K: the K tiles cut into ranges whose partial products a second
+   * kernel sums (fixed order: deterministic) */
+  tc.split_k = 1, tc.k_tiles_per_split = k_tiles;
+  if (tc.ok) {
+    int bps = cfg_occupancy(G->dev, tc.threads, cg_gemm_tc_smem(&tc, h16, go->ta, go->tb), tc_regs(&tc), 1, NULL,
+                            NULL);
+    int64_t tiles = ((M + tc.bm - 1) / tc.bm) * ((N + tc.bn - 1) / tc.bn) * pl->nb;
+    int sp = cfg_gemm_split(G->dev, tiles, bps, k_tiles, tc.stages, &pl->split_lim);
+    if (sp > 1) {
+      tc.k_tiles_per_split = (k_tiles + sp - 1) / sp;
+      tc.split_k = (int)((k_tiles + tc.k_tiles_per_split - 1) / tc.k_tiles_per_split);
+      pl->work = pl->nb * tc.split_k * M * N;
+    }
+  }
+  pl->tc = tc;
+  return 0;
+}
+
 static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
   MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(f, 0));
+  /* split-K's workspace: one buffer for every GEMM (they run one after
+   * the other), freed at the end of the step */
+  int64_t work = 0;
+  for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op); op = mlirOperationGetNextInBlock(op)) {
+    cg_gemm_operands go;
+    gemm_plan pl;
+    if (!gemm_operands(G->ctx, op, &go)) continue;
+    if (plan_gemm(G, &go, &pl)) return -1;
+    if (pl.work > work) work = pl.work;
+  }
+  MlirValue wbuf = {NULL};
+  if (work) {
+    MlirType wt = mlirMemRefTypeContiguousGet(mlirF32TypeGet(G->ctx), 1, &work, mlirAttributeGetNull());
+    MlirLocation loc = mlirOperationGetLocation(f);
+    MlirOperation first = mlirBlockGetFirstOperation(fb);
+    int32_t seg[2] = {0, 0};
+    MlirNamedAttribute na = named(G->ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(G->ctx, 2, seg));
+    MlirOperationState st = mlirOperationStateGet(nova_str("memref.alloc"), loc);
+    mlirOperationStateAddResults(&st, 1, &wt);
+    mlirOperationStateAddAttributes(&st, 1, &na);
+    MlirOperation al = mlirOperationCreate(&st);
+    mlirBlockInsertOwnedOperationBefore(fb, first, al);
+    wbuf = mlirOperationGetResult(al, 0);
+    MlirOperationState ds = mlirOperationStateGet(nova_str("memref.dealloc"), loc);
+    mlirOperationStateAddOperands(&ds, 1, &wbuf);
+    mlirBlockInsertOwnedOperationBefore(fb, mlirBlockGetTerminator(fb), mlirOperationCreate(&ds));
+  }
   MlirOperation last_fill = {NULL}; /* the last linalg.fill, while only no_data_access ops follow it */
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !mlirOperationIsNull(op);) {
     MlirOperation next = mlirOperationGetNextInBlock(op);
@@ -622,54 +733,17 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
       op = next;
       continue;
     }
-    MlirType ot = mlirShapedTypeGetElementType(go.a);
-    bool bf16 = mlirTypeIsABF16(ot), f16 = mlirTypeIsAF16(ot);
-    int64_t M = mlirShapedTypeGetDimSize(go.a, go.ta ? 1 : 0), K = mlirShapedTypeGetDimSize(go.a, go.ta ? 0 : 1);
-    int64_t N = mlirShapedTypeGetDimSize(go.b, go.tb ? 0 : 1);
-    int eb = mlirTypeIsAF64(mlirShapedTypeGetElementType(go.c)) ? 8 : 4;
-    /* (m16n8k16 with 16-bit operands is sm_80's; sm_75's f16 mma is m16n8k8, not generated) */
-    bool sm80 = G->dev->cc_major >= 8;
-    const char *tc_kind = bf16 && sm80 && G->dev->has_mma_sync_bf16 ? "bf16"
-                          : f16 && sm80 && G->dev->has_mma_sync_f16 ? "f16"
-                          : G->tf32 && eb == 4 && !bf16 && !f16 ? "tf32"
-                                                                 : NULL;
-    bool h16 = bf16 || f16;
-    cfg_gemm_schedule tc = {0};
-    if (tc_kind && G->gemm_tile[0]) {
-      tc = cfg_gemm(G->dev, M, N, K, h16 ? 2 : 4, true);
-      if (tc.ok && forced_tile(G, &tc, h16, go.ta, go.tb, tc_kind)) return -1;
-    } else if (tc_kind) {
-      tc = cfg_gemm(G->dev, M, N, K, h16 ? 2 : 4, true);
-      /* the generator keeps warp tiles at most 64x32 (64 accumulators a
-       * thread; larger ones spill in the code it emits), using more warps,
-       * and blocks at most 8 warps (a thread then has up to 255 registers),
-       * shrinking the block tile */
-      while (tc.ok && tc.warp_tile_m * tc.warp_tile_n > 2048) {
-        if (tc.warp_tile_m >= tc.warp_tile_n && tc.warp_tile_m >= 32) tc.warp_tile_m /= 2, tc.wm *= 2;
-        else tc.warp_tile_n /= 2, tc.wn *= 2;
-      }
-      while (tc.ok && tc.wm * tc.wn > 8) {
-        if (tc.wm >= tc.wn) tc.wm /= 2, tc.bm /= 2;
-        else tc.wn /= 2, tc.bn /= 2;
-      }
-      tc.warps = tc.wm * tc.wn;
-      tc.threads = 32 * tc.warps;
-      /* what the generator handles: one stage, no split-K across blocks */
-      int kstep = h16 ? 16 : 8;
-      tc.stages = 0;
-      tc.ok = tc.ok && tc.mma == (h16 ? CFG_MMA_M16N8K16 : CFG_MMA_M16N8K8) && tc.warp_tile_m % 16 == 0 &&
-              tc.warp_tile_n % 8 == 0 && tc.bk % kstep == 0 && tc.bm == tc.wm * tc.warp_tile_m &&
-              tc.bn == tc.wn * tc.warp_tile_n && tc.threads <= G->dev->max_threads_per_block &&
-              tc.warp_tile_m <= 256 && tc.warp_tile_n <= 256 && (tc.warp_tile_m / 16) * (tc.warp_tile_n / 8) <= 256 &&
-              cg_gemm_tc_smem(&tc, h16, go.ta, go.tb) <= G->dev->smem_per_block_optin;
-    }
-    /* the pipeline's depth, unless --gemm-tile gave it */
-    const char *stage_lim = "given";
-    if (tc.ok && !tc.stages)
-      tc.stages = cfg_gemm_stages(G->dev, cg_gemm_tc_stage_bytes(&tc, h16, go.ta, go.tb), tc.threads, tc_regs(&tc),
-                                  (K + tc.bk - 1) / tc.bk, &stage_lim);
+    gemm_plan pl;
+    if (plan_gemm(G, &go, &pl)) return -1;
+    go.work_elems = work;
+    int64_t M = pl.M, N = pl.N, K = pl.K;
+    int eb = pl.eb;
+    bool bf16 = pl.bf16, f16 = pl.f16, h16 = pl.h16;
+    const char *tc_kind = pl.tc_kind, *stage_lim = pl.stage_lim;
+    cfg_gemm_schedule tc = pl.tc;
     cfg_gemm_simt_schedule s = cfg_gemm_simt(G->dev, M, N, K, eb);
-    cg_kernel *gk = nv_xrealloc(G->gemm, (size_t)(G->ngemm + 1) * sizeof *gk);
+    int split = tc.ok ? tc.split_k : 1;
+    cg_kernel *gk = nv_xrealloc(G->gemm, (size_t)(G->ngemm + 2) * sizeof *gk);
     if (!s.ok || !gk) {
       nv_error_plain(G->c->diag, "cannot configure the %lldx%lldx%lld GEMM: %s", (long long)M, (long long)N,
                      (long long)K, s.ok ? "out of memory" : s.reason);
@@ -699,14 +773,19 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
     if (tc.ok) {
       k->grid = (N + tc.bn - 1) / tc.bn;
       k->grid_y = (M + tc.bm - 1) / tc.bm;
+      k->grid_z *= split;
       k->block = tc.threads;
+      k->gemm_split = split;
       int tt[6] = {tc.bm, tc.bn, tc.bk, tc.warp_tile_m, tc.warp_tile_n, tc.stages};
       memcpy(k->gemm_tile, tt, sizeof tt);
-      snprintf(k->reason, sizeof k->reason, "%s %s, tile %dx%dx%d, %dx%d warps of %dx%d, %d stage%s (%s)%s",
+      char sk[96] = "";
+      if (split > 1)
+        snprintf(sk, sizeof sk, ", split-K: %d ranges of %lld k tiles (%s)", split, (long long)tc.k_tiles_per_split,
+                 pl.split_lim);
+      snprintf(k->reason, sizeof k->reason, "%s %s, tile %dx%dx%d, %dx%d warps of %dx%d, %d stage%s (%s)%s%s",
                h16 ? "mma.sync.m16n8k16" : "mma.sync.m16n8k8", tc_kind, tc.bm, tc.bn, tc.bk, tc.wm, tc.wn,
-               tc.warp_tile_m, tc.warp_tile_n, tc.stages, tc.stages == 1 ? "" : "s", stage_lim,
-               G->gemm_tile[0] ? " (--gemm-tile)"
-               : tc.split_k > 1 ? " (the schedule's split-K is not generated)" : "");
+               tc.warp_tile_m, tc.warp_tile_n, tc.stages, tc.stages == 1 ? "" : "s", stage_lim, sk,
+               G->gemm_tile[0] ? " (--gemm-tile)" : "");
       const char *lim = "";
       double waves = 0;
       int bps = cfg_occupancy(G->dev, tc.threads, cg_gemm_tc_smem(&tc, h16, go.ta, go.tb), tc_regs(&tc),
@@ -714,6 +793,19 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
       snprintf(k->reason + strlen(k->reason), sizeof k->reason - strlen(k->reason), "; %d blocks/SM (%s), %.2f waves%s",
                bps, lim, waves, go.overwrite ? "; C written, its zero fill folded in" : "");
       k->dyn_smem = cg_gemm_tc_smem(&tc, h16, go.ta, go.tb);
+      if (split > 1) { /* the second kernel: C (+)= the sum of the partial products */
+        cg_kernel *k2 = &G->gemm[G->ngemm++];
+        memset(k2, 0, sizeof *k2);
+        describe_loc(mlirOperationGetLocation(op), k2);
+        snprintf(k2->op, sizeof k2->op, "matmul");
+        k2->grid = (M * N + 255) / 256, k2->grid_y = 1, k2->grid_z = pl.nb, k2->block = 256;
+        for (int r = 0; r < go.nbatch; r++) k2->dims[k2->rank++] = go.bsize[r];
+        k2->dims[k2->rank++] = M;
+        k2->dims[k2->rank++] = N;
+        k2->n = M * N * pl.nb;
+        snprintf(k2->reason, sizeof k2->reason, "split-K: C %s the sum of the %d partial products, in order; one "
+                 "thread an element", go.overwrite ? "=" : "+=", split);
+      }
       text = cg_gemm_tc_text(fname, &go, &tc, G->sim);
     } else {
       k->grid = (N + s.bn - 1) / s.bn;
@@ -737,6 +829,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
     MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(fn, 0));
     for (int i = 0; i < 3; i++)
       mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(body, i), mlirOperationGetOperand(op, i));
+    if (split > 1) mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(body, 3), wbuf);
     move_body(body, op);
     mlirOperationDestroy(fn);
     mlirOperationDestroy(op);

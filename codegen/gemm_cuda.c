@@ -305,14 +305,15 @@ static void open_func(gemm_gen *g, const char *name, const char *A, const char *
     (long long)gx, (long long)gy, (long long)gz, threads);
 }
 
-/* The matrices %A, %B, %C (types A, B, C) for the batch point %bz: each a
+/* The matrices %A, %B, %C (types A, B, C) for the batch point BZ: each a
  * view of its operand's buffer (memref.reinterpret_cast) at the operand's
  * offset plus the batch indices (the last loop fastest) times its strides. */
-static void batch_views(gemm_gen *g, const char *A, const char *B, const char *C) {
+static void batch_views(gemm_gen *g, const char *A, const char *B, const char *C, const char *bz) {
   const cg_gemm_operands *o = g->o;
   if (!o->views) return;
   int bi[CG_GEMM_MAXB];
-  char q[24] = "%bz";
+  char q[24];
+  snprintf(q, sizeof q, "%s", bz);
   for (int r = o->nbatch - 1; r >= 0; r--) {
     int cs = cidx(g, o->bsize[r]), rem = fresh(g), div = fresh(g);
     P("%%t%d = arith.remui %s, %%t%d : index\n%%t%d = arith.divui %s, %%t%d : index\n", rem, q, cs, div, q, cs);
@@ -400,7 +401,7 @@ char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg
   open_func(g, name, A, B, C, gx, gy, s->threads);
   if (sim) {
     if (o->views) P("scf.for %%bz = %%c0 to %%gz step %%c1 {\n");
-    batch_views(g, A, B, C);
+    batch_views(g, A, B, C, "%bz");
     P("scf.for %%by = %%c0 to %%gy step %%c1 {\nscf.for %%bx = %%c0 to %%gx step %%c1 {\n");
     P("%%zero = arith.constant 0.0 : %s\n%%zs = arith.constant 0.0 : %s\n%%As = memref.alloc() : %s\n"
       "%%Bs = memref.alloc() : %s\n%%acc = memref.alloc() : %s\n",
@@ -409,7 +410,7 @@ char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg
     P("gpu.launch blocks(%%bx, %%by, %%bz) in (%%sx = %%gx, %%sy = %%gy, %%sz = %%gz) threads(%%tx, %%ty, %%tz) in "
       "(%%ux = %%nt, %%uy = %%c1, %%uz = %%c1) workgroup(%%As : %s, %%Bs : %s) {\n",
       G.As, G.Bs);
-    batch_views(g, A, B, C);
+    batch_views(g, A, B, C, "%bz");
     P("%%zero = arith.constant 0.0 : %s\n%%zs = arith.constant 0.0 : %s\n", G.T, G.TS);
   }
   gen_body(g, A, B, C);
@@ -456,6 +457,7 @@ typedef struct tc_gen {
   int kstep;              /* the mma's k: 16 or 8 */
   int fa, fb;             /* operand values per lane and mma tile: 8 and 4, or 4 and 2 */
   char fA[96], fB[96], accm[96];
+  const char *Wt;         /* split-K: C's tiles go to the workspace %W (this type) at [%bz, row, col] */
 } tc_gen;
 
 /* %warp, %lane, %g, %t, %m0, %n0 (warp tile origin in the block tile) of %tx. */
@@ -592,7 +594,9 @@ static void tc_store(tc_gen *c, const char *Ct) {
         } else
           P("%%t%d = vector.extract %%kres#%d[%d, %d] : f32 from %s\n", v, idx, i / 2, i % 2, V);
         int cv = fresh(g), sum = fresh(g);
-        if (g->o->overwrite)
+        if (c->Wt)
+          P("memref.store %%t%d, %%W[%%bz, %%t%d, %%t%d] : %s\n}\n", v, row, col, c->Wt);
+        else if (g->o->overwrite)
           P("memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n}\n", v, row, col, Ct);
         else
           P("%%t%d = memref.load %%C[%%t%d, %%t%d] : %s\n%%t%d = arith.addf %%t%d, %%t%d : f32\n"
@@ -641,6 +645,8 @@ typedef struct pipe {
   int64_t ar, ac, br, bc;  /* the staged tiles' rows and (unpadded) columns */
   int nbx4, nslot;         /* ldmatrix.x4 of B per k step (pairs of column tiles); all ldmatrix per k step */
   char addr[96];           /* sim: the row addresses [warp][lane][slot][2] */
+  int split;               /* split-K: the K tiles of a batch point in SPLIT ranges of KTPS tiles */
+  int64_t ktps;
 } pipe;
 
 /* Copies the TR x TC window at (OROW, OCOL) of SRC (type SRCT, SR x SC as
@@ -893,21 +899,32 @@ static void pipe_body(pipe *p, const char *At, const char *Bt, const char *Ct) {
     if (c->h16) ldm_lane(g);
   }
   int cbm = cidx(g, s->bm), cbn = cidx(g, s->bn), cbk = cidx(g, s->bk), cS = cidx(g, S), cS1 = cidx(g, S - 1);
-  int cnkt = cidx(g, (g->K + s->bk - 1) / s->bk);
+  int64_t kt_all = (g->K + s->bk - 1) / s->bk;
   P("%%row0 = arith.muli %%by, %%t%d : index\n%%col0 = arith.muli %%bx, %%t%d : index\n", cbm, cbn);
+  /* the block's K tiles: %kt0 .. %kt0 + %nkt - 1 (split-K: range %bz % split
+   * of ktps tiles, the last one shorter) */
+  if (p->split > 1) {
+    int csp = cidx(g, p->split), ck = cidx(g, p->ktps), call = cidx(g, kt_all), r = fresh(g), left = fresh(g);
+    P("%%t%d = arith.remui %%bz, %%t%d : index\n%%kt0 = arith.muli %%t%d, %%t%d : index\n"
+      "%%t%d = arith.subi %%t%d, %%kt0 : index\n%%nkt = arith.minui %%t%d, %%t%d : index\n",
+      r, csp, r, ck, left, call, left, ck);
+  } else
+    P("%%kt0 = arith.constant 0 : index\n%%nkt = arith.constant %lld : index\n", (long long)kt_all);
   /* prologue: tiles 0 .. S-2 */
   int tokp = -1;
   for (int q = 0; q + 1 < S; q++) {
-    snprintf(kn, sizeof kn, "%%t%d", cidx(g, (int64_t)q * s->bk));
+    int cq = cidx(g, q), tq = fresh(g), kq = fresh(g);
+    P("%%t%d = arith.addi %%kt0, %%t%d : index\n%%t%d = arith.muli %%t%d, %%t%d : index\n", tq, cq, kq, tq, cbk);
+    snprintf(kn, sizeof kn, "%%t%d", kq);
     snprintf(stg, sizeof stg, "%%t%d", cidx(g, q));
     phase_begin(g);
     copy_tiles(p, At, Bt, kn, stg);
     phase_end(g);
     if (!g->sim) P("%%t%d = \"nvgpu.device_async_create_group\"() : () -> !nvgpu.device.async.token\n", tokp = fresh(g));
   }
-  if (g->sim) P("scf.for %%kt = %%c0 to %%t%d step %%c1 {\n", cnkt);
+  if (g->sim) P("scf.for %%kt = %%c0 to %%nkt step %%c1 {\n");
   else {
-    P("%%kres:%d = scf.for %%kt = %%c0 to %%t%d step %%c1 iter_args(", nacc, cnkt);
+    P("%%kres:%d = scf.for %%kt = %%c0 to %%nkt step %%c1 iter_args(", nacc);
     for (int i = 0; i < nacc; i++) P("%s%%x%d = %%vz", i ? ", " : "", i);
     P(") -> (");
     for (int i = 0; i < nacc; i++) P("%s%s", i ? ", " : "", V);
@@ -916,8 +933,9 @@ static void pipe_body(pipe *p, const char *At, const char *Bt, const char *Ct) {
     P("gpu.barrier\n");
   }
   /* tile kt + S - 1 into stage (kt + S - 1) % S; compute from stage kt % S */
-  P("%%ktn = arith.addi %%kt, %%t%d : index\n%%kn = arith.muli %%ktn, %%t%d : index\n"
-    "%%sn = arith.remui %%ktn, %%t%d : index\n%%sc = arith.remui %%kt, %%t%d : index\n",
+  P("%%ktn = arith.addi %%kt, %%t%d : index\n%%ktg = arith.addi %%ktn, %%kt0 : index\n"
+    "%%kn = arith.muli %%ktg, %%t%d : index\n%%sn = arith.remui %%ktn, %%t%d : index\n"
+    "%%sc = arith.remui %%kt, %%t%d : index\n",
     cS1, cbk, cS, cS);
   phase_begin(g);
   copy_tiles(p, At, Bt, "%kn", "%sn");
@@ -1021,19 +1039,60 @@ int64_t cg_gemm_tc_smem(const struct cfg_gemm_schedule *s, bool h16, bool ta, bo
   return cg_gemm_tc_stage_bytes(s, h16, ta, tb) * (s->stages > 1 ? s->stages : 1);
 }
 
+/* Split-K's second kernel: C[b] (+)= the sum over s of W[b * split + s]
+ * (fixed order), one thread an element, 256 a block; the sim form the same
+ * loops. */
+static void split_sum(gemm_gen *g, int split, const char *A, const char *B, const char *Ct, const char *Wt) {
+  int64_t mn = g->M * g->N, nb = 1;
+  for (int r = 0; r < g->o->nbatch; r++) nb *= g->o->bsize[r];
+  int cmn = cidx(g, mn), cn = cidx(g, g->N), csp = cidx(g, split), c256 = cidx(g, 256),
+      cgx = cidx(g, (mn + 255) / 256), cnb = cidx(g, nb);
+  if (g->sim) P("scf.for %%bz = %%c0 to %%t%d step %%c1 {\nscf.for %%e = %%c0 to %%t%d step %%c1 {\n", cnb, cmn);
+  else
+    P("gpu.launch blocks(%%bx, %%by, %%bz) in (%%sx = %%t%d, %%sy = %%c1, %%sz = %%t%d) threads(%%tx, %%ty, %%tz) in "
+      "(%%ux = %%t%d, %%uy = %%c1, %%uz = %%c1) {\n",
+      cgx, cnb, c256);
+  batch_views(g, A, B, Ct, "%bz");
+  if (!g->sim) {
+    int e0 = fresh(g), in = fresh(g);
+    P("%%t%d = arith.muli %%bx, %%t%d : index\n%%e = arith.addi %%t%d, %%tx : index\n"
+      "%%t%d = arith.cmpi ult, %%e, %%t%d : index\nscf.if %%t%d {\n",
+      e0, c256, e0, in, cmn, in);
+  }
+  int m = fresh(g), n = fresh(g), w0 = fresh(g), sum = fresh(g), wi = fresh(g), x = fresh(g), y = fresh(g);
+  P("%%t%d = arith.divui %%e, %%t%d : index\n%%t%d = arith.remui %%e, %%t%d : index\n"
+    "%%t%d = arith.muli %%bz, %%t%d : index\n",
+    m, cn, n, cn, w0, csp);
+  P("%%t%d = scf.for %%s = %%c0 to %%t%d step %%c1 iter_args(%%acc = %%zero) -> (f32) {\n"
+    "%%t%d = arith.addi %%t%d, %%s : index\n%%t%d = memref.load %%W[%%t%d, %%t%d, %%t%d] : %s\n"
+    "%%t%d = arith.addf %%acc, %%t%d : f32\nscf.yield %%t%d : f32\n}\n",
+    sum, csp, wi, w0, x, wi, m, n, Wt, y, x, y);
+  if (g->o->overwrite) P("memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n", sum, m, n, Ct);
+  else {
+    int old = fresh(g), nw = fresh(g);
+    P("%%t%d = memref.load %%C[%%t%d, %%t%d] : %s\n%%t%d = arith.addf %%t%d, %%t%d : f32\n"
+      "memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n",
+      old, m, n, Ct, nw, old, sum, nw, m, n, Ct);
+  }
+  P(g->sim ? "}\n}\n" : "}\ngpu.terminator\n}\n");
+}
+
 char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_schedule *s, bool sim) {
   cfg_gemm_simt_schedule simt = {.threads = s->threads};
   gemm_gen G = {.s = simt, .sim = sim, .o = o}, *g = &G;
   gen_operands(g, o);
   bool h16 = !strcmp(G.TO, "bf16") || !strcmp(G.TO, "f16");
-  int es = h16 ? 2 : 4, vn = 16 / es;
-  tc_gen C = {g, s, s->warp_tile_m / 16, s->warp_tile_n / 8, h16, h16 ? 16 : 8, h16 ? 8 : 4, h16 ? 4 : 2, "", "", ""};
+  int es = h16 ? 2 : 4, vn = 16 / es, split = s->split_k > 1 ? s->split_k : 1;
+  tc_gen C = {g, s, s->warp_tile_m / 16, s->warp_tile_n / 8, h16, h16 ? 16 : 8, h16 ? 8 : 4, h16 ? 4 : 2, "", "", "",
+              NULL};
   G.TS = G.TO;
   char *A = type_str(o->a), *B = type_str(o->b), *Ct = type_str(o->c);
   const char *space = sim ? "" : ", #gpu.address_space<workgroup>";
-  int64_t d[2][2];
+  int64_t d[2][2], nb = 1;
+  for (int r = 0; r < o->nbatch; r++) nb *= o->bsize[r];
   tc_tiles(s, h16, G.ta, G.tb, d);
-  pipe Pp = {&C, s->stages > 1 ? s->stages : 1, !G.ta, G.tb, false, false, 0, 0, 0, 0, 0, 0, ""};
+  pipe Pp = {&C, s->stages > 1 ? s->stages : 1, !G.ta, G.tb, false, false, 0, 0, 0, 0, 0, 0, "", split,
+             s->k_tiles_per_split};
   snprintf(G.As, sizeof G.As, "memref<%dx%lldx%lldx%s%s>", Pp.S, (long long)d[0][0], (long long)d[0][1], G.TS, space);
   snprintf(G.Bs, sizeof G.Bs, "memref<%dx%lldx%lldx%s%s>", Pp.S, (long long)d[1][0], (long long)d[1][1], G.TS, space);
   Pp.ar = d[0][0], Pp.ac = G.ta ? s->bm : s->bk, Pp.br = d[1][0], Pp.bc = G.tb ? s->bk : s->bn;
@@ -1046,13 +1105,41 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
   snprintf(C.fA, sizeof C.fA, "memref<%dx32x%dx%dx%s>", nw, C.mi, C.fa, G.TS);
   snprintf(C.fB, sizeof C.fB, "memref<%dx32x%dx%dx%s>", nw, C.ni, C.fb, G.TS);
   snprintf(C.accm, sizeof C.accm, "memref<%dx%dx4xf32>", s->threads, C.mi * C.ni);
+  char Wt[128] = "";
+  if (split > 1) {
+    snprintf(Wt, sizeof Wt, "memref<%lldx%lldx%lldxf32, strided<[%lld, %lld, 1]>>", (long long)(nb * split),
+             (long long)G.M, (long long)G.N, (long long)(G.M * G.N), (long long)G.N);
+    C.Wt = Wt;
+  }
   int64_t gx = (G.N + s->bn - 1) / s->bn, gy = (G.M + s->bm - 1) / s->bm;
-  open_func(g, name, A, B, Ct, gx, gy, s->threads);
+  if (o->views) {
+    char *fa = type_str(o->fa), *fb = type_str(o->fb), *fc = type_str(o->fc);
+    P("func.func private @%s(%%Af: %s, %%Bf: %s, %%Cf: %s", name, fa, fb, fc);
+    free(fa), free(fb), free(fc);
+  } else
+    P("func.func private @%s(%%A: %s, %%B: %s, %%C: %s", name, A, B, Ct);
+  if (split > 1) P(", %%Wf: memref<%lldxf32>", (long long)o->work_elems);
+  P(") {\n%%c0 = arith.constant 0 : index\n%%c1 = arith.constant 1 : index\n%%gx = arith.constant %lld : index\n"
+    "%%gy = arith.constant %lld : index\n%%gz = arith.constant %lld : index\n%%nt = arith.constant %d : index\n"
+    "%%zero = arith.constant 0.0 : f32\n",
+    (long long)gx, (long long)gy, (long long)(nb * split), s->threads);
+  if (split > 1)
+    P("%%W = memref.reinterpret_cast %%Wf to offset: [0], sizes: [%lld, %lld, %lld], strides: [%lld, %lld, 1] : "
+      "memref<%lldxf32> to %s\n",
+      (long long)(nb * split), (long long)G.M, (long long)G.N, (long long)(G.M * G.N), (long long)G.N,
+      (long long)o->work_elems, Wt);
+  /* the batch point of block %bz (split-K: %bz / split) */
+  char bp[24] = "%bz";
   if (sim) {
-    if (o->views) P("scf.for %%bz = %%c0 to %%gz step %%c1 {\n");
-    batch_views(g, A, B, Ct);
+    P("scf.for %%bz = %%c0 to %%gz step %%c1 {\n");
+    if (split > 1) {
+      int csp = cidx(g, split), t = fresh(g);
+      P("%%t%d = arith.divui %%bz, %%t%d : index\n", t, csp);
+      snprintf(bp, sizeof bp, "%%t%d", t);
+    }
+    batch_views(g, A, B, Ct, bp);
     P("scf.for %%by = %%c0 to %%gy step %%c1 {\nscf.for %%bx = %%c0 to %%gx step %%c1 {\n");
-    P("%%zero = arith.constant 0.0 : f32\n%%zs = arith.constant 0.0 : %s\n%%As = memref.alloc() : %s\n"
+    P("%%zs = arith.constant 0.0 : %s\n%%As = memref.alloc() : %s\n"
       "%%Bs = memref.alloc() : %s\n%%acc = memref.alloc() : %s\n%%fA = memref.alloc() : %s\n"
       "%%fB = memref.alloc() : %s\n%%addr = memref.alloc() : %s\n",
       G.TS, G.As, G.Bs, C.accm, C.fA, C.fB, Pp.addr);
@@ -1068,13 +1155,30 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
       "%%As = memref.view %%dyn[%%c0][] : memref<?xi8, #gpu.address_space<workgroup>> to %s\n"
       "%%Bs = memref.view %%dyn[%%offb][] : memref<?xi8, #gpu.address_space<workgroup>> to %s\n",
       (long long)abytes, G.As, G.Bs);
-    batch_views(g, A, B, Ct);
-    P("%%zero = arith.constant 0.0 : f32\n%%zs = arith.constant 0.0 : %s\n"
-      "%%vz = arith.constant dense<0.0> : vector<2x2xf32>\n",
-      G.TS);
+    if (split > 1) {
+      int csp = cidx(g, split), t = fresh(g);
+      P("%%t%d = arith.divui %%bz, %%t%d : index\n", t, csp);
+      snprintf(bp, sizeof bp, "%%t%d", t);
+    }
+    batch_views(g, A, B, Ct, bp);
+    P("%%zs = arith.constant 0.0 : %s\n%%vz = arith.constant dense<0.0> : vector<2x2xf32>\n", G.TS);
   }
   pipe_body(&Pp, A, B, Ct);
-  const char *names[] = {"%As", "%Bs", "%acc", "%fA", "%fB", "%addr", NULL},
-             *types[] = {G.As, G.Bs, C.accm, C.fA, C.fB, Pp.addr};
-  return close_func(g, names, types, A, B, Ct);
+  if (sim) {
+    const char *names[] = {"%As", "%Bs", "%acc", "%fA", "%fB", "%addr"}, *types[] = {G.As, G.Bs, C.accm, C.fA, C.fB,
+                                                                                   Pp.addr};
+    for (int i = 0; i < 6; i++) P("memref.dealloc %s : %s\n", names[i], types[i]);
+    P("}\n}\n}\n");
+  } else
+    P("gpu.terminator\n}\n");
+  if (split > 1) split_sum(g, split, A, B, Ct, Wt);
+  P("return\n}\n");
+  free(A);
+  free(B);
+  free(Ct);
+  if (g->b.oom) {
+    nv_sb_free(&g->b);
+    return NULL;
+  }
+  return g->b.s;
 }

@@ -191,7 +191,7 @@ void cg_cuda_manifest(cJSON *root, const cg_gpu *gpu) {
       cJSON_AddNumberToObject(g, "m", (double)k->gemm_mnk[0]);
       cJSON_AddNumberToObject(g, "n", (double)k->gemm_mnk[1]);
       cJSON_AddNumberToObject(g, "k", (double)k->gemm_mnk[2]);
-      cJSON_AddNumberToObject(g, "batch", k->grid_z ? (double)k->grid_z : 1);
+      cJSON_AddNumberToObject(g, "batch", k->grid_z ? (double)(k->grid_z / (k->gemm_split > 1 ? k->gemm_split : 1)) : 1);
       cJSON_AddBoolToObject(g, "a_transposed", k->gemm_ta);
       cJSON_AddBoolToObject(g, "b_transposed", k->gemm_tb);
       cJSON_AddStringToObject(g, "operands", k->gemm_dtype);
@@ -202,6 +202,7 @@ void cg_cuda_manifest(cJSON *root, const cg_gpu *gpu) {
       cJSON *t = cJSON_AddArrayToObject(g, "tile");
       for (int j = 0; j < 5; j++) cJSON_AddItemToArray(t, cJSON_CreateNumber(k->gemm_tile[j]));
       if (k->tensor_core) cJSON_AddNumberToObject(g, "stages", k->gemm_tile[5]);
+      if (k->tensor_core) cJSON_AddNumberToObject(g, "split_k", k->gemm_split > 1 ? k->gemm_split : 1);
     }
     cJSON_AddItemToArray(ks, e);
   }

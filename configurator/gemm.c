@@ -214,6 +214,21 @@ int cfg_gemm_stages(const cfg_device *d, int64_t stage_bytes, int threads, int r
     return s;
 }
 
+int cfg_gemm_split(const cfg_device *d, int64_t tiles, int blocks_per_sm, int64_t k_tiles, int stages,
+                   const char **why)
+{
+    const char *w = "the tiles fill half a wave";
+    int64_t slots = (int64_t)d->sm_count * (blocks_per_sm > 0 ? blocks_per_sm : 1), s = 1;
+    if (tiles >= 1 && tiles * 2 <= slots) {
+        int64_t kmin = stages > 4 ? stages : 4, by_k = k_tiles / kmin, fill = slots / tiles;
+        s = cfg_min64(cfg_min64(fill, by_k), 16);
+        w = s < 2 ? "K too short to split" : s == fill ? "one wave of SMs" : s == by_k ? "k tiles" : "at most 16";
+        if (s < 2) s = 1;
+    }
+    if (why) *why = w;
+    return (int)s;
+}
+
 cfg_gemm_cpu_schedule cfg_gemm_cpu(const cfg_device *d, int64_t M, int64_t N, int64_t K, int b)
 {
     if (!d || d->kind != CFG_DEV_CPU || (b != 2 && b != 4 && b != 8)) return cfg_gemm_cpu_tile(d, M, N, K, b, 1, 1);

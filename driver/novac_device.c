@@ -113,7 +113,7 @@ static void explain_matmuls(FILE *f, const cfg_device *dev, const nv_graph *g, b
     if (!any)
       fprintf(f, "\nGEMM schedules derived for the matmuls (%s):\n",
               cuda ? "the configurator's full schedule; the matmul kernels above are the generated GEMMs, their "
-                     "tiles cut to what the generator takes: at most 8 warps, no split-K, their own pipeline stages"
+                     "tiles cut to what the generator takes (at most 8 warps), with their own pipeline stages and split-K"
                    : "the register tile and cache blocks of the runtime's contraction kernel");
     any = true;
     (*count)++;

@@ -95,6 +95,9 @@ BATCHED = [
     ("b_transposed", {"a": (5, 9, 32), "b": (5, 18, 32)}, "matmul(a, transpose(b, perm=[0, 2, 1]))",
      lambda a, b: a @ b.transpose(0, 2, 1)),
     ("weight_transposed", {"a": (3, 20, 64), "w": (48, 64)}, "matmul(a, transpose(w))", lambda a, w: a @ w.T),
+    # few output tiles, long k: split-K on the tensor cores (a weight gradient's shape; a batched one)
+    ("split_k_weight_grad", {"x": (1000, 64), "dy": (1000, 48)}, "matmul(transpose(x), dy)", lambda x, dy: x.T @ dy),
+    ("split_k_batched", {"a": (2, 40, 900), "b": (2, 900, 24)}, "matmul(a, b)", lambda a, b: a @ b),
 ]
 
 def conv_grads_ref(x, w, dy, strides, pads, dil):
@@ -180,7 +183,7 @@ for b in BATCHED:
 if not TF32:
     for b in BATCHED:
         batched_case(*b, prec="bf16")
-    for shape in SHAPES[:8]:
+    for shape in SHAPES[:8] + [(96, 80, 2000)]:
         half_case(*shape, "bf16")
     for shape in SHAPES[1:7]:
         half_case(*shape, "fp16")
