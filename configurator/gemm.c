@@ -220,7 +220,7 @@ int cfg_gemm_split(const cfg_device *d, int64_t tiles, int blocks_per_sm, int64_
     const char *w = "the tiles fill half a wave";
     int64_t slots = (int64_t)d->sm_count * (blocks_per_sm > 0 ? blocks_per_sm : 1), s = 1;
     if (tiles >= 1 && tiles * 2 <= slots) {
-        int64_t kmin = stages > 4 ? stages : 4, by_k = k_tiles / kmin, fill = slots / tiles;
+        int64_t kmin = stages > 8 ? stages : 8, by_k = k_tiles / kmin, fill = slots / tiles;
         s = cfg_min64(cfg_min64(fill, by_k), 16);
         w = s < 2 ? "K too short to split" : s == fill ? "one wave of SMs" : s == by_k ? "k tiles" : "at most 16";
         if (s < 2) s = 1;

@@ -103,8 +103,9 @@ int cfg_gemm_stages(const cfg_device *d, int64_t stage_bytes, int threads, int r
  * BLOCKS_PER_SM resident, K_TILES tiles along K through STAGES stages:
  * 1 when the tiles fill half a wave or more; else the most splits that
  * keep the blocks within one wave (floor(slots / tiles), slots = SMs x
- * blocks per SM), each at least max(4, STAGES) k tiles, at most 16.  The
- * reason goes to WHY. */
+ * blocks per SM), each at least max(8, STAGES) k tiles (the summing
+ * kernel's launch must be paid for), at most 16.  The reason goes to
+ * WHY. */
 int cfg_gemm_split(const cfg_device *d, int64_t tiles, int blocks_per_sm, int64_t k_tiles, int stages,
                    const char **why);
 cfg_gemm_simt_schedule cfg_gemm_simt(const cfg_device *d, int64_t M, int64_t N, int64_t K, int dtype_bytes);

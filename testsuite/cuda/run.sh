@@ -212,6 +212,26 @@ then
 else
   fail device-choices "$(head -c 1500 "$T/log")" "$(cat "$T/cmp")"
 fi
+# split-K: the 4-layer GPT's weight gradients (few output tiles, K = the
+# batch's tokens) are split on the H100, each followed by the kernel that
+# sums its ranges; every range at least 8 k tiles
+if python3 - "$T/gpt4.json" >"$T/cmp" 2>&1 <<'EOF'
+import json, sys
+ks = json.load(open(sys.argv[1]))["kernels"]
+split = [(i, k) for i, k in enumerate(ks) if (k.get("gemm") or {}).get("split_k", 1) > 1]
+assert split, "no GEMM is split"
+for i, k in split:
+    g = k["gemm"]
+    assert "split-K" in ks[i + 1]["schedule"], "%s is not followed by its sum: %s" % (k["name"], ks[i + 1]["schedule"])
+    assert k["grid"][2] == g["batch"] * g["split_k"], "%s: grid %s, batch %d, split %d" % (k["name"], k["grid"], g["batch"], g["split_k"])
+    assert -(-g["k"] // g["tile"][2]) >= 8 * (g["split_k"] - 1), "%s: %d ranges of a %d-deep K" % (k["name"], g["split_k"], g["k"])
+print("%d of %d GEMMs split" % (len(split), sum(1 for k in ks if k.get("gemm"))))
+EOF
+then
+  pass "split-k.gpt4 ($(cat "$T/cmp"))"
+else
+  fail split-k.gpt4 "$(cat "$T/cmp")"
+fi
 
 # an exported cross-entropy (SoftmaxCrossEntropyLoss with ignore_index, over
 # 256 classes) trains: its reductions with a unit dim read at 0 (the labels
