@@ -96,6 +96,7 @@ typedef struct cg_kernel {
   char gemm_dtype[8];     /* its operands' element type (f32, f64, bf16, f16) */
   int gemm_tile[6];       /* BM, BN, BK, the warp tile (tensor cores) or thread tile (SIMT), stages */
   int gemm_split;         /* split-K ranges (1: none; the grid's z counts batch x split) */
+  bool gemm_epilogue;     /* the elementwise op after the product applied in its store */
   int regs;               /* registers per thread (ptxas), 0 if unknown */
   int64_t smem;           /* static shared memory bytes (ptxas) */
   int64_t dyn_smem;       /* dynamic shared memory bytes a launch asks for (the GEMMs' pipeline stages) */
@@ -158,6 +159,12 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
 #define CG_CONTRACT_MAXL 8
 typedef bool (*cg_half_hook)(MlirOperation contract, MlirOperation f32_contract, void *ud);
 int cg_half_contractions(nova_ctx *c, MlirModule m, unsigned kinds, cg_half_hook hook, void *ud, int *count);
+/* On tensors: each linalg.contract whose result only an elementwise
+ * linalg.generic reads moves (with the zero fill of its init) to just
+ * before that generic, so that after bufferization and the memory plan the
+ * GPU's GEMM kernel can apply it as its epilogue (cuda.c).  *COUNT: the
+ * contractions moved. */
+int cg_gemm_epilogue_order(MlirModule m, int *count);
 
 /* gpu_reduce.c (the cuda target, linalg on tensors after fusion): each
  * reduction over a long row, or over a long column with few outputs, split
@@ -286,6 +293,29 @@ void cg_gpu_free(cg_gpu *g);
  * (SIM: as CPU loops over the blocks and threads); owned by the caller,
  * NULL when out of memory. */
 #define CG_GEMM_MAXB 4 /* batch loops of a batched GEMM */
+/* The epilogue of a tensor-core GEMM: the elementwise linalg.generic E
+ * that reads C right after the product, applied per output element where
+ * the kernel has C's value (cuda.c checks that it may be).  E's loops are
+ * C's full buffer's dims; its operands (inputs, then its one output) are
+ * each C (block argument: C's value), an input read at its map (IN: the
+ * kernel function's argument ARG after A, B, C and the workspace), or its
+ * output Y when Y is not C (Y, an argument too).  The kernel text holds
+ * E's body as a cast of its block arguments marked nova.epilogue, which
+ * cuda.c replaces by E's ops. */
+#define CG_EPI_MAX 8
+enum { CG_EPI_C, CG_EPI_IN, CG_EPI_Y };
+typedef struct cg_gemm_epilogue {
+  int n;                          /* E's operands; 0: no epilogue */
+  int role[CG_EPI_MAX], arg[CG_EPI_MAX];
+  int rank[CG_EPI_MAX], map[CG_EPI_MAX][8]; /* IN: result i of its map is loop map[i] */
+  MlirType type[CG_EPI_MAX];      /* IN, Y: the argument's memref type */
+  MlirType elem[CG_EPI_MAX];      /* every operand: its block argument's type */
+  bool used[CG_EPI_MAX];          /* the block argument is read */
+  int nloops, nargs;
+  bool y_is_c;                    /* E writes C in place */
+  bool store_c;                   /* C is read after E: stored as well */
+} cg_gemm_epilogue;
+
 typedef struct cg_gemm_operands {
   MlirType a, b, c; /* the matrices' memref types (2-D, any strides) */
   bool ta, tb;      /* A is stored K x M, B N x K */
@@ -299,6 +329,7 @@ typedef struct cg_gemm_operands {
   MlirType fa, fb, fc;
   bool overwrite;   /* C was zero-filled just before: the kernel stores C = A B (the fill goes) */
   int64_t work_elems; /* split-K: the f32 elements of the workspace (the function's 4th argument) */
+  cg_gemm_epilogue epi;
 } cg_gemm_operands;
 struct cfg_gemm_simt_schedule;
 char *cg_gemm_text(const char *name, const cg_gemm_operands *o, const struct cfg_gemm_simt_schedule *s, bool sim);

@@ -610,6 +610,220 @@ static MlirOperation zero_fill_of_c(MlirOperation op, MlirOperation fill) {
  * and, with --matmul-precision=tf32, for f32 ones; SIMT tiles otherwise.
  * The kernels' table entries wait in G->gemm until map_function meets
  * their launches. */
+/* ---- epilogues: the elementwise op after a GEMM, in its store ---------- */
+
+/* Where buffer V lies: its root buffer (a function argument, or what a
+ * memref.view cuts) in *BASE, its first byte *OFF and size *SIZE; false
+ * when unknown (another view kind, a dynamic offset). */
+static bool extent(MlirValue v, MlirValue *base, int64_t *off, int64_t *size) {
+  MlirType t = mlirValueGetType(v);
+  if (!mlirTypeIsAMemRef(t) || !mlirShapedTypeHasStaticShape(t)) return false;
+  *size = cg_type_bytes(t), *off = 0, *base = v;
+  if (mlirValueIsABlockArgument(v)) return true;
+  MlirOperation d = mlirOpResultGetOwner(v);
+  if (!cg_op_is(d, "memref.view") || mlirOperationGetNumOperands(d) != 2) return false;
+  MlirValue sh = mlirOperationGetOperand(d, 1);
+  if (!mlirValueIsAOpResult(sh) || !cg_op_is(mlirOpResultGetOwner(sh), "arith.constant")) return false;
+  MlirAttribute a = mlirOperationGetAttributeByName(mlirOpResultGetOwner(sh), nova_str("value"));
+  if (!mlirAttributeIsAInteger(a)) return false;
+  *base = mlirOperationGetOperand(d, 0), *off = mlirIntegerAttrGetValueInt(a);
+  return true;
+}
+
+/* Whether buffers A and B may share bytes (unknown: yes). */
+static bool may_overlap(MlirValue a, MlirValue b) {
+  MlirValue ba, bb;
+  int64_t oa, ob, sa, sb;
+  if (!extent(a, &ba, &oa, &sa) || !extent(b, &bb, &ob, &sb)) return true;
+  if (!mlirValueEqual(ba, bb)) return mlirValueIsABlockArgument(ba) && mlirValueIsABlockArgument(bb) ? false : true;
+  return oa < ob + sb && ob < oa + sa;
+}
+
+/* The map attribute's results as loop numbers (each a dim); false if one is
+ * not. */
+static bool dims_of(MlirAttribute mattr, int *out, int *rank) {
+  MlirAffineMap m = mlirAffineMapAttrGetValue(mattr);
+  int r = (int)mlirAffineMapGetNumResults(m);
+  if (r > 8) return false;
+  for (int i = 0; i < r; i++) {
+    MlirAffineExpr x = mlirAffineMapGetResult(m, i);
+    if (!mlirAffineExprIsADim(x)) return false;
+    out[i] = (int)mlirAffineDimExprGetPosition(x);
+  }
+  *rank = r;
+  return true;
+}
+
+/* The elementwise linalg.generic E that a tensor-core GEMM OP (operands GO)
+ * can apply as its epilogue: the next op that touches data (constants and
+ * views may come between: constants E reads are moved before OP), reading
+ * C's value with an identity map, its other inputs at projected
+ * permutations, writing one output Y with an identity map over C's full
+ * shape, Y either C or sharing no byte with A, B, C and E's inputs; E's
+ * body plain ops (no regions) on its arguments and constants.  Fills
+ * GO->epi and XV (the values of E's IN and Y operands, by argument);
+ * null when there is none. */
+static MlirOperation find_epilogue(MlirOperation op, cg_gemm_operands *go, MlirValue *xv) {
+  memset(&go->epi, 0, sizeof go->epi);
+  MlirOperation e = mlirOperationGetNextInBlock(op);
+  while (!mlirOperationIsNull(e) && no_data_access(e)) e = mlirOperationGetNextInBlock(e);
+  if (mlirOperationIsNull(e) || !cg_op_is(e, "linalg.generic") || mlirOperationGetNumResults(e) ||
+      mlirOperationGetNumRegions(e) != 1)
+    return (MlirOperation){NULL};
+  int n = (int)mlirOperationGetNumOperands(e);
+  MlirValue cv = mlirOperationGetOperand(op, mlirOperationGetNumOperands(op) - 1);
+  MlirType cfull = go->views ? go->fc : go->c;
+  MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(e);
+  if (n < 2 || n > CG_EPI_MAX || mlirAttributeIsNull(maps) || mlirArrayAttrGetNumElements(maps) != n) return (MlirOperation){NULL};
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(e, 0));
+  if (mlirBlockGetNumArguments(body) != n) return (MlirOperation){NULL};
+  cg_gemm_epilogue *ep = &go->epi;
+  int nl = (int)mlirAffineMapGetNumDims(mlirAffineMapAttrGetValue(mlirArrayAttrGetElement(maps, 0)));
+  int64_t fst[8], foff;
+  if (nl != mlirShapedTypeGetRank(cfull) || nl > 8 ||
+      mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(cfull, fst, &foff)))
+    return (MlirOperation){NULL};
+  /* views: C's full buffer contiguous (its indices from an element's offset) */
+  if (go->views) {
+    int64_t want = 1;
+    for (int k = nl - 1; k >= 0; k--) {
+      if (fst[k] != want && mlirShapedTypeGetDimSize(cfull, k) != 1) return (MlirOperation){NULL};
+      want *= mlirShapedTypeGetDimSize(cfull, k);
+    }
+  }
+  bool reads_c = false;
+  for (int i = 0; i < n; i++) {
+    MlirValue v = mlirOperationGetOperand(e, i);
+    MlirAttribute ma = mlirArrayAttrGetElement(maps, i);
+    MlirType t = mlirValueGetType(v);
+    ep->elem[i] = mlirValueGetType(mlirBlockGetArgument(body, i));
+    ep->used[i] = !mlirOpOperandIsNull(mlirValueGetFirstUse(mlirBlockGetArgument(body, i)));
+    if (!mlirTypeIsAMemRef(t) || !mlirShapedTypeHasStaticShape(t)) return (MlirOperation){NULL};
+    if (mlirValueEqual(v, cv)) {
+      if (!mlirAffineMapIsIdentity(mlirAffineMapAttrGetValue(ma))) return (MlirOperation){NULL};
+      ep->role[i] = CG_EPI_C, reads_c = true;
+      if (i == n - 1) ep->y_is_c = true;
+      continue;
+    }
+    if (!dims_of(ma, ep->map[i], &ep->rank[i])) return (MlirOperation){NULL};
+    if (i == n - 1) {
+      if (!mlirAffineMapIsIdentity(mlirAffineMapAttrGetValue(ma)) || mlirShapedTypeGetRank(t) != nl)
+        return (MlirOperation){NULL};
+      for (int k = 0; k < nl; k++)
+        if (mlirShapedTypeGetDimSize(t, k) != mlirShapedTypeGetDimSize(cfull, k)) return (MlirOperation){NULL};
+    }
+    ep->role[i] = i == n - 1 ? CG_EPI_Y : CG_EPI_IN;
+    ep->type[i] = t;
+    /* E's operands may not be written under it: Y shares no byte with A, B, C or an input; an input none with C */
+    for (int j = 0; j < n; j++)
+      if (j != i && (i == n - 1 || j == n - 1) && !mlirValueEqual(mlirOperationGetOperand(e, j), v) &&
+          may_overlap(v, mlirOperationGetOperand(e, j)))
+        return (MlirOperation){NULL};
+    if (may_overlap(v, cv) ||
+        (i == n - 1 && (may_overlap(v, mlirOperationGetOperand(op, 0)) || may_overlap(v, mlirOperationGetOperand(op, 1)))))
+      return (MlirOperation){NULL};
+    int a = ep->nargs++;
+    ep->arg[i] = a, xv[a] = v;
+  }
+  if (!reads_c || !mlirTypeIsAF32(mlirShapedTypeGetElementType(mlirValueGetType(cv)))) return (MlirOperation){NULL};
+  /* the body: plain ops on its arguments, its own results and constants */
+  for (MlirOperation b = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(b); b = mlirOperationGetNextInBlock(b)) {
+    if (mlirOperationGetNumRegions(b)) return (MlirOperation){NULL};
+    for (intptr_t k = 0; k < mlirOperationGetNumOperands(b); k++) {
+      MlirValue x = mlirOperationGetOperand(b, k);
+      if (mlirValueIsABlockArgument(x) && mlirBlockEqual(mlirBlockArgumentGetOwner(x), body)) continue;
+      if (mlirValueIsAOpResult(x) && mlirBlockEqual(mlirOperationGetBlock(mlirOpResultGetOwner(x)), body)) continue;
+      if (mlirValueIsAOpResult(x) && cg_op_is(mlirOpResultGetOwner(x), "arith.constant")) continue;
+      return (MlirOperation){NULL};
+    }
+  }
+  /* C is stored too unless E writes it in place or nothing reads it after E
+   * (a buffer of the arena that only the fill, the product and E touch) */
+  ep->store_c = !ep->y_is_c;
+  if (ep->store_c && mlirValueIsAOpResult(cv) && cg_op_is(mlirOpResultGetOwner(cv), "memref.view")) {
+    bool other = false;
+    for (MlirOpOperand u = mlirValueGetFirstUse(cv); !mlirOpOperandIsNull(u); u = mlirOpOperandGetNextUse(u)) {
+      MlirOperation w = mlirOpOperandGetOwner(u);
+      other |= !(mlirOperationEqual(w, op) || mlirOperationEqual(w, e) || cg_op_is(w, "linalg.fill"));
+    }
+    ep->store_c = other;
+  }
+  /* the constants and views between OP and E (E's operands, the constants
+   * its body reads): before OP, where the kernel reads them */
+  for (MlirOperation b = mlirOperationGetNextInBlock(op); !mlirOperationEqual(b, e);) {
+    MlirOperation next = mlirOperationGetNextInBlock(b);
+    mlirOperationMoveBefore(b, op);
+    b = next;
+  }
+  ep->n = n, ep->nloops = nl;
+  return e;
+}
+
+/* Replaces each cast marked nova.epilogue under ROOT (the GEMM kernel's
+ * text, parsed) by a copy of E's body on the cast's operands. */
+typedef struct epi_calls {
+  MlirOperation v[512];
+  int n;
+  bool full;
+} epi_calls;
+
+static MlirWalkResult find_epi_call(MlirOperation op, void *ud) {
+  epi_calls *c = ud;
+  if (!cg_op_is(op, "builtin.unrealized_conversion_cast") ||
+      mlirAttributeIsNull(mlirOperationGetAttributeByName(op, nova_str("nova.epilogue"))))
+    return MlirWalkResultAdvance;
+  if (c->n == (int)(sizeof c->v / sizeof c->v[0])) c->full = true;
+  else c->v[c->n++] = op;
+  return MlirWalkResultAdvance;
+}
+
+static int inline_epilogue(MlirOperation root, MlirOperation e) {
+  epi_calls *calls = nv_xmalloc(sizeof *calls);
+  if (!calls) return -1;
+  calls->n = 0, calls->full = false;
+  mlirOperationWalk(root, find_epi_call, calls, MlirWalkPreOrder);
+  MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(e, 0));
+  int rc = calls->full ? -1 : 0;
+  for (int ci = 0; !rc && ci < calls->n; ci++) {
+    MlirOperation call = calls->v[ci];
+    MlirValue from[64], to[64];
+    int nm = 0;
+    for (intptr_t i = 0; i < mlirBlockGetNumArguments(body) && nm < 64; i++)
+      from[nm] = mlirBlockGetArgument(body, i), to[nm++] = mlirOperationGetOperand(call, i);
+    for (MlirOperation b = mlirBlockGetFirstOperation(body); !rc && !mlirOperationIsNull(b);
+         b = mlirOperationGetNextInBlock(b)) {
+      bool yield = cg_op_is(b, "linalg.yield");
+      MlirOperation cl = yield ? b : mlirOperationClone(b);
+      MlirValue res = {NULL};
+      for (intptr_t k = 0; k < mlirOperationGetNumOperands(cl); k++) {
+        MlirValue x = mlirOperationGetOperand(cl, k);
+        for (int j = 0; j < nm; j++)
+          if (mlirValueEqual(x, from[j])) {
+            if (yield) res = to[j];
+            else mlirOperationSetOperand(cl, k, to[j]);
+            break;
+          }
+        if (yield && mlirValueIsNull(res)) res = x; /* a constant or an argument */
+      }
+      if (yield) {
+        mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(call, 0), res);
+        break;
+      }
+      mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(call), call, cl);
+      for (intptr_t k = 0; k < mlirOperationGetNumResults(b); k++) {
+        if (nm == 64) {
+          rc = -1;
+          break;
+        }
+        from[nm] = mlirOperationGetResult(b, k), to[nm++] = mlirOperationGetResult(cl, k);
+      }
+    }
+    mlirOperationDestroy(call);
+  }
+  free(calls);
+  return rc;
+}
+
 /* A GEMM's plan: its product and the kernel's schedule. */
 typedef struct gemm_plan {
   int64_t M, N, K, nb;     /* nb: batch points */
@@ -770,7 +984,12 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
     char fname[48];
     snprintf(fname, sizeof fname, "nova_gemm_%d", G->ngemm++);
     char *text;
+    MlirValue xv[CG_EPI_MAX];
+    MlirOperation epi = {NULL};
+    memset(&go.epi, 0, sizeof go.epi);
     if (tc.ok) {
+      epi = find_epilogue(op, &go, xv);
+      if (mlirOperationIsNull(epi)) memset(&go.epi, 0, sizeof go.epi);
       k->grid = (N + tc.bn - 1) / tc.bn;
       k->grid_y = (M + tc.bm - 1) / tc.bm;
       k->grid_z *= split;
@@ -790,8 +1009,10 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
       double waves = 0;
       int bps = cfg_occupancy(G->dev, tc.threads, cg_gemm_tc_smem(&tc, h16, go.ta, go.tb), tc_regs(&tc),
                               k->grid * k->grid_y * k->grid_z, &lim, &waves);
-      snprintf(k->reason + strlen(k->reason), sizeof k->reason - strlen(k->reason), "; %d blocks/SM (%s), %.2f waves%s",
-               bps, lim, waves, go.overwrite ? "; C written, its zero fill folded in" : "");
+      snprintf(k->reason + strlen(k->reason), sizeof k->reason - strlen(k->reason), "; %d blocks/SM (%s), %.2f waves%s%s",
+               bps, lim, waves, go.overwrite ? "; C written, its zero fill folded in" : "",
+               !mlirOperationIsNull(epi) ? "; the elementwise op after it applied in its store" : "");
+      k->gemm_epilogue = !mlirOperationIsNull(epi);
       k->dyn_smem = cg_gemm_tc_smem(&tc, h16, go.ta, go.tb);
       if (split > 1) { /* the second kernel: C (+)= the sum of the partial products */
         cg_kernel *k2 = &G->gemm[G->ngemm++];
@@ -827,11 +1048,23 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
     /* the function's body replaces the matmul, its arguments the matmul's
      * operands (no inliner: nvgpu ops have no inlining interface) */
     MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(fn, 0));
+    if (!mlirOperationIsNull(epi) && inline_epilogue(fn, epi)) {
+      nv_error_plain(G->c->diag, "internal: the epilogue of the %lldx%lldx%lld GEMM is too large", (long long)M,
+                     (long long)N, (long long)K);
+      mlirOperationDestroy(fn);
+      return -1;
+    }
     for (int i = 0; i < 3; i++)
       mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(body, i), mlirOperationGetOperand(op, i));
     if (split > 1) mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(body, 3), wbuf);
+    for (int j = 0; j < go.epi.nargs; j++)
+      mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(body, 3 + (split > 1) + j), xv[j]);
     move_body(body, op);
     mlirOperationDestroy(fn);
+    if (!mlirOperationIsNull(epi)) {
+      next = mlirOperationGetNextInBlock(epi);
+      mlirOperationDestroy(epi);
+    }
     mlirOperationDestroy(op);
     op = next;
   }

@@ -40,6 +40,7 @@ typedef struct gemm_gen {
   bool sim;
   char As[96], Bs[96], acc[96];  /* memref types */
   const cg_gemm_operands *o;
+  char coff[24];                 /* views: the offset of C's view of the current batch point */
 } gemm_gen;
 
 #define P(...) nv_sb_printf(&g->b, __VA_ARGS__)
@@ -340,6 +341,7 @@ static void batch_views(gemm_gen *g, const char *A, const char *B, const char *C
         mul);
       snprintf(cur, sizeof cur, "%%t%d", add);
     }
+    if (i == 2) snprintf(g->coff, sizeof g->coff, "%s", cur);
     int64_t st[2], off;
     (void)mlirMemRefTypeGetStridesAndOffset(vt[i], st, &off);
     P("%%%s = memref.reinterpret_cast %%t%d#0 to offset: [%s], sizes: [%lld, %lld], strides: [%lld, %lld] : %s to %s\n",
@@ -565,6 +567,78 @@ static int mma(tc_gen *c, int idx, const int *a, const int *b) {
   return d;
 }
 
+/* The epilogue (o->epi) for the element (ROW, COL) of C's (view's) matrix
+ * whose product is V (f32, C's new value): E's loop indices (the element's
+ * place in C's full buffer), C stored where it is read later, E's operands
+ * loaded, E's body (a cast of its arguments marked nova.epilogue, which
+ * cuda.c replaces by E's ops), its result stored in Y. */
+static void epi_store(gemm_gen *g, const char *Ct, int row, int col, int v) {
+  const cg_gemm_operands *o = g->o;
+  const cg_gemm_epilogue *e = &o->epi;
+  int idx[8];
+  if (!o->views) idx[0] = row, idx[1] = col;
+  else { /* C's full buffer is contiguous: its indices from the element's offset */
+    int64_t st[2], off, fst[8], foff;
+    (void)mlirMemRefTypeGetStridesAndOffset(o->c, st, &off);
+    (void)mlirMemRefTypeGetStridesAndOffset(o->fc, fst, &foff);
+    int c0 = cidx(g, st[0]), c1 = cidx(g, st[1]), cf = cidx(g, foff), a = fresh(g), b = fresh(g), s1 = fresh(g),
+        s2 = fresh(g), lin = fresh(g);
+    P("%%t%d = arith.muli %%t%d, %%t%d : index\n%%t%d = arith.muli %%t%d, %%t%d : index\n"
+      "%%t%d = arith.addi %s, %%t%d : index\n%%t%d = arith.addi %%t%d, %%t%d : index\n"
+      "%%t%d = arith.subi %%t%d, %%t%d : index\n",
+      a, row, c0, b, col, c1, s1, g->coff, a, s2, s1, b, lin, s2, cf);
+    for (int k = e->nloops - 1; k >= 0; k--) {
+      int64_t dim = mlirShapedTypeGetDimSize(o->fc, k);
+      int cd = cidx(g, dim);
+      idx[k] = fresh(g);
+      P("%%t%d = arith.remui %%t%d, %%t%d : index\n", idx[k], lin, cd);
+      if (k) {
+        int q = fresh(g);
+        P("%%t%d = arith.divui %%t%d, %%t%d : index\n", q, lin, cd);
+        lin = q;
+      }
+    }
+  }
+  if (e->store_c) P("memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n", v, row, col, Ct);
+  int args[CG_EPI_MAX], yarg = -1;
+  char *ts[CG_EPI_MAX] = {NULL};
+  for (int i = 0; i < e->n; i++) {
+    ts[i] = type_str(e->elem[i]);
+    if (e->role[i] == CG_EPI_C) {
+      args[i] = v;
+      continue;
+    }
+    if (e->role[i] == CG_EPI_Y) yarg = e->arg[i];
+    char *mt = type_str(e->type[i]);
+    args[i] = fresh(g);
+    if (!e->used[i]) {
+      P("%%t%d = arith.constant %s : %s\n", args[i], mlirTypeIsAFloat(e->elem[i]) ? "0.0" : "0", ts[i]);
+    } else {
+      P("%%t%d = memref.load %%E%d[", args[i], e->arg[i]);
+      int r = e->role[i] == CG_EPI_Y ? e->nloops : e->rank[i];
+      for (int k = 0; k < r; k++) P("%s%%t%d", k ? ", " : "", idx[e->role[i] == CG_EPI_Y ? k : e->map[i][k]]);
+      P("] : %s\n", mt);
+    }
+    free(mt);
+  }
+  int res = fresh(g);
+  P("%%t%d = builtin.unrealized_conversion_cast ", res);
+  for (int i = 0; i < e->n; i++) P("%s%%t%d", i ? ", " : "", args[i]);
+  P(" : ");
+  for (int i = 0; i < e->n; i++) P("%s%s", i ? ", " : "", ts[i]);
+  P(" to %s {nova.epilogue}\n", ts[e->n - 1]);
+  if (e->y_is_c && !o->views) P("memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n", res, row, col, Ct);
+  else {
+    char *yt = type_str(e->y_is_c ? o->fc : e->type[e->n - 1]);
+    if (e->y_is_c) P("memref.store %%t%d, %%Cf[", res);
+    else P("memref.store %%t%d, %%E%d[", res, yarg);
+    for (int k = 0; k < e->nloops; k++) P("%s%%t%d", k ? ", " : "", idx[k]);
+    P("] : %s\n", yt);
+    free(yt);
+  }
+  for (int i = 0; i < e->n; i++) free(ts[i]);
+}
+
 /* C (+)= the accumulators: element (r, cc) of mma tile (mi, ni) at row
  * g + 8r, column 2t + cc of the warp tile. */
 static void tc_store(tc_gen *c, const char *Ct) {
@@ -596,6 +670,15 @@ static void tc_store(tc_gen *c, const char *Ct) {
         int cv = fresh(g), sum = fresh(g);
         if (c->Wt)
           P("memref.store %%t%d, %%W[%%bz, %%t%d, %%t%d] : %s\n}\n", v, row, col, c->Wt);
+        else if (g->o->epi.n) {
+          if (!g->o->overwrite) {
+            P("%%t%d = memref.load %%C[%%t%d, %%t%d] : %s\n%%t%d = arith.addf %%t%d, %%t%d : f32\n", cv, row, col, Ct,
+              sum, cv, v);
+            v = sum;
+          }
+          epi_store(g, Ct, row, col, v);
+          P("}\n");
+        }
         else if (g->o->overwrite)
           P("memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n}\n", v, row, col, Ct);
         else
@@ -1067,7 +1150,16 @@ static void split_sum(gemm_gen *g, int split, const char *A, const char *B, cons
     "%%t%d = arith.addi %%t%d, %%s : index\n%%t%d = memref.load %%W[%%t%d, %%t%d, %%t%d] : %s\n"
     "%%t%d = arith.addf %%acc, %%t%d : f32\nscf.yield %%t%d : f32\n}\n",
     sum, csp, wi, w0, x, wi, m, n, Wt, y, x, y);
-  if (g->o->overwrite) P("memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n", sum, m, n, Ct);
+  if (g->o->epi.n) {
+    int v = sum;
+    if (!g->o->overwrite) {
+      int old = fresh(g), nw = fresh(g);
+      P("%%t%d = memref.load %%C[%%t%d, %%t%d] : %s\n%%t%d = arith.addf %%t%d, %%t%d : f32\n", old, m, n, Ct, nw, old,
+        sum);
+      v = nw;
+    }
+    epi_store(g, Ct, m, n, v);
+  } else if (g->o->overwrite) P("memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n", sum, m, n, Ct);
   else {
     int old = fresh(g), nw = fresh(g);
     P("%%t%d = memref.load %%C[%%t%d, %%t%d] : %s\n%%t%d = arith.addf %%t%d, %%t%d : f32\n"
@@ -1119,6 +1211,14 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
   } else
     P("func.func private @%s(%%A: %s, %%B: %s, %%C: %s", name, A, B, Ct);
   if (split > 1) P(", %%Wf: memref<%lldxf32>", (long long)o->work_elems);
+  for (int j = 0; j < o->epi.nargs; j++)
+    for (int i = 0; i < o->epi.n; i++)
+      if (o->epi.role[i] != CG_EPI_C && o->epi.arg[i] == j) {
+        char *et = type_str(o->epi.type[i]);
+        P(", %%E%d: %s", j, et);
+        free(et);
+        break;
+      }
   P(") {\n%%c0 = arith.constant 0 : index\n%%c1 = arith.constant 1 : index\n%%gx = arith.constant %lld : index\n"
     "%%gy = arith.constant %lld : index\n%%gz = arith.constant %lld : index\n%%nt = arith.constant %d : index\n"
     "%%zero = arith.constant 0.0 : f32\n",

@@ -292,3 +292,47 @@ int cg_half_contractions(nova_ctx *c, MlirModule m, unsigned kinds, cg_half_hook
   free(ops.v);
   return 0;
 }
+
+/* The elementwise consumer of contraction OP's result: its only user, a
+ * linalg.generic in the same block whose one output has an identity map
+ * (every loop parallel); else null. */
+static MlirOperation sole_elementwise_user(MlirOperation op) {
+  if (mlirOperationGetNumResults(op) != 1) return (MlirOperation){NULL};
+  MlirOpOperand u = mlirValueGetFirstUse(mlirOperationGetResult(op, 0));
+  if (mlirOpOperandIsNull(u) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(u))) return (MlirOperation){NULL};
+  MlirOperation e = mlirOpOperandGetOwner(u);
+  if (!cg_op_is(e, "linalg.generic") || mlirOperationGetNumResults(e) != 1 ||
+      !mlirBlockEqual(mlirOperationGetBlock(e), mlirOperationGetBlock(op)))
+    return (MlirOperation){NULL};
+  MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(e);
+  intptr_t n = mlirArrayAttrGetNumElements(maps);
+  return n >= 1 && identity_map(mlirArrayAttrGetElement(maps, n - 1)) ? e : (MlirOperation){NULL};
+}
+
+int cg_gemm_epilogue_order(MlirModule m, int *count) {
+  *count = 0;
+  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
+       f = mlirOperationGetNextInBlock(f)) {
+    if (!cg_op_is(f, "func.func") || mlirRegionIsNull(mlirOperationGetFirstRegion(f))) continue;
+    MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetFirstRegion(f));
+    if (mlirBlockIsNull(body)) continue;
+    for (MlirOperation o = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(o);) {
+      MlirOperation next = mlirOperationGetNextInBlock(o);
+      MlirOperation e = cg_op_is(o, "linalg.contract") ? sole_elementwise_user(o) : (MlirOperation){NULL};
+      if (!mlirOperationIsNull(e) && !mlirOperationEqual(mlirOperationGetNextInBlock(o), e)) {
+        /* the zero fill of the contraction's init goes along when only it reads it */
+        MlirValue init = mlirOperationGetOperand(o, mlirOperationGetNumOperands(o) - 1);
+        MlirOperation fill = mlirValueIsAOpResult(init) ? mlirOpResultGetOwner(init) : (MlirOperation){NULL};
+        MlirOpOperand fu = mlirValueGetFirstUse(init);
+        bool move_fill = !mlirOperationIsNull(fill) && cg_op_is(fill, "linalg.fill") &&
+                         mlirBlockEqual(mlirOperationGetBlock(fill), body) && !mlirOpOperandIsNull(fu) &&
+                         mlirOpOperandIsNull(mlirOpOperandGetNextUse(fu));
+        mlirOperationMoveBefore(o, e);
+        if (move_fill) mlirOperationMoveBefore(fill, o);
+        (*count)++;
+      }
+      o = next;
+    }
+  }
+  return 0;
+}

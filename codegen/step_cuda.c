@@ -203,6 +203,7 @@ void cg_cuda_manifest(cJSON *root, const cg_gpu *gpu) {
       for (int j = 0; j < 5; j++) cJSON_AddItemToArray(t, cJSON_CreateNumber(k->gemm_tile[j]));
       if (k->tensor_core) cJSON_AddNumberToObject(g, "stages", k->gemm_tile[5]);
       if (k->tensor_core) cJSON_AddNumberToObject(g, "split_k", k->gemm_split > 1 ? k->gemm_split : 1);
+      if (k->tensor_core) cJSON_AddBoolToObject(g, "epilogue", k->gemm_epilogue);
     }
     cJSON_AddItemToArray(ks, e);
   }

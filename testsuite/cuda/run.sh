@@ -232,6 +232,10 @@ then
 else
   fail split-k.gpt4 "$(cat "$T/cmp")"
 fi
+# epilogues: the forward projections' bias (and the MLP's GELU) applied in
+# the GEMMs' stores, their own kernels gone (ptxas accepted them above)
+n=$(python3 -c "import json,sys; print(sum(1 for k in json.load(open(sys.argv[1]))['kernels'] if (k.get('gemm') or {}).get('epilogue')))" "$T/gpt4.json")
+if [ "${n:-0}" -ge 8 ]; then pass "gemm-epilogue.gpt4 ($n GEMMs)"; else fail gemm-epilogue.gpt4 "GEMMs with an epilogue: ${n:-0}"; fi
 
 # an exported cross-entropy (SoftmaxCrossEntropyLoss with ignore_index, over
 # 256 classes) trains: its reductions with a unit dim read at 0 (the labels

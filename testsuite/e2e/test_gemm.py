@@ -19,7 +19,9 @@ transposed) against float64, also under --precision=bf16.  Convolutions
 (im2col + these GEMMs: the forward, the input and the weight gradient)
 under --precision=bf16 and fp16, their 16-bit operands moved as they are
 (padding, im2col, transposes) and read by the 16-bit GEMM: against
-float64 of the rounded operands."""
+float64 of the rounded operands.  The elementwise op after a product
+(bias, GELU, residual, constants), which the cuda target's tensor-core
+GEMM applies as its epilogue, under bf16."""
 import sys
 
 import numpy as np
@@ -68,9 +70,10 @@ def half_case(m, n, k, prec, tile=None):
     case("gemm.%dx%dx%d.%s%s" % (m, n, k, prec, ".tile_" + tile.replace(",", "_") if tile else ""), run)
 
 
-def batched_case(name, shapes, expr, ref, prec=None):
+def batched_case(name, shapes, expr, ref, prec=None, tol=None):
     """A batched, broadcast or transposed contraction (one GEMM kernel, its
-    batch points on the grid's z on the cuda target) against float64."""
+    batch points on the grid's z on the cuda target) against float64 (TOL:
+    a relative tolerance for several 16-bit roundings in a row)."""
     def run():
         ins = {k: rng.uniform(-1, 1, s).astype(np.float32) for k, s in shapes.items()}
         text = "".join("input %s: f32[%s]\n" % (k, ", ".join(map(str, s))) for k, s in shapes.items())
@@ -80,7 +83,7 @@ def batched_case(name, shapes, expr, ref, prec=None):
         if prec:
             dt = ml_dtypes.bfloat16 if prec == "bf16" else np.float16
             want = ref(*[v.astype(dt).astype(np.float64) for v in ins.values()])
-            check_close(np.asarray(outs[0], dtype=np.float64), want, 2.0 ** (-8 if prec == "bf16" else -11))
+            check_close(np.asarray(outs[0], dtype=np.float64), want, tol or 2.0 ** (-8 if prec == "bf16" else -11))
         else:
             check_close(outs[0], ref(*[v.astype(np.float64) for v in ins.values()]), TOL["f32"])
     case("gemm.batched.%s%s" % (name, "." + prec if prec else ""), run)
@@ -99,6 +102,31 @@ BATCHED = [
     ("split_k_weight_grad", {"x": (1000, 64), "dy": (1000, 48)}, "matmul(transpose(x), dy)", lambda x, dy: x.T @ dy),
     ("split_k_batched", {"a": (2, 40, 900), "b": (2, 900, 24)}, "matmul(a, b)", lambda a, b: a @ b),
 ]
+
+from math import erf as _erf
+_verf = np.vectorize(_erf)
+
+
+def _gelu(x):
+    return 0.5 * x * (1 + _verf(x / np.sqrt(2)))
+
+
+# the elementwise op after a product, which the cuda target's tensor-core
+# GEMM applies in its store (its epilogue): a bias and GELU, a residual that
+# reads the GEMM's own operand, constants on attention's batched [B, H, T, T]
+# scores (C a view of each batch point: E's indices from the element's
+# offset), a split-K GEMM's (the epilogue in the kernel summing the ranges)
+EPILOGUES = [
+    ("epilogue.bias_gelu", {"x": (64, 96), "w": (96, 80), "b": (80,)}, "gelu(matmul(x, w) + b)",
+     lambda x, w, b: _gelu(x @ w + b)),
+    ("epilogue.residual", {"x": (2, 24, 64), "w": (64, 64), "b": (64,)}, "x + (matmul(x, w) + b)",
+     lambda x, w, b: x + (x @ w + b)),
+    ("epilogue.heads_scaled", {"q": (2, 3, 17, 16), "k": (2, 3, 16, 19)}, "matmul(q, k) * 0.25 + 1.0",
+     lambda q, k: (q @ k) * 0.25 + 1.0),
+    ("epilogue.split_k", {"x": (32, 1200), "w": (1200, 40), "b": (40,)}, "gelu(matmul(x, w) + b)",
+     lambda x, w, b: _gelu(x @ w + b)),
+]
+
 
 def conv_grads_ref(x, w, dy, strides, pads, dil):
     """dx, dw of sum(conv(x, w) * dy) (one group), in float64."""
@@ -183,6 +211,8 @@ for b in BATCHED:
 if not TF32:
     for b in BATCHED:
         batched_case(*b, prec="bf16")
+    for e in EPILOGUES:
+        batched_case(*e, prec="bf16", tol=2.0 ** -6)
     for shape in SHAPES[:8] + [(96, 80, 2000)]:
         half_case(*shape, "bf16")
     for shape in SHAPES[1:7]:
