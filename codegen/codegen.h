@@ -164,7 +164,7 @@ int cg_half_contractions(nova_ctx *c, MlirModule m, unsigned kinds, cg_half_hook
  * before that generic, so that after bufferization and the memory plan the
  * GPU's GEMM kernel can apply it as its epilogue (cuda.c).  *COUNT: the
  * contractions moved. */
-int cg_gemm_epilogue_order(MlirModule m, int *count);
+int cg_gemm_epilogue_order(nova_ctx *c, MlirModule m, int *count);
 
 /* gpu_reduce.c (the cuda target, linalg on tensors after fusion): each
  * reduction over a long row, or over a long column with few outputs, split

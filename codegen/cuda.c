@@ -660,7 +660,8 @@ static bool dims_of(MlirAttribute mattr, int *out, int *rank) {
  * C's value with an identity map, its other inputs at projected
  * permutations, writing one output Y with an identity map over C's full
  * shape, Y either C or sharing no byte with A, B, C and E's inputs; E's
- * body plain ops (no regions) on its arguments and constants.  Fills
+ * body plain ops (no regions) on its arguments, its loop indices
+ * (linalg.index) and constants.  Fills
  * GO->epi and XV (the values of E's IN and Y operands, by argument);
  * null when there is none. */
 static MlirOperation find_epilogue(MlirOperation op, cg_gemm_operands *go, MlirValue *xv) {
@@ -760,7 +761,8 @@ static MlirOperation find_epilogue(MlirOperation op, cg_gemm_operands *go, MlirV
 }
 
 /* Replaces each cast marked nova.epilogue under ROOT (the GEMM kernel's
- * text, parsed) by a copy of E's body on the cast's operands. */
+ * text, parsed) by a copy of E's body on the cast's operands (E's block
+ * arguments, then its loop indices, for linalg.index). */
 typedef struct epi_calls {
   MlirOperation v[512];
   int n;
@@ -784,20 +786,35 @@ static int inline_epilogue(MlirOperation root, MlirOperation e) {
   mlirOperationWalk(root, find_epi_call, calls, MlirWalkPreOrder);
   MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(e, 0));
   int rc = calls->full ? -1 : 0;
+  /* the value map: E's arguments and every result of its body */
+  intptr_t cap = mlirBlockGetNumArguments(body);
+  for (MlirOperation b = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(b); b = mlirOperationGetNextInBlock(b))
+    cap += mlirOperationGetNumResults(b);
+  MlirValue *from = nv_xmalloc((size_t)cap * sizeof *from), *to = nv_xmalloc((size_t)cap * sizeof *to);
+  if (!from || !to) rc = -1;
   for (int ci = 0; !rc && ci < calls->n; ci++) {
     MlirOperation call = calls->v[ci];
-    MlirValue from[64], to[64];
-    int nm = 0;
-    for (intptr_t i = 0; i < mlirBlockGetNumArguments(body) && nm < 64; i++)
+    intptr_t nm = 0;
+    for (intptr_t i = 0; i < mlirBlockGetNumArguments(body); i++)
       from[nm] = mlirBlockGetArgument(body, i), to[nm++] = mlirOperationGetOperand(call, i);
     for (MlirOperation b = mlirBlockGetFirstOperation(body); !rc && !mlirOperationIsNull(b);
          b = mlirOperationGetNextInBlock(b)) {
       bool yield = cg_op_is(b, "linalg.yield");
+      if (cg_op_is(b, "linalg.index")) { /* loop index DIM: the cast's operand after the arguments */
+        MlirAttribute d = mlirOperationGetAttributeByName(b, nova_str("dim"));
+        intptr_t at = mlirBlockGetNumArguments(body) + (mlirAttributeIsAInteger(d) ? mlirIntegerAttrGetValueInt(d) : 0);
+        if (!mlirAttributeIsAInteger(d) || at >= mlirOperationGetNumOperands(call)) {
+          rc = -1;
+          break;
+        }
+        from[nm] = mlirOperationGetResult(b, 0), to[nm++] = mlirOperationGetOperand(call, at);
+        continue;
+      }
       MlirOperation cl = yield ? b : mlirOperationClone(b);
       MlirValue res = {NULL};
       for (intptr_t k = 0; k < mlirOperationGetNumOperands(cl); k++) {
         MlirValue x = mlirOperationGetOperand(cl, k);
-        for (int j = 0; j < nm; j++)
+        for (intptr_t j = 0; j < nm; j++)
           if (mlirValueEqual(x, from[j])) {
             if (yield) res = to[j];
             else mlirOperationSetOperand(cl, k, to[j]);
@@ -810,16 +827,14 @@ static int inline_epilogue(MlirOperation root, MlirOperation e) {
         break;
       }
       mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(call), call, cl);
-      for (intptr_t k = 0; k < mlirOperationGetNumResults(b); k++) {
-        if (nm == 64) {
-          rc = -1;
-          break;
-        }
+      for (intptr_t k = 0; k < mlirOperationGetNumResults(b); k++)
         from[nm] = mlirOperationGetResult(b, k), to[nm++] = mlirOperationGetResult(cl, k);
-      }
     }
+    if (rc) break; /* (the caller drops the whole kernel text) */
     mlirOperationDestroy(call);
   }
+  free(from);
+  free(to);
   free(calls);
   return rc;
 }

@@ -570,8 +570,9 @@ static int mma(tc_gen *c, int idx, const int *a, const int *b) {
 /* The epilogue (o->epi) for the element (ROW, COL) of C's (view's) matrix
  * whose product is V (f32, C's new value): E's loop indices (the element's
  * place in C's full buffer), C stored where it is read later, E's operands
- * loaded, E's body (a cast of its arguments marked nova.epilogue, which
- * cuda.c replaces by E's ops), its result stored in Y. */
+ * loaded, E's body (a cast of its arguments and loop indices marked
+ * nova.epilogue, which cuda.c replaces by E's ops), its result stored in
+ * Y. */
 static void epi_store(gemm_gen *g, const char *Ct, int row, int col, int v) {
   const cg_gemm_operands *o = g->o;
   const cg_gemm_epilogue *e = &o->epi;
@@ -624,8 +625,10 @@ static void epi_store(gemm_gen *g, const char *Ct, int row, int col, int v) {
   int res = fresh(g);
   P("%%t%d = builtin.unrealized_conversion_cast ", res);
   for (int i = 0; i < e->n; i++) P("%s%%t%d", i ? ", " : "", args[i]);
+  for (int k = 0; k < e->nloops; k++) P(", %%t%d", idx[k]);
   P(" : ");
   for (int i = 0; i < e->n; i++) P("%s%s", i ? ", " : "", ts[i]);
+  for (int k = 0; k < e->nloops; k++) P(", index");
   P(" to %s {nova.epilogue}\n", ts[e->n - 1]);
   if (e->y_is_c && !o->views) P("memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n", res, row, col, Ct);
   else {

@@ -309,30 +309,37 @@ static MlirOperation sole_elementwise_user(MlirOperation op) {
   return n >= 1 && identity_map(mlirArrayAttrGetElement(maps, n - 1)) ? e : (MlirOperation){NULL};
 }
 
-int cg_gemm_epilogue_order(MlirModule m, int *count) {
+int cg_gemm_epilogue_order(nova_ctx *c, MlirModule m, int *count) {
   *count = 0;
+  cg_op_list ops = {0};
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f)) {
     if (!cg_op_is(f, "func.func") || mlirRegionIsNull(mlirOperationGetFirstRegion(f))) continue;
     MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetFirstRegion(f));
     if (mlirBlockIsNull(body)) continue;
-    for (MlirOperation o = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(o);) {
-      MlirOperation next = mlirOperationGetNextInBlock(o);
-      MlirOperation e = cg_op_is(o, "linalg.contract") ? sole_elementwise_user(o) : (MlirOperation){NULL};
-      if (!mlirOperationIsNull(e) && !mlirOperationEqual(mlirOperationGetNextInBlock(o), e)) {
-        /* the zero fill of the contraction's init goes along when only it reads it */
-        MlirValue init = mlirOperationGetOperand(o, mlirOperationGetNumOperands(o) - 1);
-        MlirOperation fill = mlirValueIsAOpResult(init) ? mlirOpResultGetOwner(init) : (MlirOperation){NULL};
-        MlirOpOperand fu = mlirValueGetFirstUse(init);
-        bool move_fill = !mlirOperationIsNull(fill) && cg_op_is(fill, "linalg.fill") &&
-                         mlirBlockEqual(mlirOperationGetBlock(fill), body) && !mlirOpOperandIsNull(fu) &&
-                         mlirOpOperandIsNull(mlirOpOperandGetNextUse(fu));
-        mlirOperationMoveBefore(o, e);
-        if (move_fill) mlirOperationMoveBefore(fill, o);
-        (*count)++;
-      }
-      o = next;
-    }
+    for (MlirOperation o = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o))
+      if (cg_op_is(o, "linalg.contract")) cg_op_list_push(&ops, o);
   }
+  if (ops.oom) {
+    free(ops.v);
+    return nv_error(c->diag, (nv_loc){0}, "out of memory"), -1;
+  }
+  /* each contraction once (several may feed one generic: the last moved
+   * is then the one next to it) */
+  for (size_t i = 0; i < ops.n; i++) {
+    MlirOperation o = ops.v[i], e = sole_elementwise_user(o);
+    if (mlirOperationIsNull(e) || mlirOperationEqual(mlirOperationGetNextInBlock(o), e)) continue;
+    /* the zero fill of the contraction's init goes along when only it reads it */
+    MlirValue init = mlirOperationGetOperand(o, mlirOperationGetNumOperands(o) - 1);
+    MlirOperation fill = mlirValueIsAOpResult(init) ? mlirOpResultGetOwner(init) : (MlirOperation){NULL};
+    MlirOpOperand fu = mlirValueGetFirstUse(init);
+    bool move_fill = !mlirOperationIsNull(fill) && cg_op_is(fill, "linalg.fill") &&
+                     mlirBlockEqual(mlirOperationGetBlock(fill), mlirOperationGetBlock(o)) && !mlirOpOperandIsNull(fu) &&
+                     mlirOpOperandIsNull(mlirOpOperandGetNextUse(fu));
+    mlirOperationMoveBefore(o, e);
+    if (move_fill) mlirOperationMoveBefore(fill, o);
+    (*count)++;
+  }
+  free(ops.v);
   return 0;
 }

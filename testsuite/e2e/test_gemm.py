@@ -125,6 +125,9 @@ EPILOGUES = [
      lambda q, k: (q @ k) * 0.25 + 1.0),
     ("epilogue.split_k", {"x": (32, 1200), "w": (1200, 40), "b": (40,)}, "gelu(matmul(x, w) + b)",
      lambda x, w, b: _gelu(x @ w + b)),
+    # two products read by one op: the second one's epilogue reads the first's result
+    ("epilogue.two_products", {"x": (16, 32), "w": (32, 24), "v": (32, 24)}, "matmul(x, w) + matmul(x, v)",
+     lambda x, w, v: x @ w + x @ v),
 ]
 
 
