@@ -1039,8 +1039,12 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
         k2->dims[k2->rank++] = M;
         k2->dims[k2->rank++] = N;
         k2->n = M * N * pl.nb;
+        const char *lim2 = "";
+        double waves2 = 0;
+        int bps2 = cfg_occupancy(G->dev, 256, 0, 32, k2->grid * k2->grid_z, &lim2, &waves2);
         snprintf(k2->reason, sizeof k2->reason, "split-K: C %s the sum of the %d partial products, in order; one "
-                 "thread an element", go.overwrite ? "=" : "+=", split);
+                 "thread an element, 256 a block: %d blocks/SM (%s), %.2f waves", go.overwrite ? "=" : "+=", split,
+                 bps2, lim2, waves2);
       }
       text = cg_gemm_tc_text(fname, &go, &tc, G->sim);
     } else {

@@ -31,6 +31,19 @@ fail() {
   for line in "$@"; do printf '%s\n' "$line" | sed 's/^/    /'; done
 }
 
+# expect NAME RC TEXT CMD...: CMD exits RC and its stderr contains TEXT
+expect() {
+  name=$1 rc=$2 text=$3
+  shift 3
+  "$@" >"$T/out" 2>"$T/err"
+  got=$?
+  if [ "$got" -eq "$rc" ] && grep -q -- "$text" "$T/err"; then
+    pass "$name"
+  else
+    fail "$name" "exit $got (expected $rc), stderr:" "$(head -c 1500 "$T/err")" "(expected to contain: $text)"
+  fi
+}
+
 M=testsuite/onnx/models
 models="mlp:examples/mlp.nova:--dim=batch=8
 transformer_block:examples/transformer_block.nova:--dim=batch=2
@@ -319,18 +332,6 @@ for d in a100-80gb:sm_80 rtx3060:sm_86 h100:sm_90 l4:sm_89; do
   fi
 done
 
-# expect NAME RC TEXT CMD...: CMD exits RC and its stderr contains TEXT
-expect() {
-  name=$1 rc=$2 text=$3
-  shift 3
-  "$@" >"$T/out" 2>"$T/err"
-  got=$?
-  if [ "$got" -eq "$rc" ] && grep -q -- "$text" "$T/err"; then
-    pass "$name"
-  else
-    fail "$name" "exit $got (expected $rc), stderr:" "$(head -c 1500 "$T/err")" "(expected to contain: $text)"
-  fi
-}
 
 "$NOVAC" examples/mlp.nova --dim=batch=2 --target=cuda --device=h100 -o "$T/run.so" 2>"$T/log" ||
   fail setup "$(cat "$T/log")"
