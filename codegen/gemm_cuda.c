@@ -352,6 +352,19 @@ static void batch_views(gemm_gen *g, const char *A, const char *B, const char *C
   }
 }
 
+/* Frees the type strings A, B, C; returns G's text, or NULL when out of
+ * memory. */
+static char *finish_text(gemm_gen *g, char *A, char *B, char *C) {
+  free(A);
+  free(B);
+  free(C);
+  if (g->b.oom) {
+    nv_sb_free(&g->b);
+    return NULL;
+  }
+  return g->b.s;
+}
+
 /* Closes the launch (or the sim form's block loops, after freeing its
  * buffers: the names of FREE, with their types) and the function; returns
  * the text, or NULL when out of memory. */
@@ -363,14 +376,7 @@ static char *close_func(gemm_gen *g, const char *const *free_names, const char *
   } else
     P("gpu.terminator\n}\n");
   P("return\n}\n");
-  free(A);
-  free(B);
-  free(C);
-  if (g->b.oom) {
-    nv_sb_free(&g->b);
-    return NULL;
-  }
-  return g->b.s;
+  return finish_text(g, A, B, C);
 }
 
 static const char *elem_name(MlirType t) {
@@ -1276,12 +1282,5 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
     P("gpu.terminator\n}\n");
   if (split > 1) split_sum(g, split, A, B, Ct, Wt);
   P("return\n}\n");
-  free(A);
-  free(B);
-  free(Ct);
-  if (g->b.oom) {
-    nv_sb_free(&g->b);
-    return NULL;
-  }
-  return g->b.s;
+  return finish_text(g, A, B, Ct);
 }

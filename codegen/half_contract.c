@@ -269,21 +269,27 @@ static bool candidate(MlirOperation op, unsigned kinds) {
   return !mlirValueIsNull(a) && !mlirValueIsNull(b) && mlirTypeEqual(elem_of(a), elem_of(b));
 }
 
-int cg_half_contractions(nova_ctx *c, MlirModule m, unsigned kinds, cg_half_hook hook, void *ud, int *count) {
-  *count = 0;
-  cg_op_list ops = {0};
+/* The top-level ops of every function body of M for which WANT(op, KINDS)
+ * holds, in order, into OPS; -1 (and an error) when out of memory. */
+static int func_ops(nova_ctx *c, MlirModule m, bool (*want)(MlirOperation, unsigned), unsigned kinds,
+                    cg_op_list *ops) {
   for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
        f = mlirOperationGetNextInBlock(f)) {
     if (!cg_op_is(f, "func.func") || mlirRegionIsNull(mlirOperationGetFirstRegion(f))) continue;
     MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetFirstRegion(f));
     if (mlirBlockIsNull(body)) continue;
     for (MlirOperation o = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o))
-      if (candidate(o, kinds)) cg_op_list_push(&ops, o);
+      if (want(o, kinds)) cg_op_list_push(ops, o);
   }
-  if (ops.oom) {
-    free(ops.v);
-    return nv_error(c->diag, (nv_loc){0}, "out of memory"), -1;
-  }
+  if (!ops->oom) return 0;
+  free(ops->v);
+  return nv_error(c->diag, (nv_loc){0}, "out of memory"), -1;
+}
+
+int cg_half_contractions(nova_ctx *c, MlirModule m, unsigned kinds, cg_half_hook hook, void *ud, int *count) {
+  *count = 0;
+  cg_op_list ops = {0};
+  if (func_ops(c, m, candidate, kinds, &ops)) return -1;
   for (size_t i = 0; i < ops.n; i++) {
     MlirOperation lc = cg_op_is(ops.v[i], "linalg.contract") ? ops.v[i] : cg_to_contract(c->ctx, ops.v[i]);
     if (mlirOperationIsNull(lc)) continue;
@@ -309,21 +315,15 @@ static MlirOperation sole_elementwise_user(MlirOperation op) {
   return n >= 1 && identity_map(mlirArrayAttrGetElement(maps, n - 1)) ? e : (MlirOperation){NULL};
 }
 
+static bool is_contract(MlirOperation op, unsigned kinds) {
+  (void)kinds;
+  return cg_op_is(op, "linalg.contract");
+}
+
 int cg_gemm_epilogue_order(nova_ctx *c, MlirModule m, int *count) {
   *count = 0;
   cg_op_list ops = {0};
-  for (MlirOperation f = mlirBlockGetFirstOperation(mlirModuleGetBody(m)); !mlirOperationIsNull(f);
-       f = mlirOperationGetNextInBlock(f)) {
-    if (!cg_op_is(f, "func.func") || mlirRegionIsNull(mlirOperationGetFirstRegion(f))) continue;
-    MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetFirstRegion(f));
-    if (mlirBlockIsNull(body)) continue;
-    for (MlirOperation o = mlirBlockGetFirstOperation(body); !mlirOperationIsNull(o); o = mlirOperationGetNextInBlock(o))
-      if (cg_op_is(o, "linalg.contract")) cg_op_list_push(&ops, o);
-  }
-  if (ops.oom) {
-    free(ops.v);
-    return nv_error(c->diag, (nv_loc){0}, "out of memory"), -1;
-  }
+  if (func_ops(c, m, is_contract, 0, &ops)) return -1;
   /* each contraction once (several may feed one generic: the last moved
    * is then the one next to it) */
   for (size_t i = 0; i < ops.n; i++) {

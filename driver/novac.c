@@ -71,8 +71,9 @@ static void usage(FILE *f) {
         "  --explain-config      print each kernel's schedule and the limit that decided it\n"
         "  --gpu-block=N         (cuda) N threads per block for every kernel instead of the\n"
         "                        configurator's choice (tuning experiments)\n"
-        "  --gemm-tile=BMxBNxBK,WMxWN  (cuda) every tensor-core GEMM with this block tile and\n"
-        "                        warp tile instead of the configurator's (tile searches)\n"
+        "  --gemm-tile=BMxBNxBK,WMxWN[,S]  (cuda) every tensor-core GEMM with this block tile,\n"
+        "                        warp tile and S pipeline stages instead of the configurator's\n"
+        "                        (tile searches)\n"
         "  --matmul-precision=highest|tf32  (cuda) tf32: f32 matmuls on tensor cores with tf32\n"
         "                        operands (10-bit mantissa; sm_80+); default highest (exact f32)\n"
         "  --gpu-sim             (cuda) run the GPU kernels as CPU loops over their grid and\n"
@@ -302,8 +303,8 @@ static int parse_args(int argc, char **argv, opts *o) {
           (v[n] && (!n2 || v[n2])) || t[0] < 16 || t[1] < 8 || t[2] < 8 || t[3] < 16 || t[4] < 8 || t[0] > 512 ||
           t[1] > 512 || t[2] > 256 || t[3] > 256 || t[4] > 256 || (v[n] && (t[5] < 1 || t[5] > 8)) ||
           strspn(v, "0123456789x,") != strlen(v))
-        return bad_usage("--gemm-tile takes BMxBNxBK,WMxWN[,S] (block tile, warp tile and, for 16-bit operands, "
-                         "1 to 8 pipeline stages; e.g. 128x128x32,64x32,3), not '%s'", v);
+        return bad_usage("--gemm-tile takes BMxBNxBK,WMxWN[,S] (block tile, warp tile and, optionally, 1 to 8 "
+                         "pipeline stages; e.g. 128x128x32,64x32,3), not '%s'", v);
       memcpy(o->gemm_tile, t, sizeof t);
       nv_sb_printf(&o->flags, " --gemm-tile=%s", v);
     } else if ((v = opt_value(argc, argv, &i, "--memory-limit"))) {
