@@ -1081,6 +1081,18 @@ def search_grid(dry):
     return (g[:3] + staged[:1]) if dry else g
 
 
+def tile_name(g):
+    """A manifest gemm object's tiles as --gemm-tile writes them (BMxBNxBK,WMxWN,S), with its split-K and
+    epilogue noted."""
+    t = g.get("tile") or []
+    if len(t) != 5:
+        return "?"
+    name = "%dx%dx%d,%dx%d,%d" % (t[0], t[1], t[2], t[3], t[4], g.get("stages", 1))
+    if g.get("split_k", 1) > 1:
+        name += " split %d" % g["split_k"]
+    return name + (" +epilogue" if g.get("epilogue") else "")
+
+
 def search_gemms(B, wls):
     """The distinct tensor-core GEMMs of the bf16 GPT steps (from their
     manifests): key -> {gemm fields, count: how many kernels of the steps
@@ -1095,7 +1107,7 @@ def search_gemms(B, wls):
             if not g or g.get("instruction") != "mma.sync.m16n8k16":
                 continue
             key = (g["batch"], g["m"], g["n"], g["k"], g["a_transposed"], g["b_transposed"])
-            e = out.setdefault(key, {"gemm": g, "count": 0, "steps": set(), "analytic_tile": g.get("tile")})
+            e = out.setdefault(key, {"gemm": g, "count": 0, "steps": set(), "analytic_tile": tile_name(g)})
             e["count"] += 1
             e["steps"].add(wl["key"])
     return out
@@ -1227,7 +1239,7 @@ def report_search(B, res):
         rows.append(["%s%d x %d x %d" % ("%d x " % key[0] if key[0] > 1 else "", key[1], key[2], key[3]),
                      ("A^T " if key[4] else "") + ("B^T" if key[5] else ""),
                      "%d (%s)" % (g["count"], ", ".join(sorted(g["steps"]))),
-                     "%s: %.4f" % ("x".join(map(str, g["analytic_tile"] or [])), ta_),
+                     "%s: %.4f" % (g["analytic_tile"], ta_),
                      "%s: %.4f" % (btile, best), "%.3f" % r, "%d of %d" % (rank, len(cands) + 1), noise,
                      "%.1f" % (2.0 * key[0] * key[1] * key[2] * key[3] / (ta_ * 1e-3) / 1e12)])
     out += ["Analytic within 10%% of the grid's best on %d of %d GEMM shapes (target: 80%%).  Search wall time "
