@@ -612,15 +612,20 @@ static MlirOperation zero_fill_of_c(MlirOperation op, MlirOperation fill) {
  * their launches. */
 /* ---- epilogues: the elementwise op after a GEMM, in its store ---------- */
 
-/* Where buffer V lies: its root buffer (a function argument, or what a
- * memref.view cuts) in *BASE, its first byte *OFF and size *SIZE; false
- * when unknown (another view kind, a dynamic offset). */
+/* Where buffer V lies, at most: its root buffer (a function argument, or
+ * what a memref.view cuts) in *BASE, its first byte *OFF and size *SIZE (a
+ * reshape, transpose, cast or subview of another buffer: that whole
+ * buffer's); false when unknown (a dynamic offset, a reinterpret_cast,
+ * another op). */
 static bool extent(MlirValue v, MlirValue *base, int64_t *off, int64_t *size) {
   MlirType t = mlirValueGetType(v);
   if (!mlirTypeIsAMemRef(t) || !mlirShapedTypeHasStaticShape(t)) return false;
   *size = cg_type_bytes(t), *off = 0, *base = v;
   if (mlirValueIsABlockArgument(v)) return true;
   MlirOperation d = mlirOpResultGetOwner(v);
+  if (cg_op_is(d, "memref.collapse_shape") || cg_op_is(d, "memref.expand_shape") || cg_op_is(d, "memref.subview") ||
+      cg_op_is(d, "memref.transpose") || cg_op_is(d, "memref.cast"))
+    return extent(mlirOperationGetOperand(d, 0), base, off, size);
   if (!cg_op_is(d, "memref.view") || mlirOperationGetNumOperands(d) != 2) return false;
   MlirValue sh = mlirOperationGetOperand(d, 1);
   if (!mlirValueIsAOpResult(sh) || !cg_op_is(mlirOpResultGetOwner(sh), "arith.constant")) return false;
@@ -672,6 +677,11 @@ static MlirOperation find_epilogue(MlirOperation op, cg_gemm_operands *go, MlirV
       mlirOperationGetNumRegions(e) != 1)
     return (MlirOperation){NULL};
   int n = (int)mlirOperationGetNumOperands(e);
+  /* one output (an optimizer's update writes several: not an epilogue) */
+  MlirAttribute seg = mlirOperationGetAttributeByName(e, nova_str("operandSegmentSizes"));
+  if (mlirAttributeIsNull(seg) || !mlirAttributeIsADenseI32Array(seg) || mlirDenseArrayGetNumElements(seg) != 2 ||
+      mlirDenseI32ArrayGetElement(seg, 1) != 1)
+    return (MlirOperation){NULL};
   MlirValue cv = mlirOperationGetOperand(op, mlirOperationGetNumOperands(op) - 1);
   MlirType cfull = go->views ? go->fc : go->c;
   MlirAttribute maps = mlirLinalgGetIndexingMapsAttribute(e);
