@@ -159,12 +159,13 @@ int cg_cpu_tile(nova_ctx *c, MlirModule m, const cfg_device *host, int opt_level
 #define CG_CONTRACT_MAXL 8
 typedef bool (*cg_half_hook)(MlirOperation contract, MlirOperation f32_contract, void *ud);
 int cg_half_contractions(nova_ctx *c, MlirModule m, unsigned kinds, cg_half_hook hook, void *ud, int *count);
-/* On tensors: each linalg.contract whose result only an elementwise
+/* On tensors: each linalg.contract the tensor cores will take (16-bit
+ * operands; f32 ones with TF32) whose result only an elementwise
  * linalg.generic reads moves (with the zero fill of its init) to just
  * before that generic, so that after bufferization and the memory plan the
  * GPU's GEMM kernel can apply it as its epilogue (cuda.c).  *COUNT: the
  * contractions moved. */
-int cg_gemm_epilogue_order(nova_ctx *c, MlirModule m, int *count);
+int cg_gemm_epilogue_order(nova_ctx *c, MlirModule m, bool tf32, int *count);
 
 /* gpu_reduce.c (the cuda target, linalg on tensors after fusion): each
  * reduction over a long row, or over a long column with few outputs, split

@@ -315,15 +315,18 @@ static MlirOperation sole_elementwise_user(MlirOperation op) {
   return n >= 1 && identity_map(mlirArrayAttrGetElement(maps, n - 1)) ? e : (MlirOperation){NULL};
 }
 
-static bool is_contract(MlirOperation op, unsigned kinds) {
-  (void)kinds;
-  return cg_op_is(op, "linalg.contract");
+/* A contraction the GPU's tensor cores will take: 16-bit operands, or
+ * (TF32) f32 ones. */
+static bool is_tc_contract(MlirOperation op, unsigned tf32) {
+  if (!cg_op_is(op, "linalg.contract") || mlirOperationGetNumOperands(op) != 3) return false;
+  MlirType a = elem_of(mlirOperationGetOperand(op, 0));
+  return mlirTypeIsABF16(a) || mlirTypeIsAF16(a) || (tf32 && mlirTypeIsAF32(a));
 }
 
-int cg_gemm_epilogue_order(nova_ctx *c, MlirModule m, int *count) {
+int cg_gemm_epilogue_order(nova_ctx *c, MlirModule m, bool tf32, int *count) {
   *count = 0;
   cg_op_list ops = {0};
-  if (func_ops(c, m, is_contract, 0, &ops)) return -1;
+  if (func_ops(c, m, is_tc_contract, tf32, &ops)) return -1;
   /* each contraction once (several may feed one generic: the last moved
    * is then the one next to it) */
   for (size_t i = 0; i < ops.n; i++) {

@@ -42,7 +42,7 @@ static int st_half(np_run *r, const nv_graph *g, MlirModule m, cg_plan *plan) {
   int rc = cg_half_contractions(r->c, m, CG_HALF_BF16 | CG_HALF_F16, NULL, NULL, &n);
   if (!rc) rc = cg_half_contractions(r->c, m, CG_CONTRACT_F32, NULL, NULL, &n32);
   int moved = 0;
-  if (!rc) rc = cg_gemm_epilogue_order(r->c, m, &moved);
+  if (!rc) rc = cg_gemm_epilogue_order(r->c, m, r->gpu && r->gpu->tf32, &moved);
   r->idle = !n && !n32 && !moved;
   return rc;
 }
