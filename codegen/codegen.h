@@ -348,6 +348,9 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
  * padded against bank conflicts; and of one stage. */
 int64_t cg_gemm_tc_smem(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb);
 int64_t cg_gemm_tc_stage_bytes(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb);
+/* What the kernel asks for: that, or with an EPILOGUE the block's f32 C
+ * tile staged over the stages, whichever is larger. */
+int64_t cg_gemm_tc_dyn_smem(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb, bool epilogue);
 
 /* step_cuda.c: writes DIR/kernels.ptx and assembles DIR/kernels.cubin with
  * ptxas (registers and shared memory per kernel go into GPU's table). */

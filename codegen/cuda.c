@@ -1038,7 +1038,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
                bps, lim, waves, go.overwrite ? "; C written, its zero fill folded in" : "",
                !mlirOperationIsNull(epi) ? "; the elementwise op after it applied in its store" : "");
       k->gemm_epilogue = !mlirOperationIsNull(epi);
-      k->dyn_smem = cg_gemm_tc_smem(&tc, h16, go.ta, go.tb);
+      k->dyn_smem = cg_gemm_tc_dyn_smem(&tc, h16, go.ta, go.tb, !mlirOperationIsNull(epi) && split == 1);
       if (split > 1) { /* the second kernel: C (+)= the sum of the partial products */
         cg_kernel *k2 = &G->gemm[G->ngemm++];
         memset(k2, 0, sizeof *k2);

@@ -650,6 +650,68 @@ static void epi_store(gemm_gen *g, const char *Ct, int row, int col, int v) {
 
 /* C (+)= the accumulators: element (r, cc) of mma tile (mi, ni) at row
  * g + 8r, column 2t + cc of the warp tile. */
+/* With an epilogue: the block's accumulators go through shared memory
+ * (%Cs, BM x (BN + 4) f32 over the stages, which the K loop no longer
+ * needs), then the block's threads take its elements in order (a warp a
+ * row's consecutive columns: coalesced loads of the epilogue's operands and
+ * stores) and apply the epilogue once each, in a loop: one copy of its ops,
+ * not one per register. */
+static void tc_store_staged(tc_gen *c, const char *Ct) {
+  gemm_gen *g = c->g;
+  const cfg_gemm_schedule *s = c->s;
+  int pitch = s->bn + 4;
+  char cst[96];
+  snprintf(cst, sizeof cst, "memref<%dx%dxf32%s>", s->bm, pitch, g->sim ? "" : ", #gpu.address_space<workgroup>");
+  if (g->sim) P("%%Cs = memref.alloc() : %s\n", cst);
+  else
+    P("gpu.barrier\n%%Cs = memref.view %%dyn[%%c0][] : memref<?xi8, #gpu.address_space<workgroup>> to %s\n", cst);
+  phase_begin(g);
+  if (g->sim) warp_pos(c);
+  int c2 = cidx(g, 2);
+  P("%%sr0 = arith.addi %%m0, %%g : index\n%%st2 = arith.muli %%t, %%t%d : index\n"
+    "%%sc0 = arith.addi %%n0, %%st2 : index\n", c2);
+  for (int mi = 0; mi < c->mi; mi++)
+    for (int ni = 0; ni < c->ni; ni++)
+      for (int i = 0; i < 4; i++) {
+        int idx = mi * c->ni + ni, v = fresh(g);
+        int cr = cidx(g, mi * 16 + 8 * (i / 2)), cc = cidx(g, ni * 8 + i % 2), r = fresh(g), col = fresh(g);
+        P("%%t%d = arith.addi %%sr0, %%t%d : index\n%%t%d = arith.addi %%sc0, %%t%d : index\n", r, cr, col, cc);
+        if (g->sim) {
+          int cidxv = cidx(g, idx), ci = cidx(g, i);
+          P("%%t%d = memref.load %%acc[%%tx, %%t%d, %%t%d] : %s\n", v, cidxv, ci, c->accm);
+        } else
+          P("%%t%d = vector.extract %%kres#%d[%d, %d] : f32 from vector<2x2xf32>\n", v, idx, i / 2, i % 2);
+        P("memref.store %%t%d, %%Cs[%%t%d, %%t%d] : %s\n", v, r, col, cst);
+      }
+  phase_end(g);
+  if (!g->sim) P("gpu.barrier\n");
+  phase_begin(g);
+  int64_t n = (int64_t)s->bm * s->bn;
+  int cnq = cidx(g, (n + s->threads - 1) / s->threads), cnt = cidx(g, s->threads), cn = cidx(g, n),
+      cbn = cidx(g, s->bn), cm = cidx(g, g->M), cN = cidx(g, g->N);
+  int q = fresh(g), e0 = fresh(g), e = fresh(g), in = fresh(g), r = fresh(g), cc = fresh(g), row = fresh(g),
+      col = fresh(g), ok1 = fresh(g), ok2 = fresh(g), ok = fresh(g), v = fresh(g);
+  P("scf.for %%t%d = %%c0 to %%t%d step %%c1 {\n%%t%d = arith.muli %%t%d, %%t%d : index\n"
+    "%%t%d = arith.addi %%t%d, %%tx : index\n%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\nscf.if %%t%d {\n",
+    q, cnq, e0, q, cnt, e, e0, in, e, cn, in);
+  P("%%t%d = arith.divui %%t%d, %%t%d : index\n%%t%d = arith.remui %%t%d, %%t%d : index\n"
+    "%%t%d = arith.addi %%row0, %%t%d : index\n%%t%d = arith.addi %%col0, %%t%d : index\n",
+    r, e, cbn, cc, e, cbn, row, r, col, cc);
+  P("%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n"
+    "%%t%d = arith.andi %%t%d, %%t%d : i1\nscf.if %%t%d {\n%%t%d = memref.load %%Cs[%%t%d, %%t%d] : %s\n",
+    ok1, row, cm, ok2, col, cN, ok, ok1, ok2, ok, v, r, cc, cst);
+  if (!g->o->overwrite) {
+    int old = fresh(g), sum = fresh(g);
+    P("%%t%d = memref.load %%C[%%t%d, %%t%d] : %s\n%%t%d = arith.addf %%t%d, %%t%d : f32\n", old, row, col, Ct, sum,
+      old, v);
+    v = sum;
+  }
+  epi_store(g, Ct, row, col, v);
+  P("}\n}\n}\n");
+  phase_end(g);
+  if (g->sim) P("memref.dealloc %%Cs : %s\n", cst);
+}
+
 static void tc_store(tc_gen *c, const char *Ct) {
   gemm_gen *g = c->g;
   const char *V = "vector<2x2xf32>";
@@ -679,15 +741,7 @@ static void tc_store(tc_gen *c, const char *Ct) {
         int cv = fresh(g), sum = fresh(g);
         if (c->Wt)
           P("memref.store %%t%d, %%W[%%bz, %%t%d, %%t%d] : %s\n}\n", v, row, col, c->Wt);
-        else if (g->o->epi.n) {
-          if (!g->o->overwrite) {
-            P("%%t%d = memref.load %%C[%%t%d, %%t%d] : %s\n%%t%d = arith.addf %%t%d, %%t%d : f32\n", cv, row, col, Ct,
-              sum, cv, v);
-            v = sum;
-          }
-          epi_store(g, Ct, row, col, v);
-          P("}\n");
-        }
+
         else if (g->o->overwrite)
           P("memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n}\n", v, row, col, Ct);
         else
@@ -1101,7 +1155,8 @@ static void pipe_body(pipe *p, const char *At, const char *Bt, const char *Ct) {
     /* the zero-filled copies past K still pending */
     if (S >= 2) P("nvgpu.device_async_wait %%t%d {numGroups = 0 : i32}\n", tokp);
   }
-  tc_store(c, Ct);
+  if (g->o->epi.n && !c->Wt) tc_store_staged(c, Ct);
+  else tc_store(c, Ct);
 }
 
 /* The staged tiles of one stage, each operand's as it is stored (A
@@ -1125,6 +1180,11 @@ int64_t cg_gemm_tc_stage_bytes(const struct cfg_gemm_schedule *s, bool h16, bool
   int64_t d[2][2];
   tc_tiles(s, h16, ta, tb, d);
   return (d[0][0] * d[0][1] + d[1][0] * d[1][1]) * (h16 ? 2 : 4);
+}
+
+int64_t cg_gemm_tc_dyn_smem(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb, bool epilogue) {
+  int64_t st = cg_gemm_tc_smem(s, h16, ta, tb), cs = (int64_t)s->bm * (s->bn + 4) * 4;
+  return epilogue && cs > st ? cs : st;
 }
 
 int64_t cg_gemm_tc_smem(const struct cfg_gemm_schedule *s, bool h16, bool ta, bool tb) {
@@ -1256,7 +1316,7 @@ char *cg_gemm_tc_text(const char *name, const cg_gemm_operands *o, const struct 
     /* the stages in dynamic shared memory: past a block's static 48 KiB
      * up to the device's opt-in limit (the runtime opts in at launch) */
     int64_t abytes = (int64_t)Pp.S * d[0][0] * d[0][1] * es;
-    P("%%dsm = arith.constant %lld : i32\n", (long long)cg_gemm_tc_smem(s, h16, G.ta, G.tb));
+    P("%%dsm = arith.constant %lld : i32\n", (long long)cg_gemm_tc_dyn_smem(s, h16, G.ta, G.tb, o->epi.n > 0 && split == 1));
     P("gpu.launch blocks(%%bx, %%by, %%bz) in (%%sx = %%gx, %%sy = %%gy, %%sz = %%gz) threads(%%tx, %%ty, %%tz) in "
       "(%%ux = %%nt, %%uy = %%c1, %%uz = %%c1) dynamic_shared_memory_size %%dsm {\n");
     P("%%dyn = gpu.dynamic_shared_memory : memref<?xi8, #gpu.address_space<workgroup>>\n"
