@@ -1014,6 +1014,10 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
     memset(&go.epi, 0, sizeof go.epi);
     if (tc.ok) {
       epi = find_epilogue(op, &go, xv);
+      /* (the staged C tile must fit the block's shared memory too) */
+      if (!mlirOperationIsNull(epi) && split == 1 &&
+          cg_gemm_tc_dyn_smem(&tc, h16, go.ta, go.tb, true) > G->dev->smem_per_block_optin)
+        epi = (MlirOperation){NULL};
       if (mlirOperationIsNull(epi)) memset(&go.epi, 0, sizeof go.epi);
       k->grid = (N + tc.bn - 1) / tc.bn;
       k->grid_y = (M + tc.bm - 1) / tc.bm;
