@@ -539,9 +539,9 @@ static bool gemm_operands(MlirContext ctx, MlirOperation op, cg_gemm_operands *o
  * stages given by hand (S 0: the configurator's), checked
  * against what the generator emits and the device holds: warp tiles of
  * whole mma tiles (16 x 8), at most 64 x 64; at most 8 warps (a block of
- * 255-register threads fits an SM's 64K registers); the staged tiles in
- * the static shared memory of a block.  -1 (and an error) where the tile
- * does not fit. */
+ * 255-register threads fits an SM's 64K registers); every stage of the
+ * staged tiles in the (opt-in, dynamic) shared memory of a block.  -1
+ * (and an error) where the tile does not fit. */
 static int forced_tile(gpu_ctx *G, cfg_gemm_schedule *tc, bool h16, bool ta, bool tb, const char *kind) {
   const int *t = G->gemm_tile;
   int kstep = h16 ? 16 : 8;
@@ -640,7 +640,8 @@ static bool may_overlap(MlirValue a, MlirValue b) {
   MlirValue ba, bb;
   int64_t oa, ob, sa, sb;
   if (!extent(a, &ba, &oa, &sa) || !extent(b, &bb, &ob, &sb)) return true;
-  if (!mlirValueEqual(ba, bb)) return mlirValueIsABlockArgument(ba) && mlirValueIsABlockArgument(bb) ? false : true;
+  /* (two of the step's arguments are distinct buffers) */
+  if (!mlirValueEqual(ba, bb)) return !(mlirValueIsABlockArgument(ba) && mlirValueIsABlockArgument(bb));
   return oa < ob + sb && ob < oa + sa;
 }
 
@@ -661,7 +662,7 @@ static bool dims_of(MlirAttribute mattr, int *out, int *rank) {
 
 /* The elementwise linalg.generic E that a tensor-core GEMM OP (operands GO)
  * can apply as its epilogue: the next op that touches data (constants and
- * views may come between: constants E reads are moved before OP), reading
+ * views may come between: they are moved before OP), reading
  * C's value with an identity map, its other inputs at projected
  * permutations, writing one output Y with an identity map over C's full
  * shape, Y either C or sharing no byte with A, B, C and E's inputs; E's
@@ -1082,7 +1083,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
      * operands (no inliner: nvgpu ops have no inlining interface) */
     MlirBlock body = mlirRegionGetFirstBlock(mlirOperationGetRegion(fn, 0));
     if (!mlirOperationIsNull(epi) && inline_epilogue(fn, epi)) {
-      nv_error_plain(G->c->diag, "internal: the epilogue of the %lldx%lldx%lld GEMM is too large", (long long)M,
+      nv_error_plain(G->c->diag, "internal: cannot apply the epilogue of the %lldx%lldx%lld GEMM", (long long)M,
                      (long long)N, (long long)K);
       mlirOperationDestroy(fn);
       return -1;
