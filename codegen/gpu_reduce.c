@@ -133,6 +133,9 @@ static void consider(gr_state *S, MlirOperation op) {
   bool inner = red == n - 1;
   int insert = 0;
   if (inner) { /* a row: a warp's lanes along it */
+    /* a 32-bit accumulator: the row kernels (cuda.c) take it whole */
+    MlirType et = mlirShapedTypeGetElementType(mlirValueGetType(mlirOperationGetResult(op, 0)));
+    if (mlirTypeIsAF32(et) || (mlirTypeIsAInteger(et) && mlirIntegerTypeGetWidth(et) == 32)) return;
     if (K < 128) return;
     factor = largest_divisor(K, 16, 32);
     insert = n - 1; /* after every parallel loop of the output */

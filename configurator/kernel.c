@@ -167,7 +167,9 @@ static bool cfg_k_rows_cols(int64_t rows, int64_t cols, char *reason, size_t n)
 
 /* ---- GPU row reduction ---- */
 
-cfg_reduce_schedule cfg_reduce(const cfg_device *d, int64_t rows, int64_t cols, int b)
+/* WARP_ONLY: the row kernels' form (cfg_row): one element per access and
+ * at most a warp per row. */
+static cfg_reduce_schedule reduce_schedule(const cfg_device *d, int64_t rows, int64_t cols, int b, bool warp_only)
 {
     cfg_reduce_schedule s;
     memset(&s, 0, sizeof s);
@@ -175,7 +177,7 @@ cfg_reduce_schedule cfg_reduce(const cfg_device *d, int64_t rows, int64_t cols, 
     if (!cfg_k_rows_cols(rows, cols, s.reason, sizeof s.reason)) return s;
     s.rows = rows;
     s.cols = cols;
-    s.vec = cfg_k_vec(cols, b);
+    s.vec = warp_only ? 1 : cfg_k_vec(cols, b);
     int64_t units = cols / s.vec;       /* vector accesses per row */
     int64_t acc = b > 4 ? 8 : 4;        /* accumulator bytes: f32/i32, or f64/i64 */
     const char *lim;
@@ -184,7 +186,7 @@ cfg_reduce_schedule cfg_reduce(const cfg_device *d, int64_t rows, int64_t cols, 
      * with the most resident threads (ties: the larger, fewer partials).
      * sm_80/sm_90: 1024 (2 blocks = 2048); sm_86/sm_89: 512 (3 blocks = 1536). */
     int64_t cap = 32, cap_res = -1;
-    for (int64_t p = cfg_k_pow2floor(cfg_k_min(1024, d->max_threads_per_block)); p >= 32; p /= 2) {
+    for (int64_t p = cfg_k_pow2floor(cfg_k_min(warp_only ? 32 : 1024, d->max_threads_per_block)); p >= 32; p /= 2) {
         int64_t res = cfg_k_occupancy(d, (int)p, p > 32 ? p / 32 * acc : 0, &lim) * p;
         if (res > cap_res) { cap_res = res; cap = p; }
     }
@@ -199,8 +201,8 @@ cfg_reduce_schedule cfg_reduce(const cfg_device *d, int64_t rows, int64_t cols, 
     int64_t useful = cfg_k_pow2floor(units);
     int64_t tpr = cfg_k_max(coal, fill);
     const char *tpr_why = fill > coal ? "to fill the SMs" : "a 128-byte line per access";
-    if (tpr > useful) { tpr = useful; tpr_why = "one per vector access"; }
-    if (tpr > cap) { tpr = cap; tpr_why = "the occupancy cap"; }
+    if (tpr > useful) { tpr = useful; tpr_why = warp_only ? "one per element" : "one per vector access"; }
+    if (tpr > cap) { tpr = cap; tpr_why = warp_only ? "a warp at most" : "the occupancy cap"; }
     s.threads_per_row = (int)tpr;
 
     char shape[112];
@@ -242,6 +244,16 @@ cfg_reduce_schedule cfg_reduce(const cfg_device *d, int64_t rows, int64_t cols, 
         snprintf(s.reason, sizeof s.reason, "%s; %lld blocks/SM (%s limit)", shape, (long long)bps, lim);
     s.ok = true;
     return s;
+}
+
+cfg_reduce_schedule cfg_reduce(const cfg_device *d, int64_t rows, int64_t cols, int b)
+{
+    return reduce_schedule(d, rows, cols, b, false);
+}
+
+cfg_reduce_schedule cfg_row(const cfg_device *d, int64_t rows, int64_t cols, int b)
+{
+    return reduce_schedule(d, rows, cols, b, true);
 }
 
 /* ---- CPU ---- */

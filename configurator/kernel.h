@@ -64,6 +64,12 @@ typedef struct cfg_reduce_schedule {
  * 4-byte elements and 8 bytes for 8-byte elements. */
 cfg_reduce_schedule cfg_reduce(const cfg_device *d, int64_t rows, int64_t cols, int elem_bytes);
 
+/* The same for the cuda target's row kernels (codegen/cuda.c): one element
+ * per access (vec = 1, each lane's body a copy of the loop's) and at most a
+ * warp per row (threads_per_row <= 32, rows_per_block >= 1, no shared
+ * memory: the lanes combine by shuffles). */
+cfg_reduce_schedule cfg_row(const cfg_device *d, int64_t rows, int64_t cols, int elem_bytes);
+
 typedef struct cfg_pointwise_cpu_schedule {
     bool ok;
     int64_t n;

@@ -187,8 +187,9 @@ void nd_explain(FILE *f, const cfg_device *dev, const nv_graph *g, const cg_gpu 
       count++;
     }
     if (gpu->split_rows || gpu->split_cols)
-      fprintf(f, "\nreductions split across threads: %d along rows of 128 or more (one thread per L-th element of a "
-                 "row, L from 16 to 32 dividing it: a warp reads consecutive elements), %d along columns with fewer "
+      fprintf(f, "\nreductions split across threads: %d along rows of 128 or more whose accumulator is not 32-bit "
+                 "(the row kernels take the others; one thread per L-th element of a row, L from 16 to 32 dividing it: "
+                 "a warp reads consecutive elements), %d along columns with fewer "
                  "outputs than a quarter of the %lld resident threads (%d SMs x %d; blocks of rows side by side, as "
                  "many as fill them); a second kernel adds the partial results in a fixed order\n",
               gpu->split_rows, gpu->split_cols, (long long)dev->sm_count * dev->max_threads_per_sm, dev->sm_count,
