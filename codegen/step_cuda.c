@@ -169,7 +169,7 @@ void cg_cuda_manifest(cJSON *root, const cg_gpu *gpu) {
     const cg_kernel *k = &gpu->k[i];
     cJSON *e = cJSON_CreateObject();
     cJSON_AddStringToObject(e, "name", k->name);
-    cJSON_AddStringToObject(e, "kind", strcmp(k->op, "serial") ? "loop-nest" : "serial");
+    cJSON_AddStringToObject(e, "kind", !strcmp(k->op, "serial") ? "serial" : !strcmp(k->op, "row") ? "row" : "loop-nest");
     cJSON_AddStringToObject(e, "op", k->op);
     cJSON_AddStringToObject(e, "defined_at", k->loc);
     cJSON *it = cJSON_AddArrayToObject(e, "iteration_space");

@@ -486,7 +486,8 @@ static int check_pointwise(const cfg_device *d, int64_t n, int b, bool av, const
     return 0;
 }
 
-static int check_reduce(const cfg_device *d, int64_t rows, int64_t cols, int b, const cfg_reduce_schedule *s,
+/* ROW: cfg_row's schedule (vec 1, a warp per row at most, no shared memory). */
+static int check_reduce(const cfg_device *d, int64_t rows, int64_t cols, int b, bool row, const cfg_reduce_schedule *s,
                         char *msg, size_t len)
 {
     char what[64];
@@ -494,9 +495,10 @@ static int check_reduce(const cfg_device *d, int64_t rows, int64_t cols, int b, 
     KREQ(s->ok);
     KREQ(s->reason[0] != 0);
     KREQ(s->rows == rows && s->cols == cols);
-    KREQ(s->vec == widest_vec(cols, b));
+    KREQ(s->vec == (row ? 1 : widest_vec(cols, b)));
     KREQ(cols % s->vec == 0);
     int tpr = s->threads_per_row;
+    if (row) KREQ(tpr <= 32 && s->smem_bytes == 0);
     KREQ(tpr >= 1 && tpr <= 1024 && (tpr & (tpr - 1)) == 0);
     KREQ(tpr <= d->max_threads_per_block);
     KREQ((int64_t)tpr * s->vec <= cols);            /* every thread of a row has an access */
@@ -614,9 +616,18 @@ static void test_kernel_gpu(void)
         for (int k = 0; k < NKSHAPES && !bad; k++)
             for (int e = 0; e < NELEM && !bad; e++) {
                 cfg_reduce_schedule s = cfg_reduce(d, g_red[k][0], g_red[k][1], k_elem[e]);
-                bad = check_reduce(d, g_red[k][0], g_red[k][1], k_elem[e], &s, msg, sizeof msg);
+                bad = check_reduce(d, g_red[k][0], g_red[k][1], k_elem[e], false, &s, msg, sizeof msg);
             }
         snprintf(name, sizeof name, "reduce/%s", d->name);
+        report(name, bad, msg);
+        bad = 0;
+        msg[0] = 0;
+        for (int k = 0; k < NKSHAPES && !bad; k++)
+            for (int e = 0; e < NELEM && !bad; e++) {
+                cfg_reduce_schedule s = cfg_row(d, g_red[k][0], g_red[k][1], k_elem[e]);
+                bad = check_reduce(d, g_red[k][0], g_red[k][1], k_elem[e], true, &s, msg, sizeof msg);
+            }
+        snprintf(name, sizeof name, "row/%s", d->name);
         report(name, bad, msg);
     }
 }
@@ -720,7 +731,9 @@ static void test_kernel_invalid(void)
                 bad = check_pointwise(d, INT64_MAX, b, av, &s, true, msg, sizeof msg);
             }
             cfg_reduce_schedule r = cfg_reduce(d, 1, INT64_MAX, b);
-            if (!bad) bad = check_reduce(d, 1, INT64_MAX, b, &r, msg, sizeof msg);
+            if (!bad) bad = check_reduce(d, 1, INT64_MAX, b, false, &r, msg, sizeof msg);
+            r = cfg_row(d, 1, INT64_MAX, b);
+            if (!bad) bad = check_reduce(d, 1, INT64_MAX, b, true, &r, msg, sizeof msg);
             r = cfg_reduce(d, INT64_MAX, 1, b);
             if (!bad && (r.ok || !r.reason[0])) {
                 bad = 1;
@@ -844,6 +857,12 @@ static void show_kernel_examples(void)
         printf("  h100 reduce f16 %" PRId64 "x%" PRId64 ": vec %d threads/row %d rows/block %d threads %d grid %"
                PRId64 " smem %" PRId64 " (%s)\n", rd[i][0], rd[i][1], s.vec, s.threads_per_row, s.rows_per_block,
                s.threads, s.grid, s.smem_bytes, s.reason);
+    }
+    static const int64_t rw[][2] = {{8192, 768}, {8192, 50257}, {32, 16}};
+    for (size_t i = 0; i < sizeof rw / sizeof rw[0]; i++) {
+        cfg_reduce_schedule s = cfg_row(d, rw[i][0], rw[i][1], 4);
+        printf("  h100 row kernel f32 %" PRId64 "x%" PRId64 ": threads/row %d rows/block %d threads %d grid %" PRId64
+               " (%s)\n", rw[i][0], rw[i][1], s.threads_per_row, s.rows_per_block, s.threads, s.grid, s.reason);
     }
 }
 

@@ -250,6 +250,25 @@ fi
 n=$(python3 -c "import json,sys; print(sum(1 for k in json.load(open(sys.argv[1]))['kernels'] if (k.get('gemm') or {}).get('epilogue')))" "$T/gpt4.json")
 if [ "${n:-0}" -ge 8 ]; then pass "gemm-epilogue.gpt4 ($n GEMMs)"; else fail gemm-epilogue.gpt4 "GEMMs with an epilogue: ${n:-0}"; fi
 
+# row kernels: the 4-layer GPT's softmaxes, layer norms, log-sum-exps and
+# their backwards run as row kernels (a group of lanes per row), several
+# of them holding a whole layer norm (two reductions and the ops around
+# them); the PTX combines lanes by butterfly shuffles, and no reduction
+# along a row is left split in two
+rows=$(python3 -c "import json,sys,re; k=json.load(open(sys.argv[1]))['kernels']; r=[x for x in k if x['kind'] == 'row']; print(len(r), sum(1 for x in r if int(re.search(r'\((\d+) reductions\)', x['schedule']).group(1)) >= 2))" "$T/gpt4.json" 2>&1)
+if [ "${rows%% *}" -ge 40 ] 2>/dev/null && [ "${rows##* }" -ge 8 ]; then
+  pass "row-kernels.gpt4 ($rows)"
+else
+  fail row-kernels.gpt4 "row kernels, of them with two reductions or more: $rows"
+fi
+if "$NOVAC" examples/transformer_block.nova --dim=batch=2 --train --target=cuda --device=h100 --emit=ptx \
+  -o "$T/rows.ptx" --explain-config >"$T/rows.explain" 2>"$T/log" &&
+  grep -q "shfl\.sync\.bfly\.b32" "$T/rows.ptx" && ! grep -q "split across threads" "$T/rows.explain"; then
+  pass row-kernels.ptx
+else
+  fail row-kernels.ptx "$(head -c 1000 "$T/log")" "$(grep "split across" "$T/rows.explain")"
+fi
+
 # an exported cross-entropy (SoftmaxCrossEntropyLoss with ignore_index, over
 # 256 classes) trains: its log-sum-exp and the ops around it make one row
 # kernel (a warp per row, lanes combined by shuffles); ptxas accepts the

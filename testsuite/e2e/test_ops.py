@@ -91,9 +91,12 @@ for dt in ("f32", "f64") + tuple(t for t in ("f16", "bf16") if t in NP):
     op_case("matmul_batched_4d", "r = a @ b", {"a": r(2, 3, 4, 6), "b": r(2, 3, 6, 5)}, lambda a, b: a @ b, dt)
     op_case("softmax_last", "r = softmax(a)", {"a": r(4, 9, lo=-5, hi=5)}, lambda a: softmax(a, -1), dt)
     op_case("softmax_axis0", "r = softmax(a, axis=0)", {"a": r(4, 3, 2)}, lambda a: softmax(a, 0), dt)
+    # rows longer than a warp's lanes, not a multiple of 32 (the GPU's row kernels loop per lane)
+    op_case("softmax_wide", "r = softmax(a)", {"a": r(5, 1000, lo=-5, hi=5)}, lambda a: softmax(a, -1), dt)
     op_case("log_softmax", "r = log_softmax(a, axis=1)", {"a": r(3, 6, lo=-5, hi=5)},
             lambda a: np.log(softmax(a, 1)), dt)
     op_case("layer_norm", "r = layer_norm(a, g, b)", {"a": r(2, 3, 8), "g": r(8), "b": r(8)}, layer_norm, dt)
+    op_case("layer_norm_wide", "r = layer_norm(a, g, b)", {"a": r(3, 777), "g": r(777), "b": r(777)}, layer_norm, dt)
     op_case("attention_mha", "r = attention(q, k, v)", {"q": r(2, 3, 6, 8), "k": r(2, 3, 9, 8), "v": r(2, 3, 9, 5)},
             attention_ref, dt)
     op_case("attention_gqa_causal", "r = attention(q, k, v, m, scale=0.2)",
