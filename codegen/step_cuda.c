@@ -4,7 +4,9 @@
  *
  * ptxas (the CUDA toolkit's assembler) is looked for in $NOVAC_PTXAS, then
  * on PATH, then in $CUDA_HOME/bin and /usr/local/cuda/bin.  Its -v report
- * gives each kernel's registers and shared memory for the manifest.
+ * gives each kernel's registers and shared memory for the manifest.  A
+ * ptxas that takes --split-compile (CUDA 12.x and newer) assembles on
+ * NOVAC_JOBS threads (nv_jobs).
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -82,6 +84,20 @@ static void read_ptxas_report(cg_gpu *gpu, const char *log) {
   }
 }
 
+/* Whether PTXAS takes --split-compile (CUDA 12.x and newer): its --help
+ * names it. */
+static bool ptxas_splits(nova_ctx *c, const char *dir, char *ptxas) {
+  char *argv[] = {ptxas, "--help", NULL};
+  if (cg_run_tool(c, dir, argv, false, "ptxas")) return false;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/tool.log", dir);
+  size_t len = 0;
+  char *help = nv_read_file(path, &len, 1 << 20);
+  bool yes = help && strstr(help, "--split-compile");
+  free(help);
+  return yes;
+}
+
 int cg_cuda_assemble(nova_ctx *c, const char *dir, cg_gpu *gpu, bool verbose) {
   char ptxas[4200], path[4200];
   snprintf(path, sizeof path, "%s/kernels.ptx", dir);
@@ -100,7 +116,11 @@ int cg_cuda_assemble(nova_ctx *c, const char *dir, cg_gpu *gpu, bool verbose) {
   if (find_ptxas(c, ptxas, sizeof ptxas)) return -1;
   char arch[32];
   snprintf(arch, sizeof arch, "-arch=%s", gpu->chip);
-  char *argv[] = {ptxas, arch, "-O3", "-v", "kernels.ptx", "-o", "kernels.cubin", NULL};
+  /* the kernels assembled on as many threads as code generation's processes */
+  char jobs[16];
+  snprintf(jobs, sizeof jobs, "%d", nv_jobs());
+  char *argv[] = {ptxas, arch, "-O3", "-v", "kernels.ptx", "-o", "kernels.cubin", NULL, NULL, NULL};
+  if (nv_jobs() > 1 && gpu->nk > 1 && ptxas_splits(c, dir, ptxas)) argv[7] = "--split-compile", argv[8] = jobs;
   if (cg_run_tool(c, dir, argv, verbose, "ptxas")) return -1;
   snprintf(path, sizeof path, "%s/tool.log", dir);
   size_t len = 0;
