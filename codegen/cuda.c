@@ -501,6 +501,21 @@ static bool row_accumulator(MlirContext ctx, MlirOperation s, MlirBlock fb, row_
   return false;
 }
 
+/* Whether load or store OP (its indices from operand FIRST on) uses K
+ * only as its last index, of a dimension with unit stride (or not at all). */
+static bool unit_stride_along(MlirOperation op, int first, MlirValue k) {
+  int n = (int)mlirOperationGetNumOperands(op) - first;
+  for (int i = 0; i < n - 1; i++)
+    if (mlirValueEqual(mlirOperationGetOperand(op, first + i), k)) return false;
+  if (n < 1 || !mlirValueEqual(mlirOperationGetOperand(op, first + n - 1), k)) return true;
+  MlirType t = mlirValueGetType(mlirOperationGetOperand(op, first - 1));
+  int64_t strides[MAX_LOOP_RANK + 1], off;
+  if (!mlirTypeIsAMemRef(t) || n > MAX_LOOP_RANK + 1 ||
+      mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(t, strides, &off)))
+    return false;
+  return strides[n - 1] == 1;
+}
+
 /* Reads P as a member of a run over ROWS rows of K elements (ROWS == 0:
  * only as an R, which sets ROWS and K); false where it is none of R, E,
  * S for them. */
@@ -528,6 +543,12 @@ static bool row_read(gpu_ctx *G, MlirOperation p, int64_t rows, int64_t K, row_o
     w.kv = mlirBlockGetArgument(fb, 0);
     mlirOperationWalk(p, row_access_cb, &w, MlirWalkPreOrder);
     if (o->bad) return false;
+    /* the lanes read consecutive addresses: every access that moves with
+     * the element moves along a unit-stride last dimension (a column sum,
+     * the element's index on rows, stays one thread per output, whose
+     * neighbours read neighbouring columns) */
+    for (int i = 0; i < o->na; i++)
+      if (!unit_stride_along(o->a[i].op, o->a[i].store ? 2 : 1, w.kv)) return false;
     for (int i = 0; i < o->na; i++) {
       if (!o->a[i].store) continue;
       MlirOperation s = o->a[i].op;

@@ -186,13 +186,20 @@ void nd_explain(FILE *f, const cfg_device *dev, const nv_graph *g, const cg_gpu 
               (long long)k->block, k->reason, k->loc);
       count++;
     }
-    if (gpu->split_rows || gpu->split_cols)
-      fprintf(f, "\nreductions split across threads: %d along rows of 128 or more whose accumulator is not 32-bit "
-                 "(the row kernels take the others; one thread per L-th element of a row, L from 16 to 32 dividing it: "
-                 "a warp reads consecutive elements), %d along columns with fewer "
-                 "outputs than a quarter of the %lld resident threads (%d SMs x %d; blocks of rows side by side, as "
-                 "many as fill them); a second kernel adds the partial results in a fixed order\n",
-              gpu->split_rows, gpu->split_cols, (long long)dev->sm_count * dev->max_threads_per_sm, dev->sm_count,
+    int rk = 0;
+    for (int i = 0; i < gpu->nk; i++) rk += !strcmp(gpu->k[i].op, "row");
+    if (rk)
+      fprintf(f, "\nrow kernels: %d (reductions along rows with 32-bit accumulators and the ops around them, a group "
+                 "of lanes per row combined by shuffles)\n", rk);
+    if (gpu->split_rows)
+      fprintf(f, "\nreductions split across threads along rows: %d of 128 or more whose accumulator is not 32-bit "
+                 "(one thread per L-th element of a row, L from 16 to 32 dividing it: a warp reads consecutive "
+                 "elements); a second kernel adds the partial results in a fixed order\n", gpu->split_rows);
+    if (gpu->split_cols)
+      fprintf(f, "\nreductions split across threads along columns: %d with fewer outputs than a quarter of the %lld "
+                 "resident threads (%d SMs x %d; blocks of rows side by side, as many as fill them); a second kernel "
+                 "adds the partial results in a fixed order\n",
+              gpu->split_cols, (long long)dev->sm_count * dev->max_threads_per_sm, dev->sm_count,
               dev->max_threads_per_sm);
   } else {
     fprintf(f, "target: cpu, 1 function (the whole step): loops tiled and vectorized for the configurator's vector "

@@ -263,7 +263,7 @@ else
 fi
 if "$NOVAC" examples/transformer_block.nova --dim=batch=2 --train --target=cuda --device=h100 --emit=ptx \
   -o "$T/rows.ptx" --explain-config >"$T/rows.explain" 2>"$T/log" &&
-  grep -q "shfl\.sync\.bfly\.b32" "$T/rows.ptx" && ! grep -q "split across threads" "$T/rows.explain"; then
+  grep -q "shfl\.sync\.bfly\.b32" "$T/rows.ptx" && ! grep -q "split across threads along rows" "$T/rows.explain"; then
   pass row-kernels.ptx
 else
   fail row-kernels.ptx "$(head -c 1000 "$T/log")" "$(grep "split across" "$T/rows.explain")"
