@@ -22,6 +22,7 @@
 #include "../passes/amp.h"
 #include "../passes/autodiff.h"
 #include "../support/diag.h"
+#include "novac_deps.h"
 #include "novac_device.h"
 #include "memreport.h"
 #include "pipeline.h"
@@ -55,6 +56,9 @@ typedef struct opts {
   nv_sbuf flags;     /* the flags that affect the output, for the manifest */
   nv_diag *eval_diag; /* the quiet diagnostics of the evaluation graph's import: its
                          locations are interned there (destroyed after the graph) */
+  nd_deps deps;       /* -M, -MM, -MD, -MMD, -MF, -MT, -MQ, -MP */
+  int argc;           /* the command line, for -MD's record of it */
+  char **argv;
 } opts;
 
 static void usage(FILE *f) {
@@ -62,6 +66,11 @@ static void usage(FILE *f) {
         "  INPUT                 a .nova graph (see nova-format(5)) or an ONNX model (.onnx, opsets 13-21)\n"
         "  -o FILE               output (default: INPUT's base name with .so; '-' = stdout for text)\n"
         "  --manifest FILE       where to write the launch manifest (default: output with .json)\n"
+        "  -M, -MM               print a make rule for the output (what it is built from), do not\n"
+        "                        compile; -MM leaves novac's runtime files out\n"
+        "  -MD, -MMD             compile, and write that rule (and the command) to OUTPUT.d\n"
+        "  -MF FILE              the rule to FILE;  -MT TARGET, -MQ TARGET: its target (-MQ quoted)\n"
+        "  -MP                   an empty rule for each prerequisite but the input\n"
         "  --emit=KIND           so | obj | nova | linalg | llvm | ptx | manifest (ptx: --target=cuda;\n"
         "                        llvm and obj: the host code of a cuda step)\n"
         "  --target=cpu|cuda     code generation target (default cpu)\n"
@@ -211,8 +220,14 @@ static int parse_args(int argc, char **argv, opts *o) {
   o->opt_level = 2;
   o->target = "cpu";
   o->ad = (ad_options){.optimizer = AD_SGD, .momentum = 0.9, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+  o->argc = argc, o->argv = argv;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
+    int dr = nd_deps_arg(argc, argv, &i, &o->deps);
+    if (dr) {
+      if (dr < 0) return 2;
+      continue;
+    }
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
       exit_stdout(0);
@@ -391,6 +406,8 @@ static int parse_args(int argc, char **argv, opts *o) {
     else o->input = a;
   }
   if (!o->input) return bad_usage("no input file%s", "");
+  if (!o->deps.only && !o->deps.with_compile && (o->deps.file || o->deps.targets.s || o->deps.phony))
+    return bad_usage("-MF, -MT, -MQ and -MP shape a dependency rule: add -M, -MM, -MD or -MMD%s", "");
   if (!o->lr_set) o->ad.lr = o->ad.optimizer == AD_ADAMW ? 1e-3 : 1e-2;       /* torch.optim's usual values */
   if (o->ad.lr < 0 || o->ad.momentum < 0 || o->ad.weight_decay < 0 || !(o->ad.eps > 0) || o->ad.beta1 < 0 ||
       o->ad.beta1 >= 1 || o->ad.beta2 < 0 || o->ad.beta2 >= 1)
@@ -725,6 +742,23 @@ static int fuse_attention(nv_diag *d, const opts *o, nv_graph *g, nv_graph *ge) 
   return 0;
 }
 
+/* -M / -MD: the dependency rule of the output (o->output, else the
+ * default step.so name), the device and policy files among its
+ * prerequisites where they are files. */
+static int write_deps(nv_diag *d, const opts *o) {
+  char rtdir[PATH_MAX + 32];
+  runtime_dir(rtdir, sizeof rtdir);
+  const char *dev = o->device;
+  bool dev_file = dev && !cfg_device_find(dev) && strcmp(dev, "auto") && strcmp(dev, "host") &&
+                  (strchr(dev, '/') || strstr(dev, ".json"));
+  const char *extra[2] = {dev_file ? dev : NULL, o->policy};
+  char *def = o->output ? NULL : default_output(o->input, o->emit == EMIT_OBJ ? ".o" : ".so");
+  const char *target = o->output ? o->output : def;
+  int rc = target ? nd_deps_write(d, &o->deps, target, o->input, extra, 2, rtdir, o->argc, o->argv) : -1;
+  free(def);
+  return rc;
+}
+
 static int compile(nv_diag *d, opts *o) {
   timer tm = {o->time_passes, now_ms(), 0};
   bool cuda = !strcmp(o->target, "cuda");
@@ -772,6 +806,14 @@ static int compile(nv_diag *d, opts *o) {
   nv_graph *g = load_input(d, o, o->train && !cuda && o->emit == EMIT_SO ? &ge : NULL);
   stage_done(&tm, "frontend");
   if (!g) return -1;
+  for (int i = 0; i < g->nnodes; i++) /* a .nova model's parameter files */
+    if (g->nodes[i]->init.kind == NV_INIT_FILE && g->nodes[i]->init.path) nv_dep_note(g->nodes[i]->init.path);
+  if (o->deps.only) {
+    int rc = write_deps(d, o);
+    fe_graph_destroy(g);
+    fe_graph_destroy(ge);
+    return rc;
+  }
   if (o->emit == EMIT_SO && check_init_bytes(d, g, o->input)) {
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
@@ -984,6 +1026,7 @@ static int compile(nv_diag *d, opts *o) {
   stage_done(&tm, "");
   if (o->time_passes) fprintf(stderr, "novac: %-22s %9.2f ms\n", "total", tm.total);
 out:
+  if (rc == 0 && o->deps.with_compile) rc = write_deps(d, o);
   cg_step_cancel(&co, build);
   cg_gpu_free(&gpu);
   cg_plan_free(&plan);
@@ -1007,6 +1050,7 @@ int main(int argc, char **argv) {
   if (u) {
     for (int i = 0; i < o.ndims; i++) free((char *)o.dims[i].name);
     nv_sb_free(&o.flags);
+    nv_sb_free(&o.deps.targets);
     return u;
   }
   nv_diag *d = nv_diag_create(stderr);
@@ -1024,5 +1068,6 @@ int main(int argc, char **argv) {
   nv_diag_destroy(o.eval_diag);
   for (int i = 0; i < o.ndims; i++) free((char *)o.dims[i].name);
   nv_sb_free(&o.flags);
+  nv_sb_free(&o.deps.targets);
   return rc ? 1 : 0;
 }

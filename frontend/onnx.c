@@ -304,6 +304,7 @@ static int read_external(ox_ctx *x, const Onnx__TensorProto *tp, const char *bas
     return ox_err(x, "tensor '%s': external data length %lld, expected %zu bytes", tn, len, bytes);
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", basedir, loc);
+  nv_dep_note(path);
   FILE *f = fopen(path, "rb");
   if (!f) return ox_err(x, "tensor '%s': cannot open external data '%s': %s", tn, path, strerror(errno));
   int ok = fseeko(f, (off_t)off, SEEK_SET) == 0 && fread(dst, 1, bytes, f) == bytes;

@@ -31,6 +31,31 @@ int nv_jobs(void) {
   return n < 1 ? 1 : n > 8 ? 8 : (int)n;
 }
 
+/* ---- the files a compile reads -------------------------------------------- */
+
+static char **g_deps;
+static int g_ndeps;
+
+void nv_dep_note(const char *path) {
+  while (path[0] == '.' && path[1] == '/' && path[2]) path += 2; /* "./data" as "data", as make names it */
+  for (int i = 0; i < g_ndeps; i++)
+    if (!strcmp(g_deps[i], path)) return;
+  char **d = nv_xrealloc(g_deps, (size_t)(g_ndeps + 1) * sizeof *d);
+  char *copy = nv_xstrdup(path);
+  if (!d || !copy) { /* (novac makes running out of memory fatal: never a short list there) */
+    if (d) g_deps = d;
+    free(copy);
+    return;
+  }
+  g_deps = d;
+  g_deps[g_ndeps++] = copy;
+}
+
+const char *const *nv_deps(int *n) {
+  *n = g_ndeps;
+  return (const char *const *)g_deps;
+}
+
 /* ---- allocation that cannot fail ------------------------------------------ */
 
 static bool oom_fatal;

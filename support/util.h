@@ -44,6 +44,11 @@ char *nv_read_file(const char *path, size_t *len, size_t max_bytes);
  * GLOBS (NULL: none; at most NV_MAX_GLOBS are read); sets MATCHED[k] for
  * each pattern k that matches.  nv_glob_count: how many patterns. */
 #define NV_MAX_GLOBS 64
+/* The files a compile reads besides its input (novac -M): nv_dep_note
+ * records PATH once (its text as given); nv_deps lists them in the order
+ * first noted (*N of them). */
+void nv_dep_note(const char *path);
+const char *const *nv_deps(int *n);
 /* Processes or threads for novac's parallel work: NOVAC_JOBS, else the
  * processors this process may run on (taskset -c 0: 1), at most 8. */
 int nv_jobs(void);
