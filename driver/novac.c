@@ -22,6 +22,7 @@
 #include "../passes/amp.h"
 #include "../passes/autodiff.h"
 #include "../support/diag.h"
+#include "novac_cache.h"
 #include "novac_deps.h"
 #include "novac_device.h"
 #include "memreport.h"
@@ -57,6 +58,9 @@ typedef struct opts {
   nv_diag *eval_diag; /* the quiet diagnostics of the evaluation graph's import: its
                          locations are interned there (destroyed after the graph) */
   nd_deps deps;       /* -M, -MM, -MD, -MMD, -MF, -MT, -MQ, -MP */
+  const char *cache_dir; /* --cache-dir (else NOVAC_CACHE_DIR; NULL or empty: none) */
+  int64_t cache_max;     /* --cache-max, bytes (0: no cap) */
+  bool explain_cache;    /* --explain-cache */
   int argc;           /* the command line, for -MD's record of it */
   char **argv;
 } opts;
@@ -71,6 +75,10 @@ static void usage(FILE *f) {
         "  -MD, -MMD             compile, and write that rule (and the command) to OUTPUT.d\n"
         "  -MF FILE              the rule to FILE;  -MT TARGET, -MQ TARGET: its target (-MQ quoted)\n"
         "  -MP                   an empty rule for each prerequisite but the input\n"
+        "  --cache-dir=DIR       reuse a step compiled before with the same model, data, options\n"
+        "                        and device (default NOVAC_CACHE_DIR; none when unset)\n"
+        "  --cache-max=SIZE      keep the cache under SIZE bytes (K, M, G), least recently used out\n"
+        "  --explain-cache       say whether the step came from the cache, and why not\n"
         "  --emit=KIND           so | obj | nova | linalg | llvm | ptx | manifest (ptx: --target=cuda;\n"
         "                        llvm and obj: the host code of a cuda step)\n"
         "  --target=cpu|cuda     code generation target (default cpu)\n"
@@ -278,9 +286,19 @@ static int parse_args(int argc, char **argv, opts *o) {
       o->opt_level = a[2] - '0';
       nv_sb_printf(&o->flags, " %s", a);
     } else if (!strcmp(a, "--train")) o->train = true;
-    else if ((v = opt_value(argc, argv, &i, "--loss"))) o->ad.loss = v;
-    else if ((v = opt_value(argc, argv, &i, "--freeze"))) o->ad.freeze = v;
-    else if ((v = opt_value(argc, argv, &i, "--train-only"))) o->ad.train_only = v;
+    else if ((v = opt_value(argc, argv, &i, "--loss"))) {
+      o->ad.loss = v;
+      nv_sb_printf(&o->flags, " --loss=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--freeze"))) {
+      o->ad.freeze = v;
+      nv_sb_printf(&o->flags, " --freeze=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--train-only"))) {
+      o->ad.train_only = v;
+      nv_sb_printf(&o->flags, " --train-only=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--cache-dir"))) o->cache_dir = v;
+    else if ((v = opt_value(argc, argv, &i, "--cache-max"))) {
+      if (parse_bytes(v, &o->cache_max)) return bad_usage("--cache-max takes a size in bytes (K, M or G suffix), got '%s'", v);
+    } else if (!strcmp(a, "--explain-cache")) o->explain_cache = true;
     else if ((v = opt_value(argc, argv, &i, "--optimizer"))) {
       if (!strcmp(v, "sgd")) o->ad.optimizer = AD_SGD;
       else if (!strcmp(v, "momentum")) o->ad.optimizer = AD_MOMENTUM;
@@ -814,6 +832,42 @@ static int compile(nv_diag *d, opts *o) {
     fe_graph_destroy(ge);
     return rc;
   }
+  /* the compile cache: a hit copies the step and its manifest */
+  nc_cache cache = {.dir = o->cache_dir ? o->cache_dir : getenv("NOVAC_CACHE_DIR"), .max_bytes = o->cache_max,
+                    .explain = o->explain_cache, .d = d};
+  if (cache.dir && !*cache.dir) cache.dir = NULL;
+  bool cacheable = cache.dir && o->emit == EMIT_SO && !o->explain_config && !o->dump_after && !o->memory_report;
+  nc_key key;
+  if (cacheable) {
+    /* the flags that change the output, but for those that name what the
+       device and policy parts hash (a policy file moved is the same policy) */
+    nv_sbuf opt = {0};
+    const char *f = o->flags.s ? o->flags.s : "";
+    while (*f) {
+      while (*f == ' ') f++;
+      size_t n = strcspn(f, " ");
+      if (n && strncmp(f, "--device=", 9) && strncmp(f, "--target=", 9) && strncmp(f, "--cpu=", 6) &&
+          strncmp(f, "--precision-policy=", 19))
+        nv_sb_printf(&opt, " %.*s", (int)n, f);
+      f += n;
+    }
+    nv_sb_printf(&opt, " precision=%s", o->precision ? o->precision : g->precision[0] ? g->precision : "fp32");
+    nc_key_make(&key, g, opt.oom ? "" : opt.s, &dev, cuda, o->cpu, o->policy);
+    nv_sb_free(&opt);
+    char *so = o->output ? NULL : default_output(o->input, ".so");
+    char *man = o->manifest ? NULL : manifest_of(so ? so : o->output);
+    int hit = nc_lookup(&cache, &key, so ? so : o->output, man ? man : o->manifest, o->input);
+    if (hit == 1 && o->deps.with_compile && write_deps(d, o)) hit = -1;
+    free(so);
+    free(man);
+    if (hit) {
+      stage_done(&tm, "compile cache (hit)");
+      fe_graph_destroy(g);
+      fe_graph_destroy(ge);
+      return hit == 1 ? 0 : -1;
+    }
+    stage_done(&tm, "compile cache (miss)");
+  }
   if (o->emit == EMIT_SO && check_init_bytes(d, g, o->input)) {
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
@@ -1027,6 +1081,7 @@ static int compile(nv_diag *d, opts *o) {
   if (o->time_passes) fprintf(stderr, "novac: %-22s %9.2f ms\n", "total", tm.total);
 out:
   if (rc == 0 && o->deps.with_compile) rc = write_deps(d, o);
+  if (rc == 0 && cacheable) nc_store(&cache, &key, o->output, o->manifest);
   cg_step_cancel(&co, build);
   cg_gpu_free(&gpu);
   cg_plan_free(&plan);

@@ -144,6 +144,7 @@ fi
 [ -f testsuite/fuzz/mutate.py ] && suite fuzz python3 testsuite/fuzz/mutate.py "$B" 200
 [ -f testsuite/fuzz/regress.sh ] && suite fuzz-regress sh testsuite/fuzz/regress.sh "$B"
 [ -f testsuite/deps/run.sh ] && suite deps sh testsuite/deps/run.sh "$B"
+[ -f testsuite/cache/run.sh ] && suite cache sh testsuite/cache/run.sh "$B"
 [ -f testsuite/cuda/run.sh ] && suite cuda sh testsuite/cuda/run.sh "$B"
 # the GPU mapping (kernels, launches, copies, constants) checked on the CPU:
 # the same numeric tests with every kernel run as loops over its grid and block

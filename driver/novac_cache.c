@@ -1,0 +1,411 @@
+/* novac_cache.c: the compile cache.
+ *
+ * An entry is a folder DIR/KEY holding step.so, step.json (the manifest)
+ * and meta: the parts of the key and each file's size and checksum.  KEY
+ * hashes the parts (nc_key_make): novac's version, its ABI version and
+ * build (the executable's and the runtime library's size and time); the
+ * graph as loaded (cg_graph_hash: ops, shapes, dtypes, attributes, names,
+ * initializer kinds); the initializer data (ONNX initializers, the files
+ * of .nova file() parameters); the options that change the output; the
+ * device model (every field; on the cpu target also the host CPU's name
+ * and features, which the code is compiled for); the precision policy
+ * file.  A hit checks the files against meta (a corrupt entry is removed
+ * with a warning, and the step rebuilt) and copies them to the outputs
+ * (the manifest's "source" made the input's name).
+ *
+ * Entries are written whole into DIR/.tmp.XXXXXX and renamed to DIR/KEY:
+ * a reader never sees a partial entry, and of two novac processes storing
+ * the same key the second's rename fails and its copy is dropped.  After a
+ * store, entries beyond --cache-max go, least recently used first (a hit
+ * touches its folder).  A cache folder that cannot be written is warned
+ * about once; the compile goes on without it. */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <fcntl.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/TargetMachine.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "../codegen/codegen.h"
+#include "../include/nova/step.h"
+#include "../support/util.h"
+#include "novac_cache.h"
+
+static const char *const part_names[NC_PARTS] = {"novac (version and build)", "graph", "initializer data",
+                                                 "options", "device", "precision policy"};
+static const char *const files[2] = {"step.so", "step.json"};
+
+/* A 64-bit hash of LEN bytes from H, eight at a time (a checksum and a
+ * key, not a defence against collisions made on purpose). */
+static uint64_t mix(uint64_t h, const void *p, size_t n) {
+  const unsigned char *q = p;
+  for (; n >= 8; q += 8, n -= 8) {
+    uint64_t w;
+    memcpy(&w, q, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+    h ^= h >> 31;
+  }
+  for (; n; q++, n--) h = (h ^ *q) * 0x100000001b3ull;
+  return h;
+}
+
+static uint64_t mix_str(uint64_t h, const char *s) { return mix(h, s ? s : "", s ? strlen(s) + 1 : 1); }
+
+/* The whole of file PATH into H (its name and "unreadable" where it cannot
+ * be read: the compile then reports it). */
+static uint64_t mix_file(uint64_t h, const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return mix_str(mix_str(h, path), "unreadable");
+  char buf[1 << 16];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) h = mix(h, buf, n);
+  fclose(f);
+  return h;
+}
+
+static uint64_t mix_stat(uint64_t h, const char *path) {
+  struct stat st;
+  if (stat(path, &st)) return mix_str(h, "absent");
+  int64_t v[3] = {(int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec, (int64_t)st.st_mtim.tv_nsec};
+  return mix(h, v, sizeof v);
+}
+
+void nc_key_make(nc_key *k, const nv_graph *g, const char *options, const cfg_device *dev, bool cuda,
+                 const char *cpu, const char *policy) {
+  memset(k, 0, sizeof *k);
+  const uint64_t seed = NV_FNV_INIT;
+  /* novac itself: a rebuilt novac or runtime makes other steps */
+  uint64_t h = mix_str(seed, NOVAC_VERSION);
+  int abi = NOVA_STEP_ABI_VERSION;
+  h = mix(h, &abi, sizeof abi);
+  char exe[PATH_MAX], rt[PATH_MAX + 40];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[n > 0 ? n : 0] = 0;
+  h = mix_stat(h, exe);
+  char *slash = strrchr(exe, '/');
+  if (slash) *slash = 0;
+  snprintf(rt, sizeof rt, "%s/../lib/novac/libnovart.a", exe);
+  k->part[NC_NOVAC] = mix_stat(h, rt);
+  char gh[17];
+  cg_graph_hash(g, gh);
+  k->part[NC_GRAPH] = mix_str(seed, gh);
+  h = seed;
+  for (int i = 0; i < g->nnodes; i++) {
+    const nv_node *x = g->nodes[i];
+    if (x->init.kind == NV_INIT_DATA && x->init.data)
+      h = mix(h, x->init.data, (size_t)fe_numel(x) * fe_dtype_size(x->dtype));
+    else if (x->init.kind == NV_INIT_FILE && x->init.path)
+      h = mix_file(h, x->init.path);
+  }
+  k->part[NC_DATA] = h;
+  k->part[NC_OPTIONS] = mix_str(seed, options);
+  char d[1024];
+  snprintf(d, sizeof d,
+           "%s %d | %d %d %d %d %d %d %lld %lld %lld %d.%d %d%d%d%d %lld | %lld %.6g %.6g %.6g %.6g %.6g | %d %d %d "
+           "%lld %lld %d %d",
+           dev->name, (int)dev->kind, dev->sm_count, dev->max_threads_per_block, dev->max_threads_per_sm,
+           dev->max_blocks_per_sm, dev->regs_per_sm, dev->max_regs_per_thread, (long long)dev->smem_per_sm,
+           (long long)dev->smem_per_block, (long long)dev->smem_per_block_optin, dev->cc_major, dev->cc_minor,
+           dev->has_mma_sync_f16, dev->has_mma_sync_bf16, dev->has_mma_sync_tf32, dev->has_wgmma,
+           (long long)dev->total_mem_bytes, (long long)dev->l2_bytes, dev->mem_bw_gbs, dev->peak_tflops_fp32,
+           dev->peak_tflops_tf32, dev->peak_tflops_fp16, dev->peak_tflops_bf16, dev->cores, dev->vector_bits,
+           dev->vector_regs, (long long)dev->l1d_bytes, (long long)dev->l3_bytes, dev->fma_units, dev->has_bf16_dot);
+  h = mix_str(mix_str(seed, d), cuda ? "cuda" : "cpu");
+  if (!cuda || !cpu || !strcmp(cpu, "host")) { /* the host's CPU: what the step's code is compiled for */
+    char *name = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
+    h = mix_str(mix_str(h, name), feat);
+    LLVMDisposeMessage(name);
+    LLVMDisposeMessage(feat);
+  }
+  k->part[NC_DEVICE] = mix_str(h, cpu);
+  k->part[NC_POLICY] = policy ? mix_file(mix_str(seed, "policy"), policy) : seed;
+  h = seed;
+  for (int i = 0; i < NC_PARTS; i++) h = mix(h, &k->part[i], sizeof k->part[i]);
+  snprintf(k->hex, sizeof k->hex, "%016llx", (unsigned long long)h);
+}
+
+/* ---- entries ---- */
+
+typedef struct meta {
+  uint64_t part[NC_PARTS];
+  int64_t size[2];
+  uint64_t sum[2];
+} meta;
+
+static bool read_meta(const char *entry, meta *m) {
+  char path[PATH_MAX + 16];
+  snprintf(path, sizeof path, "%s/meta", entry);
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  int version = 0;
+  bool ok = fscanf(f, "novac-cache %d\n", &version) == 1 && version == 1;
+  for (int i = 0; ok && i < NC_PARTS; i++) {
+    unsigned long long v;
+    int idx;
+    ok = fscanf(f, "part %d %llx\n", &idx, &v) == 2 && idx == i;
+    m->part[i] = v;
+  }
+  for (int i = 0; ok && i < 2; i++) {
+    char name[32];
+    long long sz;
+    unsigned long long s;
+    ok = fscanf(f, "file %31s %lld %llx\n", name, &sz, &s) == 3 && !strcmp(name, files[i]) && sz >= 0;
+    m->size[i] = sz, m->sum[i] = s;
+  }
+  fclose(f);
+  return ok;
+}
+
+/* The checksum and size of file PATH; false when it cannot be read. */
+static bool file_sum(const char *path, int64_t *size, uint64_t *sum) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return false;
+  char buf[1 << 16];
+  size_t n;
+  uint64_t h = NV_FNV_INIT;
+  int64_t total = 0;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+    h = mix(h, buf, n);
+    total += (int64_t)n;
+  }
+  bool ok = !ferror(f);
+  fclose(f);
+  *size = total, *sum = h;
+  return ok;
+}
+
+static void remove_entry(const char *entry) {
+  char path[PATH_MAX + 32];
+  DIR *d = opendir(entry);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    snprintf(path, sizeof path, "%s/%s", entry, e->d_name);
+    unlink(path);
+  }
+  if (d) closedir(d);
+  rmdir(entry);
+}
+
+/* The entry whose parts agree most with K's (ties: the newest), for
+ * --explain-cache: which parts differ. */
+static void explain_miss(nc_cache *c, const nc_key *k) {
+  DIR *d = opendir(c->dir);
+  int best = -1;
+  time_t best_time = 0;
+  char best_name[64] = "";
+  uint64_t best_parts[NC_PARTS];
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (strlen(e->d_name) != 16 || strspn(e->d_name, "0123456789abcdef") != 16) continue;
+    char entry[PATH_MAX];
+    snprintf(entry, sizeof entry, "%s/%s", c->dir, e->d_name);
+    meta m;
+    struct stat st;
+    if (!read_meta(entry, &m) || stat(entry, &st)) continue;
+    int same = 0;
+    for (int i = 0; i < NC_PARTS; i++) same += m.part[i] == k->part[i];
+    if (same > best || (same == best && st.st_mtime > best_time)) {
+      best = same, best_time = st.st_mtime;
+      snprintf(best_name, sizeof best_name, "%s", e->d_name);
+      memcpy(best_parts, m.part, sizeof best_parts);
+    }
+  }
+  if (d) closedir(d);
+  if (best < 0) {
+    fprintf(stderr, "novac: cache miss (%s): %s holds no entry\n", k->hex, c->dir);
+    return;
+  }
+  fprintf(stderr, "novac: cache miss (%s): the closest entry, %s, differs in", k->hex, best_name);
+  const char *sep = " ";
+  for (int i = 0; i < NC_PARTS; i++)
+    if (best_parts[i] != k->part[i]) {
+      fprintf(stderr, "%s%s", sep, part_names[i]);
+      sep = ", ";
+    }
+  if (best == NC_PARTS) fprintf(stderr, " nothing (a key collision)");
+  fprintf(stderr, "\n");
+}
+
+/* The manifest text with "source" set to SOURCE (or as it is). */
+static char *with_source(const char *text, const char *source) {
+  cJSON *root = cJSON_Parse(text);
+  if (!root) return NULL;
+  cJSON *s = cJSON_GetObjectItem(root, "source");
+  if (s) cJSON_ReplaceItemInObject(root, "source", cJSON_CreateString(source ? source : ""));
+  char *text2 = cJSON_Print(root);
+  cJSON_Delete(root);
+  size_t n = text2 ? strlen(text2) : 0;
+  char *out = text2 ? nv_xmalloc(n + 2) : NULL;
+  if (out) snprintf(out, n + 2, "%s\n", text2);
+  free(text2);
+  return out;
+}
+
+int nc_lookup(nc_cache *c, const nc_key *k, const char *so, const char *manifest, const char *source) {
+  if (!c->dir) return 0;
+  char entry[PATH_MAX], path[PATH_MAX + 16];
+  snprintf(entry, sizeof entry, "%s/%s", c->dir, k->hex);
+  meta m;
+  struct stat st;
+  if (stat(entry, &st)) {
+    if (c->explain) explain_miss(c, k);
+    return 0;
+  }
+  bool ok = read_meta(entry, &m) && !memcmp(m.part, k->part, sizeof m.part);
+  const char *why = ok ? NULL : "its description is unreadable or does not match";
+  for (int i = 0; ok && i < 2; i++) {
+    int64_t size;
+    uint64_t sum;
+    snprintf(path, sizeof path, "%s/%s", entry, files[i]);
+    ok = file_sum(path, &size, &sum) && size == m.size[i] && sum == m.sum[i];
+    if (!ok) why = i ? "its manifest fails its checksum" : "its step.so fails its checksum";
+  }
+  if (!ok) {
+    nv_warning(c->d, (nv_loc){0}, "the compile cache's entry %s is corrupt (%s): removed, the step is rebuilt", entry, why);
+    remove_entry(entry);
+    return 0;
+  }
+  size_t len = 0;
+  snprintf(path, sizeof path, "%s/%s", entry, files[0]);
+  char *bytes = nv_read_file(path, &len, (size_t)8 << 30);
+  if (!bytes || nv_write_file(so, bytes, len, 0)) {
+    nv_error_plain(c->d, "writing %s from the compile cache: %s", so, strerror(errno));
+    free(bytes);
+    return -1;
+  }
+  free(bytes);
+  snprintf(path, sizeof path, "%s/%s", entry, files[1]);
+  char *text = nv_read_file(path, &len, (size_t)1 << 30), *man = text ? with_source(text, source) : NULL;
+  free(text);
+  if (!man || nv_write_file(manifest, man, strlen(man), 0)) {
+    nv_error_plain(c->d, "writing %s from the compile cache: %s", manifest, man ? strerror(errno) : "unreadable");
+    free(man);
+    unlink(so);
+    return -1;
+  }
+  free(man);
+  utimensat(AT_FDCWD, entry, NULL, 0); /* recently used */
+  if (c->explain) fprintf(stderr, "novac: cache hit (%s): %s\n", k->hex, entry);
+  return 1;
+}
+
+static void warn_once(nc_cache *c, const char *what) {
+  if (c->warned) return;
+  c->warned = true;
+  nv_warning(c->d, (nv_loc){0}, "the compile cache %s cannot be written (%s: %s); compiling without it", c->dir, what,
+                   strerror(errno));
+}
+
+static int copy_file(const char *from, const char *to) {
+  size_t len = 0;
+  char *b = nv_read_file(from, &len, (size_t)8 << 30);
+  int rc = b ? nv_write_file(to, b, len, 0) : -1;
+  free(b);
+  return rc;
+}
+
+/* Entries by age, removed from the oldest while the cache exceeds its cap
+ * (KEEP, just stored, stays). */
+typedef struct aged {
+  char name[17];
+  time_t when;
+  int64_t bytes;
+} aged;
+
+static int by_age(const void *a, const void *b) {
+  const aged *x = a, *y = b;
+  return x->when < y->when ? -1 : x->when > y->when;
+}
+
+static void trim(nc_cache *c, const char *keep) {
+  DIR *d = opendir(c->dir);
+  if (!d) return;
+  aged *v = NULL;
+  int n = 0, cap = 0;
+  int64_t total = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (strlen(e->d_name) != 16 || strspn(e->d_name, "0123456789abcdef") != 16) continue;
+    char entry[PATH_MAX];
+    snprintf(entry, sizeof entry, "%s/%s", c->dir, e->d_name);
+    meta m;
+    struct stat st;
+    if (stat(entry, &st) || !read_meta(entry, &m)) continue;
+    if (n == cap) {
+      aged *v2 = nv_xrealloc(v, sizeof *v2 * (size_t)(cap = cap ? 2 * cap : 64));
+      if (!v2) break;
+      v = v2;
+    }
+    snprintf(v[n].name, sizeof v[n].name, "%s", e->d_name);
+    v[n].when = st.st_mtime;
+    v[n].bytes = m.size[0] + m.size[1];
+    total += v[n++].bytes;
+  }
+  closedir(d);
+  if (v) qsort(v, (size_t)n, sizeof *v, by_age);
+  for (int i = 0; i < n && total > c->max_bytes; i++) {
+    if (!strcmp(v[i].name, keep)) continue;
+    char entry[PATH_MAX];
+    snprintf(entry, sizeof entry, "%s/%s", c->dir, v[i].name);
+    remove_entry(entry);
+    total -= v[i].bytes;
+  }
+  free(v);
+}
+
+void nc_store(nc_cache *c, const nc_key *k, const char *so, const char *manifest) {
+  if (!c->dir) return;
+  if (mkdir(c->dir, 0777) && errno != EEXIST) {
+    warn_once(c, "creating it");
+    return;
+  }
+  char tmp[PATH_MAX], path[PATH_MAX + 16], entry[PATH_MAX];
+  snprintf(tmp, sizeof tmp, "%s/.tmp.XXXXXX", c->dir);
+  if (!mkdtemp(tmp)) {
+    warn_once(c, "a new entry");
+    return;
+  }
+  meta m;
+  memcpy(m.part, k->part, sizeof m.part);
+  const char *src[2] = {so, manifest};
+  bool ok = true;
+  for (int i = 0; ok && i < 2; i++) {
+    snprintf(path, sizeof path, "%s/%s", tmp, files[i]);
+    ok = copy_file(src[i], path) == 0 && file_sum(path, &m.size[i], &m.sum[i]);
+  }
+  nv_sbuf b = {0};
+  nv_sb_printf(&b, "novac-cache 1\n");
+  for (int i = 0; i < NC_PARTS; i++) nv_sb_printf(&b, "part %d %016llx\n", i, (unsigned long long)m.part[i]);
+  for (int i = 0; i < 2; i++)
+    nv_sb_printf(&b, "file %s %lld %016llx\n", files[i], (long long)m.size[i], (unsigned long long)m.sum[i]);
+  snprintf(path, sizeof path, "%s/meta", tmp);
+  ok = ok && !b.oom && nv_write_file(path, b.s, strlen(b.s), 0) == 0;
+  nv_sb_free(&b);
+  snprintf(entry, sizeof entry, "%s/%s", c->dir, k->hex);
+  if (!ok) {
+    warn_once(c, "writing an entry");
+    remove_entry(tmp);
+    return;
+  }
+  if (rename(tmp, entry)) { /* stored meanwhile by another novac (or a stale entry: replaced) */
+    if (errno == EEXIST || errno == ENOTEMPTY) {
+      meta old;
+      if (!read_meta(entry, &old)) {
+        remove_entry(entry);
+        if (!rename(tmp, entry)) goto stored;
+      }
+    } else {
+      warn_once(c, "renaming an entry");
+    }
+    remove_entry(tmp);
+    return;
+  }
+stored:
+  if (c->max_bytes > 0) trim(c, k->hex);
+}
