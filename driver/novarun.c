@@ -32,6 +32,9 @@
 static const char usage_text[] =
     "usage: novarun STEP.so [--inputs DIR | --data FILE | --seed N] [--steps N [--loss-log F]]\n"
     "                       [--skip-nonfinite] [--max-overflow-steps K] [--lr F] [--load FILE]\n"
+    "                       [--lr-schedule=KIND [--warmup N] [--min-lr F] [--decay-steps N]\n"
+    "                       [--step-size N] [--gamma F]] [--log FILE]\n"
+    "                       [--eval-data FILE [--eval-every N]]\n"
     "                       [--save FILE] [--outputs DIR] [--dump DIR] [--eval] [--repeat N]\n"
     "                       [--print] [--profile] [--trace FILE] [--comm-timeout S] [-q]\n"
     "       novarun -h | --help | --version\n"
@@ -68,6 +71,19 @@ static const char usage_text[] =
     "                 --save still writes the last good parameters)\n"
     "  --lr F         bind the training step's learning rate (default: novac --lr)\n"
     "  --loss-log F   with --steps: write 'STEP LOSS' for every step to F\n"
+    ;
+/* (two strings: ISO C promises 4095 characters a literal) */
+static const char usage_text2[] =
+    "  --lr-schedule=constant|linear|cosine|step  with --steps: the learning rate of each\n"
+    "                 step, from --lr (or the step's): after --warmup N steps rising\n"
+    "                 from 0, constant, or decaying linearly or as a cosine to --min-lr F\n"
+    "                 (default 0) at --decay-steps N (default the run's last step), or\n"
+    "                 times --gamma F (default 0.1) every --step-size N steps\n"
+    "  --log FILE     with --steps: a JSON line per step (step, loss, lr, samples_per_s,\n"
+    "                 elapsed_s, skipped) and per evaluation (eval_loss, eval_accuracy)\n"
+    "  --eval-data FILE  with --steps: after the last step (and every --eval-every N\n"
+    "                 steps), the evaluation entry over FILE's whole batches (safetensors,\n"
+    "                 as --data): mean loss, and accuracy for a classifier\n"
     "  --load FILE    before the first step, restore every parameter and optimizer\n"
     "                 state from a safetensors checkpoint; steps count on from it\n"
     "  --save FILE    after the last step, write every parameter and optimizer state\n"
@@ -156,6 +172,7 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
   int missing = 0;
   if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
     fputs(usage_text, stdout);
+    fputs(usage_text2, stdout);
     return 0;
   }
   if (!strcmp(a, "--version")) {
@@ -216,6 +233,26 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
     o->comm_timeout = strtol(v, &end, 10);
     if (errno || !nv_number_token(v) || end == v || *end || o->comm_timeout < 1 || o->comm_timeout > 1000000)
       return nr_usage_error("--comm-timeout needs a number of seconds from 1 to 1000000, not '%s'", v);
+    return -1;
+  }
+  static const char *const sched_opts[] = {"--lr-schedule", "--warmup", "--min-lr", "--decay-steps", "--step-size",
+                                           "--gamma"};
+  for (size_t k = 0; k < sizeof sched_opts / sizeof *sched_opts; k++)
+    if ((v = nr_option_value(argc, argv, i, sched_opts[k], &missing))) return nr_sched_option(sched_opts[k], v, &o->sched);
+  if ((v = nr_option_value(argc, argv, i, "--log", &missing))) {
+    o->log_path = v;
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--eval-data", &missing))) {
+    o->eval_data = v;
+    return -1;
+  }
+  if ((v = nr_option_value(argc, argv, i, "--eval-every", &missing))) {
+    char *end;
+    errno = 0;
+    o->eval_every = strtol(v, &end, 10);
+    if (errno || !nv_number_token(v) || end == v || *end || o->eval_every < 1 || o->eval_every > NR_MAX_REPEAT)
+      return nr_usage_error("--eval-every needs a number of steps from 1 to %ld, not '%s'", NR_MAX_REPEAT, v);
     return -1;
   }
   if ((v = nr_option_value(argc, argv, i, "--loss-log", &missing))) {
@@ -288,6 +325,11 @@ static int nr_parse_args(int argc, char **argv, nr_options *o) {
   }
   if (!o->step_path) return nr_usage_error("no step.so given");
   if (o->skip_nonfinite && !o->steps) return nr_usage_error("--skip-nonfinite needs --steps N%s", "");
+  int rc = nr_sched_check(&o->sched, o->steps);
+  if (rc >= 0) return rc;
+  if ((o->log_path || o->eval_every || o->eval_data) && !o->steps)
+    return nr_usage_error("--log, --eval-data and --eval-every go with --steps N%s", "");
+  if (o->eval_every && !o->eval_data) return nr_usage_error("--eval-every N needs --eval-data FILE%s", "");
   if (o->inputs_dir && o->data_path) /* with one of them, --seed seeds only the step's dropout */
     return nr_usage_error("--inputs and --data both give the batch; give one of them%s", "");
   return -1;
@@ -516,6 +558,75 @@ static int nr_nonfinite(const char *msg, long long step, double loss, int skippi
   return part != NULL;
 }
 
+/* A JSON number, or null where V is not finite. */
+static void nr_json_num(FILE *f, const char *key, double v) {
+  if (isfinite(v)) fprintf(f, ", \"%s\": %.9g", key, v);
+  else fprintf(f, ", \"%s\": null", key);
+}
+
+/* The accuracy of the current outputs of a classifier: an integer label L
+ * of rank r and a float output of rank r + 1 whose first r dims are L's
+ * (the argmax over its last dim against the label; labels outside
+ * [0, C), an ignore_index, not counted).  *RIGHT and *COUNTED, or 0 when
+ * the step is no classifier. */
+static int nr_accuracy(nr_step *s, double *right, double *counted) {
+  nova_tensor_info lab = {0}, out = {0}, info;
+  int n = s->api.num_tensors(s->step), nl = 0;
+  for (int i = 0; i < n; i++)
+    if (s->api.tensor(s->step, i, &info) == NOVA_OK && info.role == NOVA_ROLE_LABEL &&
+        (info.dtype == NOVA_DTYPE_I64 || info.dtype == NOVA_DTYPE_I32))
+      lab = info, nl++;
+  if (nl != 1) return 0;
+  for (int i = 0; i < n && !out.name; i++) {
+    if (s->api.tensor(s->step, i, &info) != NOVA_OK || info.role != NOVA_ROLE_OUTPUT || info.dtype != NOVA_DTYPE_F32 ||
+        info.rank != lab.rank + 1)
+      continue;
+    int same = 1;
+    for (int d = 0; d < lab.rank; d++) same &= info.shape[d] == lab.shape[d];
+    if (same) out = info;
+  }
+  const void *lp, *op;
+  if (!out.name || s->api.get(s->step, lab.name, &lp, &lab) != NOVA_OK ||
+      s->api.get(s->step, out.name, &op, &out) != NOVA_OK)
+    return 0;
+  int64_t c = out.shape[out.rank - 1], rows = 1;
+  for (int d = 0; d < lab.rank; d++) rows *= lab.shape[d];
+  const float *o = op;
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t y = lab.dtype == NOVA_DTYPE_I64 ? ((const int64_t *)lp)[r] : ((const int32_t *)lp)[r];
+    if (y < 0 || y >= c) continue;
+    int64_t best = 0;
+    for (int64_t k = 1; k < c; k++)
+      if (o[r * c + k] > o[r * c + best]) best = k;
+    *right += best == y;
+    *counted += 1;
+  }
+  return 1;
+}
+
+/* The evaluation entry over the first N whole batches of EB (the held-out
+ * file): *LOSS their mean loss, *ACC the accuracy (NaN: no classifier). */
+static int nr_eval_pass(nr_step *s, nr_batches *eb, long n, double *loss, double *acc) {
+  double sum = 0, acc_v[2] = {0, 0};
+  int classifier = 0;
+  for (long j = 1; j <= n; j++) {
+    if (nr_batches_bind(eb, s, j)) return 1;
+    if (s->api.eval(s->step) != NOVA_OK) return nr_error("%s: evaluation failed: %s", s->path, s->api.error(s->step));
+    nova_dtype dt = NOVA_DTYPE_F32;
+    const void *lp = nr_loss(s, &dt);
+    sum += !lp ? 0 : dt == NOVA_DTYPE_F64 ? *(const double *)lp : *(const float *)lp;
+    classifier = nr_accuracy(s, &acc_v[0], &acc_v[1]);
+  }
+  double tot[3] = {sum / (double)n, acc_v[0], acc_v[1]};
+  if (s->world > 1) { /* every rank's share of each batch */
+    if (s->api.all_sum(s->step, tot, 3) != NOVA_OK) return nr_error("%s: evaluation: %s", s->path, s->api.error(s->step));
+    tot[0] /= s->world;
+  }
+  *loss = tot[0];
+  *acc = classifier && tot[2] > 0 ? tot[1] / tot[2] : NAN;
+  return 0;
+}
+
 /* --steps: runs the step N times, with a progress line: step, loss,
  * samples/s, ETA; updated in place on a terminal.  Steps are numbered on
  * from START (the steps a loaded checkpoint had done); B, if not NULL,
@@ -526,7 +637,39 @@ static int nr_nonfinite(const char *msg, long long step, double loss, int skippi
  * with --skip-nonfinite it is counted and training goes on, else training
  * stops there with *DONE at the last step whose updates the state holds and
  * *KEEP = 1 (the state holds no non-finite value: good to save). */
-static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long start, long long *done, int *keep) {
+/* What nr_train adds around the steps: the JSON log, the held-out batches
+ * (NEVAL of them), the schedule's base rate (BASE_LR; has_lr: the step
+ * takes a run-time lr). */
+typedef struct nr_loop {
+  FILE *jl;
+  nr_batches *eb;
+  long neval;
+  double base_lr;
+  int has_lr;
+} nr_loop;
+
+/* After step STEP (the K-th of the run): the evaluation when it is due. */
+static int nr_maybe_eval(nr_step *s, const nr_options *o, nr_loop *L, long k, long long step) {
+  if (!L->eb || (k != o->steps && (!o->eval_every || k % o->eval_every))) return 0;
+  double loss, acc;
+  if (nr_eval_pass(s, L->eb, L->neval, &loss, &acc)) return 1;
+  if (!o->quiet) {
+    fprintf(stderr, "%snovarun: step %lld: eval loss %.6f", isatty(2) ? "\n" : "", step, loss);
+    if (isfinite(acc)) fprintf(stderr, "  accuracy %.4f", acc);
+    fprintf(stderr, " (%ld batches of %s)\n", L->neval, o->eval_data);
+  }
+  if (L->jl) {
+    fprintf(L->jl, "{\"step\": %lld", step);
+    nr_json_num(L->jl, "eval_loss", loss);
+    if (isfinite(acc)) nr_json_num(L->jl, "eval_accuracy", acc);
+    fprintf(L->jl, ", \"eval_batches\": %ld}\n", L->neval);
+    fflush(L->jl);
+  }
+  return 0;
+}
+
+static int nr_train_steps(nr_step *s, const nr_options *o, nr_batches *b, long long start, long long *done, int *keep,
+                          nr_loop *L) {
   nova_dtype dt = NOVA_DTYPE_F32;
   int tty = isatty(2), every = o->steps > 20 ? (int)(o->steps / 20) : 1;
   int64_t batch = 0;
@@ -547,6 +690,16 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
       if (log) fclose(log);
       return 1;
     }
+    double lr_now = NAN;
+    if (o->sched.kind) { /* this step's learning rate */
+      lr_now = nr_sched_lr(&o->sched, L->base_lr, step - 1, start + o->steps);
+      float f = (float)lr_now;
+      if (s->api.bind(s->step, "lr", NOVA_DTYPE_F32, 0, NULL, &f) != NOVA_OK) {
+        if (log) fclose(log);
+        return nr_error("%s: --lr-schedule: %s", s->path, s->api.error(s->step));
+      }
+    } else if (L->jl && L->has_lr)
+      lr_now = nr_state_scalar(s, "lr");
     nova_status st = s->api.run(s->step);
     char why[600] = ""; /* the step's message (reading the loss replaces it) */
     if (st == NOVA_ERR_NONFINITE) snprintf(why, sizeof why, "%s", s->api.error(s->step));
@@ -564,6 +717,16 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
       loss /= s->world;
     }
     if (log) fprintf(log, "%lld %.9g\n", step, loss);
+    if (L->jl) {
+      fprintf(L->jl, "{\"step\": %lld", step);
+      nr_json_num(L->jl, "loss", loss);
+      if (L->has_lr) nr_json_num(L->jl, "lr", lr_now);
+      if (st == NOVA_ERR_NONFINITE) fprintf(L->jl, ", \"skipped\": true");
+      double el = nr_now() - t0;
+      nr_json_num(L->jl, "samples_per_s", el > 0 ? (double)k * (double)(batch ? batch : 1) * s->world / el : NAN);
+      nr_json_num(L->jl, "elapsed_s", el);
+      fprintf(L->jl, "}\n");
+    }
     if (st == NOVA_ERR_NONFINITE && scaled) { /* an overflow: the step halved its loss scale */
       skipped++;
       *done = step;
@@ -573,6 +736,10 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
         return nr_error("step %lld: the loss or gradients overflowed in %ld consecutive steps, down to loss scale %g: "
                         "not an fp16 range problem (a diverged run, or a NaN in the data?); nothing saved",
                         step, overflows, nr_state_scalar(s, "amp.loss_scale") * 2);
+      }
+      if (nr_maybe_eval(s, o, L, k, step)) {
+        if (log) fclose(log);
+        return 1;
       }
       continue;
     }
@@ -589,6 +756,10 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
       if (!o->quiet && skipped == 9) nr_warning("(further skipped steps are counted, not shown)");
       skipped++;
       *done = step;
+      if (nr_maybe_eval(s, o, L, k, step)) {
+        if (log) fclose(log);
+        return 1;
+      }
       continue;
     }
     if (!good++) first = loss;
@@ -605,6 +776,10 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
       fprintf(stderr, "%sstep %lld/%lld  loss %.6f%s  %.0f samples/s  ETA %.1f s%s", tty ? "\r" : "", step,
               start + o->steps, loss, sc, rate, el / (double)k * (double)(o->steps - k), tty ? "   " : "\n");
     }
+    if (nr_maybe_eval(s, o, L, k, step)) {
+      if (log) fclose(log);
+      return 1;
+    }
   }
   double el = nr_now() - t0;
   if (log && fclose(log)) return nr_error("%s: %s", o->loss_log, strerror(errno));
@@ -617,6 +792,53 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
   else if (o->skip_nonfinite && (skipped || !o->quiet)) /* -q: only when steps were skipped */
     fprintf(stderr, "novarun: %ld of %ld steps skipped (non-finite loss or gradients)\n", skipped, o->steps);
   return 0;
+}
+
+/* --steps with what surrounds them: the learning-rate schedule's base, the
+ * JSON log, the held-out batches (nr_train_steps). */
+static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long start, long long *done, int *keep) {
+  nr_loop L = {.base_lr = NAN};
+  nova_tensor_info info;
+  int64_t batch = 0;
+  for (int i = 0, n = s->api.num_tensors(s->step); i < n; i++)
+    if (s->api.tensor(s->step, i, &info) == NOVA_OK) {
+      if (info.has_default && !strcmp(info.name, "lr")) L.has_lr = 1;
+      if (!batch && info.role == NOVA_ROLE_INPUT && info.rank > 0) batch = info.shape[0];
+    }
+  if (o->sched.kind) {
+    if (!L.has_lr)
+      return nr_error("%s: --lr-schedule: the step has no run-time learning rate (compile it with novac --train)",
+                      s->path);
+    if (b && nr_batches_feeds(b, "lr"))
+      return nr_error("%s: tensor 'lr' gives the learning rate, and so does --lr-schedule: give one of them",
+                      o->data_path);
+    L.base_lr = o->lr_set ? o->lr : nr_state_scalar(s, "lr");
+    if (!(L.base_lr >= 0)) return nr_error("%s: --lr-schedule: cannot read the step's learning rate", s->path);
+  }
+  if (o->eval_data) {
+    if (!s->api.eval)
+      return nr_error("%s: --eval-data: this step.so has no evaluation entry (rebuild it)", s->path);
+    if (!b) return nr_error("--eval-data: the training batches must come from --data or --seed (the evaluation binds "
+                            "its own batches over them)");
+    nr_options eo = *o;
+    eo.data_path = o->eval_data;
+    eo.seed_set = 0;
+    if (nr_batches_create(s, &eo, &L.eb)) return 1;
+    uint64_t per = (uint64_t)(batch ? batch : 1) * (uint64_t)(s->world > 0 ? s->world : 1);
+    L.neval = (long)(nr_batches_samples(L.eb) / per);
+    if (L.neval < 1) {
+      nr_batches_destroy(L.eb);
+      return nr_error("%s: fewer samples than one batch of %llu", o->eval_data, (unsigned long long)per);
+    }
+  }
+  if (o->log_path && !(L.jl = fopen(o->log_path, "w"))) {
+    nr_batches_destroy(L.eb);
+    return nr_error("%s: %s", o->log_path, strerror(errno));
+  }
+  int rc = nr_train_steps(s, o, b, start, done, keep, &L);
+  if (L.jl && fclose(L.jl) && !rc) rc = nr_error("%s: %s", o->log_path, strerror(errno));
+  nr_batches_destroy(L.eb);
+  return rc;
 }
 
 /* 1 if S is a training step: a run updates its params or optimizer state. */

@@ -5,6 +5,8 @@
 #ifndef NOVA_NOVARUN_H
 #define NOVA_NOVARUN_H
 
+#include <stdint.h>
+
 #include "nova/step.h"
 
 /* The ABI functions of one loaded step.so (nova/step.h), by dlsym. */
@@ -32,6 +34,19 @@ typedef struct nr_api {
   nova_status (*trace_write)(nova_step *, const char *, nova_trace_summary *);
 } nr_api;
 
+/* --lr-schedule and its settings (novarun_sched.c). */
+typedef enum { NR_SCHED_NONE, NR_SCHED_CONSTANT, NR_SCHED_LINEAR, NR_SCHED_COSINE, NR_SCHED_STEP } nr_sched_kind;
+typedef struct nr_sched {
+  nr_sched_kind kind;
+  long long warmup;        /* --warmup N */
+  double min_lr;           /* --min-lr F (linear, cosine) */
+  int min_lr_set;
+  long long decay_steps;   /* --decay-steps N (0: the run's last step) */
+  long long step_size;     /* --step-size N (step) */
+  double gamma;            /* --gamma F (step; default 0.1) */
+  int gamma_set;
+} nr_sched;
+
 typedef struct nr_options {
   const char *step_path;
   const char *inputs_dir;  /* NULL: no inputs given */
@@ -57,7 +72,20 @@ typedef struct nr_options {
   long comm_timeout;       /* --comm-timeout S (0: the default, NOVA_COMM_TIMEOUT or 300) */
   long max_overflow;       /* --max-overflow-steps K: a loss-scaled step that overflows K+1
                               times in a row stops training (default 20) */
+  nr_sched sched;          /* --lr-schedule, --warmup, --min-lr, --decay-steps, --step-size, --gamma */
+  const char *log_path;    /* --log FILE: a JSON line per step (and per evaluation) */
+  const char *eval_data;   /* --eval-data FILE: held-out batches for the evaluation entry */
+  long eval_every;         /* --eval-every N (0: only after the last step) */
 } nr_options;
+
+/* novarun_sched.c: OPT's value V into S (-1: go on, 2: bad usage, said);
+ * nr_sched_check: the settings together, with --steps STEPS (-1 or 2);
+ * nr_sched_lr: the rate of the step after T steps (0-based) of TOTAL, from
+ * BASE. */
+int nr_sched_option(const char *opt, const char *v, nr_sched *s);
+int nr_sched_check(nr_sched *s, long steps);
+double nr_sched_lr(const nr_sched *s, double base, long long t, long long total);
+const char *nr_sched_name(const nr_sched *s);
 
 /* A loaded, opened step. */
 typedef struct nr_step {
@@ -190,6 +218,8 @@ int nr_batches_create(nr_step *s, const nr_options *o, nr_batches **b);
  * checkpoints included) to S.  Returns 0, or 1 after a diagnostic. */
 int nr_batches_bind(nr_batches *b, nr_step *s, long long step);
 int nr_batches_count(const nr_batches *b); /* tensors bound per step */
+uint64_t nr_batches_samples(const nr_batches *b); /* --data: the samples in the file (--seed: 0) */
+int nr_batches_feeds(const nr_batches *b, const char *name); /* whether a batch binds NAME */
 void nr_batches_destroy(nr_batches *b);
 
 #endif

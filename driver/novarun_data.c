@@ -53,6 +53,14 @@ struct nr_batches {
 
 static int nr_is_fed(nova_role r) { return r == NOVA_ROLE_INPUT || r == NOVA_ROLE_LABEL; }
 
+uint64_t nr_batches_samples(const nr_batches *b) { return b->have_file ? b->samples : 0; }
+
+int nr_batches_feeds(const nr_batches *b, const char *name) {
+  for (int i = 0; i < b->nfeeds; i++)
+    if (!strcmp(b->feeds[i].info.name, name)) return 1;
+  return 0;
+}
+
 void nr_batches_destroy(nr_batches *b) {
   if (!b) return;
   if (b->have_file) nr_st_close(&b->file);

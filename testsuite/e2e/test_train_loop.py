@@ -1,0 +1,229 @@
+"""novarun's training loop around the step: learning-rate schedules
+(--lr-schedule, --warmup, --min-lr, --decay-steps, --step-size, --gamma),
+the JSON log (--log) and evaluation on held-out data (--eval-data,
+--eval-every).
+
+- schedules: every step's rate in the log equals the closed forms of
+  PyTorch's schedulers (CosineAnnealingLR, StepLR) and of Hugging Face's
+  warm-up schedules, written here with numpy; and the step used it: on a
+  model whose gradient is constant (loss = sum(x w), dL/dw = x), plain SGD
+  ends at w = -(sum of the rates) x;
+- a schedule continues across --save / --load (its step count goes on);
+- --eval-data: the loss and accuracy of the evaluation entry over the
+  held-out batches equal numpy's forward pass of the trained parameters;
+- bad input: a schedule without --steps, an unknown schedule, negative or
+  non-finite values, --min-lr without a decaying schedule, a step without a
+  run-time learning rate, lr given twice: exit 2 or 1 with the reason."""
+import json
+import math
+import os
+import shutil
+import tempfile
+
+import numpy as np
+
+from harness import NOVAC, NOVARUN, Failure, case, read_pb, run, st_write
+
+WORK = tempfile.mkdtemp(prefix="nova-loop-")
+X = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+
+
+def novarun(*args, rc=0):
+    return run([NOVARUN] + [str(a) for a in args], expect_rc=rc)
+
+
+def path(name):
+    return os.path.join(WORK, name)
+
+
+def linear_step(lr=0.5):
+    """loss = sum(x w), w: f32[4, 1] from zeros, batch 1, plain SGD."""
+    so = path("lin_%g.so" % lr)
+    if not os.path.exists(so):
+        src = path("lin.nova")
+        with open(src, "w") as f:
+            f.write("input x: f32[batch, 4]\nparam w: f32[4, 1] = zeros\noutput loss = reduce_sum(x @ w)\n")
+        run([NOVAC, src, "--dim=batch=1", "--train", "--lr=%g" % lr, "-o", so])
+    return so
+
+
+def const_data():
+    p = path("const.st")
+    if not os.path.exists(p):
+        st_write(p, {"x": np.tile(X, (8, 1))})
+    return p
+
+
+def reference(kind, base, steps, warmup=0, min_lr=0.0, decay=None, step_size=1, gamma=0.1, start=0):
+    """The rate of each step start+1 .. start+steps (t = the steps before it)."""
+    T = decay if decay else start + steps
+    out = []
+    for t in range(start, start + steps):
+        if t < warmup:
+            out.append(base * t / warmup)  # transformers' get_*_schedule_with_warmup
+            continue
+        p = min(1.0, (t - warmup) / max(1, T - warmup))
+        if kind == "constant":
+            out.append(base)
+        elif kind == "linear":
+            out.append(min_lr + (base - min_lr) * (1 - p))
+        elif kind == "cosine":  # CosineAnnealingLR(eta_min=min_lr, T_max=T - warmup)
+            out.append(min_lr + (base - min_lr) * (1 + math.cos(math.pi * p)) / 2)
+        elif kind == "step":  # StepLR(step_size, gamma)
+            out.append(base * gamma ** ((t - warmup) // step_size))
+    return np.array(out)
+
+
+def read_log(p):
+    return [json.loads(line) for line in open(p)]
+
+
+def schedule_case(name, kind, steps, flags, ref_kw, lr=0.5):
+    def fn():
+        so = linear_step(lr)
+        log, dump = path(name + ".jsonl"), path(name + "_dump")
+        novarun(so, "--data", const_data(), "--steps", steps, "--lr-schedule=%s" % kind, *flags, "--log", log,
+                "--dump", dump, "-q")
+        rows = read_log(log)
+        got = np.array([r["lr"] for r in rows])
+        want = reference(kind, lr, steps, **ref_kw)
+        if [r["step"] for r in rows] != list(range(1, steps + 1)):
+            raise Failure("steps in the log: %s" % [r["step"] for r in rows])
+        if not np.allclose(got, want, rtol=1e-7, atol=1e-9):
+            raise Failure("rates\n got  %s\n want %s" % (got, want))
+        # the step used them: w = -(sum of the f32 rates) x
+        w = read_pb(os.path.join(dump, "param.w.pb")).ravel()
+        wref = -np.sum(want.astype(np.float32).astype(np.float64)) * X
+        if not np.allclose(w, wref, rtol=1e-5, atol=1e-6):
+            raise Failure("w %s, want %s" % (w, wref))
+    case("loop.schedule_" + name, fn)
+
+
+def resume_case():
+    def fn():
+        so = linear_step()
+        ck, log1, log2 = path("r.st"), path("r1.jsonl"), path("r2.jsonl")
+        flags = ["--lr-schedule=cosine", "--warmup=2", "--decay-steps=10"]
+        novarun(so, "--data", const_data(), "--steps", 4, *flags, "--log", log1, "--save", ck, "-q")
+        novarun(so, "--data", const_data(), "--steps", 6, *flags, "--log", log2, "--load", ck, "-q")
+        got = [r["lr"] for r in read_log(log1) + read_log(log2)]
+        steps = [r["step"] for r in read_log(log2)]
+        want = reference("cosine", 0.5, 10, warmup=2, decay=10)
+        if steps != list(range(5, 11)) or not np.allclose(got, want, rtol=1e-7, atol=1e-9):
+            raise Failure("steps %s, rates %s, want %s" % (steps, got, want))
+    case("loop.schedule_resumes", fn)
+
+
+def eval_case():
+    """A 3-class linear classifier trained on a few batches, evaluated every 2 steps on held-out data."""
+    def fn():
+        src, so = path("cls.nova"), path("cls.so")
+        with open(src, "w") as f:
+            f.write("input x: f32[batch, 5]\nlabel y: i64[batch]\nparam w: f32[5, 3] = normal(0.5)\n"
+                    "param b: f32[3] = zeros\nlogits = x @ w + b\noutput logits\n"
+                    "output loss = cross_entropy(logits, y)\n")
+        run([NOVAC, src, "--dim=batch=4", "--train", "--lr=0.1", "-o", so])
+        rng = np.random.default_rng(3)
+        train = {"x": rng.standard_normal((16, 5)).astype(np.float32), "y": rng.integers(0, 3, 16)}
+        held = {"x": rng.standard_normal((10, 5)).astype(np.float32), "y": rng.integers(0, 3, 10)}
+        st_write(path("train.st"), train)
+        st_write(path("held.st"), held)
+        log, dump = path("cls.jsonl"), path("cls_dump")
+        p = novarun(so, "--data", path("train.st"), "--steps", 5, "--eval-data", path("held.st"), "--eval-every", 2,
+                    "--log", log, "--dump", dump)
+        evals = [r for r in read_log(log) if "eval_loss" in r]
+        if [r["step"] for r in evals] != [2, 4, 5] or any(r["eval_batches"] != 2 for r in evals):
+            raise Failure("evaluations: %s" % evals)
+        if "eval loss" not in p.stderr or "accuracy" not in p.stderr:
+            raise Failure(p.stderr)
+        # the last evaluation against numpy with the trained parameters (2 whole batches: 8 of the 10 samples)
+        w = read_pb(os.path.join(dump, "param.w.pb")).astype(np.float64)
+        b = read_pb(os.path.join(dump, "param.b.pb")).astype(np.float64)
+        x, y = held["x"][:8].astype(np.float64), held["y"][:8]
+        z = x @ w + b
+        lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+        per = lse - z[np.arange(8), y]
+        loss = np.mean([per[:4].mean(), per[4:].mean()])
+        acc = np.mean(z.argmax(1) == y)
+        last = evals[-1]
+        if abs(last["eval_loss"] - loss) > 1e-5 * max(1, abs(loss)) or abs(last["eval_accuracy"] - acc) > 1e-12:
+            raise Failure("eval %s, numpy loss %.7f accuracy %.4f" % (last, loss, acc))
+    case("loop.eval_data", fn)
+
+
+def plot_case():
+    """tools/plot_log.py draws the log of a cosine run: a loss polyline with a point per step, a rate polyline."""
+    def fn():
+        import subprocess
+        import xml.etree.ElementTree as ET
+        so, log, out = linear_step(), path("plot.jsonl"), path("plot.svg")
+        novarun(so, "--data", const_data(), "--steps", 7, "--lr-schedule=cosine", "--log", log, "-q")
+        tool = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "plot_log.py")
+        p = subprocess.run(["python3", tool, log, "-o", out], capture_output=True, text=True)
+        if p.returncode:
+            raise Failure(p.stderr)
+        lines = [e for e in ET.parse(out).getroot().iter() if e.tag.endswith("polyline")]
+        if len(lines) != 2 or any(len(e.get("points").split()) != 7 for e in lines):
+            raise Failure("polylines: %s" % [e.get("points") for e in lines])
+        bad = path("bad.jsonl")
+        with open(bad, "w") as f:
+            f.write("{\"step\": 1, \"loss\": 1}\nnot json\n")
+        p = subprocess.run(["python3", tool, bad, "-o", path("bad.svg")], capture_output=True, text=True)
+        if p.returncode != 1 or "bad.jsonl:2: not a JSON line" not in p.stderr:
+            raise Failure("exit %d: %s" % (p.returncode, p.stderr))
+    case("loop.plot_log", fn)
+
+
+def bad_case(name, args, rc, text, step=None):
+    def fn():
+        p = novarun(step or linear_step(), *args, rc=rc)
+        if text not in p.stderr:
+            raise Failure("stderr: %s" % p.stderr)
+    case("loop.bad_" + name, fn)
+
+
+def bad_cases():
+    d = const_data()
+    bad_case("no_steps", ["--data", d, "--lr-schedule=cosine"], 2, "a learning-rate schedule needs --steps N")
+    bad_case("unknown", ["--data", d, "--steps", 2, "--lr-schedule=exp"], 2,
+             "--lr-schedule is constant, linear, cosine or step, not 'exp'")
+    bad_case("negative_warmup", ["--data", d, "--steps", 2, "--warmup=-1"], 2, "--warmup needs an integer >= 0")
+    bad_case("nan_min_lr", ["--data", d, "--steps", 2, "--lr-schedule=linear", "--min-lr=nan"], 2,
+             "--min-lr needs a finite number >= 0")
+    bad_case("inf_gamma", ["--data", d, "--steps", 2, "--lr-schedule=step", "--step-size=1", "--gamma=inf"], 2,
+             "--gamma needs a finite number > 0")
+    bad_case("min_lr_constant", ["--data", d, "--steps", 2, "--lr-schedule=constant", "--min-lr=0.1"], 2,
+             "--min-lr is the end of a linear or cosine schedule")
+    bad_case("step_no_size", ["--data", d, "--steps", 2, "--lr-schedule=step"], 2, "needs --step-size N")
+    bad_case("gamma_alone", ["--data", d, "--steps", 2, "--gamma=0.5"], 2, "shape a --lr-schedule")
+    bad_case("eval_every_alone", ["--data", d, "--steps", 2, "--eval-every", 2], 2, "--eval-every N needs --eval-data")
+    bad_case("log_no_steps", ["--data", d, "--log", path("x.jsonl")], 2, "go with --steps N")
+    lr_data = path("lr.st")
+    st_write(lr_data, {"x": np.tile(X, (4, 1)), "lr": np.full(4, 0.1, np.float32)})
+    bad_case("lr_twice", ["--data", lr_data, "--steps", 2, "--lr-schedule=cosine"], 1,
+             "tensor 'lr' gives the learning rate, and so does --lr-schedule")
+
+    def no_lr_step():
+        src, so = path("fwd.nova"), path("fwd.so")
+        with open(src, "w") as f:
+            f.write("input x: f32[1, 4]\nparam w: f32[4, 1] = zeros\noutput loss = reduce_sum(x @ w)\n")
+        run([NOVAC, src, "-o", so])
+        p = novarun(so, "--seed", 1, "--steps", 2, "--lr-schedule=cosine", rc=1)
+        if "this step has no loss" not in p.stderr and "no run-time learning rate" not in p.stderr:
+            raise Failure(p.stderr)
+    case("loop.bad_no_lr", no_lr_step)
+
+
+try:
+    schedule_case("constant_warmup", "constant", 8, ["--warmup=3"], {"warmup": 3})
+    schedule_case("linear", "linear", 9, ["--min-lr=0.1"], {"min_lr": 0.1})
+    schedule_case("cosine", "cosine", 12, ["--warmup=2", "--min-lr=0.01"], {"warmup": 2, "min_lr": 0.01})
+    schedule_case("cosine_decay_steps", "cosine", 12, ["--decay-steps=8"], {"decay": 8})
+    schedule_case("step", "step", 10, ["--step-size=3", "--gamma=0.5", "--warmup=1"],
+                  {"step_size": 3, "gamma": 0.5, "warmup": 1})
+    resume_case()
+    eval_case()
+    plot_case()
+    bad_cases()
+finally:
+    shutil.rmtree(WORK, ignore_errors=True)
