@@ -117,6 +117,9 @@ static void usage(FILE *f) {
         "  --memory-report=FILE  the step's memory over its ops (parameters, optimizer state,\n"
         "                        gradients, activations, workspace; the peak and its op): an SVG\n"
         "                        picture, or JSON when FILE ends in .json\n"
+        "  --clip-grad-norm=F    (--train) scale the gradients to a 2-norm of at most F (all of\n"
+        "                        them together, as torch.nn.utils.clip_grad_norm_); F is the run-time\n"
+        "                        input clip.max_norm, the norm the output grad_norm\n"
         "  --nonfinite=skip-param|skip-step  (--train) a non-finite loss skips the whole step;\n"
         "                        a non-finite gradient skips its own param's update, each update\n"
         "                        running as soon as its gradient is complete (skip-param, the\n"
@@ -147,6 +150,8 @@ static void usage(FILE *f) {
         "                        fusion, remat, inplace, fastmath, ukernels, tiling,\n"
         "                        bufferization, inplace-plan, memplan, dealloc, llvm\n"
         "  --time-passes         report the time of each stage\n"
+        , f);
+  fputs(/* (two strings: ISO C promises 4095 characters a literal) */
         "  --train               compile a training step: forward, backward and optimizer update\n"
         "  --loss=NAME           the loss output (default: the one scalar float output)\n"
         "  --freeze=GLOB[,GLOB]  params kept constant (every other float param is trained)\n"
@@ -379,6 +384,12 @@ static int parse_args(int argc, char **argv, opts *o) {
     } else if ((v = opt_value(argc, argv, &i, "--memory-report"))) {
       if (!*v) return bad_usage("--memory-report takes a file name%s", "");
       o->memory_report = v;
+    } else if ((v = opt_value(argc, argv, &i, "--clip-grad-norm"))) {
+      double x;
+      if (num_value("--clip-grad-norm", v, &x)) return 2;
+      if (!(x > 0)) return bad_usage("--clip-grad-norm takes a norm > 0, got '%s'", v);
+      o->ad.clip_norm = x;
+      nv_sb_printf(&o->flags, " --clip-grad-norm=%s", v);
     } else if ((v = opt_value(argc, argv, &i, "--nonfinite"))) {
       if (strcmp(v, "skip-step") && strcmp(v, "skip-param"))
         return bad_usage("--nonfinite takes skip-step or skip-param, not '%s'", v);
@@ -886,7 +897,8 @@ static int compile(nv_diag *d, opts *o) {
   if (o->train) {
     /* dynamic loss scaling skips an overflowing step whole */
     o->ad.nonfinite = o->nonfinite ? (!strcmp(o->nonfinite, "skip-param") ? AD_SKIP_PARAM : AD_SKIP_STEP)
-                      : o->ad.loss_scale > 0 || o->shard_optimizer ? AD_SKIP_STEP : AD_SKIP_PARAM;
+                      : o->ad.loss_scale > 0 || o->shard_optimizer || o->ad.clip_norm > 0 ? AD_SKIP_STEP
+                                                                                          : AD_SKIP_PARAM;
     if (o->shard_optimizer && o->ad.data_parallel && o->ad.world_size < 2) {
       nv_error_plain(d, "--shard-optimizer needs --world-size=N, N >= 2: the ranks the optimizer state is shared "
                         "out over (each holds 1/N of it)");
@@ -901,6 +913,11 @@ static int compile(nv_diag *d, opts *o) {
       return -1;
     }
     stage_done(&tm, "autodiff + optimizer");
+  } else if (o->ad.clip_norm > 0) {
+    nv_error_plain(d, "--clip-grad-norm needs --train");
+    fe_graph_destroy(g);
+    fe_graph_destroy(ge);
+    return -1;
   } else if (o->ad.loss || o->ad.freeze || o->ad.train_only || o->ad.keep_grads || o->nonfinite ||
              o->ad.data_parallel || o->bucket_bytes || o->shard_optimizer || o->ad.world_size) {
     nv_error_plain(d, o->ad.loss || o->ad.freeze || o->ad.train_only ? "--loss, --freeze and --train-only need --train"

@@ -79,8 +79,11 @@ static const char usage_text2[] =
     "                 from 0, constant, or decaying linearly or as a cosine to --min-lr F\n"
     "                 (default 0) at --decay-steps N (default the run's last step), or\n"
     "                 times --gamma F (default 0.1) every --step-size N steps\n"
-    "  --log FILE     with --steps: a JSON line per step (step, loss, lr, samples_per_s,\n"
-    "                 elapsed_s, skipped) and per evaluation (eval_loss, eval_accuracy)\n"
+    "  --clip-grad-norm F  bind the step's gradient clipping norm (a step compiled with\n"
+    "                 novac --clip-grad-norm)\n"
+    "  --log FILE     with --steps: a JSON line per step (step, loss, lr, grad_norm,\n"
+    "                 samples_per_s, elapsed_s, skipped) and per evaluation (eval_loss,\n"
+    "                 eval_accuracy)\n"
     "  --eval-data FILE  with --steps: after the last step (and every --eval-every N\n"
     "                 steps), the evaluation entry over FILE's whole batches (safetensors,\n"
     "                 as --data): mean loss, and accuracy for a classifier\n"
@@ -239,6 +242,13 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
                                            "--gamma"};
   for (size_t k = 0; k < sizeof sched_opts / sizeof *sched_opts; k++)
     if ((v = nr_option_value(argc, argv, i, sched_opts[k], &missing))) return nr_sched_option(sched_opts[k], v, &o->sched);
+  if ((v = nr_option_value(argc, argv, i, "--clip-grad-norm", &missing))) {
+    char *end;
+    o->clip = strtod(v, &end);
+    if (!nv_number_token(v) || end == v || *end || !(o->clip > 0) || !isfinite(o->clip))
+      return nr_usage_error("--clip-grad-norm needs a finite number > 0, not '%s'", v);
+    return -1;
+  }
   if ((v = nr_option_value(argc, argv, i, "--log", &missing))) {
     o->log_path = v;
     return -1;
@@ -646,6 +656,7 @@ typedef struct nr_loop {
   long neval;
   double base_lr;
   int has_lr;
+  int has_norm; /* the step reports grad_norm (novac --clip-grad-norm) */
 } nr_loop;
 
 /* After step STEP (the K-th of the run): the evaluation when it is due. */
@@ -721,6 +732,8 @@ static int nr_train_steps(nr_step *s, const nr_options *o, nr_batches *b, long l
       fprintf(L->jl, "{\"step\": %lld", step);
       nr_json_num(L->jl, "loss", loss);
       if (L->has_lr) nr_json_num(L->jl, "lr", lr_now);
+      double gn = nr_state_scalar(s, "grad_norm");
+      if (!isnan(gn) || L->has_norm) nr_json_num(L->jl, "grad_norm", gn);
       if (st == NOVA_ERR_NONFINITE) fprintf(L->jl, ", \"skipped\": true");
       double el = nr_now() - t0;
       nr_json_num(L->jl, "samples_per_s", el > 0 ? (double)k * (double)(batch ? batch : 1) * s->world / el : NAN);
@@ -803,6 +816,7 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
   for (int i = 0, n = s->api.num_tensors(s->step); i < n; i++)
     if (s->api.tensor(s->step, i, &info) == NOVA_OK) {
       if (info.has_default && !strcmp(info.name, "lr")) L.has_lr = 1;
+      if (!strcmp(info.name, "grad_norm")) L.has_norm = 1;
       if (!batch && info.role == NOVA_ROLE_INPUT && info.rank > 0) batch = info.shape[0];
     }
   if (o->sched.kind) {
@@ -1001,6 +1015,12 @@ static int nr_main(const nr_options *o) {
     float lr = (float)o->lr;
     if (s.api.bind(s.step, "lr", NOVA_DTYPE_F32, 0, NULL, &lr) != NOVA_OK)
       rc = nr_error("--lr: %s (the step has no run-time learning rate: compile it with novac --train)",
+                    s.api.error(s.step));
+  }
+  if (!rc && o->clip > 0) {
+    float c = (float)o->clip;
+    if (s.api.bind(s.step, "clip.max_norm", NOVA_DTYPE_F32, 0, NULL, &c) != NOVA_OK)
+      rc = nr_error("--clip-grad-norm: %s (the step clips no gradients: compile it with novac --clip-grad-norm)",
                     s.api.error(s.step));
   }
   if (!rc && o->trace_path) rc = nr_trace_start(&s);

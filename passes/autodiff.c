@@ -757,6 +757,49 @@ static int finite_check(ad *A, nv_node *loss, bool per_param, bool sharded) {
   return 0;
 }
 
+/* --clip-grad-norm: min(1, M / (norm + 1e-6)) with norm the 2-norm of
+ * every trained param's gradient (unscaled by INV under loss scaling),
+ * summed in f32, and M the run-time input clip.max_norm; as
+ * torch.nn.utils.clip_grad_norm_ scales them.  The norm is the output
+ * grad_norm (role status).  The factor reads every gradient: the step's
+ * updates wait for all of them, as the whole-step finite check makes
+ * them (per-parameter skipping cannot be combined with it). */
+static nv_node *clip_factor(ad *A, const ad_options *o, nv_node *inv, bool per_param) {
+  nv_graph *g = A->g;
+  nv_loc nowhere = {0};
+  if (per_param || o->shard_world > 1) {
+    nv_error_plain(A->d, per_param ? "--clip-grad-norm scales every gradient by the norm of them all, so a step is "
+                                     "kept or skipped whole: use --nonfinite=skip-step"
+                                   : "--clip-grad-norm with --shard-optimizer is not supported yet (each rank "
+                                     "holds 1/N of the gradient; the norm would need another all-reduce)");
+    return NULL;
+  }
+  nv_node *mx = fe_graph_leaf(g, A->d, NV_OP_INPUT, "clip.max_norm", NOVA_DTYPE_F32, 0, NULL, nowhere);
+  if (!mx) return NULL;
+  mx->has_default = true;
+  mx->init = (nv_init){.kind = NV_INIT_CONST, .a = o->clip_norm};
+  nv_node *total = NULL;
+  for (int i = 0; i < A->nforward; i++) {
+    nv_node *p = g->nodes[i];
+    if (p->op != NV_OP_PARAM || !A->needs[i] || !A->grad[i]) continue;
+    A->loc = p->loc;
+    nv_node *gf = cast_to(A, A->grad[i], NOVA_DTYPE_F32);
+    int64_t axes[NOVA_MAX_RANK];
+    for (int k = 0; k < p->rank; k++) axes[k] = k;
+    nv_node *sq = mul(A, gf, gf);
+    nv_node *t = gf && gf->rank ? rsum(A, sq, gf->rank, axes, false) : sq;
+    total = total ? add(A, total, t) : t;
+  }
+  if (!total) return NULL;
+  A->loc = nowhere;
+  if (inv) total = mul(A, total, mul(A, inv, inv));
+  nv_node *norm = u1(A, NV_OP_SQRT, total);
+  if (!norm || fe_graph_add_output(g, A->d, "grad_norm", norm, nowhere)) return NULL;
+  g->outputs[g->noutputs - 1].role = NOVA_ROLE_STATUS;
+  nv_node *c = dvd(A, mx, add(A, norm, konst(A, NOVA_DTYPE_F32, 1e-6)));
+  return b2(A, NV_OP_MINIMUM, konst(A, NOVA_DTYPE_F32, 1), c);
+}
+
 /* The flags' names are the step's: a model tensor of either name is
  * refused (0, or -1 after a diagnostic). */
 static int check_one_name(nv_graph *g, nv_diag *d, const char *n) {
@@ -1034,6 +1077,8 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
   if (!lr) goto out;
   lr->has_default = true;
   lr->init = (nv_init){.kind = NV_INIT_CONST, .a = o->lr};
+  nv_node *clip = NULL;
+  if (o->clip_norm > 0 && !(clip = clip_factor(&A, o, inv, per_param))) goto out;
   nv_node *t1 = NULL, *adam_t = NULL;
   if (o->optimizer == AD_ADAMW) {
     nv_node *t = fe_graph_leaf(g, d, NV_OP_PARAM, "adam.step", NOVA_DTYPE_F32, 0, NULL, nowhere);
@@ -1064,6 +1109,8 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     nv_node *gr = A.grad[i];
     if (inv) /* unscaled before it is reported and used (one multiply, fused into the update) */
       gr = mul(&A, gr, inv->dtype == gr->dtype ? inv : mk(&A, NV_OP_CAST, 1, &inv, &(nv_node){.to = gr->dtype}));
+    if (clip) /* clipped (--clip-grad-norm): fused into the update too */
+      gr = mul(&A, gr, cast_to(&A, clip, gr->dtype));
     char name[600];
     snprintf(name, sizeof name, "%s.grad", p->name);
     if (!gr || (o->keep_grads && fe_graph_add_output(g, d, name, gr, p->loc))) goto out;

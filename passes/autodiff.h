@@ -37,6 +37,10 @@ typedef struct ad_options {
   const char *train_only;   /* comma-separated globs: only matching params are trained, or NULL */
   ad_optimizer optimizer;
   double lr, momentum, beta1, beta2, eps, weight_decay;
+  /* --clip-grad-norm (0: none): every gradient times min(1, M / (norm + 1e-6)), the norm
+   * the 2-norm of all trained params' gradients together, M the run-time input
+   * clip.max_norm (default clip_norm); the norm is the output grad_norm (role status) */
+  double clip_norm;
   bool nesterov;
   /* dynamic loss scaling (0: none): the backward pass is seeded with the
    * state amp.loss_scale (initially loss_scale), the gradients unscaled

@@ -151,6 +151,48 @@ def eval_case():
     case("loop.eval_data", fn)
 
 
+def clip_case():
+    """--clip-grad-norm: loss = sum(x w + b) has gradients x (w) and 1 (b), norm sqrt(31); plain SGD moves
+    them by lr min(1, M / (norm + 1e-6)) (torch.nn.utils.clip_grad_norm_'s factor), M bound at run time."""
+    def fn():
+        src, so = path("clip.nova"), path("clip.so")
+        with open(src, "w") as f:
+            f.write("input x: f32[batch, 4]\nparam w: f32[4, 1] = zeros\nparam b: f32[1] = zeros\n"
+                    "output loss = reduce_sum(x @ w + b)\n")
+        run([NOVAC, src, "--dim=batch=1", "--train", "--lr=0.5", "--clip-grad-norm=1", "-o", so])
+        man = json.load(open(path("clip.json")))
+        names = {t["name"]: t["role"] for t in man["tensors"]}
+        if names.get("clip.max_norm") != "input" or names.get("grad_norm") != "status":
+            raise Failure("manifest tensors: %s" % names)
+        norm = math.sqrt(float(np.sum(X.astype(np.float64) ** 2)) + 1)
+        for m, steps in ((None, 1), (2.5, 3), (100, 2)):
+            log, dump = path("clip%s.jsonl" % m), path("clip%s_dump" % m)
+            extra = ["--clip-grad-norm", m] if m else []
+            novarun(so, "--data", const_data(), "--steps", steps, *extra, "--log", log, "--dump", dump, "-q")
+            rows = read_log(log)
+            if abs(rows[0]["grad_norm"] - norm) > 1e-5 * norm:
+                raise Failure("grad_norm %s, want %.7f" % (rows[0]["grad_norm"], norm))
+            coef = min(1.0, (m or 1) / (norm + 1e-6))  # the gradient is the same every step
+            w = read_pb(os.path.join(dump, "param.w.pb")).ravel()
+            b = read_pb(os.path.join(dump, "param.b.pb")).ravel()
+            if not np.allclose(w, -0.5 * steps * coef * X, rtol=1e-5) or abs(b[0] + 0.5 * steps * coef) > 1e-5:
+                raise Failure("max norm %s: w %s b %s, want %s %s" % (m, w, b, -0.5 * steps * coef * X,
+                                                                    -0.5 * steps * coef))
+        p = novarun(linear_step(), "--data", const_data(), "--steps", 1, "--clip-grad-norm", 1, rc=1)
+        if "compile it with novac --clip-grad-norm" not in p.stderr:
+            raise Failure(p.stderr)
+        p = run([NOVAC, src, "--dim=batch=1", "--train", "--clip-grad-norm=1", "--nonfinite=skip-param", "-o",
+                 path("c2.so")], expect_rc=1)
+        if "use --nonfinite=skip-step" not in p.stderr:
+            raise Failure(p.stderr)
+        for bad in ("0", "-1", "nan"):
+            p = run([NOVAC, src, "--dim=batch=1", "--train", "--clip-grad-norm=" + bad, "-o", path("c3.so")],
+                    expect_rc=2)
+            if "--clip-grad-norm" not in p.stderr:
+                raise Failure(p.stderr)
+    case("loop.clip_grad_norm", fn)
+
+
 def plot_case():
     """tools/plot_log.py draws the log of a cosine run: a loss polyline with a point per step, a rate polyline."""
     def fn():
@@ -223,6 +265,7 @@ try:
                   {"step_size": 3, "gamma": 0.5, "warmup": 1})
     resume_case()
     eval_case()
+    clip_case()
     plot_case()
     bad_cases()
 finally:
