@@ -117,6 +117,8 @@ static void usage(FILE *f) {
         "  --memory-report=FILE  the step's memory over its ops (parameters, optimizer state,\n"
         "                        gradients, activations, workspace; the peak and its op): an SVG\n"
         "                        picture, or JSON when FILE ends in .json\n"
+        "  --no-decay=GLOB[,GLOB]|none  (--train) params updated without weight decay (default:\n"
+        "                        those of rank 0 and 1, biases and norm weights; none: every param decays)\n"
         "  --clip-grad-norm=F    (--train) scale the gradients to a 2-norm of at most F (all of\n"
         "                        them together, as torch.nn.utils.clip_grad_norm_); F is the run-time\n"
         "                        input clip.max_norm, the norm the output grad_norm\n"
@@ -294,6 +296,9 @@ static int parse_args(int argc, char **argv, opts *o) {
     else if ((v = opt_value(argc, argv, &i, "--loss"))) {
       o->ad.loss = v;
       nv_sb_printf(&o->flags, " --loss=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--no-decay"))) {
+      o->ad.no_decay = v;
+      nv_sb_printf(&o->flags, " --no-decay=%s", v);
     } else if ((v = opt_value(argc, argv, &i, "--freeze"))) {
       o->ad.freeze = v;
       nv_sb_printf(&o->flags, " --freeze=%s", v);
@@ -442,7 +447,9 @@ static int parse_args(int argc, char **argv, opts *o) {
       o->ad.beta1 >= 1 || o->ad.beta2 < 0 || o->ad.beta2 >= 1)
     return bad_usage("optimizer settings out of range%s: need lr, momentum, weight-decay >= 0, eps > 0 and "
                      "0 <= beta1, beta2 < 1", "");
-  if (check_globs("--freeze", o->ad.freeze) || check_globs("--train-only", o->ad.train_only)) return 2;
+  if (check_globs("--freeze", o->ad.freeze) || check_globs("--train-only", o->ad.train_only) ||
+      (o->ad.no_decay && strcmp(o->ad.no_decay, "none") && check_globs("--no-decay", o->ad.no_decay)))
+    return 2;
   if (!o->wd_set) o->ad.weight_decay = o->ad.optimizer == AD_ADAMW ? 1e-2 : 0;
   if (o->train) nv_sb_printf(&o->flags, " --train");
   return 0;
@@ -913,8 +920,8 @@ static int compile(nv_diag *d, opts *o) {
       return -1;
     }
     stage_done(&tm, "autodiff + optimizer");
-  } else if (o->ad.clip_norm > 0) {
-    nv_error_plain(d, "--clip-grad-norm needs --train");
+  } else if (o->ad.clip_norm > 0 || o->ad.no_decay) {
+    nv_error_plain(d, "%s needs --train", o->ad.no_decay ? "--no-decay" : "--clip-grad-norm");
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
     return -1;

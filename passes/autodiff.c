@@ -652,7 +652,7 @@ static nv_node *sround_update(ad *A, nv_node *p, nv_node *p1, nv_node *seed, nv_
  * param with RNG (seed and step; the param's own STREAM) is updated in
  * f32, with f32 state, and stochastically rounded back. */
 static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *lr, nv_node *t1, nv_node **rng,
-                  int64_t stream) {
+                  int64_t stream, double wd) {
   bool sr = rng && p->dtype == NOVA_DTYPE_BF16;
   nova_dtype dt = sr ? NOVA_DTYPE_F32 : p->dtype;
   A->loc = p->loc;
@@ -662,10 +662,10 @@ static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *
   if (sr) gr = cast_to(A, gr, dt);
   nv_node *lrp = cast_to(A, lr, dt), *p1;
   if (o->optimizer == AD_SGD) { /* p - lr (g + wd p) */
-    nv_node *d = o->weight_decay ? add(A, gr, mul(A, konst(A, dt, o->weight_decay), pv)) : gr;
+    nv_node *d = wd ? add(A, gr, mul(A, konst(A, dt, wd), pv)) : gr;
     p1 = sub(A, pv, mul(A, lrp, d));
   } else if (o->optimizer == AD_MOMENTUM) { /* v = mu v + g; p - lr (nesterov ? g + mu v : v) */
-    nv_node *d = o->weight_decay ? add(A, gr, mul(A, konst(A, dt, o->weight_decay), pv)) : gr;
+    nv_node *d = wd ? add(A, gr, mul(A, konst(A, dt, wd), pv)) : gr;
     nv_node *v = state(A, p, pv, "momentum", dt);
     nv_node *v1 = add_update(A, v, add(A, mul(A, konst(A, dt, o->momentum), v), d));
     if (!v1) return -1;
@@ -682,7 +682,7 @@ static int update(ad *A, const ad_options *o, nv_node *p, nv_node *gr, nv_node *
     nv_node *bc1 = sub(A, konst(A, dt, 1), b2(A, NV_OP_POW, konst(A, dt, o->beta1), tt));
     nv_node *bc2 = sub(A, konst(A, dt, 1), b2(A, NV_OP_POW, konst(A, dt, o->beta2), tt));
     nv_node *den = add(A, u1(A, NV_OP_SQRT, dvd(A, v1, bc2)), konst(A, dt, o->eps));
-    nv_node *pd = o->weight_decay ? sub(A, pv, mul(A, mul(A, lrp, konst(A, dt, o->weight_decay)), pv)) : pv;
+    nv_node *pd = wd ? sub(A, pv, mul(A, mul(A, lrp, konst(A, dt, wd)), pv)) : pv;
     p1 = sub(A, pd, mul(A, lrp, dvd(A, dvd(A, m1, bc1), den)));
   }
   if (!p1) return -1;
@@ -1097,6 +1097,7 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
   int64_t stream = 0; /* each stochastically rounded param's */
   nv_node *status = NULL, *skipped = per_param ? konst(&A, NOVA_DTYPE_I32, 0) : NULL; /* per param */
   int ntrained = 0;
+  bool ndm[NV_MAX_GLOBS] = {0}; /* the --no-decay patterns that matched */
   g->outputs[li].role = NOVA_ROLE_LOSS;
   for (int i = 0; i < nf && !A.failed; i++) {
     nv_node *p = g->nodes[i];
@@ -1124,13 +1125,16 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
       skipped = add(&A, skipped, mk(&A, NV_OP_CAST, 1, &A.bad, &(nv_node){.to = NOVA_DTYPE_I32}));
       if (A.failed) goto out;
     }
-    int rc_u = update(&A, o, p, gr, lr, t1, o->bf16_sround ? rng : NULL, stream);
+    /* weight decay, unless --no-decay excludes P (by default: rank 0 or 1) */
+    bool no_wd = !o->no_decay ? p->rank < 2 : strcmp(o->no_decay, "none") && nv_glob_match(o->no_decay, p->name, ndm);
+    int rc_u = update(&A, o, p, gr, lr, t1, o->bf16_sround ? rng : NULL, stream, no_wd ? 0 : o->weight_decay);
     ntrained++;
     A.bad = step_bad;
     if (rc_u) goto out;
     stream += o->bf16_sround && p->dtype == NOVA_DTYPE_BF16;
   }
   if (A.failed || nv_diag_count(d)) goto out;
+  if (o->no_decay && strcmp(o->no_decay, "none") && check_globs(d, "--no-decay", o->no_decay, ndm)) goto out;
   if (per_param && adam_t) { /* adam.step, unless the loss or every param's gradient was not finite */
     A.loc = nowhere;
     A.bad = b2(&A, NV_OP_OR, A.bad, b2(&A, NV_OP_EQUAL, skipped, konst(&A, NOVA_DTYPE_I32, (double)ntrained)));

@@ -41,6 +41,9 @@ typedef struct ad_options {
    * the 2-norm of all trained params' gradients together, M the run-time input
    * clip.max_norm (default clip_norm); the norm is the output grad_norm (role status) */
   double clip_norm;
+  /* --no-decay: comma-separated globs of params updated without weight decay; NULL: those
+   * of rank 0 and 1 (biases, norm weights and biases: most recipes' rule); "none": none */
+  const char *no_decay;
   bool nesterov;
   /* dynamic loss scaling (0: none): the backward pass is seeded with the
    * state amp.loss_scale (initially loss_scale), the gradients unscaled

@@ -193,6 +193,33 @@ def clip_case():
     case("loop.clip_grad_norm", fn)
 
 
+def no_decay_case():
+    """--no-decay: one AdamW step on loss = sum(x w + b) from w = b = 1 moves each param by
+    -lr g / (|g| + eps), and decays those not excluded by lr wd (by default: w, not the bias b)."""
+    def fn():
+        src = path("wd.nova")
+        with open(src, "w") as f:
+            f.write("input x: f32[batch, 4]\nparam w: f32[4, 1] = ones\nparam b: f32[1] = ones\n"
+                    "output loss = reduce_sum(x @ w + b)\n")
+        lr, wd = 0.1, 0.5
+        step = lambda p0, g, decay: p0 * (1 - lr * wd * decay) - lr * g / (np.abs(g) + 1e-8)
+        for flag, dw, db in ((None, 1, 0), ("none", 1, 1), ("w", 0, 1), ("b,w", 0, 0)):
+            so, dump = path("wd_%s.so" % flag), path("wd_%s" % flag)
+            run([NOVAC, src, "--dim=batch=1", "--train", "--optimizer=adamw", "--lr=%g" % lr, "--weight-decay=%g" % wd,
+                 "-o", so] + (["--no-decay=" + flag] if flag else []))
+            novarun(so, "--data", const_data(), "--steps", 1, "--dump", dump, "-q")
+            w = read_pb(os.path.join(dump, "param.w.pb")).ravel()
+            b = read_pb(os.path.join(dump, "param.b.pb")).ravel()
+            ww, bw = step(np.ones(4), X.astype(np.float64), dw), step(np.ones(1), np.ones(1), db)
+            if not np.allclose(w, ww, rtol=1e-6) or not np.allclose(b, bw, rtol=1e-6):
+                raise Failure("--no-decay=%s: w %s b %s, want %s %s" % (flag, w, b, ww, bw))
+        p = run([NOVAC, src, "--dim=batch=1", "--train", "--optimizer=adamw", "--no-decay=bias*", "-o",
+                 path("wd_x.so")], expect_rc=1)
+        if "--no-decay: pattern 1 of 'bias*' matches no parameter" not in p.stderr:
+            raise Failure(p.stderr)
+    case("loop.no_decay", fn)
+
+
 def plot_case():
     """tools/plot_log.py draws the log of a cosine run: a loss polyline with a point per step, a rate polyline."""
     def fn():
@@ -266,6 +293,7 @@ try:
     resume_case()
     eval_case()
     clip_case()
+    no_decay_case()
     plot_case()
     bad_cases()
 finally:

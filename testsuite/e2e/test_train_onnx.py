@@ -61,7 +61,8 @@ def adamw_trajectory(name):
         try:
             so = os.path.join(d, "s.so")
             run([NOVAC, os.path.join(src, "model.onnx"), "--dim=batch=4", "--train", "--keep-grads", "--optimizer=adamw", "--lr=1e-3",
-                 "--beta1=0.9", "--beta2=0.999", "--eps=1e-8", "--weight-decay=0.01", "-o", so])
+                 "--beta1=0.9", "--beta2=0.999", "--eps=1e-8", "--weight-decay=0.01",
+                 "--no-decay=none", "-o", so])  # torch.optim.AdamW: one group, every param decays
             log = os.path.join(d, "loss.log")
             run([NOVARUN, so, "--inputs", data, "--steps", str(len(losses)), "--loss-log", log, "-q"])
             got = [float(line.split()[1]) for line in open(log)]
