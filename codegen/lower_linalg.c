@@ -371,7 +371,9 @@ static const char *unary_body(nv_op op, nova_dtype dt, char *buf, size_t n) {
              T, FL(INFINITY, dt), T, T);
     break;
   case NV_OP_NOT: /* logical on i1, bitwise on integers: x xor all-ones */
-    snprintf(buf, n, "%%t = arith.constant %s : %s\n%%r = arith.xori %%in0, %%t : %s", dt == NOVA_DTYPE_BOOL ? "true" : "-1", T, T);
+    /* (an i1 constant is written "true", without a type: "true : i1" does not parse) */
+    snprintf(buf, n, "%%t = arith.constant %s%s%s\n%%r = arith.xori %%in0, %%t : %s", dt == NOVA_DTYPE_BOOL ? "true" : "-1",
+             dt == NOVA_DTYPE_BOOL ? "" : " : ", dt == NOVA_DTYPE_BOOL ? "" : T, T);
     break;
   case NV_OP_SIGN: /* -1, 0 or 1; NaN stays NaN */
     if (fe_dtype_is_float(dt))

@@ -117,6 +117,9 @@ static void usage(FILE *f) {
         "  --memory-report=FILE  the step's memory over its ops (parameters, optimizer state,\n"
         "                        gradients, activations, workspace; the peak and its op): an SVG\n"
         "                        picture, or JSON when FILE ends in .json\n"
+        "  --accumulate=K        (--train) update every K runs with the mean of their gradients\n"
+        "                        (K micro-batches: one batch K times larger); K is the run-time\n"
+        "                        input accum.steps\n"
         "  --no-decay=GLOB[,GLOB]|none  (--train) params updated without weight decay (default:\n"
         "                        those of rank 0 and 1, biases and norm weights; none: every param decays)\n"
         "  --clip-grad-norm=F    (--train) scale the gradients to a 2-norm of at most F (all of\n"
@@ -296,6 +299,14 @@ static int parse_args(int argc, char **argv, opts *o) {
     else if ((v = opt_value(argc, argv, &i, "--loss"))) {
       o->ad.loss = v;
       nv_sb_printf(&o->flags, " --loss=%s", v);
+    } else if ((v = opt_value(argc, argv, &i, "--accumulate"))) {
+      char *end;
+      errno = 0;
+      long k = strtol(v, &end, 10);
+      if (!nv_number_token(v) || *end || errno || k < 1 || k > 1000000)
+        return bad_usage("--accumulate takes a number of runs from 1 to 1000000, got '%s'", v);
+      o->ad.accumulate = (int)k;
+      nv_sb_printf(&o->flags, " --accumulate=%s", v);
     } else if ((v = opt_value(argc, argv, &i, "--no-decay"))) {
       o->ad.no_decay = v;
       nv_sb_printf(&o->flags, " --no-decay=%s", v);
@@ -904,7 +915,8 @@ static int compile(nv_diag *d, opts *o) {
   if (o->train) {
     /* dynamic loss scaling skips an overflowing step whole */
     o->ad.nonfinite = o->nonfinite ? (!strcmp(o->nonfinite, "skip-param") ? AD_SKIP_PARAM : AD_SKIP_STEP)
-                      : o->ad.loss_scale > 0 || o->shard_optimizer || o->ad.clip_norm > 0 ? AD_SKIP_STEP
+                      : o->ad.loss_scale > 0 || o->shard_optimizer || o->ad.clip_norm > 0 || o->ad.accumulate > 1
+                          ? AD_SKIP_STEP
                                                                                           : AD_SKIP_PARAM;
     if (o->shard_optimizer && o->ad.data_parallel && o->ad.world_size < 2) {
       nv_error_plain(d, "--shard-optimizer needs --world-size=N, N >= 2: the ranks the optimizer state is shared "
@@ -920,8 +932,10 @@ static int compile(nv_diag *d, opts *o) {
       return -1;
     }
     stage_done(&tm, "autodiff + optimizer");
-  } else if (o->ad.clip_norm > 0 || o->ad.no_decay) {
-    nv_error_plain(d, "%s needs --train", o->ad.no_decay ? "--no-decay" : "--clip-grad-norm");
+  } else if (o->ad.clip_norm > 0 || o->ad.no_decay || o->ad.accumulate) {
+    nv_error_plain(d, "%s needs --train", o->ad.no_decay     ? "--no-decay"
+                                          : o->ad.accumulate ? "--accumulate"
+                                                             : "--clip-grad-norm");
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
     return -1;

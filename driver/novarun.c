@@ -79,6 +79,8 @@ static const char usage_text2[] =
     "                 from 0, constant, or decaying linearly or as a cosine to --min-lr F\n"
     "                 (default 0) at --decay-steps N (default the run's last step), or\n"
     "                 times --gamma F (default 0.1) every --step-size N steps\n"
+    "  --accumulate K bind the runs per update of a step compiled with novac --accumulate\n"
+    "                 (--steps counts runs: micro-batches; schedules count updates)\n"
     "  --clip-grad-norm F  bind the step's gradient clipping norm (a step compiled with\n"
     "                 novac --clip-grad-norm)\n"
     "  --log FILE     with --steps: a JSON line per step (step, loss, lr, grad_norm,\n"
@@ -242,6 +244,14 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
                                            "--gamma"};
   for (size_t k = 0; k < sizeof sched_opts / sizeof *sched_opts; k++)
     if ((v = nr_option_value(argc, argv, i, sched_opts[k], &missing))) return nr_sched_option(sched_opts[k], v, &o->sched);
+  if ((v = nr_option_value(argc, argv, i, "--accumulate", &missing))) {
+    char *end;
+    errno = 0;
+    o->accumulate = strtol(v, &end, 10);
+    if (errno || !nv_number_token(v) || end == v || *end || o->accumulate < 1 || o->accumulate > 1000000)
+      return nr_usage_error("--accumulate needs a number of runs from 1 to 1000000, not '%s'", v);
+    return -1;
+  }
   if ((v = nr_option_value(argc, argv, i, "--clip-grad-norm", &missing))) {
     char *end;
     o->clip = strtod(v, &end);
@@ -657,6 +667,7 @@ typedef struct nr_loop {
   double base_lr;
   int has_lr;
   int has_norm; /* the step reports grad_norm (novac --clip-grad-norm) */
+  long long accum; /* runs per update (novac --accumulate; 1: every run updates) */
 } nr_loop;
 
 /* After step STEP (the K-th of the run): the evaluation when it is due. */
@@ -703,7 +714,7 @@ static int nr_train_steps(nr_step *s, const nr_options *o, nr_batches *b, long l
     }
     double lr_now = NAN;
     if (o->sched.kind) { /* this step's learning rate */
-      lr_now = nr_sched_lr(&o->sched, L->base_lr, step - 1, start + o->steps);
+      lr_now = nr_sched_lr(&o->sched, L->base_lr, (step - 1) / L->accum, (start + o->steps) / L->accum);
       float f = (float)lr_now;
       if (s->api.bind(s->step, "lr", NOVA_DTYPE_F32, 0, NULL, &f) != NOVA_OK) {
         if (log) fclose(log);
@@ -735,6 +746,7 @@ static int nr_train_steps(nr_step *s, const nr_options *o, nr_batches *b, long l
       double gn = nr_state_scalar(s, "grad_norm");
       if (!isnan(gn) || L->has_norm) nr_json_num(L->jl, "grad_norm", gn);
       if (st == NOVA_ERR_NONFINITE) fprintf(L->jl, ", \"skipped\": true");
+      else if (L->accum > 1) fprintf(L->jl, ", \"update\": %s", nr_state_scalar(s, "accum.count") == 0 ? "true" : "false");
       double el = nr_now() - t0;
       nr_json_num(L->jl, "samples_per_s", el > 0 ? (double)k * (double)(batch ? batch : 1) * s->world / el : NAN);
       nr_json_num(L->jl, "elapsed_s", el);
@@ -817,8 +829,14 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
     if (s->api.tensor(s->step, i, &info) == NOVA_OK) {
       if (info.has_default && !strcmp(info.name, "lr")) L.has_lr = 1;
       if (!strcmp(info.name, "grad_norm")) L.has_norm = 1;
+      if (info.has_default && !strcmp(info.name, "accum.steps")) L.accum = 1;
       if (!batch && info.role == NOVA_ROLE_INPUT && info.rank > 0) batch = info.shape[0];
     }
+  if (L.accum) { /* runs per update: the schedule counts updates */
+    double k = nr_state_scalar(s, "accum.steps");
+    L.accum = k >= 1 ? (long long)k : 1;
+  } else
+    L.accum = 1;
   if (o->sched.kind) {
     if (!L.has_lr)
       return nr_error("%s: --lr-schedule: the step has no run-time learning rate (compile it with novac --train)",
@@ -1015,6 +1033,12 @@ static int nr_main(const nr_options *o) {
     float lr = (float)o->lr;
     if (s.api.bind(s.step, "lr", NOVA_DTYPE_F32, 0, NULL, &lr) != NOVA_OK)
       rc = nr_error("--lr: %s (the step has no run-time learning rate: compile it with novac --train)",
+                    s.api.error(s.step));
+  }
+  if (!rc && o->accumulate > 0) {
+    int64_t k = o->accumulate;
+    if (s.api.bind(s.step, "accum.steps", NOVA_DTYPE_I64, 0, NULL, &k) != NOVA_OK)
+      rc = nr_error("--accumulate: %s (the step accumulates no gradients: compile it with novac --accumulate)",
                     s.api.error(s.step));
   }
   if (!rc && o->clip > 0) {

@@ -77,6 +77,7 @@ typedef struct nr_options {
   const char *eval_data;   /* --eval-data FILE: held-out batches for the evaluation entry */
   long eval_every;         /* --eval-every N (0: only after the last step) */
   double clip;             /* --clip-grad-norm F (0: the step's) */
+  long accumulate;         /* --accumulate K (0: the step's) */
 } nr_options;
 
 /* novarun_sched.c: OPT's value V into S (-1: go on, 2: bad usage, said);

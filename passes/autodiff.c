@@ -757,6 +757,51 @@ static int finite_check(ad *A, nv_node *loss, bool per_param, bool sharded) {
   return 0;
 }
 
+/* --accumulate: with K the run-time input accum.steps (i64, default
+ * o->accumulate) and the state accum.count (the runs accumulated so far),
+ * each trained param's gradient g (unscaled by INV) is added to its state
+ * NAME.accum; A->grad becomes the mean (accum + g) / K that the optimizer
+ * reads, and A->bad, the optimizer's guard, also holds unless count + 1
+ * reaches K: that run updates, and clears the sums and the count.  The
+ * sums and the count are guarded by the finite check alone (a skipped run
+ * adds nothing).  0, or -1 after a diagnostic. */
+static int accumulate_runs(ad *A, const ad_options *o, nv_node *inv, bool per_param) {
+  nv_graph *g = A->g;
+  nv_loc nowhere = {0};
+  if (per_param || o->shard_world > 1) {
+    nv_error_plain(A->d, per_param ? "--accumulate keeps or skips each run whole: use --nonfinite=skip-step"
+                                   : "--accumulate with --shard-optimizer is not supported yet");
+    return -1;
+  }
+  nv_node *k = fe_graph_leaf(g, A->d, NV_OP_INPUT, "accum.steps", NOVA_DTYPE_I64, 0, NULL, nowhere);
+  nv_node *count = fe_graph_leaf(g, A->d, NV_OP_PARAM, "accum.count", NOVA_DTYPE_I64, 0, NULL, nowhere);
+  if (!k || !count) return -1;
+  k->has_default = true;
+  k->init = (nv_init){.kind = NV_INIT_CONST, .a = o->accumulate};
+  count->role = NOVA_ROLE_OPT_STATE;
+  count->init.kind = NV_INIT_ZEROS;
+  A->loc = nowhere;
+  nv_node *c1 = add(A, count, konst(A, NOVA_DTYPE_I64, 1));
+  nv_node *apply = b2(A, NV_OP_GREATER_EQUAL, c1, k);
+  nv_node *keep = u1(A, NV_OP_NOT, apply); /* the sums go on: not an update */
+  if (!add_update(A, count, mul(A, c1, cast_to(A, keep, NOVA_DTYPE_I64)))) return -1;
+  nv_node *inv_k = dvd(A, konst(A, NOVA_DTYPE_F32, 1), cast_to(A, k, NOVA_DTYPE_F32));
+  for (int i = 0; i < A->nforward; i++) {
+    nv_node *p = g->nodes[i];
+    if (p->op != NV_OP_PARAM || !A->needs[i] || !A->grad[i]) continue;
+    A->loc = p->loc;
+    nv_node *gr = A->grad[i];
+    if (inv) gr = mul(A, gr, cast_to(A, inv, gr->dtype));
+    nv_node *acc = state(A, p, p, "accum", gr ? gr->dtype : p->dtype);
+    nv_node *acc1 = add(A, acc, gr);
+    if (!acc1 || !add_update(A, acc, mul(A, acc1, cast_to(A, keep, acc1->dtype)))) return -1;
+    A->grad[i] = mul(A, acc1, cast_to(A, inv_k, acc1->dtype));
+  }
+  A->loc = nowhere;
+  A->bad = b2(A, NV_OP_OR, A->bad, keep);
+  return A->bad && !A->failed ? 0 : -1;
+}
+
 /* --clip-grad-norm: min(1, M / (norm + 1e-6)) with norm the 2-norm of
  * every trained param's gradient (unscaled by INV under loss scaling),
  * summed in f32, and M the run-time input clip.max_norm; as
@@ -1077,6 +1122,11 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
   if (!lr) goto out;
   lr->has_default = true;
   lr->init = (nv_init){.kind = NV_INIT_CONST, .a = o->lr};
+  nv_node *bad_step = A.bad; /* the finite check (accumulation narrows the optimizer's guard) */
+  if (o->accumulate > 1) {
+    if (accumulate_runs(&A, o, inv, per_param)) goto out;
+    inv = NULL; /* the gradients A.grad now are the unscaled means */
+  }
   nv_node *clip = NULL;
   if (o->clip_norm > 0 && !(clip = clip_factor(&A, o, inv, per_param))) goto out;
   nv_node *t1 = NULL, *adam_t = NULL;
@@ -1134,6 +1184,7 @@ int ad_train(nv_graph *g, nv_diag *d, const ad_options *o) {
     stream += o->bf16_sround && p->dtype == NOVA_DTYPE_BF16;
   }
   if (A.failed || nv_diag_count(d)) goto out;
+  A.bad = bad_step; /* the step's status: the finite check's alone */
   if (o->no_decay && strcmp(o->no_decay, "none") && check_globs(d, "--no-decay", o->no_decay, ndm)) goto out;
   if (per_param && adam_t) { /* adam.step, unless the loss or every param's gradient was not finite */
     A.loc = nowhere;

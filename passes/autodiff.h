@@ -44,6 +44,10 @@ typedef struct ad_options {
   /* --no-decay: comma-separated globs of params updated without weight decay; NULL: those
    * of rank 0 and 1 (biases, norm weights and biases: most recipes' rule); "none": none */
   const char *no_decay;
+  /* --accumulate=K (0 or 1: none): each run adds its (unscaled) gradient to NAME.accum
+   * (optimizer state); the run that completes the run-time input accum.steps (default K)
+   * of them updates the params with their mean and clears them (state accum.count) */
+  int accumulate;
   bool nesterov;
   /* dynamic loss scaling (0: none): the backward pass is seeded with the
    * state amp.loss_scale (initially loss_scale), the gradients unscaled

@@ -309,6 +309,22 @@ for _src in XT:
     cast_all_from(_src)
 
 
+def onnx_not():
+    """Not on a bool tensor and on a comparison's result (x xor true on i1)."""
+    x = np.array([[True, False, True], [False, False, True]])
+    a = rng.standard_normal((2, 3)).astype(np.float32)
+    nodes = [helper.make_node("Not", ["x"], ["n"]), helper.make_node("Less", ["a", "z"], ["l"]),
+             helper.make_node("Not", ["l"], ["m"])]
+    z = helper.make_tensor("z", helper.np_dtype_to_tensor_dtype(np.dtype(np.float32)), [], [0.0])
+    outs, _ = compile_and_run(onnx_model(nodes, {"x": x, "a": a}, [("n", "bool"), ("m", "bool")], inits=[z]),
+                              {"x": x, "a": a})
+    check_equal(outs[0], ~x, "Not(x)")
+    check_equal(outs[1], ~(a < 0), "Not(a < 0)")
+
+
+case("onnx_not_bool", onnx_not)
+
+
 def cast_rounding():
     """f64 and f32 to f16/bf16 round to nearest even once (no double rounding
     through f32), across the normal and subnormal ranges and to inf."""

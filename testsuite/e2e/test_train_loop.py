@@ -220,6 +220,64 @@ def no_decay_case():
     case("loop.no_decay", fn)
 
 
+def accumulate_case():
+    """--accumulate=K: K runs on micro-batches of B update like one run on their K B samples (mean loss: the
+    mean of the micro-batches' gradients), for sgd and adamw, within 1e-6; nothing moves before the K-th run;
+    K rebound at run time (novarun --accumulate)."""
+    def fn():
+        src = path("acc.nova")
+        with open(src, "w") as f:
+            f.write("input x: f32[batch, 6]\nlabel y: i64[batch]\nparam w1: f32[6, 8] = normal(0.5)\n"
+                    "param b1: f32[8] = zeros\nparam w2: f32[8, 3] = normal(0.5)\n"
+                    "h = tanh(x @ w1 + b1)\noutput loss = cross_entropy(h @ w2, y)\n")
+        rng = np.random.default_rng(11)
+        data = path("acc.st")
+        st_write(data, {"x": rng.standard_normal((16, 6)).astype(np.float32), "y": rng.integers(0, 3, 16)})
+
+        def params(dump):
+            return {n: read_pb(os.path.join(dump, "param.%s.pb" % n)) for n in ("w1", "b1", "w2")}
+
+        for opt in ("sgd", "adamw"):
+            big, small = path("acc_big_%s.so" % opt), path("acc_small_%s.so" % opt)
+            common = ["--train", "--optimizer=" + opt, "--lr=0.1"]
+            run([NOVAC, src, "--dim=batch=8"] + common + ["-o", big])
+            run([NOVAC, src, "--dim=batch=2", "--accumulate=4"] + common + ["-o", small])
+            novarun(big, "--data", data, "--steps", 2, "--dump", path("ab"), "-q")
+            novarun(small, "--data", data, "--steps", 8, "--dump", path("as"), "--log", path("as.jsonl"), "-q")
+            a, b = params(path("ab")), params(path("as"))
+            for n in a:
+                if not np.allclose(a[n], b[n], rtol=1e-6, atol=1e-6):
+                    raise Failure("%s %s: %s vs %s (max diff %g)" % (opt, n, a[n].ravel()[:4], b[n].ravel()[:4],
+                                                                     np.abs(a[n] - b[n]).max()))
+            ups = [r.get("update") for r in read_log(path("as.jsonl"))]
+            if ups != [False, False, False, True] * 2:
+                raise Failure("updates: %s" % ups)
+            # before the 4th run nothing moved: the params are the initial ones
+            novarun(small, "--data", data, "--steps", 3, "--dump", path("a3"), "-q")
+            novarun(big, "--data", data, "--steps", 1, "--lr", 0, "--dump", path("a0"), "-q")
+            a, b = params(path("a0")), params(path("a3"))
+            if any(not np.array_equal(a[n], b[n]) for n in a):
+                raise Failure("%s: the params moved before the 4th run" % opt)
+        # K rebound at run time: 2 runs of 2 = one run of 4
+        b4 = path("acc_b4.so")
+        run([NOVAC, src, "--dim=batch=4", "--train", "--optimizer=sgd", "--lr=0.1", "-o", b4])
+        small = path("acc_small_sgd.so")
+        novarun(b4, "--data", data, "--steps", 3, "--dump", path("b4"), "-q")
+        novarun(small, "--data", data, "--steps", 6, "--accumulate", 2, "--dump", path("s2"), "-q")
+        a, b = params(path("b4")), params(path("s2"))
+        for n in a:
+            if not np.allclose(a[n], b[n], rtol=1e-6, atol=1e-6):
+                raise Failure("--accumulate 2 at run time: %s differs by %g" % (n, np.abs(a[n] - b[n]).max()))
+        p = novarun(b4, "--data", data, "--steps", 1, "--accumulate", 2, rc=1)
+        if "compile it with novac --accumulate" not in p.stderr:
+            raise Failure(p.stderr)
+        p = run([NOVAC, src, "--dim=batch=2", "--train", "--accumulate=4", "--nonfinite=skip-param", "-o",
+                 path("x.so")], expect_rc=1)
+        if "use --nonfinite=skip-step" not in p.stderr:
+            raise Failure(p.stderr)
+    case("loop.accumulate", fn)
+
+
 def plot_case():
     """tools/plot_log.py draws the log of a cosine run: a loss polyline with a point per step, a rate polyline."""
     def fn():
@@ -294,6 +352,7 @@ try:
     eval_case()
     clip_case()
     no_decay_case()
+    accumulate_case()
     plot_case()
     bad_cases()
 finally:
