@@ -185,6 +185,32 @@ static MlirOperation for_chain_parallel(MlirOperation top) {
   return cg_op_is(op, "scf.parallel") && !mlirOperationEqual(op, top) ? op : (MlirOperation){NULL};
 }
 
+typedef struct row_region {
+  MlirBlock b;
+  MlirOperation end;   /* its terminator: insert before it */
+} row_region;
+
+/* scf.if (COND) { } before REF in B, without an else; its then region. */
+static row_region row_if(MlirBlock b, MlirOperation ref, MlirLocation loc, MlirValue cond) {
+  MlirRegion then_r = mlirRegionCreate(), else_r = mlirRegionCreate();
+  MlirBlock tb = mlirBlockCreate(0, NULL, NULL);
+  mlirRegionAppendOwnedBlock(then_r, tb);
+  MlirRegion regs[2] = {then_r, else_r};
+  MlirOperationState st = mlirOperationStateGet(nova_str("scf.if"), loc);
+  mlirOperationStateAddOperands(&st, 1, &cond);
+  mlirOperationStateAddOwnedRegions(&st, 2, regs);
+  mlirBlockInsertOwnedOperationBefore(b, ref, mlirOperationCreate(&st));
+  return (row_region){tb, mk(tb, (MlirOperation){NULL}, "scf.yield", loc, 0, NULL, 0, NULL, 0, NULL)};
+}
+
+static MlirValue row_cmp(gpu_ctx *G, MlirBlock b, MlirOperation ref, MlirLocation loc, int pred, MlirValue x,
+                         MlirValue y) {
+  MlirValue ops[2] = {x, y};
+  MlirType i1 = mlirIntegerTypeGet(G->ctx, 1);
+  MlirNamedAttribute a = named(G->ctx, "predicate", mlirIntegerAttrGet(mlirIntegerTypeGet(G->ctx, 64), pred));
+  return mlirOperationGetResult(mk(b, ref, "arith.cmpi", loc, 2, ops, 1, &i1, 1, &a), 0);
+}
+
 /* One scf.parallel P (lower bounds 0, steps 1, constant upper bounds: what
  * convert-linalg-to-parallel-loops makes from static shapes) -> a
  * linearized one-thread-per-point gpu.launch.  TOP is P, or the top-level
@@ -244,19 +270,10 @@ static void map_parallel(gpu_ctx *G, MlirBlock fb, MlirOperation top, MlirOperat
   MlirValue bid = mlirBlockGetArgument(body, 0), tid = mlirBlockGetArgument(body, 3);
   MlirValue g = binop(body, term, loc, "arith.addi",
                       binop(body, term, loc, "arith.muli", bid, index_const(ctx, body, term, loc, s.threads)), tid);
-  MlirValue cmp[2] = {g, index_const(ctx, body, term, loc, n)};
-  MlirType i1 = mlirIntegerTypeGet(ctx, 1);
-  MlirNamedAttribute pred = named(ctx, "predicate", mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), 6 /* ult */));
-  MlirValue ok = mlirOperationGetResult(mk(body, term, "arith.cmpi", loc, 2, cmp, 1, &i1, 1, &pred), 0);
-  MlirRegion then_r = mlirRegionCreate(), else_r = mlirRegionCreate();
-  MlirBlock then_b = mlirBlockCreate(0, NULL, NULL);
-  mlirRegionAppendOwnedBlock(then_r, then_b);
-  MlirRegion regs[2] = {then_r, else_r};
-  MlirOperationState ifs = mlirOperationStateGet(nova_str("scf.if"), loc);
-  mlirOperationStateAddOperands(&ifs, 1, &ok);
-  mlirOperationStateAddOwnedRegions(&ifs, 2, regs);
-  mlirBlockInsertOwnedOperationBefore(body, term, mlirOperationCreate(&ifs));
-  MlirOperation yield = mk(then_b, (MlirOperation){NULL}, "scf.yield", loc, 0, NULL, 0, NULL, 0, NULL);
+  MlirValue ok = row_cmp(G, body, term, loc, 6 /* ult */, g, index_const(ctx, body, term, loc, n));
+  row_region then = row_if(body, term, loc, ok);
+  MlirBlock then_b = then.b;
+  MlirOperation yield = then.end;
   MlirValue rest = g;
   for (intptr_t i = r - 1; i >= 0; i--) {
     MlirValue iv;
@@ -598,24 +615,6 @@ static bool row_conflict(const row_op *a, const row_op *b) {
   return false;
 }
 
-typedef struct row_region {
-  MlirBlock b;
-  MlirOperation end;   /* its terminator: insert before it */
-} row_region;
-
-/* scf.if (COND) { } before REF in B, without an else; its then region. */
-static row_region row_if(MlirBlock b, MlirOperation ref, MlirLocation loc, MlirValue cond) {
-  MlirRegion then_r = mlirRegionCreate(), else_r = mlirRegionCreate();
-  MlirBlock tb = mlirBlockCreate(0, NULL, NULL);
-  mlirRegionAppendOwnedBlock(then_r, tb);
-  MlirRegion regs[2] = {then_r, else_r};
-  MlirOperationState st = mlirOperationStateGet(nova_str("scf.if"), loc);
-  mlirOperationStateAddOperands(&st, 1, &cond);
-  mlirOperationStateAddOwnedRegions(&st, 2, regs);
-  mlirBlockInsertOwnedOperationBefore(b, ref, mlirOperationCreate(&st));
-  return (row_region){tb, mk(tb, (MlirOperation){NULL}, "scf.yield", loc, 0, NULL, 0, NULL, 0, NULL)};
-}
-
 /* scf.for %i = LO to HI step STEP { } before REF in B; its body (%i its argument 0). */
 static row_region row_for(gpu_ctx *G, MlirBlock b, MlirOperation ref, MlirLocation loc, MlirValue lo, MlirValue hi,
                           MlirValue step) {
@@ -675,13 +674,6 @@ static MlirValue i32_const(gpu_ctx *G, MlirBlock b, MlirOperation ref, MlirLocat
   return mlirOperationGetResult(mk(b, ref, "arith.constant", loc, 0, NULL, 1, &t, 1, &a), 0);
 }
 
-static MlirValue row_cmp(gpu_ctx *G, MlirBlock b, MlirOperation ref, MlirLocation loc, int pred, MlirValue x,
-                         MlirValue y) {
-  MlirValue ops[2] = {x, y};
-  MlirType i1 = mlirIntegerTypeGet(G->ctx, 1);
-  MlirNamedAttribute a = named(G->ctx, "predicate", mlirIntegerAttrGet(mlirIntegerTypeGet(G->ctx, 64), pred));
-  return mlirOperationGetResult(mk(b, ref, "arith.cmpi", loc, 2, ops, 1, &i1, 1, &a), 0);
-}
 
 /* An R's body in the launch: each accumulator privatized, the loop's
  * lanes, the butterfly, lane 0's final combination. */

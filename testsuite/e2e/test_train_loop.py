@@ -32,6 +32,13 @@ def novarun(*args, rc=0):
     return run([NOVARUN] + [str(a) for a in args], expect_rc=rc)
 
 
+def refuses(cmd, rc, text):
+    """CMD (a novac or novarun command) exits RC with TEXT on stderr."""
+    p = run([str(a) for a in cmd], expect_rc=rc)
+    if text not in p.stderr:
+        raise Failure("stderr: %s" % p.stderr)
+
+
 def path(name):
     return os.path.join(WORK, name)
 
@@ -178,18 +185,13 @@ def clip_case():
             if not np.allclose(w, -0.5 * steps * coef * X, rtol=1e-5) or abs(b[0] + 0.5 * steps * coef) > 1e-5:
                 raise Failure("max norm %s: w %s b %s, want %s %s" % (m, w, b, -0.5 * steps * coef * X,
                                                                     -0.5 * steps * coef))
-        p = novarun(linear_step(), "--data", const_data(), "--steps", 1, "--clip-grad-norm", 1, rc=1)
-        if "compile it with novac --clip-grad-norm" not in p.stderr:
-            raise Failure(p.stderr)
-        p = run([NOVAC, src, "--dim=batch=1", "--train", "--clip-grad-norm=1", "--nonfinite=skip-param", "-o",
-                 path("c2.so")], expect_rc=1)
-        if "use --nonfinite=skip-step" not in p.stderr:
-            raise Failure(p.stderr)
+        refuses([NOVARUN, linear_step(), "--data", const_data(), "--steps", 1, "--clip-grad-norm", 1], 1,
+                "compile it with novac --clip-grad-norm")
+        refuses([NOVAC, src, "--dim=batch=1", "--train", "--clip-grad-norm=1", "--nonfinite=skip-param", "-o",
+                 path("c2.so")], 1, "use --nonfinite=skip-step")
         for bad in ("0", "-1", "nan"):
-            p = run([NOVAC, src, "--dim=batch=1", "--train", "--clip-grad-norm=" + bad, "-o", path("c3.so")],
-                    expect_rc=2)
-            if "--clip-grad-norm" not in p.stderr:
-                raise Failure(p.stderr)
+            refuses([NOVAC, src, "--dim=batch=1", "--train", "--clip-grad-norm=" + bad, "-o", path("c3.so")], 2,
+                    "--clip-grad-norm")
     case("loop.clip_grad_norm", fn)
 
 
@@ -213,10 +215,8 @@ def no_decay_case():
             ww, bw = step(np.ones(4), X.astype(np.float64), dw), step(np.ones(1), np.ones(1), db)
             if not np.allclose(w, ww, rtol=1e-6) or not np.allclose(b, bw, rtol=1e-6):
                 raise Failure("--no-decay=%s: w %s b %s, want %s %s" % (flag, w, b, ww, bw))
-        p = run([NOVAC, src, "--dim=batch=1", "--train", "--optimizer=adamw", "--no-decay=bias*", "-o",
-                 path("wd_x.so")], expect_rc=1)
-        if "--no-decay: pattern 1 of 'bias*' matches no parameter" not in p.stderr:
-            raise Failure(p.stderr)
+        refuses([NOVAC, src, "--dim=batch=1", "--train", "--optimizer=adamw", "--no-decay=bias*", "-o",
+                 path("wd_x.so")], 1, "--no-decay: pattern 1 of 'bias*' matches no parameter")
     case("loop.no_decay", fn)
 
 
@@ -268,13 +268,10 @@ def accumulate_case():
         for n in a:
             if not np.allclose(a[n], b[n], rtol=1e-6, atol=1e-6):
                 raise Failure("--accumulate 2 at run time: %s differs by %g" % (n, np.abs(a[n] - b[n]).max()))
-        p = novarun(b4, "--data", data, "--steps", 1, "--accumulate", 2, rc=1)
-        if "compile it with novac --accumulate" not in p.stderr:
-            raise Failure(p.stderr)
-        p = run([NOVAC, src, "--dim=batch=2", "--train", "--accumulate=4", "--nonfinite=skip-param", "-o",
-                 path("x.so")], expect_rc=1)
-        if "use --nonfinite=skip-step" not in p.stderr:
-            raise Failure(p.stderr)
+        refuses([NOVARUN, b4, "--data", data, "--steps", 1, "--accumulate", 2], 1,
+                "compile it with novac --accumulate")
+        refuses([NOVAC, src, "--dim=batch=2", "--train", "--accumulate=4", "--nonfinite=skip-param", "-o",
+                 path("x.so")], 1, "use --nonfinite=skip-step")
     case("loop.accumulate", fn)
 
 
@@ -302,11 +299,7 @@ def plot_case():
 
 
 def bad_case(name, args, rc, text, step=None):
-    def fn():
-        p = novarun(step or linear_step(), *args, rc=rc)
-        if text not in p.stderr:
-            raise Failure("stderr: %s" % p.stderr)
-    case("loop.bad_" + name, fn)
+    case("loop.bad_" + name, lambda: refuses([NOVARUN, step or linear_step()] + list(args), rc, text))
 
 
 def bad_cases():
