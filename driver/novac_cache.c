@@ -32,8 +32,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cjson/cJSON.h>
-
 #include "../codegen/codegen.h"
 #include "../include/nova/step.h"
 #include "../support/util.h"
@@ -164,24 +162,6 @@ static bool read_meta(const char *entry, meta *m) {
   return ok;
 }
 
-/* The checksum and size of file PATH; false when it cannot be read. */
-static bool file_sum(const char *path, int64_t *size, uint64_t *sum) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return false;
-  char buf[1 << 16];
-  size_t n;
-  uint64_t h = NV_FNV_INIT;
-  int64_t total = 0;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
-    h = mix(h, buf, n);
-    total += (int64_t)n;
-  }
-  bool ok = !ferror(f);
-  fclose(f);
-  *size = total, *sum = h;
-  return ok;
-}
-
 static void remove_entry(const char *entry) {
   char path[PATH_MAX + 32];
   DIR *d = opendir(entry);
@@ -233,19 +213,27 @@ static void explain_miss(nc_cache *c, const nc_key *k) {
   fprintf(stderr, "\n");
 }
 
-/* The manifest text with "source" set to SOURCE (or as it is). */
-static char *with_source(const char *text, const char *source) {
-  cJSON *root = cJSON_Parse(text);
-  if (!root) return NULL;
-  cJSON *s = cJSON_GetObjectItem(root, "source");
-  if (s) cJSON_ReplaceItemInObject(root, "source", cJSON_CreateString(source ? source : ""));
-  char *text2 = cJSON_Print(root);
-  cJSON_Delete(root);
-  size_t n = text2 ? strlen(text2) : 0;
-  char *out = text2 ? nv_xmalloc(n + 2) : NULL;
-  if (out) snprintf(out, n + 2, "%s\n", text2);
-  free(text2);
-  return out;
+/* The manifest TEXT (LEN bytes, as novac wrote it: "source" among its
+ * first keys) with "source" set to SOURCE, the string escaped as JSON. */
+static char *with_source(const char *text, size_t len, const char *source) {
+  const char *key = strstr(text, "\"source\":");
+  const char *q = key ? strchr(key + 9, '"') : NULL, *end = q;
+  while (end && *++end && *end != '"')
+    if (*end == '\\' && end[1]) end++;
+  if (!q || !end || !*end) return NULL;
+  nv_sbuf b = {0};
+  nv_sb_printf(&b, "%.*s\"", (int)(q - text), text);
+  for (const unsigned char *p = (const unsigned char *)(source ? source : ""); *p; p++) {
+    if (*p == '"' || *p == '\\') nv_sb_printf(&b, "\\%c", *p);
+    else if (*p < 0x20) nv_sb_printf(&b, "\\u%04x", *p);
+    else nv_sb_printf(&b, "%c", *p);
+  }
+  nv_sb_printf(&b, "%.*s", (int)(len - (size_t)(end - text)), end);
+  if (b.oom) {
+    nv_sb_free(&b);
+    return NULL;
+  }
+  return b.s;
 }
 
 int nc_lookup(nc_cache *c, const nc_key *k, const char *so, const char *manifest, const char *source) {
@@ -260,37 +248,34 @@ int nc_lookup(nc_cache *c, const nc_key *k, const char *so, const char *manifest
   }
   bool ok = read_meta(entry, &m) && !memcmp(m.part, k->part, sizeof m.part);
   const char *why = ok ? NULL : "its description is unreadable or does not match";
-  for (int i = 0; ok && i < 2; i++) {
-    int64_t size;
-    uint64_t sum;
+  char *bytes[2] = {NULL, NULL};
+  size_t len[2] = {0, 0};
+  for (int i = 0; ok && i < 2; i++) { /* each file read once: checked, then copied */
     snprintf(path, sizeof path, "%s/%s", entry, files[i]);
-    ok = file_sum(path, &size, &sum) && size == m.size[i] && sum == m.sum[i];
+    bytes[i] = nv_read_file(path, &len[i], (size_t)8 << 30);
+    ok = bytes[i] && (int64_t)len[i] == m.size[i] && mix(NV_FNV_INIT, bytes[i], len[i]) == m.sum[i];
     if (!ok) why = i ? "its manifest fails its checksum" : "its step.so fails its checksum";
   }
   if (!ok) {
-    nv_warning(c->d, (nv_loc){0}, "the compile cache's entry %s is corrupt (%s): removed, the step is rebuilt", entry, why);
+    nv_warning(c->d, (nv_loc){0}, "the compile cache's entry %s is corrupt (%s): removed, the step is rebuilt", entry,
+               why);
     remove_entry(entry);
+    free(bytes[0]), free(bytes[1]);
     return 0;
   }
-  size_t len = 0;
-  snprintf(path, sizeof path, "%s/%s", entry, files[0]);
-  char *bytes = nv_read_file(path, &len, (size_t)8 << 30);
-  if (!bytes || nv_write_file(so, bytes, len, 0)) {
+  char *man = with_source(bytes[1], len[1], source);
+  int rc = 0;
+  if (nv_write_file(so, bytes[0], len[0], 0)) {
     nv_error_plain(c->d, "writing %s from the compile cache: %s", so, strerror(errno));
-    free(bytes);
-    return -1;
-  }
-  free(bytes);
-  snprintf(path, sizeof path, "%s/%s", entry, files[1]);
-  char *text = nv_read_file(path, &len, (size_t)1 << 30), *man = text ? with_source(text, source) : NULL;
-  free(text);
-  if (!man || nv_write_file(manifest, man, strlen(man), 0)) {
-    nv_error_plain(c->d, "writing %s from the compile cache: %s", manifest, man ? strerror(errno) : "unreadable");
-    free(man);
+    rc = -1;
+  } else if (!man || nv_write_file(manifest, man, strlen(man), 0)) {
+    nv_error_plain(c->d, "writing %s from the compile cache: %s", manifest, man ? strerror(errno) : "out of memory");
     unlink(so);
-    return -1;
+    rc = -1;
   }
   free(man);
+  free(bytes[0]), free(bytes[1]);
+  if (rc) return -1;
   utimensat(AT_FDCWD, entry, NULL, 0); /* recently used */
   if (c->explain) fprintf(stderr, "novac: cache hit (%s): %s\n", k->hex, entry);
   return 1;
@@ -301,14 +286,6 @@ static void warn_once(nc_cache *c, const char *what) {
   c->warned = true;
   nv_warning(c->d, (nv_loc){0}, "the compile cache %s cannot be written (%s: %s); compiling without it", c->dir, what,
                    strerror(errno));
-}
-
-static int copy_file(const char *from, const char *to) {
-  size_t len = 0;
-  char *b = nv_read_file(from, &len, (size_t)8 << 30);
-  int rc = b ? nv_write_file(to, b, len, 0) : -1;
-  free(b);
-  return rc;
 }
 
 /* Entries by age, removed from the oldest while the cache exceeds its cap
@@ -377,7 +354,12 @@ void nc_store(nc_cache *c, const nc_key *k, const char *so, const char *manifest
   bool ok = true;
   for (int i = 0; ok && i < 2; i++) {
     snprintf(path, sizeof path, "%s/%s", tmp, files[i]);
-    ok = copy_file(src[i], path) == 0 && file_sum(path, &m.size[i], &m.sum[i]);
+    size_t len = 0;
+    char *bytes = nv_read_file(src[i], &len, (size_t)8 << 30);
+    ok = bytes && nv_write_file(path, bytes, len, 0) == 0;
+    m.size[i] = (int64_t)len;
+    m.sum[i] = bytes ? mix(NV_FNV_INIT, bytes, len) : 0;
+    free(bytes);
   }
   nv_sbuf b = {0};
   nv_sb_printf(&b, "novac-cache 1\n");
