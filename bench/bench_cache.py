@@ -37,9 +37,9 @@ def main():
             subprocess.run(cmd, check=True, capture_output=True)
             return time.perf_counter() - t
 
-        plain = [timed([novac] + flags + ["-o", os.path.join(work, "p.so")]) for _ in range(repeat)]
-        miss = []
-        for k in range(repeat):
+        plain, miss = [], []
+        for k in range(repeat):  # interleaved, so that a drift of the machine falls on both
+            plain.append(timed([novac] + flags + ["-o", os.path.join(work, "p.so")]))
             c = os.path.join(work, "c%d" % k)
             miss.append(timed([novac] + flags + ["--cache-dir=" + c, "-o", os.path.join(work, "m.so")]))
         hit = [timed([novac] + flags + ["--cache-dir=" + os.path.join(work, "c0"), "-o", os.path.join(work, "h.so")])
