@@ -7,21 +7,9 @@
 # warns; the least recently used entries go past --cache-max; novac processes
 # storing the same step at once leave one whole entry.
 # Prints 'PASS: cache :: NAME' / 'FAIL: cache :: NAME' (with the reasons).
-B=${1:-build}
-cd "$(dirname "$0")/../.." || exit 0
-ROOT=$PWD
-NOVAC=$B/bin/novac
-case $NOVAC in /*) ;; *) NOVAC=$ROOT/$NOVAC ;; esac
-T=$(mktemp -d "${TMPDIR:-/tmp}/nova-cache.XXXXXX") || exit 0
-trap 'rm -rf "$T"' EXIT INT TERM
+SUITE=cache
+. "$(dirname "$0")/../driver_suite.sh"
 unset NOVAC_CACHE_DIR
-
-pass() { echo "PASS: cache :: $1"; }
-fail() {
-  echo "FAIL: cache :: $1"
-  shift
-  for m in "$@"; do printf '%s\n' "$m" | sed 's/^/    /'; done
-}
 
 python3 - "$T" <<'EOF' || { fail setup "could not write the models"; exit 0; }
 import sys, numpy as np, onnx

@@ -4,24 +4,8 @@
 # with them: a touched model or external data file rebuilds, a changed flag
 # rebuilds, nothing changed runs nothing.
 # Prints 'PASS: deps :: NAME' / 'FAIL: deps :: NAME' (with the reasons).
-B=${1:-build}
-cd "$(dirname "$0")/../.." || exit 0
-ROOT=$PWD
-NOVAC=$B/bin/novac
-case $NOVAC in /*) ;; *) NOVAC=$ROOT/$NOVAC ;; esac
-T=$(mktemp -d "${TMPDIR:-/tmp}/nova-deps.XXXXXX") || exit 0
-trap 'rm -rf "$T"' EXIT INT TERM
-
-pass() { echo "PASS: deps :: $1"; }
-fail() {
-  echo "FAIL: deps :: $1"
-  shift
-  for m in "$@"; do printf '%s\n' "$m" | sed 's/^/    /'; done
-}
-# same NAME WANT GOT
-same() {
-  if [ "$2" = "$3" ]; then pass "$1"; else fail "$1" "expected: $2" "got:      $3"; fi
-}
+SUITE=deps
+. "$(dirname "$0")/../driver_suite.sh"
 
 # a linear model whose weights live in lin.onnx.data (ONNX external data),
 # and a .nova model reading a parameter from w.bin
