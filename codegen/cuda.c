@@ -7,6 +7,8 @@
  *    space, linearized: thread g = blockIdx.x * B + threadIdx.x computes the
  *    point g (guarded by g < N), B from the configurator's pointwise
  *    schedule.  Reduction dimensions stay loops inside the thread.
+ *  - a run of reductions along rows and the elementwise ops around them
+ *    becomes one row kernel, a group of lanes per row (gpu_rows.c).
  *  - top-level code that is not a parallel loop (a reduction to a scalar, a
  *    0-d op) runs as a one-thread kernel: correct, not fast.
  *  - memref.alloc becomes gpu.alloc, served by the runtime from the step's
@@ -32,30 +34,16 @@
 #include "../configurator/kernel.h"
 #include "../support/util.h"
 #include "codegen.h"
+#include "cuda_internal.h"
 
-#define MAX_LOOP_RANK 8
 
-typedef struct gpu_ctx {
-  nova_ctx *c;
-  MlirContext ctx;
-  const cfg_device *dev;
-  cg_gpu *out;
-  bool sim;      /* --gpu-sim: buffers stay host allocations */
-  cg_kernel *gemm;  /* GEMM kernels made by matmuls_to_gemm, in program order */
-  int ngemm, gemm_used;
-  int block;     /* --gpu-block: threads per block chosen by hand; 0 = the configurator's */
-  bool tf32;     /* --matmul-precision=tf32 */
-  int failed;
-  const int *gemm_tile; /* --gemm-tile: BM, BN, BK, WM, WN (all 0: the configurator's) */
-} gpu_ctx;
-
-static MlirNamedAttribute named(MlirContext ctx, const char *name, MlirAttribute a) {
+MlirNamedAttribute cu_named(MlirContext ctx, const char *name, MlirAttribute a) {
   return mlirNamedAttributeGet(mlirIdentifierGet(ctx, nova_str(name)), a);
 }
 
 /* Creates NAME with the given operands, results and attributes and inserts
  * it into BLOCK before REF (at the end when REF is null). */
-static MlirOperation mk(MlirBlock block, MlirOperation ref, const char *name, MlirLocation loc,
+MlirOperation cu_mk(MlirBlock block, MlirOperation ref, const char *name, MlirLocation loc,
                         int nops, const MlirValue *ops, int nres, const MlirType *res, int nattr,
                         const MlirNamedAttribute *attrs) {
   MlirOperationState st = mlirOperationStateGet(nova_str(name), loc);
@@ -68,21 +56,21 @@ static MlirOperation mk(MlirBlock block, MlirOperation ref, const char *name, Ml
   return op;
 }
 
-static MlirValue index_const(MlirContext ctx, MlirBlock b, MlirOperation ref, MlirLocation loc, int64_t v) {
+MlirValue cu_index_const(MlirContext ctx, MlirBlock b, MlirOperation ref, MlirLocation loc, int64_t v) {
   MlirType it = mlirIndexTypeGet(ctx);
-  MlirNamedAttribute a = named(ctx, "value", mlirIntegerAttrGet(it, v));
-  return mlirOperationGetResult(mk(b, ref, "arith.constant", loc, 0, NULL, 1, &it, 1, &a), 0);
+  MlirNamedAttribute a = cu_named(ctx, "value", mlirIntegerAttrGet(it, v));
+  return mlirOperationGetResult(cu_mk(b, ref, "arith.constant", loc, 0, NULL, 1, &it, 1, &a), 0);
 }
 
-static MlirValue binop(MlirBlock b, MlirOperation ref, MlirLocation loc, const char *name,
+MlirValue cu_binop(MlirBlock b, MlirOperation ref, MlirLocation loc, const char *name,
                        MlirValue x, MlirValue y) {
   MlirValue ops[2] = {x, y};
   MlirType t = mlirValueGetType(x);
-  return mlirOperationGetResult(mk(b, ref, name, loc, 2, ops, 1, &t, 0, NULL), 0);
+  return mlirOperationGetResult(cu_mk(b, ref, name, loc, 2, ops, 1, &t, 0, NULL), 0);
 }
 
 /* The static value of an index constant; false if V is not one. */
-static bool const_index(MlirValue v, int64_t *out) {
+bool cu_const_index(MlirValue v, int64_t *out) {
   if (!mlirValueIsAOpResult(v)) return false;
   MlirOperation d = mlirOpResultGetOwner(v);
   if (!cg_op_is(d, "arith.constant")) return false;
@@ -95,7 +83,7 @@ static bool const_index(MlirValue v, int64_t *out) {
 /* Fills K's source op name and location from LOC: the linalg lowering
  * gives each loop nest the location of the linalg op (wrapped in a name
  * location "linalg.OP" by tag_linalg_ops). */
-static void describe_loc(MlirLocation loc, cg_kernel *k) {
+void cu_describe_loc(MlirLocation loc, cg_kernel *k) {
   if (mlirLocationIsAName(loc)) {
     MlirStringRef n = mlirIdentifierStr(mlirLocationNameGetName(loc));
     const char *dot = memchr(n.data, '.', n.length);
@@ -116,7 +104,7 @@ static void describe_loc(MlirLocation loc, cg_kernel *k) {
   nv_sb_free(&b);
 }
 
-static cg_kernel *new_kernel(gpu_ctx *G) {
+cg_kernel *cu_new_kernel(gpu_ctx *G) {
   cg_gpu *o = G->out;
   if (o->nk == o->cap) {
     int cap = o->cap ? 2 * o->cap : 32;
@@ -133,11 +121,11 @@ static cg_kernel *new_kernel(gpu_ctx *G) {
 
 /* Creates gpu.launch (GRID x 1 x 1 blocks of BLOCK x 1 x 1 threads) in B
  * before REF; returns its body block, which ends in gpu.terminator. */
-static MlirBlock make_launch(gpu_ctx *G, MlirBlock b, MlirOperation ref, MlirLocation loc, int64_t grid,
+MlirBlock cu_make_launch(gpu_ctx *G, MlirBlock b, MlirOperation ref, MlirLocation loc, int64_t grid,
                              int64_t block, MlirOperation *term) {
   MlirContext ctx = G->ctx;
-  MlirValue one = index_const(ctx, b, ref, loc, 1);
-  MlirValue gx = index_const(ctx, b, ref, loc, grid), bx = index_const(ctx, b, ref, loc, block);
+  MlirValue one = cu_index_const(ctx, b, ref, loc, 1);
+  MlirValue gx = cu_index_const(ctx, b, ref, loc, grid), bx = cu_index_const(ctx, b, ref, loc, block);
   MlirValue ops[6] = {gx, one, one, bx, one, one};
   MlirType it = mlirIndexTypeGet(ctx);
   MlirType at[12];
@@ -148,19 +136,19 @@ static MlirBlock make_launch(gpu_ctx *G, MlirBlock b, MlirOperation ref, MlirLoc
   mlirRegionAppendOwnedBlock(region, body);
   int32_t seg[11] = {0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0};
   MlirNamedAttribute attrs[2] = {
-      named(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 11, seg)),
-      named(ctx, "workgroup_attributions", mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), 0))};
+      cu_named(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 11, seg)),
+      cu_named(ctx, "workgroup_attributions", mlirIntegerAttrGet(mlirIntegerTypeGet(ctx, 64), 0))};
   MlirOperationState st = mlirOperationStateGet(nova_str("gpu.launch"), loc);
   mlirOperationStateAddOperands(&st, 6, ops);
   mlirOperationStateAddAttributes(&st, 2, attrs);
   mlirOperationStateAddOwnedRegions(&st, 1, &region);
   mlirBlockInsertOwnedOperationBefore(b, ref, mlirOperationCreate(&st));
-  *term = mk(body, (MlirOperation){NULL}, "gpu.terminator", loc, 0, NULL, 0, NULL, 0, NULL);
+  *term = cu_mk(body, (MlirOperation){NULL}, "gpu.terminator", loc, 0, NULL, 0, NULL, 0, NULL);
   return body;
 }
 
 /* Moves every op of FROM except its terminator before REF in TO. */
-static void move_body(MlirBlock from, MlirOperation ref) {
+void cu_move_body(MlirBlock from, MlirOperation ref) {
   MlirOperation op = mlirBlockGetFirstOperation(from), term = mlirBlockGetTerminator(from);
   while (!mlirOperationIsNull(op) && !mlirOperationEqual(op, term)) {
     MlirOperation next = mlirOperationGetNextInBlock(op);
@@ -185,13 +173,9 @@ static MlirOperation for_chain_parallel(MlirOperation top) {
   return cg_op_is(op, "scf.parallel") && !mlirOperationEqual(op, top) ? op : (MlirOperation){NULL};
 }
 
-typedef struct row_region {
-  MlirBlock b;
-  MlirOperation end;   /* its terminator: insert before it */
-} row_region;
 
 /* scf.if (COND) { } before REF in B, without an else; its then region. */
-static row_region row_if(MlirBlock b, MlirOperation ref, MlirLocation loc, MlirValue cond) {
+row_region cu_if(MlirBlock b, MlirOperation ref, MlirLocation loc, MlirValue cond) {
   MlirRegion then_r = mlirRegionCreate(), else_r = mlirRegionCreate();
   MlirBlock tb = mlirBlockCreate(0, NULL, NULL);
   mlirRegionAppendOwnedBlock(then_r, tb);
@@ -200,15 +184,15 @@ static row_region row_if(MlirBlock b, MlirOperation ref, MlirLocation loc, MlirV
   mlirOperationStateAddOperands(&st, 1, &cond);
   mlirOperationStateAddOwnedRegions(&st, 2, regs);
   mlirBlockInsertOwnedOperationBefore(b, ref, mlirOperationCreate(&st));
-  return (row_region){tb, mk(tb, (MlirOperation){NULL}, "scf.yield", loc, 0, NULL, 0, NULL, 0, NULL)};
+  return (row_region){tb, cu_mk(tb, (MlirOperation){NULL}, "scf.yield", loc, 0, NULL, 0, NULL, 0, NULL)};
 }
 
-static MlirValue row_cmp(gpu_ctx *G, MlirBlock b, MlirOperation ref, MlirLocation loc, int pred, MlirValue x,
+MlirValue cu_cmp(gpu_ctx *G, MlirBlock b, MlirOperation ref, MlirLocation loc, int pred, MlirValue x,
                          MlirValue y) {
   MlirValue ops[2] = {x, y};
   MlirType i1 = mlirIntegerTypeGet(G->ctx, 1);
-  MlirNamedAttribute a = named(G->ctx, "predicate", mlirIntegerAttrGet(mlirIntegerTypeGet(G->ctx, 64), pred));
-  return mlirOperationGetResult(mk(b, ref, "arith.cmpi", loc, 2, ops, 1, &i1, 1, &a), 0);
+  MlirNamedAttribute a = cu_named(G->ctx, "predicate", mlirIntegerAttrGet(mlirIntegerTypeGet(G->ctx, 64), pred));
+  return mlirOperationGetResult(cu_mk(b, ref, "arith.cmpi", loc, 2, ops, 1, &i1, 1, &a), 0);
 }
 
 /* One scf.parallel P (lower bounds 0, steps 1, constant upper bounds: what
@@ -231,15 +215,15 @@ static void map_parallel(gpu_ctx *G, MlirBlock fb, MlirOperation top, MlirOperat
   int64_t ub[MAX_LOOP_RANK], n = 1;
   for (intptr_t i = 0; i < r; i++) {
     int64_t lo = -1, st = -1;
-    if (!const_index(mlirOperationGetOperand(p, i), &lo) || !const_index(mlirOperationGetOperand(p, r + i), &ub[i]) ||
-        !const_index(mlirOperationGetOperand(p, 2 * r + i), &st) || lo != 0 || st != 1 || ub[i] < 1) {
+    if (!cu_const_index(mlirOperationGetOperand(p, i), &lo) || !cu_const_index(mlirOperationGetOperand(p, r + i), &ub[i]) ||
+        !cu_const_index(mlirOperationGetOperand(p, 2 * r + i), &st) || lo != 0 || st != 1 || ub[i] < 1) {
       nv_error_plain(G->c->diag, "internal: a parallel loop without static bounds cannot be mapped to the GPU");
       G->failed = 1;
       return;
     }
     n *= ub[i];
   }
-  cg_kernel *k = new_kernel(G);
+  cg_kernel *k = cu_new_kernel(G);
   if (!k) {
     G->failed = 1;
     return;
@@ -255,7 +239,7 @@ static void map_parallel(gpu_ctx *G, MlirBlock fb, MlirOperation top, MlirOperat
     s.grid = (n + G->block - 1) / G->block;
     snprintf(s.reason, sizeof s.reason, "--gpu-block=%d (set by hand)", G->block);
   }
-  describe_loc(loc, k);
+  cu_describe_loc(loc, k);
   k->rank = (int)r;
   memcpy(k->dims, ub, (size_t)r * sizeof *ub);
   k->n = n;
@@ -265,13 +249,13 @@ static void map_parallel(gpu_ctx *G, MlirBlock fb, MlirOperation top, MlirOperat
   if (!mlirOperationEqual(top, p) && strlen(k->reason) + 40 < sizeof k->reason)
     strcat(k->reason, "; reduction loop inside each thread");
   MlirOperation term;
-  MlirBlock body = make_launch(G, fb, top, loc, s.grid, s.threads, &term);
+  MlirBlock body = cu_make_launch(G, fb, top, loc, s.grid, s.threads, &term);
   /* g = blockIdx.x * B + threadIdx.x; if (g < N) { i_k = delinearize(g); ... } */
   MlirValue bid = mlirBlockGetArgument(body, 0), tid = mlirBlockGetArgument(body, 3);
-  MlirValue g = binop(body, term, loc, "arith.addi",
-                      binop(body, term, loc, "arith.muli", bid, index_const(ctx, body, term, loc, s.threads)), tid);
-  MlirValue ok = row_cmp(G, body, term, loc, 6 /* ult */, g, index_const(ctx, body, term, loc, n));
-  row_region then = row_if(body, term, loc, ok);
+  MlirValue g = cu_binop(body, term, loc, "arith.addi",
+                      cu_binop(body, term, loc, "arith.muli", bid, cu_index_const(ctx, body, term, loc, s.threads)), tid);
+  MlirValue ok = cu_cmp(G, body, term, loc, 6 /* ult */, g, cu_index_const(ctx, body, term, loc, n));
+  row_region then = cu_if(body, term, loc, ok);
   MlirBlock then_b = then.b;
   MlirOperation yield = then.end;
   MlirValue rest = g;
@@ -279,25 +263,22 @@ static void map_parallel(gpu_ctx *G, MlirBlock fb, MlirOperation top, MlirOperat
     MlirValue iv;
     if (i == 0) iv = rest;
     else {
-      MlirValue d = index_const(ctx, then_b, yield, loc, ub[i]);
-      iv = binop(then_b, yield, loc, "arith.remui", rest, d);
-      rest = binop(then_b, yield, loc, "arith.divui", rest, d);
+      MlirValue d = cu_index_const(ctx, then_b, yield, loc, ub[i]);
+      iv = cu_binop(then_b, yield, loc, "arith.remui", rest, d);
+      rest = cu_binop(then_b, yield, loc, "arith.divui", rest, d);
     }
     mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(pb, i), iv);
   }
-  if (mlirOperationEqual(top, p)) move_body(pb, yield);
+  if (mlirOperationEqual(top, p)) cu_move_body(pb, yield);
   else {
     mlirOperationMoveBefore(top, yield);
-    move_body(pb, p);
+    cu_move_body(pb, p);
   }
   mlirOperationDestroy(p);
 }
 
-static bool extent(MlirValue v, MlirValue *base, int64_t *off, int64_t *size);
-static bool may_overlap(MlirValue a, MlirValue b);
-
 /* Ops that stay on the host: no computation on tensor data. */
-static bool host_op(MlirOperation op) {
+bool cu_host_op(MlirOperation op) {
   static const char *const names[] = {"arith.constant", "memref.alloc", "memref.get_global", "memref.expand_shape",
                                       "memref.collapse_shape", "memref.subview", "memref.reinterpret_cast",
                                       "memref.cast", "memref.view", "func.return", "gpu.launch", "gpu.alloc",
@@ -311,589 +292,20 @@ static bool host_op(MlirOperation op) {
  * single-thread kernel, placed after the last of them. */
 static void map_serial(gpu_ctx *G, MlirBlock fb, MlirOperation *ops, int n) {
   MlirOperation last = ops[n - 1], after = mlirOperationGetNextInBlock(last);
-  cg_kernel *k = new_kernel(G);
+  cg_kernel *k = cu_new_kernel(G);
   if (!k) {
     G->failed = 1;
     return;
   }
   MlirLocation loc = mlirOperationGetLocation(ops[0]);
-  describe_loc(loc, k);
+  cu_describe_loc(loc, k);
   snprintf(k->op, sizeof k->op, "serial");
   k->n = 1;
   k->grid = k->block = 1;
   snprintf(k->reason, sizeof k->reason, "no parallel dimension (a reduction to a scalar or a 0-d op): one thread");
   MlirOperation term;
-  make_launch(G, fb, after, loc, 1, 1, &term);
+  cu_make_launch(G, fb, after, loc, 1, 1, &term);
   for (int i = 0; i < n; i++) mlirOperationMoveBefore(ops[i], term);
-}
-
-/* ---- Row kernels ----
- *
- * A run of top-level loop nests over the same rows (softmax's maxima, its
- * exponentials and sums, its normalization; layer norm's two moments and
- * its output; a cross-entropy's log-sum-exp; their backwards), each one of
- *   R  a reduction along the row: scf.parallel over the rows holding one
- *      scf.for over the K elements of a row, whose accumulators (a store
- *      at indices that do not use the element's index, of a recognized
- *      combiner of a load of the same element) are 32-bit;
- *   E  an elementwise op over rows x K (the last loop the row's elements);
- *   S  an op once per row (an accumulator's initial fill),
- * with at least one R, becomes one kernel: a group of TPR lanes per row
- * (cfg_row: a warp at most), lane l taking the row's elements l, l + TPR,
- * ... (consecutive lanes, consecutive addresses).  An R's lanes accumulate
- * privately from the combiner's neutral element, combine by butterfly
- * shuffles (offsets TPR/2 .. 1: every lane ends with the same value), and
- * lane 0 combines the result with the accumulator's initial value; an S
- * runs on lane 0; a block barrier separates the ops (the next reads what
- * the last wrote).  A nest joins the run only where every buffer it shares
- * with an earlier member (one of the two writing it) is addressed by both
- * as the row's elements or as the row's own value, from the same first
- * byte: then a row's data is read and written only by its own lanes.
- *
- * The --gpu-sim form runs a row per CPU "thread" with the lanes as a loop
- * and the butterfly as the same pairwise combinations in the same order
- * (lane l < off takes l and l + off), so the sums match the GPU's bit for
- * bit. */
-
-#define ROW_MAX_ACC 4
-#define ROW_MAX_MEMBERS 24
-#define ROW_MAX_ACCESS 64
-
-typedef enum { RA_OTHER, RA_ELEM, RA_SCALAR } row_class;
-
-typedef struct row_access {
-  MlirOperation op;    /* a memref.load or memref.store */
-  MlirValue mem;
-  bool store;
-  row_class cls;
-} row_access;
-
-typedef struct row_acc {
-  MlirOperation load, store, comb;
-  int side;            /* the operand of COMB that the load is */
-  MlirAttribute neutral;
-} row_acc;
-
-typedef struct row_op {
-  MlirOperation p;     /* the top-level scf.parallel */
-  char kind;           /* 'R', 'E' or 'S' */
-  int rank, r;         /* p's loops; the first r index the row */
-  int64_t ub[MAX_LOOP_RANK];
-  int64_t rows, K;
-  MlirOperation loop;  /* R: the scf.for along the row */
-  row_acc acc[ROW_MAX_ACC];
-  int nacc;
-  row_access a[ROW_MAX_ACCESS];
-  int na;
-  bool bad;            /* an op the row mapping does not take */
-} row_op;
-
-/* P's static loop bounds (lower 0, step 1) into UB; its rank, or -1. */
-static int par_bounds(MlirOperation p, int64_t *ub) {
-  if (!cg_op_is(p, "scf.parallel") || mlirOperationGetNumResults(p)) return -1;
-  MlirBlock pb = mlirRegionGetFirstBlock(mlirOperationGetRegion(p, 0));
-  intptr_t r = mlirBlockGetNumArguments(pb);
-  if (r < 1 || r > MAX_LOOP_RANK || mlirOperationGetNumOperands(p) != 3 * r) return -1;
-  for (intptr_t i = 0; i < r; i++) {
-    int64_t lo = -1, st = -1;
-    if (!const_index(mlirOperationGetOperand(p, i), &lo) || !const_index(mlirOperationGetOperand(p, r + i), &ub[i]) ||
-        !const_index(mlirOperationGetOperand(p, 2 * r + i), &st) || lo != 0 || st != 1 || ub[i] < 1)
-      return -1;
-  }
-  return (int)r;
-}
-
-/* Whether T is MEMREF of shape DIMS[0..n) with the identity layout. */
-static bool row_major_of(MlirType t, const int64_t *dims, int n) {
-  if (!mlirTypeIsAMemRef(t) || mlirShapedTypeGetRank(t) != n) return false;
-  MlirAttribute lay = mlirMemRefTypeGetLayout(t);
-  if (!mlirAttributeIsNull(lay) &&
-      !(mlirAttributeIsAAffineMap(lay) && mlirAffineMapIsIdentity(mlirAffineMapAttrGetValue(lay))))
-    return false;
-  for (int i = 0; i < n; i++)
-    if (mlirShapedTypeGetDimSize(t, i) != dims[i]) return false;
-  return true;
-}
-
-typedef struct row_walk {
-  row_op *o;
-  MlirValue kv;        /* the row element's index (null for an S) */
-} row_walk;
-
-static MlirWalkResult row_access_cb(MlirOperation op, void *ud) {
-  row_walk *w = ud;
-  row_op *o = w->o;
-  MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(op));
-  bool load = cg_op_is(op, "memref.load"), store = cg_op_is(op, "memref.store");
-  if (!load && !store) {
-    /* anything else that touches memory is not taken */
-    if ((n.length > 7 && !memcmp(n.data, "memref.", 7)) || (n.length > 7 && !memcmp(n.data, "linalg.", 7)) ||
-        (n.length > 4 && !memcmp(n.data, "gpu.", 4)) || cg_op_is(op, "func.call") ||
-        (n.length > 7 && !memcmp(n.data, "vector.", 7)))
-      o->bad = true;
-    return o->bad ? MlirWalkResultInterrupt : MlirWalkResultAdvance;
-  }
-  if (o->na == ROW_MAX_ACCESS) {
-    o->bad = true;
-    return MlirWalkResultInterrupt;
-  }
-  int first = store ? 2 : 1;
-  MlirValue mem = mlirOperationGetOperand(op, first - 1);
-  int ni = (int)mlirOperationGetNumOperands(op) - first;
-  MlirBlock pb = mlirRegionGetFirstBlock(mlirOperationGetRegion(o->p, 0));
-  bool rowidx = ni >= o->r;
-  for (int i = 0; rowidx && i < o->r; i++)
-    rowidx = mlirValueEqual(mlirOperationGetOperand(op, first + i), mlirBlockGetArgument(pb, i));
-  row_class cls = RA_OTHER;
-  if (rowidx && ni == o->r && row_major_of(mlirValueGetType(mem), o->ub, o->r)) cls = RA_SCALAR;
-  else if (rowidx && ni == o->r + 1 && !mlirValueIsNull(w->kv) &&
-           mlirValueEqual(mlirOperationGetOperand(op, first + o->r), w->kv)) {
-    int64_t dims[MAX_LOOP_RANK + 1];
-    memcpy(dims, o->ub, (size_t)o->r * sizeof *dims);
-    dims[o->r] = o->K;
-    if (row_major_of(mlirValueGetType(mem), dims, o->r + 1)) cls = RA_ELEM;
-  }
-  o->a[o->na++] = (row_access){op, mem, store, cls};
-  return MlirWalkResultAdvance;
-}
-
-/* The combiner OP's neutral element for T (f32 or i32), or null. */
-static MlirAttribute row_neutral(MlirContext ctx, MlirOperation op, MlirType t) {
-  if (mlirTypeIsAF32(t)) {
-    double v;
-    if (cg_op_is(op, "arith.addf")) v = -0.0;
-    else if (cg_op_is(op, "arith.mulf")) v = 1.0;
-    else if (cg_op_is(op, "arith.maximumf") || cg_op_is(op, "arith.maxnumf")) v = -INFINITY;
-    else if (cg_op_is(op, "arith.minimumf") || cg_op_is(op, "arith.minnumf")) v = INFINITY;
-    else return (MlirAttribute){NULL};
-    return mlirFloatAttrDoubleGet(ctx, t, v);
-  }
-  if (!mlirTypeIsAInteger(t) || mlirIntegerTypeGetWidth(t) != 32) return (MlirAttribute){NULL};
-  int64_t v;
-  if (cg_op_is(op, "arith.addi") || cg_op_is(op, "arith.ori") || cg_op_is(op, "arith.xori") ||
-      cg_op_is(op, "arith.maxui"))
-    v = 0;
-  else if (cg_op_is(op, "arith.muli")) v = 1;
-  else if (cg_op_is(op, "arith.andi") || cg_op_is(op, "arith.minui")) v = -1;
-  else if (cg_op_is(op, "arith.maxsi")) v = INT32_MIN;
-  else if (cg_op_is(op, "arith.minsi")) v = INT32_MAX;
-  else return (MlirAttribute){NULL};
-  return mlirIntegerAttrGet(t, v);
-}
-
-/* Whether V is defined outside BLOCK (a value the loop in BLOCK does not compute). */
-static bool defined_outside(MlirValue v, MlirBlock block) {
-  if (mlirValueIsABlockArgument(v)) return !mlirBlockEqual(mlirBlockArgumentGetOwner(v), block);
-  return !mlirBlockEqual(mlirOperationGetBlock(mlirOpResultGetOwner(v)), block);
-}
-
-/* An R's accumulator: the store S (at indices without the element's index)
- * of COMB(load, x) or COMB(x, load), the load in the loop's body at the
- * same indices and read only by COMB. */
-static bool row_accumulator(MlirContext ctx, MlirOperation s, MlirBlock fb, row_acc *a) {
-  MlirValue v = mlirOperationGetOperand(s, 0), mem = mlirOperationGetOperand(s, 1);
-  if (!mlirValueIsAOpResult(v)) return false;
-  MlirOperation c = mlirOpResultGetOwner(v);
-  if (!mlirBlockEqual(mlirOperationGetBlock(c), fb) || mlirOperationGetNumOperands(c) != 2) return false;
-  MlirAttribute neutral = row_neutral(ctx, c, mlirValueGetType(v));
-  if (mlirAttributeIsNull(neutral)) return false;
-  intptr_t ni = mlirOperationGetNumOperands(s) - 2;
-  for (intptr_t i = 0; i < ni; i++)
-    if (!defined_outside(mlirOperationGetOperand(s, 2 + i), fb)) return false;
-  for (int side = 0; side < 2; side++) {
-    MlirValue l = mlirOperationGetOperand(c, side);
-    if (!mlirValueIsAOpResult(l)) continue;
-    MlirOperation lo = mlirOpResultGetOwner(l);
-    if (!cg_op_is(lo, "memref.load") || !mlirBlockEqual(mlirOperationGetBlock(lo), fb) ||
-        !mlirValueEqual(mlirOperationGetOperand(lo, 0), mem) || mlirOperationGetNumOperands(lo) != ni + 1)
-      continue;
-    bool same = true;
-    for (intptr_t i = 0; same && i < ni; i++)
-      same = mlirValueEqual(mlirOperationGetOperand(lo, 1 + i), mlirOperationGetOperand(s, 2 + i));
-    MlirOpOperand use = mlirValueGetFirstUse(l);
-    if (!same || mlirOpOperandIsNull(use) || !mlirOpOperandIsNull(mlirOpOperandGetNextUse(use))) continue;
-    *a = (row_acc){lo, s, c, side, neutral};
-    return true;
-  }
-  return false;
-}
-
-/* Whether load or store OP (its indices from operand FIRST on) uses K
- * only as its last index, of a dimension with unit stride (or not at all). */
-static bool unit_stride_along(MlirOperation op, int first, MlirValue k) {
-  int n = (int)mlirOperationGetNumOperands(op) - first;
-  for (int i = 0; i < n - 1; i++)
-    if (mlirValueEqual(mlirOperationGetOperand(op, first + i), k)) return false;
-  if (n < 1 || !mlirValueEqual(mlirOperationGetOperand(op, first + n - 1), k)) return true;
-  MlirType t = mlirValueGetType(mlirOperationGetOperand(op, first - 1));
-  int64_t strides[MAX_LOOP_RANK + 1], off;
-  if (!mlirTypeIsAMemRef(t) || n > MAX_LOOP_RANK + 1 ||
-      mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(t, strides, &off)))
-    return false;
-  return strides[n - 1] == 1;
-}
-
-/* Reads P as a member of a run over ROWS rows of K elements (ROWS == 0:
- * only as an R, which sets ROWS and K); false where it is none of R, E,
- * S for them. */
-static bool row_read(gpu_ctx *G, MlirOperation p, int64_t rows, int64_t K, row_op *o) {
-  memset(o, 0, sizeof *o);
-  o->p = p;
-  o->rank = par_bounds(p, o->ub);
-  if (o->rank < 1) return false;
-  int64_t all = 1, lead = 1;
-  for (int i = 0; i < o->rank; i++) all *= o->ub[i];
-  lead = all / o->ub[o->rank - 1];
-  MlirBlock pb = mlirRegionGetFirstBlock(mlirOperationGetRegion(p, 0));
-  MlirOperation first = mlirBlockGetFirstOperation(pb);
-  bool one_loop = cg_op_is(first, "scf.for") && mlirOperationEqual(mlirOperationGetNextInBlock(first),
-                                                                      mlirBlockGetTerminator(pb));
-  row_walk w = {o, {NULL}};
-  if (one_loop) { /* an R? */
-    int64_t lo = -1, st = -1, k = 0;
-    if (mlirOperationGetNumResults(first) || !const_index(mlirOperationGetOperand(first, 0), &lo) ||
-        !const_index(mlirOperationGetOperand(first, 1), &k) || !const_index(mlirOperationGetOperand(first, 2), &st) ||
-        lo != 0 || st != 1 || k < 1 || (rows && (all != rows || k != K)))
-      return false;
-    o->kind = 'R', o->r = o->rank, o->rows = all, o->K = k, o->loop = first;
-    MlirBlock fb = mlirRegionGetFirstBlock(mlirOperationGetRegion(first, 0));
-    w.kv = mlirBlockGetArgument(fb, 0);
-    mlirOperationWalk(p, row_access_cb, &w, MlirWalkPreOrder);
-    if (o->bad) return false;
-    /* the lanes read consecutive addresses: every access that moves with
-     * the element moves along a unit-stride last dimension (a column sum,
-     * the element's index on rows, stays one thread per output, whose
-     * neighbours read neighbouring columns) */
-    for (int i = 0; i < o->na; i++)
-      if (!unit_stride_along(o->a[i].op, o->a[i].store ? 2 : 1, w.kv)) return false;
-    for (int i = 0; i < o->na; i++) {
-      if (!o->a[i].store) continue;
-      MlirOperation s = o->a[i].op;
-      bool uses_k = false;
-      for (intptr_t j = 2; j < mlirOperationGetNumOperands(s); j++)
-        uses_k |= mlirValueEqual(mlirOperationGetOperand(s, j), w.kv);
-      if (uses_k) continue; /* an element of the row: its own lane's */
-      if (o->nacc == ROW_MAX_ACC || !row_accumulator(G->ctx, s, fb, &o->acc[o->nacc])) return false;
-      o->nacc++;
-    }
-    if (!o->nacc) return false;
-    /* nothing else in the nest touches an accumulator's buffer */
-    for (int j = 0; j < o->nacc; j++)
-      for (int i = 0; i < o->na; i++)
-        if (!mlirOperationEqual(o->a[i].op, o->acc[j].load) && !mlirOperationEqual(o->a[i].op, o->acc[j].store) &&
-            may_overlap(o->a[i].mem, mlirOperationGetOperand(o->acc[j].store, 1)))
-          return false;
-    return true;
-  }
-  if (!rows) return false;
-  if (all == rows) o->kind = 'S', o->r = o->rank;
-  else if (o->rank >= 2 && lead == rows && o->ub[o->rank - 1] == K) {
-    o->kind = 'E', o->r = o->rank - 1;
-    w.kv = mlirBlockGetArgument(pb, o->r);
-  } else
-    return false;
-  o->rows = rows, o->K = K;
-  mlirOperationWalk(p, row_access_cb, &w, MlirWalkPreOrder);
-  return !o->bad;
-}
-
-/* Whether A (earlier) and B might touch another row's data of a buffer
- * one of them writes (see the section's comment). */
-static bool row_conflict(const row_op *a, const row_op *b) {
-  for (int i = 0; i < a->na; i++)
-    for (int j = 0; j < b->na; j++) {
-      const row_access *x = &a->a[i], *y = &b->a[j];
-      if (!(x->store || y->store) || !may_overlap(x->mem, y->mem)) continue;
-      MlirValue bx, by;
-      int64_t ox, oy, sx, sy;
-      if (x->cls == RA_OTHER || x->cls != y->cls || !extent(x->mem, &bx, &ox, &sx) || !extent(y->mem, &by, &oy, &sy) ||
-          !mlirValueEqual(bx, by) || ox != oy ||
-          !mlirTypeEqual(mlirShapedTypeGetElementType(mlirValueGetType(x->mem)),
-                         mlirShapedTypeGetElementType(mlirValueGetType(y->mem))))
-        return true;
-    }
-  return false;
-}
-
-/* scf.for %i = LO to HI step STEP { } before REF in B; its body (%i its argument 0). */
-static row_region row_for(gpu_ctx *G, MlirBlock b, MlirOperation ref, MlirLocation loc, MlirValue lo, MlirValue hi,
-                          MlirValue step) {
-  MlirType it = mlirIndexTypeGet(G->ctx);
-  MlirRegion r = mlirRegionCreate();
-  MlirBlock fb = mlirBlockCreate(1, &it, &loc);
-  mlirRegionAppendOwnedBlock(r, fb);
-  MlirValue ops[3] = {lo, hi, step};
-  MlirOperationState st = mlirOperationStateGet(nova_str("scf.for"), loc);
-  mlirOperationStateAddOperands(&st, 3, ops);
-  mlirOperationStateAddOwnedRegions(&st, 1, &r);
-  mlirBlockInsertOwnedOperationBefore(b, ref, mlirOperationCreate(&st));
-  return (row_region){fb, mk(fb, (MlirOperation){NULL}, "scf.yield", loc, 0, NULL, 0, NULL, 0, NULL)};
-}
-
-/* A new op like combiner C (same name, result type and attributes) of X and Y. */
-static MlirValue row_combine(MlirBlock b, MlirOperation ref, MlirOperation c, MlirValue x, MlirValue y) {
-  MlirNamedAttribute at[8];
-  int na = 0;
-  for (intptr_t i = 0; i < mlirOperationGetNumAttributes(c) && na < 8; i++) at[na++] = mlirOperationGetAttribute(c, i);
-  MlirValue ops[2] = {x, y};
-  MlirType t = mlirValueGetType(mlirOperationGetResult(c, 0));
-  MlirStringRef n = mlirIdentifierStr(mlirOperationGetName(c));
-  char name[48];
-  snprintf(name, sizeof name, "%.*s", (int)n.length, n.data);
-  return mlirOperationGetResult(mk(b, ref, name, mlirOperationGetLocation(c), 2, ops, 1, &t, na, at), 0);
-}
-
-static MlirValue row_load(MlirBlock b, MlirOperation ref, MlirLocation loc, MlirValue mem, int ni, const MlirValue *idx) {
-  MlirValue ops[MAX_LOOP_RANK + 2];
-  ops[0] = mem;
-  for (int i = 0; i < ni; i++) ops[1 + i] = idx[i];
-  MlirType t = mlirShapedTypeGetElementType(mlirValueGetType(mem));
-  return mlirOperationGetResult(mk(b, ref, "memref.load", loc, 1 + ni, ops, 1, &t, 0, NULL), 0);
-}
-
-static void row_store(MlirBlock b, MlirOperation ref, MlirLocation loc, MlirValue v, MlirValue mem, int ni,
-                      const MlirValue *idx) {
-  MlirValue ops[MAX_LOOP_RANK + 3];
-  ops[0] = v, ops[1] = mem;
-  for (int i = 0; i < ni; i++) ops[2 + i] = idx[i];
-  mk(b, ref, "memref.store", loc, 2 + ni, ops, 0, NULL, 0, NULL);
-}
-
-/* A private buffer of N elements of T (the GPU: memref.alloca, in
- * registers once promoted; --gpu-sim: memref.alloc, freed by the caller). */
-static MlirValue row_private(gpu_ctx *G, MlirBlock b, MlirOperation ref, MlirLocation loc, int64_t n, MlirType t) {
-  MlirType mt = mlirMemRefTypeContiguousGet(t, 1, &n, mlirAttributeGetNull());
-  int32_t seg[2] = {0, 0};
-  MlirNamedAttribute na = named(G->ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(G->ctx, 2, seg));
-  return mlirOperationGetResult(mk(b, ref, G->sim ? "memref.alloc" : "memref.alloca", loc, 0, NULL, 1, &mt, 1, &na), 0);
-}
-
-static MlirValue i32_const(gpu_ctx *G, MlirBlock b, MlirOperation ref, MlirLocation loc, int64_t v) {
-  MlirType t = mlirIntegerTypeGet(G->ctx, 32);
-  MlirNamedAttribute a = named(G->ctx, "value", mlirIntegerAttrGet(t, v));
-  return mlirOperationGetResult(mk(b, ref, "arith.constant", loc, 0, NULL, 1, &t, 1, &a), 0);
-}
-
-
-/* An R's body in the launch: each accumulator privatized, the loop's
- * lanes, the butterfly, lane 0's final combination. */
-static void row_reduce(gpu_ctx *G, MlirBlock body, MlirOperation term, row_op *o, MlirValue lane, MlirValue valid,
-                       MlirValue lane0, MlirValue c0, MlirValue ctpr, int tpr) {
-  MlirLocation loc = mlirOperationGetLocation(o->p);
-  MlirValue priv[ROW_MAX_ACC];
-  for (int j = 0; j < o->nacc; j++) {
-    row_acc *a = &o->acc[j];
-    MlirType t = mlirValueGetType(mlirOperationGetResult(a->comb, 0));
-    priv[j] = row_private(G, body, term, loc, G->sim ? tpr : 1, t);
-    MlirNamedAttribute va = named(G->ctx, "value", a->neutral);
-    MlirValue z = mlirOperationGetResult(mk(body, term, "arith.constant", loc, 0, NULL, 1, &t, 1, &va), 0);
-    if (G->sim) {
-      row_region l = row_for(G, body, term, loc, c0, ctpr, index_const(G->ctx, body, term, loc, 1));
-      MlirValue iv = mlirBlockGetArgument(l.b, 0);
-      row_store(l.b, l.end, loc, z, priv[j], 1, &iv);
-    } else
-      row_store(body, term, loc, z, priv[j], 1, &c0);
-  }
-  /* the lanes: for k = lane to K step TPR (the sim form: for lane = 0 to TPR around it) */
-  row_region v = row_if(body, term, loc, valid);
-  MlirValue ln = lane;
-  if (G->sim) {
-    row_region l = row_for(G, v.b, v.end, loc, c0, ctpr, index_const(G->ctx, v.b, v.end, loc, 1));
-    ln = mlirBlockGetArgument(l.b, 0);
-    v = l;
-  }
-  mlirOperationMoveBefore(o->loop, v.end);
-  mlirOperationSetOperand(o->loop, 0, ln);
-  mlirOperationSetOperand(o->loop, 2, ctpr);
-  MlirValue slot = G->sim ? ln : c0;
-  for (int j = 0; j < o->nacc; j++) {
-    row_acc *a = &o->acc[j];
-    MlirBlock lb = mlirOperationGetBlock(a->load);
-    MlirValue nl = row_load(lb, a->load, loc, priv[j], 1, &slot);
-    mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(a->load, 0), nl);
-    row_store(lb, a->store, loc, mlirOperationGetOperand(a->store, 0), priv[j], 1, &slot);
-  }
-  /* the butterfly, then lane 0 */
-  for (int j = 0; j < o->nacc; j++) {
-    row_acc *a = &o->acc[j];
-    MlirValue part = (MlirValue){NULL};
-    if (!G->sim) part = row_load(body, term, loc, priv[j], 1, &c0);
-    for (int off = tpr / 2; off >= 1; off /= 2) {
-      if (G->sim) { /* lanes l < off: l and l + off */
-        row_region l = row_for(G, body, term, loc, c0, index_const(G->ctx, body, term, loc, off),
-                               index_const(G->ctx, body, term, loc, 1));
-        MlirValue li = mlirBlockGetArgument(l.b, 0);
-        MlirValue lj = binop(l.b, l.end, loc, "arith.addi", li, index_const(G->ctx, l.b, l.end, loc, off));
-        MlirValue x = row_load(l.b, l.end, loc, priv[j], 1, &li), y = row_load(l.b, l.end, loc, priv[j], 1, &lj);
-        row_store(l.b, l.end, loc, row_combine(l.b, l.end, a->comb, x, y), priv[j], 1, &li);
-      } else {
-        MlirValue ops[3] = {part, i32_const(G, body, term, loc, off), i32_const(G, body, term, loc, 32)};
-        MlirType rt[2] = {mlirValueGetType(part), mlirIntegerTypeGet(G->ctx, 1)};
-        MlirNamedAttribute mode =
-            named(G->ctx, "mode", mlirAttributeParseGet(G->ctx, nova_str("#gpu<shuffle_mode xor>")));
-        MlirValue other = mlirOperationGetResult(mk(body, term, "gpu.shuffle", loc, 3, ops, 2, rt, 1, &mode), 0);
-        part = row_combine(body, term, a->comb, part, other);
-      }
-    }
-    row_region f = row_if(body, term, loc, lane0);
-    if (G->sim) part = row_load(f.b, f.end, loc, priv[j], 1, &c0);
-    MlirValue mem = mlirOperationGetOperand(a->store, 1);
-    int ni = (int)mlirOperationGetNumOperands(a->store) - 2;
-    MlirValue idx[MAX_LOOP_RANK];
-    for (int i = 0; i < ni && i < MAX_LOOP_RANK; i++) idx[i] = mlirOperationGetOperand(a->store, 2 + i);
-    MlirValue init = row_load(f.b, f.end, loc, mem, ni, idx);
-    MlirValue res = a->side == 0 ? row_combine(f.b, f.end, a->comb, init, part)
-                                 : row_combine(f.b, f.end, a->comb, part, init);
-    row_store(f.b, f.end, loc, res, mem, ni, idx);
-    mlirOperationDestroy(a->store);
-    mlirOperationDestroy(a->load);
-    if (G->sim) mk(body, term, "memref.dealloc", loc, 1, &priv[j], 0, NULL, 0, NULL);
-  }
-}
-
-/* The run M[0..nm) -> one gpu.launch, placed before its last nest. */
-static void map_rows(gpu_ctx *G, MlirBlock fb, row_op *m, int nm) {
-  MlirContext ctx = G->ctx;
-  int anchor = 0;
-  while (m[anchor].kind != 'R') anchor++;
-  MlirLocation loc = mlirOperationGetLocation(m[anchor].p);
-  int64_t rows = m[anchor].rows, K = m[anchor].K;
-  cfg_reduce_schedule s = cfg_row(G->dev, rows, K, 4);
-  cg_kernel *k = s.ok ? new_kernel(G) : NULL;
-  if (!k) {
-    if (!s.ok) nv_error_plain(G->c->diag, "cannot configure a row kernel of %lld rows of %lld: %s", (long long)rows,
-                              (long long)K, s.reason);
-    G->failed = 1;
-    return;
-  }
-  int tpr = s.threads_per_row, nr = 0;
-  for (int i = 0; i < nm; i++) nr += m[i].kind == 'R';
-  describe_loc(loc, k);
-  snprintf(k->op, sizeof k->op, "row");
-  k->rank = 2, k->dims[0] = rows, k->dims[1] = K;
-  k->n = rows * tpr;
-  k->grid = s.grid;
-  k->block = s.threads;
-  snprintf(k->reason, sizeof k->reason, "%.130s; %d ops (%d reductions) in one kernel", s.reason, nm, nr);
-  MlirOperation term;
-  MlirBlock body = make_launch(G, fb, m[nm - 1].p, loc, s.grid, G->sim ? s.rows_per_block : s.threads, &term);
-  MlirValue bid = mlirBlockGetArgument(body, 0), tid = mlirBlockGetArgument(body, 3);
-  MlirValue c0 = index_const(ctx, body, term, loc, 0), ctpr = index_const(ctx, body, term, loc, tpr);
-  MlirValue lane = G->sim ? c0 : binop(body, term, loc, "arith.remui", tid, ctpr);
-  MlirValue grp = G->sim ? tid : binop(body, term, loc, "arith.divui", tid, ctpr);
-  MlirValue row = binop(body, term, loc, "arith.addi",
-                        binop(body, term, loc, "arith.muli", bid, index_const(ctx, body, term, loc, s.rows_per_block)),
-                        grp);
-  MlirValue valid = row_cmp(G, body, term, loc, 6 /* ult */, row, index_const(ctx, body, term, loc, rows));
-  MlirValue lane0 = G->sim ? valid
-                           : binop(body, term, loc, "arith.andi", valid, row_cmp(G, body, term, loc, 0 /* eq */, lane, c0));
-  for (int i = 0; i < nm; i++) {
-    row_op *o = &m[i];
-    MlirLocation ol = mlirOperationGetLocation(o->p);
-    MlirBlock pb = mlirRegionGetFirstBlock(mlirOperationGetRegion(o->p, 0));
-    MlirValue rest = row;
-    for (int d = o->r - 1; d >= 0; d--) { /* the row's loop indices */
-      MlirValue iv = rest;
-      if (d > 0) {
-        MlirValue dv = index_const(ctx, body, term, ol, o->ub[d]);
-        iv = binop(body, term, ol, "arith.remui", rest, dv);
-        rest = binop(body, term, ol, "arith.divui", rest, dv);
-      }
-      mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(pb, d), iv);
-    }
-    if (o->kind == 'R') row_reduce(G, body, term, o, lane, valid, lane0, c0, ctpr, tpr);
-    else if (o->kind == 'S') {
-      row_region t = row_if(body, term, ol, lane0);
-      move_body(pb, t.end);
-    } else {
-      row_region t = row_if(body, term, ol, valid);
-      MlirValue ln = lane;
-      if (G->sim) {
-        t = row_for(G, t.b, t.end, ol, c0, ctpr, index_const(ctx, t.b, t.end, ol, 1));
-        ln = mlirBlockGetArgument(t.b, 0);
-      }
-      t = row_for(G, t.b, t.end, ol, ln, index_const(ctx, t.b, t.end, ol, K), ctpr);
-      mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(pb, o->r), mlirBlockGetArgument(t.b, 0));
-      move_body(pb, t.end);
-    }
-    mlirOperationDestroy(o->p);
-    if (i + 1 < nm && !G->sim) mk(body, term, "gpu.barrier", ol, 0, NULL, 0, NULL, 0, NULL);
-  }
-}
-
-/* Between two members of a run: ops that compute nothing on the device. */
-static bool row_between(gpu_ctx *G, MlirOperation op) {
-  return (host_op(op) && !cg_op_is(op, "gpu.launch")) || (!G->sim && cg_op_is(op, "memref.alloc"));
-}
-
-/* Groups OPS[0..n) into runs (GRP[i]: the run of op i, or -1); the runs'
- * members in *MEMBERS (run g: MEMBERS[START[g] .. START[g + 1])). */
-static int row_runs(gpu_ctx *G, MlirOperation *ops, int n, int *grp, row_op **members, int **start) {
-  int nrun = 0, nmem = 0, capm = 0;
-  row_op *mem = NULL;
-  int *st = nv_xmalloc(sizeof *st);
-  if (!st) return -1;
-  st[0] = 0;
-  row_op *tmp = nv_xmalloc(sizeof *tmp * ROW_MAX_MEMBERS);
-  int *idx = nv_xmalloc(sizeof *idx * ROW_MAX_MEMBERS);
-  if (!tmp || !idx) goto oom;
-  for (int i = 0; i < n; i++) grp[i] = -1;
-  for (int i = 0; i < n; i++) {
-    if (!cg_op_is(ops[i], "scf.parallel") || !row_read(G, ops[i], 0, 0, &tmp[0])) continue;
-    int cnt = 1, first = 0;
-    idx[0] = i;
-    int64_t rows = tmp[0].rows, K = tmp[0].K;
-    /* back over the elementwise and per-row nests before it */
-    for (int j = i - 1; j >= 0 && cnt < ROW_MAX_MEMBERS; j--) {
-      if (row_between(G, ops[j])) continue;
-      row_op o;
-      if (grp[j] >= 0 || !row_read(G, ops[j], rows, K, &o) || o.kind == 'R') break;
-      bool clash = false;
-      for (int q = 0; q < cnt && !clash; q++) clash = row_conflict(&o, &tmp[(first + q) % ROW_MAX_MEMBERS]);
-      if (clash) break;
-      first = (first + ROW_MAX_MEMBERS - 1) % ROW_MAX_MEMBERS;
-      tmp[first] = o, idx[first] = j, cnt++;
-    }
-    /* then forward */
-    int last = i;
-    for (int j = i + 1; j < n && cnt < ROW_MAX_MEMBERS; j++) {
-      if (row_between(G, ops[j])) continue;
-      row_op o;
-      if (!row_read(G, ops[j], rows, K, &o)) break;
-      bool clash = false;
-      for (int q = 0; q < cnt && !clash; q++) clash = row_conflict(&tmp[(first + q) % ROW_MAX_MEMBERS], &o);
-      if (clash) break;
-      int at = (first + cnt) % ROW_MAX_MEMBERS;
-      tmp[at] = o, idx[at] = j, cnt++;
-      last = j;
-    }
-    if (nmem + cnt > capm) {
-      capm = (nmem + cnt) * 2;
-      row_op *m2 = nv_xrealloc(mem, sizeof *m2 * (size_t)capm);
-      if (!m2) goto oom;
-      mem = m2;
-    }
-    int *st2 = nv_xrealloc(st, sizeof *st2 * (size_t)(nrun + 2));
-    if (!st2) goto oom;
-    st = st2;
-    for (int q = 0; q < cnt; q++) {
-      int at = (first + q) % ROW_MAX_MEMBERS;
-      mem[nmem++] = tmp[at];
-      grp[idx[at]] = nrun;
-    }
-    st[++nrun] = nmem;
-    i = last;
-  }
-  free(tmp);
-  free(idx);
-  *members = mem, *start = st;
-  return nrun;
-oom:
-  free(tmp);
-  free(idx);
-  free(mem);
-  free(st);
-  return -1;
 }
 
 /* memref.alloc -> gpu.alloc of the same static type; adds its size to the
@@ -905,9 +317,9 @@ static void alloc_to_gpu(gpu_ctx *G, MlirBlock fb, MlirOperation a) {
   int32_t seg[3] = {0, 0, 0};
   /* host_shared: the synchronous form gpu-to-llvm lowers (to mgpuMemAlloc,
    * which takes it from the device scratch arena whatever the flag says) */
-  MlirNamedAttribute na[2] = {named(G->ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(G->ctx, 3, seg)),
-                              named(G->ctx, "hostShared", mlirUnitAttrGet(G->ctx))};
-  MlirOperation g = mk(fb, a, "gpu.alloc", mlirOperationGetLocation(a), 0, NULL, 1, &t, 2, na);
+  MlirNamedAttribute na[2] = {cu_named(G->ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(G->ctx, 3, seg)),
+                              cu_named(G->ctx, "hostShared", mlirUnitAttrGet(G->ctx))};
+  MlirOperation g = cu_mk(fb, a, "gpu.alloc", mlirOperationGetLocation(a), 0, NULL, 1, &t, 2, na);
   mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(a, 0), mlirOperationGetResult(g, 0));
   mlirOperationDestroy(a);
 }
@@ -953,9 +365,9 @@ static void map_function(gpu_ctx *G, MlirOperation f) {
     return;
   }
   MlirOperation *run = nv_xmalloc((size_t)(n ? n : 1) * sizeof *run);
-  int *grp = nv_xmalloc((size_t)(n ? n : 1) * sizeof *grp), *rstart = NULL;
-  row_op *rmem = NULL;
-  if (!run || !grp || row_runs(G, ops, n, grp, &rmem, &rstart) < 0) {
+  int *grp = nv_xmalloc((size_t)(n ? n : 1) * sizeof *grp);
+  cu_rows *rows = run && grp ? cu_rows_find(G, ops, n, grp) : NULL;
+  if (!rows) {
     free(run), free(grp), free(ops);
     G->failed = 1;
     return;
@@ -967,14 +379,13 @@ static void map_function(gpu_ctx *G, MlirOperation f) {
     if (grp[i] >= 0) { /* a row kernel's nest: mapped with its last */
       int g = grp[i];
       if (nrun) map_serial(G, fb, run, nrun), nrun = 0;
-      if (mlirOperationEqual(rmem[rstart[g + 1] - 1].p, op))
-        map_rows(G, fb, rmem + rstart[g], rstart[g + 1] - rstart[g]);
+      if (cu_rows_is_last(rows, g, op)) cu_rows_map(G, fb, rows, g);
     } else if (cg_op_is(op, "scf.parallel") || !mlirOperationIsNull(inner)) {
       if (nrun) map_serial(G, fb, run, nrun), nrun = 0;
       map_parallel(G, fb, op, mlirOperationIsNull(inner) ? op : inner);
     } else if (cg_op_is(op, "gpu.launch")) { /* a GEMM kernel */
       if (nrun) map_serial(G, fb, run, nrun), nrun = 0;
-      cg_kernel *k = new_kernel(G);
+      cg_kernel *k = cu_new_kernel(G);
       if (!k || G->gemm_used >= G->ngemm) {
         G->failed = 1;
         break;
@@ -988,13 +399,12 @@ static void map_function(gpu_ctx *G, MlirOperation f) {
       /* the kernel of the pending run goes before a buffer is freed (sim) */
       if (nrun && G->sim) map_serial(G, fb, run, nrun), nrun = 0;
       if (!G->sim) mlirOperationDestroy(op);
-    } else if (!host_op(op)) run[nrun++] = op;
+    } else if (!cu_host_op(op)) run[nrun++] = op;
   }
   if (nrun && !G->failed) map_serial(G, fb, run, nrun);
   free(run);
   free(grp);
-  free(rmem);
-  free(rstart);
+  cu_rows_free(rows);
   free(ops);
   for (MlirOperation op = mlirBlockGetFirstOperation(fb); !G->failed && !mlirOperationIsNull(op);
        op = mlirOperationGetNextInBlock(op))
@@ -1220,7 +630,7 @@ static MlirOperation zero_fill_of_c(MlirOperation op, MlirOperation fill) {
  * reshape, transpose, cast or subview of another buffer: that whole
  * buffer's); false when unknown (a dynamic offset, a reinterpret_cast,
  * another op). */
-static bool extent(MlirValue v, MlirValue *base, int64_t *off, int64_t *size) {
+bool cu_extent(MlirValue v, MlirValue *base, int64_t *off, int64_t *size) {
   MlirType t = mlirValueGetType(v);
   if (!mlirTypeIsAMemRef(t) || !mlirShapedTypeHasStaticShape(t)) return false;
   *size = cg_type_bytes(t), *off = 0, *base = v;
@@ -1228,7 +638,7 @@ static bool extent(MlirValue v, MlirValue *base, int64_t *off, int64_t *size) {
   MlirOperation d = mlirOpResultGetOwner(v);
   if (cg_op_is(d, "memref.collapse_shape") || cg_op_is(d, "memref.expand_shape") || cg_op_is(d, "memref.subview") ||
       cg_op_is(d, "memref.transpose") || cg_op_is(d, "memref.cast"))
-    return extent(mlirOperationGetOperand(d, 0), base, off, size);
+    return cu_extent(mlirOperationGetOperand(d, 0), base, off, size);
   if (!cg_op_is(d, "memref.view") || mlirOperationGetNumOperands(d) != 2) return false;
   MlirValue sh = mlirOperationGetOperand(d, 1);
   if (!mlirValueIsAOpResult(sh) || !cg_op_is(mlirOpResultGetOwner(sh), "arith.constant")) return false;
@@ -1239,10 +649,10 @@ static bool extent(MlirValue v, MlirValue *base, int64_t *off, int64_t *size) {
 }
 
 /* Whether buffers A and B may share bytes (unknown: yes). */
-static bool may_overlap(MlirValue a, MlirValue b) {
+bool cu_may_overlap(MlirValue a, MlirValue b) {
   MlirValue ba, bb;
   int64_t oa, ob, sa, sb;
-  if (!extent(a, &ba, &oa, &sa) || !extent(b, &bb, &ob, &sb)) return true;
+  if (!cu_extent(a, &ba, &oa, &sa) || !cu_extent(b, &bb, &ob, &sb)) return true;
   /* (two of the step's arguments are distinct buffers) */
   if (!mlirValueEqual(ba, bb)) return !(mlirValueIsABlockArgument(ba) && mlirValueIsABlockArgument(bb));
   return oa < ob + sb && ob < oa + sa;
@@ -1332,10 +742,10 @@ static MlirOperation find_epilogue(MlirOperation op, cg_gemm_operands *go, MlirV
     /* E's operands may not be written under it: Y shares no byte with A, B, C or an input; an input none with C */
     for (int j = 0; j < n; j++)
       if (j != i && (i == n - 1 || j == n - 1) && !mlirValueEqual(mlirOperationGetOperand(e, j), v) &&
-          may_overlap(v, mlirOperationGetOperand(e, j)))
+          cu_may_overlap(v, mlirOperationGetOperand(e, j)))
         return (MlirOperation){NULL};
-    if (may_overlap(v, cv) ||
-        (i == n - 1 && (may_overlap(v, mlirOperationGetOperand(op, 0)) || may_overlap(v, mlirOperationGetOperand(op, 1)))))
+    if (cu_may_overlap(v, cv) ||
+        (i == n - 1 && (cu_may_overlap(v, mlirOperationGetOperand(op, 0)) || cu_may_overlap(v, mlirOperationGetOperand(op, 1)))))
       return (MlirOperation){NULL};
     int a = ep->nargs++;
     ep->arg[i] = a, xv[a] = v;
@@ -1555,7 +965,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
     MlirLocation loc = mlirOperationGetLocation(f);
     MlirOperation first = mlirBlockGetFirstOperation(fb);
     int32_t seg[2] = {0, 0};
-    MlirNamedAttribute na = named(G->ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(G->ctx, 2, seg));
+    MlirNamedAttribute na = cu_named(G->ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(G->ctx, 2, seg));
     MlirOperationState st = mlirOperationStateGet(nova_str("memref.alloc"), loc);
     mlirOperationStateAddResults(&st, 1, &wt);
     mlirOperationStateAddAttributes(&st, 1, &na);
@@ -1599,7 +1009,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
     if (go.overwrite) mlirOperationDestroy(fill);
     cg_kernel *k = &G->gemm[G->ngemm];
     memset(k, 0, sizeof *k);
-    describe_loc(mlirOperationGetLocation(op), k);
+    cu_describe_loc(mlirOperationGetLocation(op), k);
     snprintf(k->op, sizeof k->op, "matmul");
     k->gemm = true, k->tensor_core = tc.ok;
     k->gemm_mnk[0] = M, k->gemm_mnk[1] = N, k->gemm_mnk[2] = K, k->gemm_ta = go.ta, k->gemm_tb = go.tb;
@@ -1650,7 +1060,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
       if (split > 1) { /* the second kernel: C (+)= the sum of the partial products */
         cg_kernel *k2 = &G->gemm[G->ngemm++];
         memset(k2, 0, sizeof *k2);
-        describe_loc(mlirOperationGetLocation(op), k2);
+        cu_describe_loc(mlirOperationGetLocation(op), k2);
         snprintf(k2->op, sizeof k2->op, "matmul");
         k2->grid = (M * N + 255) / 256, k2->grid_y = 1, k2->grid_z = pl.nb, k2->block = 256;
         for (int r = 0; r < go.nbatch; r++) k2->dims[k2->rank++] = go.bsize[r];
@@ -1696,7 +1106,7 @@ static int matmuls_to_gemm(gpu_ctx *G, MlirOperation f) {
     if (split > 1) mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(body, 3), wbuf);
     for (int j = 0; j < go.epi.nargs; j++)
       mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(body, 3 + (split > 1) + j), xv[j]);
-    move_body(body, op);
+    cu_move_body(body, op);
     mlirOperationDestroy(fn);
     if (!mlirOperationIsNull(epi)) {
       next = mlirOperationGetNextInBlock(epi);
@@ -1737,7 +1147,7 @@ static void launch_to_loops(gpu_ctx *G, MlirOperation f) {
     }
     MlirLocation loc = mlirOperationGetLocation(l);
     MlirBlock lb = mlirRegionGetFirstBlock(mlirOperationGetRegion(l, 0));
-    MlirValue zero = index_const(ctx, fb, l, loc, 0), one = index_const(ctx, fb, l, loc, 1);
+    MlirValue zero = cu_index_const(ctx, fb, l, loc, 0), one = cu_index_const(ctx, fb, l, loc, 1);
     MlirValue ops[6] = {zero, zero, mlirOperationGetOperand(l, 0), mlirOperationGetOperand(l, 3), one, one};
     MlirType it = mlirIndexTypeGet(ctx);
     MlirType at[2] = {it, it};
@@ -1746,13 +1156,13 @@ static void launch_to_loops(gpu_ctx *G, MlirOperation f) {
     MlirBlock body = mlirBlockCreate(2, at, al);
     mlirRegionAppendOwnedBlock(region, body);
     int32_t seg[4] = {2, 2, 2, 0};
-    MlirNamedAttribute na = named(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 4, seg));
+    MlirNamedAttribute na = cu_named(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 4, seg));
     MlirOperationState st = mlirOperationStateGet(nova_str("scf.parallel"), loc);
     mlirOperationStateAddOperands(&st, 6, ops);
     mlirOperationStateAddAttributes(&st, 1, &na);
     mlirOperationStateAddOwnedRegions(&st, 1, &region);
     mlirBlockInsertOwnedOperationBefore(fb, l, mlirOperationCreate(&st));
-    MlirOperation red = mk(body, (MlirOperation){NULL}, "scf.reduce", loc, 0, NULL, 0, NULL, 0, NULL);
+    MlirOperation red = cu_mk(body, (MlirOperation){NULL}, "scf.reduce", loc, 0, NULL, 0, NULL, 0, NULL);
     /* block ids, thread ids, grid and block sizes: x from the loop, the rest 0 or 1 */
     for (int i = 0; i < 12; i++) {
       MlirValue v = i == 0 ? mlirBlockGetArgument(body, 0) : i == 3 ? mlirBlockGetArgument(body, 1)
@@ -1760,7 +1170,7 @@ static void launch_to_loops(gpu_ctx *G, MlirOperation f) {
                     : i < 6 ? zero : one;
       mlirValueReplaceAllUsesOfWith(mlirBlockGetArgument(lb, i), v);
     }
-    move_body(lb, red);
+    cu_move_body(lb, red);
     mlirOperationDestroy(l);
     l = next;
   }
