@@ -17,7 +17,8 @@
  * a reader never sees a partial entry, and of two novac processes storing
  * the same key the second's rename fails and its copy is dropped.  After a
  * store, entries beyond --cache-max go, least recently used first (a hit
- * touches its folder).  A cache folder that cannot be written is warned
+ * touches its folder), and temporaries a killed novac left (an hour old)
+ * are removed.  A cache folder that cannot be written is warned
  * about once; the compile goes on without it. */
 #include <dirent.h>
 #include <errno.h>
@@ -336,12 +337,28 @@ static void trim(nc_cache *c, const char *keep) {
   free(v);
 }
 
+/* Removes the temporary folders a novac killed while storing left (an
+ * hour old: no store takes that long). */
+static void sweep_temporaries(const char *dir) {
+  DIR *d = opendir(dir);
+  time_t now = time(NULL);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    char path[PATH_MAX];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (!strncmp(e->d_name, ".tmp.", 5) && !stat(path, &st) && S_ISDIR(st.st_mode) && now - st.st_mtime > 3600)
+      remove_entry(path);
+  }
+  if (d) closedir(d);
+}
+
 void nc_store(nc_cache *c, const nc_key *k, const char *so, const char *manifest) {
   if (!c->dir) return;
   if (mkdir(c->dir, 0777) && errno != EEXIST) {
     warn_once(c, "creating it");
     return;
   }
+  sweep_temporaries(c->dir);
   char tmp[PATH_MAX], path[PATH_MAX + 16], entry[PATH_MAX];
   snprintf(tmp, sizeof tmp, "%s/.tmp.XXXXXX", c->dir);
   if (!mkdtemp(tmp)) {

@@ -138,6 +138,11 @@ fi
 rc=$?
 if [ $rc = 2 ] && grep -q "cache-max takes a size" log; then pass cache-max-usage; else fail cache-max-usage "exit $rc" "$(cat log)"; fi
 
+# a temporary folder a killed novac left is removed by a later store once an hour old
+mkdir -p c/.tmp.old1 c/.tmp.new1 && touch c/.tmp.old1/step.so && touch -d '2 hours ago' c/.tmp.old1 &&
+  "$NOVAC" lin.onnx --dim=batch=9 $C -o t.so >/dev/null 2>&1
+if [ ! -e c/.tmp.old1 ] && [ -d c/.tmp.new1 ]; then pass sweep-temporaries; else fail sweep-temporaries "$(ls -A c)"; fi
+
 # four novac processes storing the same step at once: one whole entry, no temporaries
 rm -rf c3
 for n in 1 2 3 4; do "$NOVAC" lin.onnx --dim=batch=7 --cache-dir=c3 -o p$n.so >log$n 2>&1 & done
