@@ -648,8 +648,20 @@ static void epi_store(gemm_gen *g, const char *Ct, int row, int col, int v) {
   for (int i = 0; i < e->n; i++) free(ts[i]);
 }
 
-/* C (+)= the accumulators: element (r, cc) of mma tile (mi, ni) at row
- * g + 8r, column 2t + cc of the warp tile. */
+/* Element I of the thread's accumulators of mma tile IDX, as the fresh
+ * value returned (sim: from its slice of %acc; GPU: from the K loop's
+ * results). */
+static int acc_value(tc_gen *c, int idx, int i) {
+  gemm_gen *g = c->g;
+  int v = fresh(g);
+  if (g->sim) {
+    int cidxv = cidx(g, idx), ci = cidx(g, i);
+    P("%%t%d = memref.load %%acc[%%tx, %%t%d, %%t%d] : %s\n", v, cidxv, ci, c->accm);
+  } else
+    P("%%t%d = vector.extract %%kres#%d[%d, %d] : f32 from vector<2x2xf32>\n", v, idx, i / 2, i % 2);
+  return v;
+}
+
 /* With an epilogue: the block's accumulators go through shared memory
  * (%Cs, BM x (BN + 4) f32 over the stages, which the K loop no longer
  * needs), then the block's threads take its elements in order (a warp a
@@ -673,14 +685,9 @@ static void tc_store_staged(tc_gen *c, const char *Ct) {
   for (int mi = 0; mi < c->mi; mi++)
     for (int ni = 0; ni < c->ni; ni++)
       for (int i = 0; i < 4; i++) {
-        int idx = mi * c->ni + ni, v = fresh(g);
         int cr = cidx(g, mi * 16 + 8 * (i / 2)), cc = cidx(g, ni * 8 + i % 2), r = fresh(g), col = fresh(g);
         P("%%t%d = arith.addi %%sr0, %%t%d : index\n%%t%d = arith.addi %%sc0, %%t%d : index\n", r, cr, col, cc);
-        if (g->sim) {
-          int cidxv = cidx(g, idx), ci = cidx(g, i);
-          P("%%t%d = memref.load %%acc[%%tx, %%t%d, %%t%d] : %s\n", v, cidxv, ci, c->accm);
-        } else
-          P("%%t%d = vector.extract %%kres#%d[%d, %d] : f32 from vector<2x2xf32>\n", v, idx, i / 2, i % 2);
+        int v = acc_value(c, mi * c->ni + ni, i);
         P("memref.store %%t%d, %%Cs[%%t%d, %%t%d] : %s\n", v, r, col, cst);
       }
   phase_end(g);
@@ -712,9 +719,10 @@ static void tc_store_staged(tc_gen *c, const char *Ct) {
   if (g->sim) P("memref.dealloc %%Cs : %s\n", cst);
 }
 
+/* C (+)= the accumulators: element (r, cc) of mma tile (mi, ni) at row
+ * g + 8r, column 2t + cc of the warp tile (or split-K's workspace). */
 static void tc_store(tc_gen *c, const char *Ct) {
   gemm_gen *g = c->g;
-  const char *V = "vector<2x2xf32>";
   phase_begin(g);
   if (g->sim) warp_pos(c);
   int cm = cidx(g, g->M), cn = cidx(g, g->N), c2 = cidx(g, 2);
@@ -725,23 +733,16 @@ static void tc_store(tc_gen *c, const char *Ct) {
   for (int mi = 0; mi < c->mi; mi++)
     for (int ni = 0; ni < c->ni; ni++)
       for (int i = 0; i < 4; i++) {
-        int idx = mi * c->ni + ni;
         int cr = cidx(g, mi * 16 + 8 * (i / 2)), cc = cidx(g, ni * 8 + i % 2), row = fresh(g), col = fresh(g);
         P("%%t%d = arith.addi %%gr1, %%t%d : index\n%%t%d = arith.addi %%gc1, %%t%d : index\n", row, cr, col, cc);
         int ok1 = fresh(g), ok2 = fresh(g), ok = fresh(g);
         P("%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n%%t%d = arith.cmpi ult, %%t%d, %%t%d : index\n"
           "%%t%d = arith.andi %%t%d, %%t%d : i1\nscf.if %%t%d {\n",
           ok1, row, cm, ok2, col, cn, ok, ok1, ok2, ok);
-        int v = fresh(g);
-        if (g->sim) {
-          int cidxv = cidx(g, idx), ci = cidx(g, i);
-          P("%%t%d = memref.load %%acc[%%tx, %%t%d, %%t%d] : %s\n", v, cidxv, ci, c->accm);
-        } else
-          P("%%t%d = vector.extract %%kres#%d[%d, %d] : f32 from %s\n", v, idx, i / 2, i % 2, V);
+        int v = acc_value(c, mi * c->ni + ni, i);
         int cv = fresh(g), sum = fresh(g);
         if (c->Wt)
           P("memref.store %%t%d, %%W[%%bz, %%t%d, %%t%d] : %s\n}\n", v, row, col, c->Wt);
-
         else if (g->o->overwrite)
           P("memref.store %%t%d, %%C[%%t%d, %%t%d] : %s\n}\n", v, row, col, Ct);
         else

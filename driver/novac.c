@@ -795,10 +795,7 @@ static int fuse_attention(nv_diag *d, const opts *o, nv_graph *g, nv_graph *ge) 
 static int write_deps(nv_diag *d, const opts *o) {
   char rtdir[PATH_MAX + 32];
   runtime_dir(rtdir, sizeof rtdir);
-  const char *dev = o->device;
-  bool dev_file = dev && !cfg_device_find(dev) && strcmp(dev, "auto") && strcmp(dev, "host") &&
-                  (strchr(dev, '/') || strstr(dev, ".json"));
-  const char *extra[2] = {dev_file ? dev : NULL, o->policy};
+  const char *extra[2] = {nd_device_is_file(o->device) ? o->device : NULL, o->policy};
   char *def = o->output ? NULL : default_output(o->input, o->emit == EMIT_OBJ ? ".o" : ".so");
   const char *target = o->output ? o->output : def;
   int rc = target ? nd_deps_write(d, &o->deps, target, o->input, extra, 2, rtdir, o->argc, o->argv) : -1;

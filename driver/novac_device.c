@@ -16,6 +16,11 @@ static void known_list(char *list, size_t n) {
   for (int i = 0; i < k && i < 64; i++) snprintf(list + strlen(list), n - strlen(list), ", %s", names[i]);
 }
 
+bool nd_device_is_file(const char *dev) {
+  return dev && strcmp(dev, "host") && strcmp(dev, "auto") && !cfg_device_find(dev) &&
+         (strchr(dev, '/') || strstr(dev, ".json"));
+}
+
 int nd_device(nv_diag *d, bool cuda, const char *dev, cfg_device *out) {
   char err[512] = "", list[1024];
   if (!dev) dev = cuda ? "auto" : "host";
@@ -41,7 +46,7 @@ int nd_device(nv_diag *d, bool cuda, const char *dev, cfg_device *out) {
   }
   const cfg_device *known = cfg_device_find(dev);
   if (known) *out = *known;
-  else if (strchr(dev, '/') || strstr(dev, ".json")) {
+  else if (nd_device_is_file(dev)) {
     if (cfg_device_load(dev, out, err, sizeof err)) {
       nv_error_plain(d, "--device=%s: %s", dev, err);
       return -1;

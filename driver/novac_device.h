@@ -12,6 +12,9 @@
  * for cuda) -> *out; a GPU model for cuda, the host or a CPU file for the
  * cpu.  0, or -1 with a diagnostic (unknown names list the known ones). */
 int nd_device(nv_diag *d, bool cuda, const char *dev, cfg_device *out);
+/* Whether --device=DEV names a JSON device file (not host, auto or a
+ * built-in model). */
+bool nd_device_is_file(const char *dev);
 
 /* 0 if the step's tensors and intermediates fit DEV's memory (or it is
  * unknown); else -1 with a diagnostic giving both sizes. */

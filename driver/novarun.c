@@ -668,6 +668,7 @@ typedef struct nr_loop {
   int has_lr;
   int has_norm; /* the step reports grad_norm (novac --clip-grad-norm) */
   long long accum; /* runs per update (novac --accumulate; 1: every run updates) */
+  int64_t batch;   /* samples per run (the first batched input's rows; 0: none) */
 } nr_loop;
 
 /* After step STEP (the K-th of the run): the evaluation when it is due. */
@@ -694,11 +695,7 @@ static int nr_train_steps(nr_step *s, const nr_options *o, nr_batches *b, long l
                           nr_loop *L) {
   nova_dtype dt = NOVA_DTYPE_F32;
   int tty = isatty(2), every = o->steps > 20 ? (int)(o->steps / 20) : 1;
-  int64_t batch = 0;
-  nova_tensor_info info;
-  for (int i = 0, n = s->api.num_tensors(s->step); i < n && !batch; i++)
-    if (s->api.tensor(s->step, i, &info) == NOVA_OK && info.role == NOVA_ROLE_INPUT && info.rank > 0)
-      batch = info.shape[0];
+  int64_t batch = L->batch;
   if (!nr_loss(s, &dt))
     return nr_error("%s: --steps needs a training step (compiled with novac --train); this step has no loss", s->path);
   FILE *log = o->loss_log ? fopen(o->loss_log, "w") : NULL;
@@ -824,7 +821,7 @@ static int nr_train_steps(nr_step *s, const nr_options *o, nr_batches *b, long l
 static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long start, long long *done, int *keep) {
   nr_loop L = {.base_lr = NAN};
   nova_tensor_info info;
-  int64_t batch = 0;
+  int64_t batch = 0; /* the first batched input's rows */
   for (int i = 0, n = s->api.num_tensors(s->step); i < n; i++)
     if (s->api.tensor(s->step, i, &info) == NOVA_OK) {
       if (info.has_default && !strcmp(info.name, "lr")) L.has_lr = 1;
@@ -867,6 +864,7 @@ static int nr_train(nr_step *s, const nr_options *o, nr_batches *b, long long st
     nr_batches_destroy(L.eb);
     return nr_error("%s: %s", o->log_path, strerror(errno));
   }
+  L.batch = batch;
   int rc = nr_train_steps(s, o, b, start, done, keep, &L);
   if (L.jl && fclose(L.jl) && !rc) rc = nr_error("%s: %s", o->log_path, strerror(errno));
   nr_batches_destroy(L.eb);

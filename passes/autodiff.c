@@ -707,6 +707,11 @@ static int rng_state(ad *A, nv_node **rng) {
   return add_update(A, rng[1], add(A, rng[1], konst(A, NOVA_DTYPE_I64, 1))) ? 0 : -1;
 }
 
+/* Whether node I is a trained param with a gradient. */
+static bool has_grad(const ad *A, int i) {
+  return A->g->nodes[i]->op == NV_OP_PARAM && A->needs[i] && A->grad[i];
+}
+
 /* ---- the finite check ----------------------------------------------------------- */
 
 /* x - x summed over every element (into dtype DT): 0 exactly when every
@@ -740,7 +745,7 @@ static int finite_check(ad *A, nv_node *loss, bool per_param, bool sharded) {
   A->loc = loss->loc;
   nv_node *sum = A->l0 = A->l0 ? A->l0 : nonfinite_term(A, loss, loss->dtype);
   for (int i = 0; i < A->nforward && !per_param; i++)
-    if (g->nodes[i]->op == NV_OP_PARAM && A->needs[i] && A->grad[i])
+    if (has_grad(A, i))
       sum = add(A, sum, nonfinite_term(A, A->grad[i], loss->dtype));
   if (sharded && sum) { /* each rank checked its shards: the verdict is the sum over the ranks */
     sum = mk(A, NV_OP_ALL_REDUCE, 1, &sum, &(nv_node){.axis = 0});
@@ -788,7 +793,7 @@ static int accumulate_runs(ad *A, const ad_options *o, nv_node *inv, bool per_pa
   nv_node *inv_k = dvd(A, konst(A, NOVA_DTYPE_F32, 1), cast_to(A, k, NOVA_DTYPE_F32));
   for (int i = 0; i < A->nforward; i++) {
     nv_node *p = g->nodes[i];
-    if (p->op != NV_OP_PARAM || !A->needs[i] || !A->grad[i]) continue;
+    if (!has_grad(A, i)) continue;
     A->loc = p->loc;
     nv_node *gr = A->grad[i];
     if (inv) gr = mul(A, gr, cast_to(A, inv, gr->dtype));
@@ -826,7 +831,7 @@ static nv_node *clip_factor(ad *A, const ad_options *o, nv_node *inv, bool per_p
   nv_node *total = NULL;
   for (int i = 0; i < A->nforward; i++) {
     nv_node *p = g->nodes[i];
-    if (p->op != NV_OP_PARAM || !A->needs[i] || !A->grad[i]) continue;
+    if (!has_grad(A, i)) continue;
     A->loc = p->loc;
     nv_node *gf = cast_to(A, A->grad[i], NOVA_DTYPE_F32);
     int64_t axes[NOVA_MAX_RANK];

@@ -611,24 +611,17 @@ static void test_kernel_gpu(void)
             snprintf(name, sizeof name, "pointwise/%s/%s", d->name, av ? "vector" : "scalar");
             report(name, bad, msg);
         }
-        int bad = 0;
-        msg[0] = 0;
-        for (int k = 0; k < NKSHAPES && !bad; k++)
-            for (int e = 0; e < NELEM && !bad; e++) {
-                cfg_reduce_schedule s = cfg_reduce(d, g_red[k][0], g_red[k][1], k_elem[e]);
-                bad = check_reduce(d, g_red[k][0], g_red[k][1], k_elem[e], false, &s, msg, sizeof msg);
-            }
-        snprintf(name, sizeof name, "reduce/%s", d->name);
-        report(name, bad, msg);
-        bad = 0;
-        msg[0] = 0;
-        for (int k = 0; k < NKSHAPES && !bad; k++)
-            for (int e = 0; e < NELEM && !bad; e++) {
-                cfg_reduce_schedule s = cfg_row(d, g_red[k][0], g_red[k][1], k_elem[e]);
-                bad = check_reduce(d, g_red[k][0], g_red[k][1], k_elem[e], true, &s, msg, sizeof msg);
-            }
-        snprintf(name, sizeof name, "row/%s", d->name);
-        report(name, bad, msg);
+        for (int row = 0; row < 2; row++) { /* cfg_reduce, then cfg_row (the row kernels') */
+            int bad = 0;
+            msg[0] = 0;
+            for (int k = 0; k < NKSHAPES && !bad; k++)
+                for (int e = 0; e < NELEM && !bad; e++) {
+                    cfg_reduce_schedule s = (row ? cfg_row : cfg_reduce)(d, g_red[k][0], g_red[k][1], k_elem[e]);
+                    bad = check_reduce(d, g_red[k][0], g_red[k][1], k_elem[e], row, &s, msg, sizeof msg);
+                }
+            snprintf(name, sizeof name, "%s/%s", row ? "row" : "reduce", d->name);
+            report(name, bad, msg);
+        }
     }
 }
 
