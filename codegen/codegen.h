@@ -118,6 +118,28 @@ typedef struct cg_gpu {
 
 #define CG_EVAL_PREFIX "nova_eval_"
 
+/* One size of a step that serves several (novac --dim=NAME=LO..HI,
+ * passes/buckets.h): its graph, masked for that size, lowered like the
+ * step to the LLVM dialect with its symbols prefixed PREFIX, and its
+ * evaluation entry's (NULL graph: none; symbols PREFIX CG_EVAL_PREFIX...). */
+typedef struct cg_bucket {
+  int64_t size;
+  const nv_graph *graph;
+  MlirModule module;
+  const cg_plan *plan;
+  const nv_graph *eval_graph;
+  MlirModule eval_module;
+  const cg_plan *eval_plan;
+  char prefix[32];
+} cg_bucket;
+
+/* An axis of a step's input or output whose extent is A * size + C. */
+typedef struct cg_dim_axis {
+  const char *tensor; /* borrowed */
+  int axis;
+  int64_t a, c;
+} cg_dim_axis;
+
 typedef struct cg_options {
   const char *output;        /* step.so path */
   const char *manifest;      /* step.json path, or NULL */
@@ -133,6 +155,16 @@ typedef struct cg_options {
   const nv_graph *eval_graph;
   MlirModule eval_module;
   const cg_plan *eval_plan;
+  /* several sizes of dimension DIM_NAME in [DIM_LO, DIM_HI] (NULL: one): the
+   * smaller buckets (ascending; the step itself, the graph and module given
+   * to cg_step_begin, is the largest, DIM_HI's bucket), the axes that follow
+   * the size */
+  const char *dim_name;
+  int64_t dim_lo, dim_hi;
+  int nbuckets;
+  const cg_bucket *buckets;
+  int ndim_axes;
+  const cg_dim_axis *dim_axes;
   bool time_passes;
   bool keep_temps;
   bool verbose;

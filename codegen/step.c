@@ -115,27 +115,30 @@ static void c_string(nv_sbuf *b, const char *s) {
 /* Whether tensor X of the training step can stand for E, a tensor of its
  * evaluation entry: the same name, dtype and shape, and a role of the same
  * kind (input or label; param or buffer; output or loss). */
-static bool same_tensor(const step_tensor *x, const step_tensor *e) {
+static bool same_tensor(const step_tensor *x, const step_tensor *e, bool any_extent) {
   int kx = x->role <= NOVA_ROLE_LABEL ? 0 : x->role == NOVA_ROLE_PARAM || x->role == NOVA_ROLE_BUFFER ? 1
          : x->role == NOVA_ROLE_OUTPUT || x->role == NOVA_ROLE_LOSS ? 2 : 3;
   int ke = e->role <= NOVA_ROLE_LABEL ? 0 : e->role == NOVA_ROLE_PARAM || e->role == NOVA_ROLE_BUFFER ? 1 : 2;
+  if (any_extent) kx = (int)x->role, ke = (int)e->role; /* a bucket's step: the same tensors */
   return kx == ke && !strcmp(x->name, e->name) && x->node->dtype == e->node->dtype && x->node->rank == e->node->rank &&
-         !memcmp(x->node->shape, e->node->shape, (size_t)x->node->rank * sizeof x->node->shape[0]);
+         (any_extent || !memcmp(x->node->shape, e->node->shape, (size_t)x->node->rank * sizeof x->node->shape[0]));
 }
 
-/* The evaluation entry's arguments as tensors of the training step T[0..n)
- * (*EA, owned; *NA of them), or -1 after a diagnostic. */
-static int eval_args(nova_ctx *c, const nv_graph *e, const step_tensor *t, int n, int32_t **ea, int *na) {
+/* The arguments of E (the evaluation entry, or a smaller bucket's step:
+ * ANY_EXTENT, its tensors' extents may differ) as tensors of the step
+ * T[0..n) (*EA, owned; *NA of them), or -1 after a diagnostic. */
+static int eval_args(nova_ctx *c, const nv_graph *e, const step_tensor *t, int n, bool any_extent, int32_t **ea,
+                     int *na) {
   step_tensor *et;
   int64_t isz;
   int en = collect(e, &et, &isz), rc = 0;
   *ea = en >= 0 ? nv_xcalloc((size_t)en + 1, sizeof **ea) : NULL;
   for (int k = 0; *ea && k < en && !rc; k++) {
     int j = 0;
-    while (j < n && !same_tensor(&t[j], &et[k])) j++;
+    while (j < n && !same_tensor(&t[j], &et[k], any_extent)) j++;
     if (j == n) {
-      nv_error_plain(c->diag, "internal: tensor '%s' of the evaluation entry is not a tensor of the training step",
-                     et[k].name);
+      nv_error_plain(c->diag, "internal: tensor '%s' of the %s is not a tensor of the step", et[k].name,
+                     any_extent ? "step of a smaller size" : "evaluation entry");
       rc = -1;
     }
     (*ea)[k] = j;
@@ -155,9 +158,73 @@ static void desc_eval(nv_sbuf *b, const int32_t *ea, int na) {
   nv_sb_printf(b, "%s};\n\n", na ? "" : "0");
 }
 
+/* A smaller bucket's arguments (eval_args), its evaluation entry's too. */
+typedef struct bucket_args {
+  int32_t *args, *eargs;
+  int nargs, neargs;
+} bucket_args;
+
+static int64_t plan_arena(const cg_plan *p) { return p && p->planned ? p->arena_bytes : 0; }
+
+/* The descriptor's bucket table and axes (before nova_rt_graph), for a
+ * step of several sizes: the smaller buckets (BA), then the step itself. */
+static void desc_buckets(nv_sbuf *b, const nv_graph *g, const step_tensor *t, int n, const cg_options *o,
+                         const bucket_args *ba, const int32_t *ea, int nea, int64_t arena) {
+  const char *entry = g->train ? "train_step" : "forward";
+  for (int k = 0; k < o->nbuckets; k++) {
+    const cg_bucket *bk = &o->buckets[k];
+    nv_sb_printf(b, "extern void %s%s(void **);\nstatic const int32_t b%d_args[] = {", bk->prefix, entry, k);
+    for (int i = 0; i < ba[k].nargs; i++) nv_sb_printf(b, "%s%d", i ? ", " : "", (int)ba[k].args[i]);
+    nv_sb_printf(b, "%s};\n", ba[k].nargs ? "" : "0");
+    if (!ba[k].eargs) continue;
+    nv_sb_printf(b, "extern void %s" CG_EVAL_PREFIX "forward(void **);\nstatic const int32_t b%d_eargs[] = {",
+                 bk->prefix, k);
+    for (int i = 0; i < ba[k].neargs; i++) nv_sb_printf(b, "%s%d", i ? ", " : "", (int)ba[k].eargs[i]);
+    nv_sb_printf(b, "%s};\n", ba[k].neargs ? "" : "0");
+  }
+  nv_sb_printf(b, "static const rt_bucket buckets[] = {\n");
+  for (int k = 0; k < o->nbuckets; k++) {
+    const cg_bucket *bk = &o->buckets[k];
+    nv_sb_printf(b, "  {%lld, %s%s, %d, b%d_args, %lld, ", (long long)bk->size, bk->prefix, entry, ba[k].nargs, k,
+                 (long long)plan_arena(bk->plan));
+    if (ba[k].eargs)
+      nv_sb_printf(b, "%s" CG_EVAL_PREFIX "forward, %d, b%d_eargs, %lld},\n", bk->prefix, ba[k].neargs, k,
+                   (long long)plan_arena(bk->eval_plan));
+    else nv_sb_printf(b, "0, 0, 0, 0},\n");
+  }
+  nv_sb_printf(b, "  {%lld, entry, %d, args, %lld, ", (long long)o->dim_hi, n, (long long)arena);
+  if (ea) nv_sb_printf(b, "eval_entry, %d, eval_args, %lld},\n};\n", nea, (long long)plan_arena(o->eval_plan));
+  else nv_sb_printf(b, "0, 0, 0, 0},\n};\n");
+  nv_sb_printf(b, "static const rt_dim_axis dim_axes[] = {");
+  int na = 0;
+  for (int i = 0; i < o->ndim_axes; i++)
+    for (int j = 0; j < n; j++)
+      if (!strcmp(t[j].name, o->dim_axes[i].tensor) && t[j].role != NOVA_ROLE_GRAD && t[j].role != NOVA_ROLE_UPDATE)
+        nv_sb_printf(b, "%s{%d, %d, %lld, %lld}", na++ ? ", " : "", j, o->dim_axes[i].axis,
+                     (long long)o->dim_axes[i].a, (long long)o->dim_axes[i].c);
+  nv_sb_printf(b, "%s};\n\n", na ? "" : "{0, 0, 0, 0}");
+}
+
+/* The descriptor's fields after the evaluation's, for a step of several sizes. */
+static void desc_bucket_fields(nv_sbuf *b, const step_tensor *t, int n, const cg_options *o, bool eval) {
+  char size[300];
+  int st = -1, na = 0;
+  snprintf(size, sizeof size, "%s.size", o->dim_name);
+  for (int j = 0; j < n; j++)
+    if (!strcmp(t[j].name, size) && t[j].role == NOVA_ROLE_INPUT) st = j;
+  for (int i = 0; i < o->ndim_axes; i++)
+    for (int j = 0; j < n; j++)
+      na += !strcmp(t[j].name, o->dim_axes[i].tensor) && t[j].role != NOVA_ROLE_GRAD && t[j].role != NOVA_ROLE_UPDATE;
+  if (!eval) nv_sb_printf(b, ", 0, 0, 0, 0");
+  nv_sb_printf(b, ", ");
+  c_string(b, o->dim_name);
+  nv_sb_printf(b, ", %lld, %lld, %d, buckets, %d, dim_axes, %d", (long long)o->dim_lo, (long long)o->dim_hi,
+               o->nbuckets + 1, na, st);
+}
+
 static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t init_size, const char *hash,
                       const cg_gpu *gpu, const cg_plan *plan, const cg_options *o, const int32_t *ea, int nea,
-                      const char *path) {
+                      const bucket_args *ba, const char *path) {
   int nargs_in = n - g->noutputs;
   nv_sbuf b = {0};
   int64_t arena = plan && plan->planned ? plan->arena_bytes : 0;
@@ -205,7 +272,9 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
   desc_eval(&b, ea, nea);
   nv_sb_printf(&b, "static const int32_t args[] = {");
   for (int i = 0; i < n; i++) nv_sb_printf(&b, "%s%d", i ? ", " : "", i);
-  nv_sb_printf(&b, "};\n\nconst rt_graph nova_rt_graph = {NOVA_STEP_ABI_VERSION, \"" NOVAC_VERSION "\", \"%s\",\n"
+  nv_sb_printf(&b, "};\n\n");
+  if (o->dim_name) desc_buckets(&b, g, t, n, o, ba, ea, nea, arena);
+  nv_sb_printf(&b, "const rt_graph nova_rt_graph = {NOVA_STEP_ABI_VERSION, \"" NOVAC_VERSION "\", \"%s\",\n"
                "  %d, tensors, %d, args, %s, %lld, entry",
                hash, n, n, init_size > 0 ? "nova_init_data" : "0", (long long)init_size);
   if (gpu) cg_cuda_desc_fields(&b, gpu);
@@ -214,6 +283,7 @@ static int write_desc(const nv_graph *g, const step_tensor *t, int n, int64_t in
   if (ea)
     nv_sb_printf(&b, ", eval_entry, %d, eval_args, %lld", nea,
                  (long long)(o->eval_plan && o->eval_plan->planned ? o->eval_plan->arena_bytes : 0));
+  if (o->dim_name) desc_bucket_fields(&b, t, n, o, ea != NULL);
   nv_sb_printf(&b, "};\n");
   FILE *f = b.oom ? NULL : fopen(path, "w");
   if (b.oom) errno = ENOMEM;
@@ -284,6 +354,37 @@ static int add_evaluation(cJSON *root, const cg_options *o) {
   cJSON_AddNumberToObject(ev, "arena_bytes", pl && pl->planned ? (double)pl->arena_bytes : 0);
   free(et);
   return 0;
+}
+
+/* "sizes": a step for several sizes of one dimension. */
+static void add_sizes(cJSON *root, const nv_graph *g, const cg_options *o) {
+  cJSON *sz = cJSON_AddObjectToObject(root, "sizes");
+  char name[300];
+  snprintf(name, sizeof name, "%s.size", o->dim_name);
+  cJSON_AddStringToObject(sz, "dimension", o->dim_name);
+  cJSON_AddNumberToObject(sz, "min", (double)o->dim_lo);
+  cJSON_AddNumberToObject(sz, "max", (double)o->dim_hi);
+  cJSON_AddStringToObject(sz, "size_input", name);
+  cJSON *bs = cJSON_AddArrayToObject(sz, "buckets");
+  const char *entry = g->train ? "train_step" : "forward";
+  for (int k = 0; k <= o->nbuckets; k++) {
+    const cg_bucket *bk = k < o->nbuckets ? &o->buckets[k] : NULL;
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "size", (double)(bk ? bk->size : o->dim_hi));
+    snprintf(name, sizeof name, "%s%s", bk ? bk->prefix : "", entry);
+    cJSON_AddStringToObject(e, "entry", name);
+    cJSON_AddNumberToObject(e, "arena_bytes", (double)plan_arena(bk ? bk->plan : o->plan));
+    cJSON_AddItemToArray(bs, e);
+  }
+  cJSON *ax = cJSON_AddArrayToObject(sz, "axes");
+  for (int i = 0; i < o->ndim_axes; i++) {
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "tensor", o->dim_axes[i].tensor);
+    cJSON_AddNumberToObject(e, "axis", o->dim_axes[i].axis);
+    cJSON_AddNumberToObject(e, "scale", (double)o->dim_axes[i].a);
+    cJSON_AddNumberToObject(e, "offset", (double)o->dim_axes[i].c);
+    cJSON_AddItemToArray(ax, e);
+  }
 }
 
 /* The size and FNV-1a of the step.so a manifest describes (novarun refuses
@@ -434,6 +535,7 @@ static char *manifest_json(const nv_graph *g, const step_tensor *t, int n, const
   }
   if (g->inits) add_initializers(root, g);
   int lost = o->eval_graph && add_evaluation(root, o);
+  if (o->dim_name) add_sizes(root, g, o);
   io_bytes = (double)cg_io_bytes(g, o->plan);
   cJSON *mem = cJSON_AddObjectToObject(root, "memory");
   cJSON_AddNumberToObject(mem, "tensor_bytes", io_bytes);
@@ -640,6 +742,8 @@ struct cg_step_build {
   int64_t init_size;
   char cpu[128];
   cg_emit_job code, eval; /* the step's objects, the evaluation entry's */
+  cg_emit_job *bjobs;     /* a step of several sizes: each smaller bucket's step and evaluation entry */
+  int nbjobs;
   double t0;
 };
 
@@ -647,6 +751,8 @@ struct cg_step_build {
 static void step_build_free(const cg_options *o, cg_step_build *b) {
   cg_emit_cancel(&b->code, o->keep_temps);
   cg_emit_cancel(&b->eval, o->keep_temps);
+  for (int i = 0; i < b->nbjobs; i++) cg_emit_cancel(&b->bjobs[i], o->keep_temps);
+  free(b->bjobs);
   free(b->t);
   if (!o->keep_temps) {
     static const char *const files[] = {"init.bin", "desc.c", "desc.o", "step.so", "exports.map", "tool.log",
@@ -700,15 +806,40 @@ int cg_step_end(nova_ctx *c, const nv_graph *g, const cg_options *o, cg_step_bui
   int na = 0;
   /* the evaluation entry's code generation joins the step's, and the
    * descriptor is written and compiled while both run */
+  bucket_args *ba = o->nbuckets ? nv_xcalloc((size_t)o->nbuckets, sizeof *ba) : NULL;
   if (o->eval_graph &&
-      (eval_args(c, o->eval_graph, t, n, &ea, &na) || cg_emit_start(c, o->eval_module, o, b->dir, "eval", &b->eval)))
+      (eval_args(c, o->eval_graph, t, n, false, &ea, &na) ||
+       cg_emit_start(c, o->eval_module, o, b->dir, "eval", &b->eval)))
     goto out;
+  /* the smaller buckets' code, one after the other while the step's runs */
+  if (o->nbuckets && (!ba || !(b->bjobs = nv_xcalloc(2 * (size_t)o->nbuckets, sizeof *b->bjobs)))) {
+    nv_error_plain(c->diag, "%s", strerror(ENOMEM));
+    goto out;
+  }
+  for (int k = 0; k < o->nbuckets; k++) {
+    const cg_bucket *bk = &o->buckets[k];
+    char stem[64];
+    snprintf(stem, sizeof stem, "b%lld", (long long)bk->size);
+    if (eval_args(c, bk->graph, t, n, true, &ba[k].args, &ba[k].nargs)) goto out;
+    b->nbjobs = 2 * k + 1;
+    if (cg_emit_start(c, bk->module, o, b->dir, stem, &b->bjobs[2 * k]) ||
+        cg_emit_wait(c, o, &b->bjobs[2 * k], false))
+      goto out;
+    if (!bk->eval_graph) continue;
+    snprintf(stem, sizeof stem, "b%lldeval", (long long)bk->size);
+    if (eval_args(c, bk->eval_graph, t, n, true, &ba[k].eargs, &ba[k].neargs)) goto out;
+    b->nbjobs = 2 * k + 2;
+    if (cg_emit_start(c, bk->eval_module, o, b->dir, stem, &b->bjobs[2 * k + 1]) ||
+        cg_emit_wait(c, o, &b->bjobs[2 * k + 1], false))
+      goto out;
+  }
+  if (o->nbuckets) lap(o, t0, "smaller buckets' code");
   snprintf(path, sizeof path, "%s/init.bin", b->dir);
   if (write_init(c, g, t, n, b->init_size, path)) goto out;
   snprintf(path, sizeof path, "%s/desc.c", b->dir);
   if (o->gpu && cg_cuda_assemble(c, b->dir, o->gpu, o->verbose)) goto out;
   if (o->gpu) lap(o, t0, "ptxas");
-  if (write_desc(g, t, n, b->init_size, hash, o->gpu, o->plan, o, ea, na, path)) {
+  if (write_desc(g, t, n, b->init_size, hash, o->gpu, o->plan, o, ea, na, ba, path)) {
     nv_error_plain(c->diag, "cannot write %s: %s", path, strerror(errno));
     goto out;
   }
@@ -733,23 +864,33 @@ int cg_step_end(nova_ctx *c, const nv_graph *g, const cg_options *o, cg_step_bui
   if (cg_emit_wait(c, o, &b->code, false) || cg_emit_wait(c, o, &b->eval, false)) goto out;
   lap(o, t0, "LLVM opt + codegen");
   /* the objects (named as cc runs in the folder), desc.o, the runtime */
-  char *ldargv[40] = {(char *)cc, "-shared", "-o", "step.so"};
+  char **ldargv = nv_xcalloc(32 + 8 * (2 + (size_t)b->nbjobs), sizeof *ldargv);
+  if (!ldargv) {
+    nv_error_plain(c->diag, "%s", strerror(ENOMEM));
+    goto out;
+  }
+  ldargv[0] = (char *)cc, ldargv[1] = "-shared", ldargv[2] = "-o", ldargv[3] = "step.so";
   int nld = 4;
-  const cg_emit_job *jobs[2] = {&b->code, &b->eval};
-  for (int k = 0; k < 2; k++)
-    for (int i = 0; i < jobs[k]->n; i++) ldargv[nld++] = strrchr(jobs[k]->obj[i], '/') + 1;
+  for (int k = 0; k < 2 + b->nbjobs; k++) {
+    const cg_emit_job *j = k == 0 ? &b->code : k == 1 ? &b->eval : &b->bjobs[k - 2];
+    for (int i = 0; i < j->n; i++) ldargv[nld++] = strrchr(j->obj[i], '/') + 1;
+  }
   static const char *const rest[] = {"desc.o", "-Wl,--whole-archive", NULL, "-Wl,--no-whole-archive", "-lm", "-ldl",
                                      "-Wl,--no-undefined", "-Wl,--version-script=exports.map", "-Wl,-z,noexecstack",
                                      "-Wl,--build-id=sha1"};
   for (size_t i = 0; i < sizeof rest / sizeof *rest; i++) ldargv[nld++] = rest[i] ? (char *)rest[i] : rtlib;
   if (*NOVA_RT_SANITIZE) ldargv[nld++] = NOVA_RT_SANITIZE; /* an instrumented runtime needs its sanitizer's */
   ldargv[nld] = NULL;
-  if (cg_run_tool(c, b->dir, ldargv, o->verbose, NULL)) goto out;
+  int linked = cg_run_tool(c, b->dir, ldargv, o->verbose, NULL);
+  free(ldargv);
+  if (linked) goto out;
   lap(o, t0, "link");
   if (publish_step(c, g, o, b->cpu, b->dir)) goto out;
   rc = 0;
 out:
   free(ea);
+  for (int k = 0; ba && k < o->nbuckets; k++) free(ba[k].args), free(ba[k].eargs);
+  free(ba);
   step_build_free(o, b);
   return rc;
 }

@@ -21,6 +21,7 @@
 #include "../frontend/frontend.h"
 #include "../passes/amp.h"
 #include "../passes/autodiff.h"
+#include "../passes/buckets.h"
 #include "../support/diag.h"
 #include "novac_cache.h"
 #include "novac_deps.h"
@@ -54,6 +55,10 @@ typedef struct opts {
   bool lr_set, wd_set;
   fe_dim_binding dims[32];
   int ndims;
+  int ranged;         /* --dim=NAME=LO..HI or =A,B,C: the index of that dimension in dims (-1: none) */
+  int64_t size_lo, size_hi; /* its sizes */
+  int nsizes;
+  int64_t sizes[16];  /* its buckets, ascending */
   nv_sbuf flags;     /* the flags that affect the output, for the manifest */
   nv_diag *eval_diag; /* the quiet diagnostics of the evaluation graph's import: its
                          locations are interned there (destroyed after the graph) */
@@ -109,6 +114,9 @@ static void usage(FILE *f) {
         f);
   fputs("  --cpu=NAME            LLVM CPU to generate code for (default host; e.g. x86-64-v3)\n"
         "  --dim=NAME=N          bind a symbolic dimension\n"
+        "  --dim=NAME=LO..HI     one step for every size in [LO, HI] (buckets: the powers of two\n"
+        "                        in [LO, HI), and HI); --dim=NAME=A,B,C: buckets A, B, C (sizes\n"
+        "                        1 to the largest); a run takes the smallest bucket that holds it\n"
         "  -O0 .. -O3            optimisation level (default -O2)\n"
         "  --memory-limit=BYTES  (-O1 and up) recompute activations in the backward pass, matmuls\n"
         "                        too (layers from checkpoints), until the planned peak fits\n"
@@ -234,7 +242,48 @@ static int parse_bytes(const char *v, int64_t *out) {
   return 0;
 }
 
+/* The sizes of --dim=NAME=LO..HI (buckets: the powers of two in [LO, HI),
+ * then HI) or NAME=A,B,C (buckets A, B, C; sizes 1 to the largest) into
+ * O; 0, or -1 after the usage message. */
+static int parse_sizes(const char *v, opts *o) {
+  const char *usage = "--dim=NAME=LO..HI takes integers 1 <= LO < HI, or NAME=A,B,C several different positive "
+                      "integers, got '%s'";
+  char *end;
+  const char *dots = strstr(v, "..");
+  o->nsizes = 0;
+  if (dots) {
+    long long lo = strtoll(v, &end, 10), hi;
+    if (end != dots || !nv_number_token(v) || (hi = strtoll(dots + 2, &end, 10)) < 0 || *end ||
+        !nv_number_token(dots + 2) || lo < 1 || hi <= lo || hi > ((long long)1 << 40))
+      return bad_usage(usage, v);
+    o->size_lo = lo, o->size_hi = hi;
+    for (long long p = 1; p < hi; p *= 2)
+      if (p >= lo) {
+        if (o->nsizes == 15) return bad_usage("--dim=NAME=%s: more than 16 buckets; narrow the range or list them", v);
+        o->sizes[o->nsizes++] = p;
+      }
+    o->sizes[o->nsizes++] = hi;
+    return 0;
+  }
+  for (const char *p = v;; p = end + 1) {
+    long long n = strtoll(p, &end, 10);
+    if (end == p || !nv_number_token(p) || n < 1 || n > ((long long)1 << 40) || (*end && *end != ',')) return bad_usage(usage, v);
+    int k = o->nsizes;
+    if (k == 16) return bad_usage("--dim=NAME=%s: more than 16 buckets", v);
+    while (k > 0 && o->sizes[k - 1] > n) k--;
+    if (k > 0 && o->sizes[k - 1] == n) return bad_usage("--dim=NAME=%s: a size listed twice", v);
+    memmove(o->sizes + k + 1, o->sizes + k, (size_t)(o->nsizes - k) * sizeof *o->sizes);
+    o->sizes[k] = n;
+    o->nsizes++;
+    if (!*end) break;
+  }
+  if (o->nsizes < 2) return bad_usage(usage, v);
+  o->size_lo = 1, o->size_hi = o->sizes[o->nsizes - 1];
+  return 0;
+}
+
 static int parse_args(int argc, char **argv, opts *o) {
+  o->ranged = -1;
   o->opt_level = 2;
   o->target = "cpu";
   o->ad = (ad_options){.optimizer = AD_SGD, .momentum = 0.9, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
@@ -282,15 +331,27 @@ static int parse_args(int argc, char **argv, opts *o) {
     else if ((v = opt_value(argc, argv, &i, "--dim"))) {
       const char *eq = strchr(v, '=');
       char *end = NULL;
-      long long n = eq ? strtoll(eq + 1, &end, 10) : 0;
-      if (!eq || eq == v || !end || *end || !nv_number_token(eq + 1) || n <= 0 || eq - v > 200)
-        return bad_usage("--dim takes NAME=N with N a positive integer, got '%s'", v);
+      long long n = 0;
+      if (eq && (strstr(eq, "..") || strchr(eq, ','))) {
+        if (o->ranged >= 0) return bad_usage("--dim=%s: only one dimension may have several sizes", v);
+        if (eq == v || eq - v > 200)
+          return bad_usage("--dim takes NAME=N, NAME=LO..HI or NAME=A,B,C with positive integers, got '%s'", v);
+        int u = parse_sizes(eq + 1, o);
+        if (u) return u;
+        o->ranged = o->ndims;
+        n = o->size_hi;
+      } else {
+        n = eq ? strtoll(eq + 1, &end, 10) : 0;
+        if (!eq || eq == v || !end || *end || !nv_number_token(eq + 1) || n <= 0 || eq - v > 200)
+          return bad_usage("--dim takes NAME=N, NAME=LO..HI or NAME=A,B,C with positive integers, got '%s'", v);
+      }
       if (o->ndims == 32) return bad_usage("too many --dim options%s", "");
       for (int k = 0; k < o->ndims; k++)
         if (strlen(o->dims[k].name) == (size_t)(eq - v) && !strncmp(o->dims[k].name, v, (size_t)(eq - v)))
           return bad_usage("--dim binds '%s' twice", o->dims[k].name);
       char *name = nv_xstrndup(v, (size_t)(eq - v));
-      o->dims[o->ndims++] = (fe_dim_binding){name, n, false};
+      bool ranged = o->ranged == o->ndims;
+      o->dims[o->ndims++] = (fe_dim_binding){name, n, false, ranged};
       nv_sb_printf(&o->flags, " --dim=%s", v);
     } else if (a[0] == '-' && a[1] == 'O' && a[2] >= '0' && a[2] <= '3' && !a[3]) {
       o->opt_level = a[2] - '0';
@@ -803,6 +864,157 @@ static int write_deps(nv_diag *d, const opts *o) {
   return rc;
 }
 
+/* A step for several sizes (--dim=NAME=LO..HI; passes/buckets.h): the
+ * analysis of two builds, the axes of the inputs and outputs that follow
+ * the size, and the smaller buckets' steps, made one after the other. */
+typedef struct sizes {
+  bool on;
+  bk_info info, einfo;  /* the step's builds; the evaluation entry's (nnodes 0: none) */
+  cg_dim_axis axes[64];
+  int naxes;
+  int n;                /* the smaller buckets */
+  cg_bucket b[16];
+  nv_graph *g[16], *ge[16];
+  MlirModule nova[16], enova[16];
+  cg_plan plan[16], eplan[16];
+  nv_diag *diags[34];   /* the evaluation imports' quiet diagnostics (their graphs' locations) */
+  int ndiags;
+} sizes;
+
+/* The model loaded again with the ranged dimension at SIZE (and its
+ * evaluation graph into *GE when GE): --freeze and --train-only, which a
+ * load uses up, kept for the next. */
+static nv_graph *load_at(nv_diag *d, opts *o, sizes *sz, int64_t size, nv_graph **ge) {
+  const char *freeze = o->ad.freeze, *only = o->ad.train_only;
+  nv_diag *keep = o->eval_diag;
+  int64_t was = o->dims[o->ranged].value;
+  o->dims[o->ranged].value = size;
+  o->eval_diag = NULL;
+  nv_graph *g = load_input(d, o, ge);
+  if (o->eval_diag && sz->ndiags < (int)(sizeof sz->diags / sizeof *sz->diags)) sz->diags[sz->ndiags++] = o->eval_diag;
+  else nv_diag_destroy(o->eval_diag);
+  o->eval_diag = keep;
+  o->dims[o->ranged].value = was;
+  o->ad.freeze = freeze, o->ad.train_only = only;
+  return g;
+}
+
+static void sizes_free(sizes *sz) {
+  for (int k = 0; k < sz->n; k++) {
+    if (!mlirModuleIsNull(sz->b[k].module)) mlirModuleDestroy(sz->b[k].module);
+    if (!mlirModuleIsNull(sz->b[k].eval_module)) mlirModuleDestroy(sz->b[k].eval_module);
+    if (!mlirModuleIsNull(sz->nova[k])) mlirModuleDestroy(sz->nova[k]);
+    if (!mlirModuleIsNull(sz->enova[k])) mlirModuleDestroy(sz->enova[k]);
+    cg_plan_free(&sz->plan[k]);
+    cg_plan_free(&sz->eplan[k]);
+    fe_graph_destroy(sz->g[k]);
+    fe_graph_destroy(sz->ge[k]);
+  }
+  for (int i = 0; i < sz->ndiags; i++) nv_diag_destroy(sz->diags[i]);
+  bk_info_free(&sz->info);
+  bk_info_free(&sz->einfo);
+  memset(sz, 0, sizeof *sz);
+}
+
+/* What the axes of G's inputs and outputs (the build at the largest size)
+ * do with the size, from INFO. */
+static void io_axes(sizes *sz, const nv_graph *g) {
+  for (int i = 0; i < g->nnodes + g->noutputs; i++) {
+    const nv_node *x = i < g->nnodes ? g->nodes[i] : g->outputs[i - g->nnodes].node;
+    const char *name = i < g->nnodes ? x->name : g->outputs[i - g->nnodes].name;
+    if (i < g->nnodes && x->op != NV_OP_INPUT) continue;
+    for (int k = 0; k < x->rank && sz->naxes < (int)(sizeof sz->axes / sizeof *sz->axes); k++)
+      if (sz->info.axes[x->id][k].a)
+        sz->axes[sz->naxes++] = (cg_dim_axis){name, k, sz->info.axes[x->id][k].a, sz->info.axes[x->id][k].c};
+  }
+}
+
+/* Before the passes: the builds compared (G, GE at the largest size and
+ * one more) and G, GE masked for the largest size.  0, or -1 after a
+ * diagnostic. */
+static int sizes_begin(nv_diag *d, opts *o, bool cuda, nv_graph *g, nv_graph *ge, sizes *sz) {
+  const char *dim = o->dims[o->ranged].name, *why = NULL;
+  if (cuda) why = "--target=cuda (the cpu target has them)";
+  else if (o->emit != EMIT_SO) why = "--emit other than so";
+  else if (o->memory_limit) why = "--memory-limit";
+  else if (o->ad.data_parallel) why = "--data-parallel";
+  else if (o->explain_config || o->memory_report || o->dump_after) why = "--explain-config, --memory-report or --dump-after";
+  if (why) {
+    nv_error_plain(d, "--dim=%s with several sizes does not work with %s yet; give one size (--dim=%s=N)", dim, why, dim);
+    return -1;
+  }
+  int64_t probe = o->nsizes > 1 ? o->sizes[0] : o->size_lo;
+  nv_graph *gep = NULL, *gp = load_at(d, o, sz, probe, ge ? &gep : NULL);
+  int rc = gp ? bk_analyze(d, dim, gp, probe, g, o->size_hi, &sz->info) : -1;
+  if (!rc && ge && gep) rc = bk_analyze(d, dim, gep, probe, ge, o->size_hi, &sz->einfo);
+  fe_graph_destroy(gp);
+  fe_graph_destroy(gep);
+  if (rc) return -1;
+  sz->on = true;
+  io_axes(sz, g);
+  if (bk_mask(d, g, &sz->info, o->size_hi) || (ge && bk_mask(o->eval_diag ? o->eval_diag : d, ge, &sz->einfo, o->size_hi)))
+    return -1;
+  return 0;
+}
+
+/* The smaller buckets: each loaded, masked, through the graph passes the
+ * step took (precision, attention, autodiff, recompute, schedule) and
+ * lowered to the LLVM dialect with its symbols prefixed; CO told of them.
+ * 0, or -1 after a diagnostic. */
+static int sizes_lower(nova_ctx *c, nv_diag *d, opts *o, const cfg_device *dev, sizes *sz, cg_options *co) {
+  size_t flags_len = o->flags.len; /* apply_precision adds to them again */
+  bool eval = co->eval_graph != NULL;
+  for (int k = 0; k + 1 < o->nsizes; k++) {
+    int64_t size = o->sizes[k];
+    cg_bucket *b = &sz->b[k];
+    sz->n = k + 1;
+    b->size = size;
+    snprintf(b->prefix, sizeof b->prefix, "nova_b%lld_", (long long)size);
+    nv_graph *g = sz->g[k] = load_at(d, o, sz, size, eval ? &sz->ge[k] : NULL), *ge = sz->ge[k];
+    nv_diag *qd = o->eval_diag ? o->eval_diag : d;
+    if (!g || (eval && !ge)) return -1;
+    if (bk_mask(d, g, &sz->info, size) || (ge && bk_mask(qd, ge, &sz->einfo, size))) return -1;
+    int rc = apply_precision(d, o, g, ge, dev) || fuse_attention(d, o, g, ge);
+    o->flags.len = flags_len;
+    if (o->flags.s) o->flags.s[flags_len] = 0;
+    if (rc) return -1;
+    if (o->train && (ad_train(g, d, &o->ad) ||
+                     (o->opt_level > 0 && !o->no_recompute && ad_recompute(g, d, NULL)) || ad_schedule_updates(g)))
+      return -1;
+    sz->nova[k] = nova_build_module(c, g);
+    if (mlirModuleIsNull(sz->nova[k]) || nova_verify(c, sz->nova[k], "frontend")) return -1;
+    b->module = cg_lower_to_linalg(c, sz->nova[k]);
+    if (mlirModuleIsNull(b->module) || nova_verify(c, b->module, "lowering to linalg")) return -1;
+    np_run r = {.c = c, .dev = dev, .opt_level = o->opt_level};
+    if (np_lower(&r, g, b->module, &sz->plan[k])) return -1;
+    if (cg_prefix_symbols(b->module, b->prefix)) {
+      nv_error_plain(d, "internal: the functions of the step for %s=%lld could not be renamed", o->dims[o->ranged].name,
+                     (long long)size);
+      return -1;
+    }
+    b->graph = g;
+    b->plan = &sz->plan[k];
+    if (ge) {
+      if (build_eval(c, o, g, ge, dev, &sz->enova[k], &b->eval_module, &sz->eplan[k])) return -1;
+      if (cg_prefix_symbols(b->eval_module, b->prefix)) {
+        nv_error_plain(d, "internal: the evaluation entry for %s=%lld could not be renamed", o->dims[o->ranged].name,
+                       (long long)size);
+        return -1;
+      }
+      b->eval_graph = ge;
+      b->eval_plan = &sz->eplan[k];
+    }
+  }
+  co->dim_name = o->dims[o->ranged].name;
+  co->dim_lo = o->size_lo;
+  co->dim_hi = o->size_hi;
+  co->nbuckets = sz->n;
+  co->buckets = sz->b;
+  co->ndim_axes = sz->naxes;
+  co->dim_axes = sz->axes;
+  return 0;
+}
+
 static int compile(nv_diag *d, opts *o) {
   timer tm = {o->time_passes, now_ms(), 0};
   bool cuda = !strcmp(o->target, "cuda");
@@ -894,7 +1106,10 @@ static int compile(nv_diag *d, opts *o) {
     }
     stage_done(&tm, "compile cache (miss)");
   }
-  if (o->emit == EMIT_SO && check_init_bytes(d, g, o->input)) {
+  sizes sz = {0};
+  if ((o->emit == EMIT_SO && check_init_bytes(d, g, o->input)) ||
+      (o->ranged >= 0 && sizes_begin(d, o, cuda, g, ge, &sz))) {
+    sizes_free(&sz);
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
     return -1;
@@ -902,11 +1117,13 @@ static int compile(nv_diag *d, opts *o) {
   if (apply_precision(d, o, g, ge, &dev) || dump_graph(o, "amp", d, g)) {
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
+    sizes_free(&sz);
     return -1;
   }
   if (fuse_attention(d, o, g, ge) || dump_graph(o, "attention", d, g)) {
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
+    sizes_free(&sz);
     return -1;
   }
   if (o->train) {
@@ -935,6 +1152,7 @@ static int compile(nv_diag *d, opts *o) {
                                                              : "--clip-grad-norm");
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
+    sizes_free(&sz);
     return -1;
   } else if (o->ad.loss || o->ad.freeze || o->ad.train_only || o->ad.keep_grads || o->nonfinite ||
              o->ad.data_parallel || o->bucket_bytes || o->shard_optimizer || o->ad.world_size) {
@@ -944,12 +1162,14 @@ static int compile(nv_diag *d, opts *o) {
                                      : "--data-parallel, --bucket-size, --shard-optimizer and --world-size need --train");
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
+    sizes_free(&sz);
     return -1;
   }
   if ((o->bucket_bytes || o->shard_optimizer || o->ad.world_size) && !o->ad.data_parallel) {
     nv_error_plain(d, "%s needs --data-parallel", o->bucket_bytes ? "--bucket-size" : o->shard_optimizer ? "--shard-optimizer" : "--world-size");
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
+    sizes_free(&sz);
     return -1;
   }
   if (o->ad.data_parallel && !o->bucket_bytes) o->bucket_bytes = (int64_t)25 << 20; /* PyTorch DDP's */
@@ -964,6 +1184,7 @@ static int compile(nv_diag *d, opts *o) {
   if (nova_ctx_init(&c, d)) {
     fe_graph_destroy(g);
     fe_graph_destroy(ge);
+    sizes_free(&sz);
     return -1;
   }
   /* convolutions as im2col + GEMMs where contractions are the fast kernels: the
@@ -1061,6 +1282,10 @@ static int compile(nv_diag *d, opts *o) {
       co.eval_plan = &eplan;
       stage_done(&tm, "evaluation entry");
     }
+    if (sz.on) {
+      if (sizes_lower(&c, d, o, &dev, &sz, &co)) goto out;
+      stage_done(&tm, "smaller sizes' steps");
+    }
   }
   if (o->explain_config) nd_explain(stdout, &dev, g, cuda ? &gpu : NULL);
   if (o->memory_report && o->emit == EMIT_SO) { /* not over what the compile writes */
@@ -1118,6 +1343,7 @@ out:
   if (rc == 0 && o->deps.with_compile) rc = write_deps(d, o);
   if (rc == 0 && cacheable) nc_store(&cache, &key, o->output, o->manifest);
   cg_step_cancel(&co, build);
+  sizes_free(&sz);
   cg_gpu_free(&gpu);
   cg_plan_free(&plan);
   cg_plan_free(&eplan);

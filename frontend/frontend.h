@@ -9,6 +9,8 @@ typedef struct fe_dim_binding {
   const char *name;
   int64_t value;
   bool used;
+  bool ranged;     /* one of several sizes one step serves (novac --dim=NAME=LO..HI): counts over its
+                      axes are computed at run time, not folded from the shapes */
 } fe_dim_binding;
 
 /* Parses the .nova text in TEXT[0..LEN) named FILE (as registered with

@@ -394,6 +394,27 @@ static nv_node *per_channel(ox_ctx *x, nv_node *v, const nv_node *like) {
   return ox_reshape(x, v, like->rank - 1, s);
 }
 
+/* (1 - momentum) n / (n - 1), n the elements per channel (see
+ * ox_running_var_scale): a constant, but for a step serving several batch
+ * sizes, where n is counted at run time (a sum of ones over the batch
+ * statistics' axes, which the buckets' masks count for the run's size). */
+static nv_node *running_var_factor(ox_ctx *x, const nv_node *a, double mom) {
+  bool ranged = false;
+  for (int i = 0; i < x->ndims; i++) ranged |= x->dims[i].ranged;
+  if (!ranged || !x->g->inits) return ox_scalar(x, a->dtype, (1 - mom) * ox_running_var_scale(x, a));
+  int64_t s[NOVA_MAX_RANK], ax[NOVA_MAX_RANK];
+  int k = 0;
+  for (int i = 0; i < a->rank; i++) {
+    s[i] = i == 1 ? 1 : a->shape[i];
+    if (i != 1) ax[k++] = i;
+  }
+  nv_node *one = ox_scalar(x, a->dtype, 1);
+  nv_node *n = ox_reduce(x, NV_OP_REDUCE_SUM, one ? fe_broadcast(x->g, x->d, one, a->rank, s, x->loc) : NULL, k, ax,
+                         false);
+  nv_node *bessel = ox_op2(x, NV_OP_DIV, n, ox_op2(x, NV_OP_MAXIMUM, ox_op2(x, NV_OP_SUB, n, one), one));
+  return ox_op2(x, NV_OP_MUL, bessel, ox_scalar(x, a->dtype, 1 - mom));
+}
+
 static int cv_batch_norm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) {
   if (ox_need(x, in, nin, 5, 5)) return -1;
   nv_node *a = ox_N(x, in[0]);
@@ -424,7 +445,7 @@ static int cv_batch_norm(ox_ctx *x, ox_val *in, int nin, ox_val *out, int nout) 
     nv_node *rm = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_MUL, mean, ox_scalar(x, dt, mom)),
                          ox_op2(x, NV_OP_MUL, cur_mean, ox_scalar(x, dt, 1 - mom)));
     nv_node *rv = ox_op2(x, NV_OP_ADD, ox_op2(x, NV_OP_MUL, var, ox_scalar(x, dt, mom)),
-                         ox_op2(x, NV_OP_MUL, cur_var, ox_scalar(x, dt, (1 - mom) * ox_running_var_scale(x, a))));
+                         ox_op2(x, NV_OP_MUL, cur_var, running_var_factor(x, a, mom)));
     if (nout > 1) out[1] = (ox_val){.node = rm, .present = rm != NULL};
     if (nout > 2) out[2] = (ox_val){.node = rv, .present = rv != NULL};
     if (!rm || !rv || ox_state_update(x, in[3], rm) || ox_state_update(x, in[4], rv)) return -1; /* --train: buffers */
@@ -901,6 +922,9 @@ static nv_node *nll(ox_ctx *x, nv_node *lp, nv_node *lab, nv_node *w, bool has_i
     ox_err(x, "reduction '%s'; expected none, sum or mean", red);
     return NULL;
   }
+  bool ranged = false; /* the count at run time (novac --dim=NAME=LO..HI): a mean the buckets mask */
+  for (int i = 0; i < x->ndims; i++) ranged |= x->dims[i].ranged;
+  if (!wt && ranged) return ox_reduce(x, NV_OP_REDUCE_MEAN, loss, 0, NULL, false);
   if (!wt) return ox_op2(x, NV_OP_DIV, sum, ox_scalar(x, dt, (double)fe_numel(lab)));
   return ox_op2(x, NV_OP_DIV, sum, ox_reduce(x, NV_OP_REDUCE_SUM, wt, 0, NULL, false));
 }

@@ -62,7 +62,38 @@ typedef struct rt_graph {
   int32_t eval_nargs;
   const int32_t *eval_arg_tensor; /* eval argument i is the buffer of tensors[eval_arg_tensor[i]] */
   uint64_t eval_arena_bytes;     /* > 0: one more argument, the evaluation's own arena */
+  /* a step for several sizes of one dimension (novac --dim=NAME=LO..HI; NULL dim_name: one size):
+   * the buckets, ascending, the last the step's own entry above; a run of size n takes the first
+   * bucket of size >= n */
+  const char *dim_name;
+  int64_t dim_lo, dim_hi;        /* the sizes a run may have */
+  int32_t nbuckets;
+  const struct rt_bucket *buckets;
+  int32_t ndim_axes;
+  const struct rt_dim_axis *dim_axes; /* the axes of inputs, labels and outputs that follow the size */
+  int32_t dim_size_tensor;       /* the input NAME.size (i64 scalar): the run's size, set by the runtime */
 } rt_graph;
+
+/* One bucket: the step compiled for SIZE, its padded rows masked out. */
+typedef struct rt_bucket {
+  int64_t size;
+  void (*entry)(void **args);
+  int32_t nargs;
+  const int32_t *arg_tensor;
+  uint64_t arena_bytes;
+  void (*eval_entry)(void **args); /* NULL: none */
+  int32_t eval_nargs;
+  const int32_t *eval_arg_tensor;
+  uint64_t eval_arena_bytes;
+} rt_bucket;
+
+/* Axis AXIS of tensors[TENSOR] has A * size + C elements at size `size`;
+ * in the buffer, laid out for its bucket's size, the first A * n + C are a
+ * run's (n its size), the rest copies of the last of them. */
+typedef struct rt_dim_axis {
+  int32_t tensor, axis;
+  int64_t a, c;
+} rt_dim_axis;
 
 #define RT_TARGET_CPU 0
 #define RT_TARGET_CUDA 1

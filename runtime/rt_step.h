@@ -8,6 +8,7 @@
 #define NOVA_RT_STEP_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include "nova/step.h"
 #include "rt_graph.h"
@@ -39,6 +40,7 @@ struct nova_step {
   int comm_scale;         /* index of "comm.scale" (novac --data-parallel: 1/world, set at open); -1: none */
   int runs;               /* nova_step_run calls that ran the entry (the trace's step numbers) */
   int comm_checked;       /* the ranks agreed on the step and the params (first run of a world > 1) */
+  struct rt_sizes *sizes; /* a step for several sizes (rt_sizes.c); NULL: one size */
   char error[RT_ERROR_LEN];
 };
 
@@ -75,6 +77,26 @@ nova_status rt_graph_check_tensors(const rt_graph *graph, size_t *nbytes, char *
 /* NOVA_OK if every element of tensor I (index_bound > 0) lies in
  * [0, index_bound); otherwise NOVA_ERR_OUT_OF_RANGE with the message. */
 nova_status rt_check_index(nova_step *step, int i);
+
+/* A step for several sizes of one dimension (rt_sizes.c; all no-ops on a
+ * step of one size).  _check: the descriptor's bucket fields (at open;
+ * NOVA_ERR_ABI with ERR); _arena: the largest arena of the step's buckets
+ * (EVAL: of their evaluation entries); _open: the buckets' argument arrays
+ * (after the buffers and arenas); _follows: whether tensor I has an axis of
+ * the dimension; _shape: its shape now and *NBYTES (NULL: not such a
+ * tensor); _bind: binds tensor I (checks the shape against the sizes, lays
+ * it out for its bucket; refuses NAME.size); _pick: before a run, the entry
+ * and arguments of the bound size's bucket, NAME.size set (*SIZE); _done:
+ * after it, the outputs moved to that size's layout. */
+nova_status rt_sizes_check(const rt_graph *g, char *err);
+uint64_t rt_sizes_arena(const rt_graph *g, int eval);
+nova_status rt_sizes_open(nova_step *s);
+void rt_sizes_close(nova_step *s);
+int rt_sizes_follows(const nova_step *s, int i);
+const int64_t *rt_sizes_shape(const nova_step *s, int i, size_t *nbytes);
+nova_status rt_sizes_bind(nova_step *s, int i, int rank, const int64_t *shape, const void *data);
+nova_status rt_sizes_pick(nova_step *s, bool eval, void (**entry)(void **), void ***args, int64_t *size);
+void rt_sizes_done(nova_step *s, int64_t size);
 
 /* --target=cuda (rt_cuda.c).  _open: driver, device, module, arena,
  * stream (NOVA_ERR_DEVICE with the reason when there is no usable GPU);

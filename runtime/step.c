@@ -108,11 +108,12 @@ static nova_status rt_eval_alloc(nova_step *s) {
   s->eval_args = calloc((size_t)g->eval_nargs + 1, sizeof *s->eval_args);
   if (!s->eval_args) return NOVA_ERR_NO_MEMORY;
   for (int a = 0; a < g->eval_nargs; a++) s->eval_args[a] = s->buffers[g->eval_arg_tensor[a]];
-  if (g->eval_arena_bytes) {
-    size_t size = (g->eval_arena_bytes + RT_BUFFER_ALIGN - 1) / RT_BUFFER_ALIGN * RT_BUFFER_ALIGN;
-    if (size < g->eval_arena_bytes || !(s->eval_arena = aligned_alloc(RT_BUFFER_ALIGN, size)))
+  uint64_t bytes = rt_sizes_arena(g, 1);
+  if (bytes) {
+    size_t size = (bytes + RT_BUFFER_ALIGN - 1) / RT_BUFFER_ALIGN * RT_BUFFER_ALIGN;
+    if (size < bytes || !(s->eval_arena = aligned_alloc(RT_BUFFER_ALIGN, size)))
       return rt_fail(s, NOVA_ERR_NO_MEMORY, "out of memory for the evaluation's intermediates (%llu bytes)",
-                     (unsigned long long)g->eval_arena_bytes);
+                     (unsigned long long)bytes);
     s->eval_args[g->eval_nargs] = s->eval_arena;
   }
   return NOVA_OK;
@@ -231,6 +232,7 @@ static nova_status rt_step_alloc(nova_step *s) {
   s->args = calloc(na + 1, sizeof *s->args);
   if (!s->buffers || !s->nbytes || !s->bound || !s->args) return NOVA_ERR_NO_MEMORY;
   nova_status st = rt_graph_check_tensors(g, s->nbytes, s->error);
+  if (st == NOVA_OK) st = rt_sizes_check(g, s->error);
   if (st != NOVA_OK) return st;
   for (int i = 0; i < g->ntensors; i++)
     if (!g->tensors[i].inplace && !(s->buffers[i] = rt_buffer_create(g, &g->tensors[i], s->nbytes[i])))
@@ -253,14 +255,16 @@ static nova_status rt_step_alloc(nova_step *s) {
       s->comm_scale = i;
   }
   if (s->comm_scale >= 0 && rt_comm_open(s) != NOVA_OK) return NOVA_ERR_COMM;
-  if (g->arena_bytes && g->target == RT_TARGET_CPU) {
-    size_t size = (g->arena_bytes + RT_BUFFER_ALIGN - 1) / RT_BUFFER_ALIGN * RT_BUFFER_ALIGN;
-    if (size < g->arena_bytes || !(s->arena = aligned_alloc(RT_BUFFER_ALIGN, size)))
+  uint64_t arena = rt_sizes_arena(g, 0);
+  if (arena && g->target == RT_TARGET_CPU) {
+    size_t size = (arena + RT_BUFFER_ALIGN - 1) / RT_BUFFER_ALIGN * RT_BUFFER_ALIGN;
+    if (size < arena || !(s->arena = aligned_alloc(RT_BUFFER_ALIGN, size)))
       return rt_fail(s, NOVA_ERR_NO_MEMORY, "out of memory for the step's intermediates (%llu bytes)",
-                     (unsigned long long)g->arena_bytes);
+                     (unsigned long long)arena);
     s->args[g->nargs] = s->arena;
   }
   if (g->eval_entry && rt_eval_alloc(s) != NOVA_OK) return NOVA_ERR_NO_MEMORY;
+  if (rt_sizes_open(s) != NOVA_OK) return rt_fail(s, NOVA_ERR_NO_MEMORY, "out of memory");
   return g->target == RT_TARGET_CUDA ? rt_cuda_open(s) : NOVA_OK;
 }
 
@@ -268,6 +272,7 @@ static nova_status rt_step_alloc(nova_step *s) {
  * a step that failed the descriptor checks keeps. */
 static void rt_step_release(nova_step *s) {
   rt_cuda_close(s);
+  rt_sizes_close(s);
   if (s->buffers && s->graph)
     for (int i = 0; i < s->graph->ntensors; i++)
       if (!s->graph->tensors[i].inplace) free(s->buffers[i]);
@@ -333,6 +338,8 @@ static void rt_fill_info(const nova_step *s, int i, nova_tensor_info *info) {
   info->rank = t->rank;
   info->shape = t->shape;
   info->nbytes = s->nbytes[i];
+  const int64_t *now = rt_sizes_shape(s, i, &info->nbytes);
+  if (now) info->shape = now;
   info->has_default = (t->role == NOVA_ROLE_INPUT || t->role == NOVA_ROLE_LABEL) && rt_has_initial(t);
   info->index_bound = t->index_bound;
 }
@@ -381,8 +388,8 @@ static nova_status rt_check_bind(nova_step *s, int i, nova_dtype dtype, int rank
   if ((int)dtype != t->dtype)
     return rt_fail(s, NOVA_ERR_DTYPE, "tensor '%s': dtype %s given, step compiled for %s", t->name,
                    rt_dtype_name(dtype), rt_dtype_name(t->dtype));
-  int same = rank == t->rank;
-  for (int d = 0; same && d < rank; d++) same = shape[d] == t->shape[d];
+  int same = rank == t->rank || rt_sizes_follows(s, i); /* (rt_sizes_bind checks those) */
+  for (int d = 0; same && d < rank && !rt_sizes_follows(s, i); d++) same = shape[d] == t->shape[d];
   if (!same)
     return rt_fail(s, NOVA_ERR_SHAPE, "tensor '%s': shape %s given, step compiled for %s", t->name,
                    rt_shape_str(given, sizeof given, rank, shape), rt_shape_str(want, sizeof want, t->rank, t->shape));
@@ -415,7 +422,10 @@ static nova_status rt_bind(nova_step *step, const char *name, nova_dtype dtype, 
   nova_status st = rt_check_bind(step, i, dtype, rank, shape);
   if (st == NOVA_OK) st = rt_check_hyper(step, i, data);
   if (st != NOVA_OK) return st;
-  memcpy(step->buffers[i], data, step->nbytes[i]);
+  if (step->sizes && (rt_sizes_follows(step, i) || i == step->graph->dim_size_tensor)) {
+    if ((st = rt_sizes_bind(step, i, rank, shape, data)) != NOVA_OK) return st;
+  } else
+    memcpy(step->buffers[i], data, step->nbytes[i]);
   step->bound[i] = 1;
   if (step->cuda) rt_cuda_bound(step, i);
   return rt_ok(step);
@@ -446,11 +456,16 @@ static nova_status rt_eval(nova_step *step) {
     return rt_fail(step, NOVA_ERR_NO_ENTRY, "this step has no evaluation entry (only training steps compiled by "
                    "novac --train for the cpu have one)");
   nova_status st = rt_check_inputs(step, g->eval_arg_tensor, g->eval_nargs);
+  void (*entry)(void **) = g->eval_entry;
+  void **args = step->eval_args;
+  int64_t size = 0;
+  if (st == NOVA_OK && step->sizes) st = rt_sizes_pick(step, true, &entry, &args, &size);
   if (st != NOVA_OK) return st;
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  g->eval_entry(step->eval_args);
+  entry(args);
   clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (step->sizes) rt_sizes_done(step, size);
   step->last_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
   return rt_ok(step);
 }
@@ -533,6 +548,10 @@ static nova_status rt_run(nova_step *step) {
   if (!step->graph) return NOVA_ERR_ABI; /* the message says why it did not open */
   const rt_graph *g = step->graph;
   nova_status st = rt_check_inputs(step, NULL, g->ntensors);
+  void (*entry)(void **) = g->entry;
+  void **args = step->args;
+  int64_t size = 0;
+  if (st == NOVA_OK && step->sizes) st = rt_sizes_pick(step, false, &entry, &args, &size);
   if (st != NOVA_OK) return st;
   if (step->cuda) {
     st = rt_cuda_run(step);
@@ -542,8 +561,9 @@ static nova_status rt_run(nova_step *step) {
   if (step->comm_scale >= 0 && !step->comm_checked && (st = rt_comm_check(step)) != NOVA_OK) return st;
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  g->entry(step->args);
+  entry(args);
   clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (step->sizes) rt_sizes_done(step, size);
   if (atomic_load_explicit(&rt_trace_on, memory_order_relaxed)) {
     rt_event e = {(double)t0.tv_sec + (double)t0.tv_nsec * 1e-9, (double)t1.tv_sec + (double)t1.tv_nsec * 1e-9,
                   RT_EV_STEP, RT_TRACK_COMPUTE, -1, step->runs, 0};

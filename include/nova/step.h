@@ -219,6 +219,23 @@ nova_status nova_step_set_profiling(nova_step *step, int on);
 int nova_step_num_launches(const nova_step *step);
 nova_status nova_step_launch(const nova_step *step, int index, const char **kernel, double *ms);
 
+/* A step compiled for several sizes of one dimension (novac
+ * --dim=NAME=LO..HI or NAME=A,B,C): the number of its buckets, the
+ * dimension's name (*DIM, borrowed), the sizes a run may have (*LO to
+ * *HI) and the bucket sizes (*BUCKETS, borrowed, ascending); 0 for a step
+ * of one size (then nothing is written).  Any pointer may be NULL.
+ *
+ * Such a step's inputs, labels and outputs with an axis of the dimension
+ * take any size in [LO, HI] along it: bind gives each its size (every one
+ * bound for a run must have the same), run computes with the first bucket
+ * that holds it, as a step compiled for exactly that size would (its padded
+ * rows count in no loss, mean, statistic or gradient), and the outputs'
+ * shapes (nova_step_get, nova_step_tensor) are then that size's.  Before
+ * the first bind, nova_step_tensor gives the shapes at HI.  The input
+ * NAME.size is set by the step (bind refuses it).  Absent from a step.so
+ * built by a novac before 0.3: look it up with dlsym. */
+int nova_step_sizes(const nova_step *step, const char **dim, int64_t *lo, int64_t *hi, const int64_t **buckets);
+
 /* The target the step was compiled for: "cpu" or "cuda". */
 const char *nova_step_target(const nova_step *step);
 

@@ -1,0 +1,297 @@
+"""One step for several sizes of a dimension (novac --dim=NAME=LO..HI, or a
+list of buckets): a run of any size in the range takes the smallest bucket
+that holds it, and its loss, gradients and outputs equal those of a step
+compiled for exactly that size (within 1e-6 relative to each tensor's
+largest element), through the step's C ABI (stepapi.py):
+
+- examples/mlp.nova over batch 1..64 at batches 1, 7, 33 and 64, then a
+  sequence of different batches on one step (lr 0: each run compares);
+- the transformer block over batch 1..4 at batch 3, its evaluation entry too;
+- a transformer over a sequence-length dimension (causal attention whose
+  softmax and contraction run along it, a loss over batch x sequence);
+- an ONNX convolution with BatchNormalization in training mode (its batch
+  statistics and running variance count only the real rows);
+- a model reducing with mean, max and sum along the batch;
+- bad input: a batch outside the range (named in the message), inputs of
+  different sizes in one run, binding NAME.size, a malformed range, an op
+  that cannot be masked (the node named), and the targets not supported."""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from harness import NOVAC, Failure, case, run
+from stepapi import Step, StepError
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MLP = os.path.join(ROOT, "examples", "mlp.nova")
+BLOCK = os.path.join(ROOT, "examples", "transformer_block.nova")
+RNG = np.random.default_rng(11)
+TOL = 1e-6
+
+
+class Work:
+    def __enter__(self):
+        self.d = tempfile.mkdtemp(prefix="nova-sizes-")
+        return self
+
+    def __exit__(self, *a):
+        shutil.rmtree(self.d, ignore_errors=True)
+
+    def p(self, name):
+        return os.path.join(self.d, name)
+
+
+def compare(exact, bucketed, what, names=None):
+    """Every loss, output, gradient and parameter of EXACT equals BUCKETED's."""
+    for name, role, _ in exact.tensors():
+        if names is None and role not in (2, 3, 4, 5, 6, 8):   # params, opt_state, outputs, loss, grads, buffers
+            continue
+        if names is not None and name not in names:
+            continue
+        a, b = exact.get(name).astype(np.float64), bucketed.get(name).astype(np.float64)
+        if a.shape != b.shape:
+            raise Failure("%s: '%s' has shape %s, the exact step's %s" % (what, name, b.shape, a.shape))
+        err = np.abs(a - b).max() / max(np.abs(a).max(), 1e-30) if a.size else 0
+        if not err <= TOL:
+            raise Failure("%s: '%s' differs from the exact step's by %.3g (relative to its largest element)"
+                          % (what, name, err))
+
+
+def feed(steps, data):
+    for s in steps:
+        for k, v in data.items():
+            s.bind(k, v)
+
+
+def mlp_batch(n):
+    return {"x": RNG.standard_normal((n, 784)).astype(np.float32), "y": RNG.integers(0, 10, n).astype(np.int64)}
+
+
+def mlp_batches():
+    with Work() as w:
+        flags = ["--train", "--keep-grads", "--optimizer=momentum", "--lr=0.05"]
+        run([NOVAC, MLP, "--dim=batch=1..64", "-o", w.p("b.so")] + flags)
+        man = json.load(open(w.p("b.json")))["sizes"]
+        if [b["size"] for b in man["buckets"]] != [1, 2, 4, 8, 16, 32, 64] or man["size_input"] != "batch.size":
+            raise Failure("manifest sizes: %s" % man)
+        for n in (1, 7, 33, 64):
+            run([NOVAC, MLP, "--dim=batch=%d" % n, "-o", w.p("e%d.so" % n)] + flags)
+            e, b = Step(w.p("e%d.so" % n)), Step(w.p("b.so"))
+            if b.sizes() != ("batch", 1, 64, [1, 2, 4, 8, 16, 32, 64]):
+                raise Failure("nova_step_sizes: %s" % (b.sizes(),))
+            feed((e, b), mlp_batch(n))
+            e.run()
+            b.run()
+            compare(e, b, "batch %d" % n)
+            shapes = dict((t[0], t[2]) for t in b.tensors())
+            if shapes["logits"] != (n, 10) or shapes["x"] != (n, 784):
+                raise Failure("batch %d: nova_step_tensor gives %s" % (n, shapes))
+            e.close()
+            b.close()
+
+
+def mlp_sequence():
+    """One step, runs of different sizes in turn (lr 0: the parameters stay)."""
+    with Work() as w:
+        flags = ["--train", "--keep-grads", "--optimizer=sgd", "--lr=0"]
+        run([NOVAC, MLP, "--dim=batch=4,16,32", "-o", w.p("b.so")] + flags)
+        b = Step(w.p("b.so"))
+        if b.sizes() != ("batch", 1, 32, [4, 16, 32]):
+            raise Failure("nova_step_sizes: %s" % (b.sizes(),))
+        for n in (9, 2, 32, 5, 16):
+            run([NOVAC, MLP, "--dim=batch=%d" % n, "-o", w.p("e%d.so" % n)] + flags)
+            e = Step(w.p("e%d.so" % n))
+            feed((e, b), mlp_batch(n))
+            e.run()
+            b.run()
+            compare(e, b, "batch %d after other sizes" % n)
+            e.close()
+
+
+def block_tokens(n, t=16):
+    return {"tokens": RNG.integers(0, 64, (n, t)).astype(np.int64),
+            "targets": RNG.integers(0, 64, (n, t)).astype(np.int64)}
+
+
+def transformer_batch():
+    with Work() as w:
+        flags = ["--train", "--keep-grads", "--optimizer=adamw", "--lr=0.01"]
+        run([NOVAC, BLOCK, "--dim=batch=1..4", "-o", w.p("b.so")] + flags)
+        run([NOVAC, BLOCK, "--dim=batch=3", "-o", w.p("e.so")] + flags)
+        e, b = Step(w.p("e.so")), Step(w.p("b.so"))
+        feed((e, b), block_tokens(3))
+        e.eval()
+        b.eval()
+        compare(e, b, "evaluation at batch 3", names={"loss", "logits"})
+        e.run()
+        b.run()
+        compare(e, b, "batch 3", names={"loss", "logits"} | {n for n, r, _ in e.tensors() if r == 6})
+
+
+SEQ_MODEL = open(BLOCK).read()
+
+
+def seq_model():
+    """The transformer block with its context a dimension 'seq' (positions an input)."""
+    t = SEQ_MODEL.replace("input tokens: i64[batch, 16]", "input tokens: i64[batch, seq]\ninput pos: i64[seq]")
+    t = t.replace("label targets: i64[batch, 16]", "label targets: i64[batch, seq]")
+    t = t.replace("const mask: f32[16, 16]", "const mask: f32[seq, seq]")
+    t = t.replace("gather(wte, tokens) + wpe", "gather(wte, tokens) + gather(wpe, pos)")
+    t = t.replace("shape=[batch, 16, 4, 8]", "shape=[batch, seq, 4, 8]").replace("shape=[batch, 16, 32]",
+                                                                                "shape=[batch, seq, 32]")
+    if t.count("seq") < 8:
+        raise Failure("examples/transformer_block.nova changed: the sequence variant could not be made")
+    return t
+
+
+def transformer_sequence():
+    with Work() as w:
+        open(w.p("seq.nova"), "w").write(seq_model())
+        flags = ["--train", "--keep-grads", "--optimizer=sgd", "--lr=0.1", "--dim=batch=2"]
+        run([NOVAC, w.p("seq.nova"), "--dim=seq=1..16", "-o", w.p("b.so")] + flags)
+        for t in (5, 16, 1):
+            run([NOVAC, w.p("seq.nova"), "--dim=seq=%d" % t, "-o", w.p("e%d.so" % t)] + flags)
+            e, b = Step(w.p("e%d.so" % t)), Step(w.p("b.so"))
+            data = block_tokens(2, t)
+            data["pos"] = np.arange(t, dtype=np.int64)
+            feed((e, b), data)
+            e.run()
+            b.run()
+            compare(e, b, "sequence %d" % t)
+            e.close()
+            b.close()
+
+
+def bn_onnx(path, n):
+    """Conv -> BatchNormalization (training) -> Relu -> GlobalAveragePool -> Gemm -> SoftmaxCrossEntropyLoss."""
+    r = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((0.3 * r.standard_normal((4, 2, 3, 3))).astype(np.float32), "conv.w"),
+             numpy_helper.from_array(np.ones(4, np.float32), "bn.weight"),
+             numpy_helper.from_array(np.zeros(4, np.float32), "bn.bias"),
+             numpy_helper.from_array(np.zeros(4, np.float32), "bn.running_mean"),
+             numpy_helper.from_array(np.ones(4, np.float32), "bn.running_var"),
+             numpy_helper.from_array((0.3 * r.standard_normal((3, 4))).astype(np.float32), "fc.w"),
+             numpy_helper.from_array(np.zeros(3, np.float32), "fc.b"),
+             numpy_helper.from_array(np.array([-1, 4], np.int64), "flat")]
+    nodes = [helper.make_node("Conv", ["x", "conv.w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "bn.weight", "bn.bias", "bn.running_mean",
+                                                     "bn.running_var"], ["bnout", "rm", "rv"], training_mode=1,
+                              momentum=0.9),
+             helper.make_node("Relu", ["bnout"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Reshape", ["p", "flat"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["logits"], transB=1),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "y"], ["loss"])]
+    g = helper.make_graph(nodes, "bn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 2, 5, 5]),
+                                        helper.make_tensor_value_info("y", TensorProto.INT64, [n])],
+                          [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)], producer_name="novac-testsuite")
+    m.ir_version = 8
+    onnx.save(m, path)
+
+
+def batchnorm_statistics():
+    with Work() as w:
+        bn_onnx(w.p("m.onnx"), "N")
+        flags = ["--train", "--keep-grads", "--optimizer=sgd", "--lr=0.1"]
+        run([NOVAC, w.p("m.onnx"), "--dim=N=1..8", "-o", w.p("b.so")] + flags)
+        for n in (3, 8, 1):
+            run([NOVAC, w.p("m.onnx"), "--dim=N=%d" % n, "-o", w.p("e%d.so" % n)] + flags)
+            e, b = Step(w.p("e%d.so" % n)), Step(w.p("b.so"))
+            data = {"x": RNG.standard_normal((n, 2, 5, 5)).astype(np.float32),
+                    "y": RNG.integers(0, 3, n).astype(np.int64)}
+            for _ in range(2):
+                feed((e, b), data)
+                e.run()
+                b.run()
+            compare(e, b, "batch %d (two steps; running statistics included)" % n)
+            e.close()
+            b.close()
+
+
+REDUCE_MODEL = """input x: f32[batch, 6]
+param w: f32[6, 6] = normal(0.5)
+h = tanh(x @ w)
+output m = reduce_max(h, axes=[0])
+output s = reduce_sum(h * h, axes=[0, 1])
+output loss = reduce_mean(h * h) + reduce_mean(softmax(h, axis=0) * h)
+"""
+
+
+def batch_reductions():
+    with Work() as w:
+        open(w.p("r.nova"), "w").write(REDUCE_MODEL)
+        flags = ["--train", "--keep-grads", "--optimizer=sgd", "--lr=0.1", "--loss=loss"]
+        run([NOVAC, w.p("r.nova"), "--dim=batch=2..16", "-o", w.p("b.so")] + flags)
+        for n in (2, 3, 13):
+            run([NOVAC, w.p("r.nova"), "--dim=batch=%d" % n, "-o", w.p("e%d.so" % n)] + flags)
+            e, b = Step(w.p("e%d.so" % n)), Step(w.p("b.so"))
+            x = RNG.standard_normal((n, 6)).astype(np.float32)
+            x[-1] = 40  # the padded rows copy it: a max over them would see it, a sum would grow
+            feed((e, b), {"x": x})
+            e.run()
+            b.run()
+            compare(e, b, "batch %d" % n)
+            e.close()
+            b.close()
+
+
+def expect_status(fn, status, words):
+    try:
+        fn()
+    except StepError as ex:
+        if ex.status != status or any(wd not in ex.message for wd in words):
+            raise Failure("expected status %d naming %s, got %s" % (status, words, ex))
+        return
+    raise Failure("expected status %d, the call succeeded" % status)
+
+
+def expect_novac(args, words, rc=1):
+    p = run([NOVAC] + args, expect_rc=rc)
+    for wd in words:
+        if wd not in p.stderr:
+            raise Failure("novac %s: expected '%s' in:\n%s" % (" ".join(args), wd, p.stderr))
+
+
+def bad_input():
+    with Work() as w:
+        run([NOVAC, MLP, "--dim=batch=1..64", "--train", "-o", w.p("b.so")])
+        b = Step(w.p("b.so"))
+        expect_status(lambda: b.bind("x", np.zeros((65, 784), np.float32)), 4, ["batch", "1 to 64", "[65,784]"])
+        expect_status(lambda: b.bind("x", np.zeros((3, 785), np.float32)), 4, ["[3,785]"])
+        expect_status(lambda: b.bind("batch.size", np.array(3, np.int64)), 8, ["size of each run"])
+        b.bind("x", np.zeros((7, 784), np.float32))
+        b.bind("y", np.zeros(9, np.int64))
+        expect_status(b.run, 4, ["'x'", "'y'", "7", "9"])
+        b.close()
+        for bad in ("batch=8..4", "batch=0..4", "batch=1..x", "batch=3,3", "batch=4,", "batch=1..2000000000000000"):
+            expect_novac([MLP, "--dim=" + bad, "-o", w.p("x.so")], ["--dim"], rc=2)
+        expect_novac([MLP, "--dim=batch=1..4", "--dim=other=1..4", "-o", w.p("x.so")], ["only one dimension"], rc=2)
+        expect_novac([MLP, "--dim=batch=1..4", "--target=cuda", "--device=h100", "-o", w.p("x.so")],
+                     ["--target=cuda", "--dim=batch=N"])
+        expect_novac([MLP, "--dim=batch=1..4", "--emit=linalg", "-o", w.p("x.mlir")], ["--emit"])
+        open(w.p("cat.nova"), "w").write("input x: f32[batch, 4]\noutput y = concat(x, x, axis=0)\n")
+        expect_novac([w.p("cat.nova"), "--dim=batch=1..4", "-o", w.p("x.so")],
+                     ["cat.nova:2:", "concat", "joins along an axis of the dimension"])
+        open(w.p("sl.nova"), "w").write("input x: f32[batch, 4]\noutput y = slice(x, axis=0, start=-2, end=-1)\n")
+        expect_novac([w.p("sl.nova"), "--dim=batch=2..4", "-o", w.p("x.so")], ["sl.nova:2:", "slice"])
+
+
+def main():
+    case("sizes :: mlp, batches 1 7 33 64 of 1..64", mlp_batches)
+    case("sizes :: mlp, one step, batches in turn", mlp_sequence)
+    case("sizes :: transformer block, batch 3 of 1..4 (and evaluation)", transformer_batch)
+    case("sizes :: transformer, sequence lengths 5 16 1 of 1..16", transformer_sequence)
+    case("sizes :: onnx conv + batchnorm, statistics of the real rows", batchnorm_statistics)
+    case("sizes :: max, sum, mean, softmax along the batch", batch_reductions)
+    case("sizes :: bad input", bad_input)
+
+
+if __name__ == "__main__":
+    main()
