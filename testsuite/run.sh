@@ -91,6 +91,7 @@ suite novac "$LLVM_BIN/lit" -v --no-progress-bar testsuite/lit
 suite e2e-ops python3 testsuite/e2e/test_ops.py
 suite e2e-gemm python3 testsuite/e2e/test_gemm.py
 suite e2e-train-loop python3 testsuite/e2e/test_train_loop.py
+suite e2e-sizes python3 testsuite/e2e/test_sizes.py
 suite e2e-memplan python3 testsuite/e2e/test_memplan.py
 suite e2e-data-parallel python3 testsuite/e2e/test_data_parallel.py
 suite e2e-data-parallel-mpi python3 testsuite/e2e/test_data_parallel_mpi.py
