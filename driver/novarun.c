@@ -58,6 +58,9 @@ static const char usage_text[] =
     "                 (buffer.NAME.pb for every buffer)\n"
     "                 and DIR/loss.pb for the loss, if any (DIR is created)\n"
     "  --repeat N     run N times and report the median time per run (default 1)\n"
+    "  --dim NAME=N   a step compiled for several sizes (novac --dim=NAME=LO..HI):\n"
+    "                 run it at size N (--data and --seed make batches of that\n"
+    "                 size; --inputs files give theirs; default the largest)\n"
     "  --steps N      train: run a training step N times (a new batch each step with\n"
     "                 --data or --seed), with a progress line (step, loss,\n"
     "                 samples/s, ETA)\n"
@@ -244,6 +247,18 @@ static int nr_parse_option(int argc, char **argv, int *i, nr_options *o) {
                                            "--gamma"};
   for (size_t k = 0; k < sizeof sched_opts / sizeof *sched_opts; k++)
     if ((v = nr_option_value(argc, argv, i, sched_opts[k], &missing))) return nr_sched_option(sched_opts[k], v, &o->sched);
+  if ((v = nr_option_value(argc, argv, i, "--dim", &missing))) {
+    const char *eq = strchr(v, '=');
+    char *end;
+    errno = 0;
+    o->size = eq ? strtoll(eq + 1, &end, 10) : 0;
+    if (!eq || eq == v || eq - v >= (long)sizeof o->size_dim || errno || !nv_number_token(eq + 1) || *end ||
+        o->size < 1)
+      return nr_usage_error("--dim takes NAME=N with N a positive integer (the size of each run of a step "
+                            "compiled for several), not '%s'", v);
+    snprintf(o->size_dim, sizeof o->size_dim, "%.*s", (int)(eq - v), v);
+    return -1;
+  }
   if ((v = nr_option_value(argc, argv, i, "--accumulate", &missing))) {
     char *end;
     errno = 0;
@@ -430,6 +445,7 @@ static int nr_load(const char *path, nr_api *api) {
   if (!NR_SYM(api, world, "nova_step_world") || !NR_SYM(api, all_sum, "nova_step_all_sum")) api->world = NULL;
   if (!NR_SYM(api, trace_start, "nova_step_trace_start") || !NR_SYM(api, trace_write, "nova_step_trace_write"))
     api->trace_start = NULL;
+  if (!NR_SYM(api, sizes, "nova_step_sizes") || !NR_SYM(api, set_size, "nova_step_set_size")) api->sizes = NULL;
   if (!NR_SYM(api, last_run_ms, "nova_step_last_run_ms")) api->last_run_ms = NULL;
   if (!NR_SYM(api, target, "nova_step_target")) api->target = NULL;
   if (!NR_SYM(api, set_profiling, "nova_step_set_profiling") || !NR_SYM(api, num_launches, "nova_step_num_launches") ||
@@ -998,6 +1014,22 @@ static int nr_trace_write(nr_step *s, const nr_options *o) {
   return 0;
 }
 
+/* --dim=NAME=N: the size of each run of a step compiled for several
+ * (novac --dim=NAME=LO..HI); the batches are made at that size. */
+static int nr_set_size(nr_step *s, const nr_options *o) {
+  const char *dim = NULL;
+  int64_t lo = 0, hi = 0;
+  if (!s->api.sizes || !s->api.sizes(s->step, &dim, &lo, &hi, NULL))
+    return nr_error("--dim=%s=%lld: %s was compiled for one size of each dimension (novac --dim=NAME=LO..HI "
+                    "compiles one for several)", o->size_dim, o->size, o->step_path);
+  if (strcmp(dim, o->size_dim))
+    return nr_error("--dim=%s=%lld: the sizes %s serves are of '%s' (%lld to %lld)", o->size_dim, o->size,
+                    o->step_path, dim, (long long)lo, (long long)hi);
+  if (s->api.set_size(s->step, o->size) != NOVA_OK)
+    return nr_error("--dim=%s=%lld: %s", o->size_dim, o->size, s->api.error(s->step));
+  return 0;
+}
+
 /* Order: the checkpoint, then the batch source, then the output folders:
  * nothing is created or run unless every input checked out. */
 static int nr_main(const nr_options *o) {
@@ -1021,6 +1053,7 @@ static int nr_main(const nr_options *o) {
     if (sharded && o->load_path) ro.load_path = nr_rank_path(load_r, sizeof load_r, o->load_path, s.rank);
     o = &ro;
   }
+  if (!rc && o->size_dim[0]) rc = nr_set_size(&s, o);
   if (!rc && o->load_path) rc = nr_checkpoint_load(&s, o->load_path, &start);
   if (!rc && (o->data_path || (o->seed_set && !o->inputs_dir))) rc = nr_batches_create(&s, o, &b);
   else if (!rc) rc = nr_bind_inputs(&s, o, &s.nbound);

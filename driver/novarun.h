@@ -32,6 +32,8 @@ typedef struct nr_api {
   nova_status (*all_sum)(nova_step *, double *, int);
   nova_status (*trace_start)(nova_step *);                /* NULL in a step.so older than them */
   nova_status (*trace_write)(nova_step *, const char *, nova_trace_summary *);
+  int (*sizes)(const nova_step *, const char **, int64_t *, int64_t *, const int64_t **); /* NULL: older */
+  nova_status (*set_size)(nova_step *, int64_t);
 } nr_api;
 
 /* --lr-schedule and its settings (novarun_sched.c). */
@@ -78,6 +80,8 @@ typedef struct nr_options {
   long eval_every;         /* --eval-every N (0: only after the last step) */
   double clip;             /* --clip-grad-norm F (0: the step's) */
   long accumulate;         /* --accumulate K (0: the step's) */
+  char size_dim[128];      /* --dim=NAME=N: a step for several sizes runs at size N ("": its largest) */
+  long long size;
 } nr_options;
 
 /* novarun_sched.c: OPT's value V into S (-1: go on, 2: bad usage, said);

@@ -266,6 +266,24 @@ void rt_sizes_done(nova_step *s, int64_t n) {
   }
 }
 
+nova_status rt_sizes_set(nova_step *s, int64_t n) {
+  const rt_graph *g = s->graph;
+  if (!g) return NOVA_ERR_ABI; /* the message says why it did not open */
+  if (!s->sizes)
+    return rt_fail(s, NOVA_ERR_INVALID_ARGUMENT, "nova_step_set_size: the step was compiled for one size (novac "
+                   "--dim=NAME=LO..HI makes one for several)");
+  if (n < g->dim_lo || n > g->dim_hi)
+    return rt_fail(s, NOVA_ERR_SHAPE, "%s=%lld is outside the sizes the step was compiled for, %lld to %lld",
+                   g->dim_name, (long long)n, (long long)g->dim_lo, (long long)g->dim_hi);
+  for (int i = 0; i < g->ntensors; i++)
+    if (s->sizes->at[i] && !s->bound[i]) { /* (a bound tensor keeps its size until bound again) */
+      s->sizes->at[i] = n;
+      shape_at(g, i, n, s->sizes->shape[i]);
+    }
+  s->error[0] = 0;
+  return NOVA_OK;
+}
+
 NOVA_API int nova_step_sizes(const nova_step *step, const char **dim, int64_t *lo, int64_t *hi,
                              const int64_t **buckets) {
   if (!rt_handle_live(step) || !step->graph || !step->graph->dim_name || !step->sizes) return 0;

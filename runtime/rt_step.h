@@ -97,6 +97,8 @@ const int64_t *rt_sizes_shape(const nova_step *s, int i, size_t *nbytes);
 nova_status rt_sizes_bind(nova_step *s, int i, int rank, const int64_t *shape, const void *data);
 nova_status rt_sizes_pick(nova_step *s, bool eval, void (**entry)(void **), void ***args, int64_t *size);
 void rt_sizes_done(nova_step *s, int64_t size);
+/* nova_step_set_size: the shapes the tensors not bound since report. */
+nova_status rt_sizes_set(nova_step *s, int64_t size);
 
 /* --target=cuda (rt_cuda.c).  _open: driver, device, module, arena,
  * stream (NOVA_ERR_DEVICE with the reason when there is no usable GPU);

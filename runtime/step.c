@@ -612,6 +612,7 @@ NOVA_API nova_status nova_step_bind(nova_step *step, const char *name, nova_dtyp
 }
 NOVA_API nova_status nova_step_run(nova_step *step) { RT_EXCLUSIVE(step, rt_run(step)); }
 NOVA_API nova_status nova_step_eval(nova_step *step) { RT_EXCLUSIVE(step, rt_eval(step)); }
+NOVA_API nova_status nova_step_set_size(nova_step *step, int64_t size) { RT_EXCLUSIVE(step, rt_sizes_set(step, size)); }
 NOVA_API nova_status nova_step_get(nova_step *step, const char *name, const void **data, nova_tensor_info *info) {
   RT_EXCLUSIVE(step, rt_get(step, name, data, info));
 }

@@ -235,6 +235,11 @@ nova_status nova_step_launch(const nova_step *step, int index, const char **kern
  * NAME.size is set by the step (bind refuses it).  Absent from a step.so
  * built by a novac before 0.3: look it up with dlsym. */
 int nova_step_sizes(const nova_step *step, const char **dim, int64_t *lo, int64_t *hi, const int64_t **buckets);
+/* For such a step: the size the tensors not bound since report in
+ * nova_step_tensor (a caller that sizes its buffers from them, as novarun
+ * --dim does); NOVA_ERR_SHAPE outside [LO, HI], NOVA_ERR_INVALID_ARGUMENT
+ * for a step of one size. */
+nova_status nova_step_set_size(nova_step *step, int64_t size);
 
 /* The target the step was compiled for: "cpu" or "cuda". */
 const char *nova_step_target(const nova_step *step);

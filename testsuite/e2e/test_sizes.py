@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from harness import NOVAC, Failure, case, run
+from harness import NOVAC, NOVARUN, Failure, case, run
 from stepapi import Step, StepError
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -242,6 +242,25 @@ def batch_reductions():
             b.close()
 
 
+def novarun_size():
+    """novarun --dim=batch=N: synthetic batches of N, the losses of the exact step's."""
+    with Work() as w:
+        run([NOVAC, MLP, "--dim=batch=1..64", "--train", "-o", w.p("b.so")])
+        run([NOVAC, MLP, "--dim=batch=5", "--train", "-o", w.p("e.so")])
+        run([NOVARUN, w.p("b.so"), "--dim=batch=5", "--seed", "3", "--steps", "3", "--loss-log", w.p("lb"), "-q"])
+        run([NOVARUN, w.p("e.so"), "--seed", "3", "--steps", "3", "--loss-log", w.p("le"), "-q"])
+        lb = [float(l.split()[1]) for l in open(w.p("lb"))]
+        le = [float(l.split()[1]) for l in open(w.p("le"))]
+        if len(lb) != 3 or any(abs(a - b) > TOL * abs(b) for a, b in zip(lb, le)):
+            raise Failure("losses %s, the exact step's %s" % (lb, le))
+        for args, words in (([w.p("b.so"), "--dim=batch=65"], ["batch=65", "1 to 64"]),
+                            ([w.p("b.so"), "--dim=seq=5"], ["'batch'"]),
+                            ([w.p("e.so"), "--dim=batch=5"], ["one size"])):
+            p = run([NOVARUN] + args + ["--seed", "1", "-q"], expect_rc=1)
+            if any(wd not in p.stderr for wd in words):
+                raise Failure("novarun %s: expected %s in:\n%s" % (" ".join(args), words, p.stderr))
+
+
 def expect_status(fn, status, words):
     try:
         fn()
@@ -290,6 +309,7 @@ def main():
     case("sizes :: transformer, sequence lengths 5 16 1 of 1..16", transformer_sequence)
     case("sizes :: onnx conv + batchnorm, statistics of the real rows", batchnorm_statistics)
     case("sizes :: max, sum, mean, softmax along the batch", batch_reductions)
+    case("sizes :: novarun --dim=batch=5", novarun_size)
     case("sizes :: bad input", bad_input)
 
 
