@@ -12,6 +12,8 @@ largest element), through the step's C ABI (stepapi.py):
 - an ONNX convolution with BatchNormalization in training mode (its batch
   statistics and running variance count only the real rows);
 - a model reducing with mean, max and sum along the batch;
+- torchvision's resnet18 and a Dropout + BatchNorm net from the zoo (their
+  batch axis renamed symbolic);
 - bad input: a batch outside the range (named in the message), inputs of
   different sizes in one run, binding NAME.size, a malformed range, an op
   that cannot be masked (the node named), and the targets not supported."""
@@ -261,6 +263,42 @@ def novarun_size():
                 raise Failure("novarun %s: expected %s in:\n%s" % (" ".join(args), words, p.stderr))
 
 
+def zoo_batch(case_name, dst):
+    """A zoo export (testsuite/zoo, batch 2) with its batch axis named 'batch': the torchscript exports of
+    these models compute every shape from the input, so any batch builds."""
+    m = onnx.load(os.path.join(ROOT, "testsuite", "zoo", case_name, "model.onnx"))
+    for v in list(m.graph.input) + list(m.graph.output):
+        dims = v.type.tensor_type.shape.dim
+        if len(dims) and dims[0].dim_value == 2:
+            dims[0].ClearField("dim_value")
+            dims[0].dim_param = "batch"
+    del m.graph.value_info[:]
+    onnx.save(m, dst)
+
+
+def zoo_models():
+    """torchvision's resnet18 and a Dropout + BatchNorm net (training-mode export), batch 3 of 1..4."""
+    for name in ("resnet18.ts", "dropbn_train.ts"):
+        with Work() as w:
+            zoo_batch(name, w.p("m.onnx"))
+            flags = ["--train", "--keep-grads", "--optimizer=sgd", "--lr=0.1"]
+            run([NOVAC, w.p("m.onnx"), "--dim=batch=1..4", "-o", w.p("b.so")] + flags)
+            run([NOVAC, w.p("m.onnx"), "--dim=batch=3", "-o", w.p("e.so")] + flags)
+            e, b = Step(w.p("e.so")), Step(w.p("b.so"))
+            data = {}
+            for t, role, shape in e.tensors():
+                if role == 1:
+                    data[t] = RNG.integers(0, 10, shape).astype(np.int64)
+                elif role == 0 and t not in ("lr", "rng.seed"):
+                    data[t] = RNG.standard_normal(shape).astype(np.float32)
+            feed((e, b), data)
+            e.run()
+            b.run()
+            compare(e, b, "%s at batch 3" % name)
+            e.close()
+            b.close()
+
+
 def expect_status(fn, status, words):
     try:
         fn()
@@ -309,6 +347,7 @@ def main():
     case("sizes :: transformer, sequence lengths 5 16 1 of 1..16", transformer_sequence)
     case("sizes :: onnx conv + batchnorm, statistics of the real rows", batchnorm_statistics)
     case("sizes :: max, sum, mean, softmax along the batch", batch_reductions)
+    case("sizes :: torchvision resnet18 and dropout + batchnorm exports, batch 3 of 1..4", zoo_models)
     case("sizes :: novarun --dim=batch=5", novarun_size)
     case("sizes :: bad input", bad_input)
 
