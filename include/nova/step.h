@@ -232,8 +232,8 @@ nova_status nova_step_launch(const nova_step *step, int index, const char **kern
  * rows count in no loss, mean, statistic or gradient), and the outputs'
  * shapes (nova_step_get, nova_step_tensor) are then that size's.  Before
  * the first bind, nova_step_tensor gives the shapes at HI.  The input
- * NAME.size is set by the step (bind refuses it).  Absent from a step.so
- * built by a novac before 0.3: look it up with dlsym. */
+ * NAME.size is set by the step (bind refuses it).  Absent from older
+ * step.so files, as nova_step_set_size: look them up with dlsym. */
 int nova_step_sizes(const nova_step *step, const char **dim, int64_t *lo, int64_t *hi, const int64_t **buckets);
 /* For such a step: the size the tensors not bound since report in
  * nova_step_tensor (a caller that sizes its buffers from them, as novarun

@@ -119,7 +119,7 @@ build novarun.build $CC $CFLAGS $SAN $INC "$here/tpb_tool.c" $PB_SRC -o "$T/tpb_
 
 # (names starting with _ are the toolchain's, e.g. ASan's __odr_asan.*)
 exports=$(nm -D --defined-only "$T/fixture.so" | awk '$3 !~ /^_/ {print $3}' | sort | tr '\n' ' ')
-want="nova_dtype_name nova_dtype_size nova_role_name nova_rt_graph nova_step_all_sum nova_step_bind nova_step_close nova_step_error nova_step_eval nova_step_find nova_step_get nova_step_graph_hash nova_step_last_run_ms nova_step_launch nova_step_num_launches nova_step_num_tensors nova_step_open nova_step_run nova_step_set_profiling nova_step_target nova_step_tensor nova_step_trace_start nova_step_trace_write nova_step_world "
+want="nova_dtype_name nova_dtype_size nova_role_name nova_rt_graph nova_step_all_sum nova_step_bind nova_step_close nova_step_error nova_step_eval nova_step_find nova_step_get nova_step_graph_hash nova_step_last_run_ms nova_step_launch nova_step_num_launches nova_step_num_tensors nova_step_open nova_step_run nova_step_set_profiling nova_step_set_size nova_step_sizes nova_step_target nova_step_tensor nova_step_trace_start nova_step_trace_write nova_step_world "
 if [ "$exports" = "$want" ]; then pass novarun.exports; else fail novarun.exports "exported: $exports" "expected: $want"; fi
 
 # ---- .pb files ---------------------------------------------------------------
