@@ -107,6 +107,7 @@ suite grad-onnx python3 testsuite/e2e/test_grads_onnx.py
 suite e2e-seq python3 testsuite/e2e/test_sequence_onnx.py
 suite e2e-train python3 testsuite/e2e/test_train_onnx.py
 suite e2e-checkpoint python3 testsuite/e2e/test_checkpoint.py
+suite e2e-torch-ckpt python3 testsuite/e2e/test_torch_ckpt.py
 suite zoo python3 testsuite/zoo/test_zoo.py
 suite e2e-train-roles python3 testsuite/e2e/test_train_roles.py
 suite e2e-batchnorm-train python3 testsuite/e2e/test_batchnorm_train.py
