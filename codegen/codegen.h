@@ -428,6 +428,17 @@ int64_t cg_count_ops(MlirOperation op);
 /* Writes LLVM IR text of an LLVM-dialect module to f. */
 int cg_emit_llvm_ir(nova_ctx *c, MlirModule m, FILE *f);
 
+/* The initial values a step.so of G embeds (its init.bin, *SIZE bytes):
+ * each tensor's slot, in *SLOTS (owned; names and nodes borrowed from G).
+ * 0, or -1 when out of memory. */
+typedef struct cg_init_slot {
+  const char *name;
+  nova_dtype dtype;
+  int64_t offset, bytes;
+  const nv_node *node;
+} cg_init_slot;
+int cg_init_layout(const nv_graph *g, cg_init_slot **slots, int *nslots, int64_t *size);
+
 /* The whole step.so: object + descriptor + runtime, linked into o->output
  * atomically, and the manifest next to it. */
 int cg_build_step(nova_ctx *c, const nv_graph *g, MlirModule llvm_module, const cg_options *o);

@@ -71,6 +71,23 @@ static int collect(const nv_graph *g, step_tensor **out, int64_t *init_size) {
   return n;
 }
 
+int cg_init_layout(const nv_graph *g, cg_init_slot **slots, int *nslots, int64_t *size) {
+  step_tensor *t;
+  int n = collect(g, &t, size), k = 0;
+  *slots = n >= 0 ? nv_xcalloc((size_t)n + 1, sizeof **slots) : NULL;
+  if (!*slots) {
+    if (n >= 0) free(t);
+    return -1;
+  }
+  for (int i = 0; i < n; i++)
+    if (t[i].init_offset >= 0)
+      (*slots)[k++] = (cg_init_slot){t[i].name, t[i].node->dtype, t[i].init_offset,
+                                     fe_numel(t[i].node) * (int64_t)fe_dtype_size(t[i].node->dtype), t[i].node};
+  *nslots = k;
+  free(t);
+  return 0;
+}
+
 static int write_init(nova_ctx *c, const nv_graph *g, const step_tensor *t, int n, int64_t size,
                       const char *path) {
   unsigned char *buf = nv_xcalloc(1, size ? (size_t)size : 1);

@@ -1094,7 +1094,7 @@ static int compile(nv_diag *d, opts *o) {
     nv_sb_free(&opt);
     char *so = o->output ? NULL : default_output(o->input, ".so");
     char *man = o->manifest ? NULL : manifest_of(so ? so : o->output);
-    int hit = nc_lookup(&cache, &key, so ? so : o->output, man ? man : o->manifest, o->input);
+    int hit = nc_lookup(&cache, &key, g, so ? so : o->output, man ? man : o->manifest, o->input);
     if (hit == 1 && o->deps.with_compile && write_deps(d, o)) hit = -1;
     free(so);
     free(man);
@@ -1341,7 +1341,7 @@ static int compile(nv_diag *d, opts *o) {
   if (o->time_passes) fprintf(stderr, "novac: %-22s %9.2f ms\n", "total", tm.total);
 out:
   if (rc == 0 && o->deps.with_compile) rc = write_deps(d, o);
-  if (rc == 0 && cacheable) nc_store(&cache, &key, o->output, o->manifest);
+  if (rc == 0 && cacheable) nc_store(&cache, &key, o->output, o->manifest, g);
   cg_step_cancel(&co, build);
   sizes_free(&sz);
   cg_gpu_free(&gpu);

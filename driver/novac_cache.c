@@ -19,7 +19,16 @@
  * store, entries beyond --cache-max go, least recently used first (a hit
  * touches its folder), and temporaries a killed novac left (an hour old)
  * are removed.  A cache folder that cannot be written is warned
- * about once; the compile goes on without it. */
+ * about once; the compile goes on without it.
+ *
+ * New initializer data alone (the same model and flags, other weights) is
+ * no compile either: an entry also records where its step.so holds its
+ * init.bin and each tensor's place in it (the file "init"); a lookup that
+ * finds no entry for its key but one that differs from it only in the
+ * initializer data writes that entry's step.so with the new values in
+ * those places (each tensor found by name in the new graph, with the same
+ * dtype and size, else it is a miss), its manifest with the new checksum,
+ * and stores the result under the new key. */
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -237,15 +246,219 @@ static char *with_source(const char *text, size_t len, const char *source) {
   return b.s;
 }
 
-int nc_lookup(nc_cache *c, const nc_key *k, const char *so, const char *manifest, const char *source) {
+/* ---- new initializer data into a cached step ---- */
+
+/* ENTRY's init layout: where its step.so holds init.bin (*AT, *SIZE) and
+ * each tensor's slot (*SLOTS, owned, names owned: free with free_slots). */
+typedef struct slot {
+  char *name;
+  int dtype;
+  int64_t offset, bytes;
+} slot;
+
+static void free_slots(slot *v, int n) {
+  for (int i = 0; v && i < n; i++) free(v[i].name);
+  free(v);
+}
+
+static slot *read_init(const char *entry, int64_t *at, int64_t *size, int *n) {
+  char path[PATH_MAX + 16], line[4096];
+  snprintf(path, sizeof path, "%s/init", entry);
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  slot *v = NULL;
+  int cap = 0;
+  long long a, b;
+  bool ok = fgets(line, sizeof line, f) && !strcmp(line, "novac-init 1\n") && fgets(line, sizeof line, f) &&
+            sscanf(line, "at %lld %lld", &a, &b) == 2 && a >= 0 && b > 0;
+  *at = a, *size = b, *n = 0;
+  while (ok && fgets(line, sizeof line, f)) {
+    long long off, by;
+    int dt, used = 0;
+    size_t len = strlen(line);
+    ok = len && line[len - 1] == '\n' && sscanf(line, "slot %d %lld %lld %n", &dt, &off, &by, &used) == 3 && used &&
+         off >= 0 && by >= 0 && off + by <= *size;
+    if (!ok) break;
+    if (*n == cap) {
+      slot *v2 = nv_xrealloc(v, sizeof *v2 * (size_t)(cap = cap ? 2 * cap : 16));
+      if (!v2) {
+        ok = false;
+        break;
+      }
+      v = v2;
+    }
+    line[len - 1] = 0;
+    v[*n] = (slot){nv_xstrdup(line + used), dt, off, by};
+    ok = v[*n].name != NULL;
+    (*n)++;
+  }
+  fclose(f);
+  if (!ok) {
+    free_slots(v, *n);
+    return NULL;
+  }
+  return v;
+}
+
+/* The entry (into ENTRY) that differs from K in the initializer data
+ * alone, and has an init layout; false if none. */
+static bool data_only_entry(nc_cache *c, const nc_key *k, char *entry, size_t n) {
+  DIR *d = opendir(c->dir);
+  bool found = false;
+  for (struct dirent *e; d && !found && (e = readdir(d));) {
+    if (strlen(e->d_name) != 16 || strspn(e->d_name, "0123456789abcdef") != 16) continue;
+    snprintf(entry, n, "%s/%s", c->dir, e->d_name);
+    meta m;
+    char p[PATH_MAX + 16];
+    snprintf(p, sizeof p, "%s/init", entry);
+    found = read_meta(entry, &m) && !access(p, R_OK);
+    for (int i = 0; found && i < NC_PARTS; i++) found = i == NC_DATA ? m.part[i] != k->part[i] : m.part[i] == k->part[i];
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+/* The manifest TEXT with its step_so checksum set to SUM (the size is the
+ * same); NULL if it has none. */
+static char *with_checksum(const char *text, uint64_t sum) {
+  const char *q = strstr(text, "\"fnv1a64\":");
+  if (!q) return NULL;
+  q += 10;
+  q += strspn(q, " \t");
+  if (*q != '"' || strspn(q + 1, "0123456789abcdef") != 16 || q[17] != '"') return NULL;
+  char *out = nv_xstrdup(text);
+  if (!out) return NULL;
+  char hex[17];
+  snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sum);
+  memcpy(out + (q + 1 - text), hex, 16);
+  return out;
+}
+
+/* The step.so of ENTRY with G's initializer data (BYTES[0..LEN)) in place
+ * of its own: 0, or -1 when G's tensors do not fit its layout (a miss). */
+static int reembed(nc_cache *c, const char *entry, const nv_graph *g, char *bytes, size_t len) {
+  int64_t at, size;
+  int n;
+  slot *v = read_init(entry, &at, &size, &n);
+  if (!v || at + size > (int64_t)len) {
+    free_slots(v, n);
+    return -1;
+  }
+  nv_diag *quiet = nv_diag_create(NULL);
+  int rc = quiet ? 0 : -1;
+  for (int i = 0; !rc && i < n; i++) {
+    const nv_node *x = NULL;
+    for (int j = 0; j < g->nnodes && !x; j++) {
+      const nv_node *y = g->nodes[j];
+      if ((y->op == NV_OP_PARAM || (y->op == NV_OP_INPUT && y->has_default)) && y->name && !strcmp(y->name, v[i].name))
+        x = y;
+    }
+    rc = x && fe_init_is_bytes(x) && (int)x->dtype == v[i].dtype &&
+         fe_numel(x) * (int64_t)fe_dtype_size(x->dtype) == v[i].bytes ? 0 : -1;
+    if (!rc) rc = fe_init_fill(g, quiet, x, bytes + at + v[i].offset);
+  }
+  (void)c;
+  nv_diag_destroy(quiet);
+  free_slots(v, n);
+  return rc;
+}
+
+/* The step.so BYTES[0..LEN) changed: its GNU build ID (the linker's hash
+ * of what it wrote) made a hash of its new contents, so that two steps
+ * with different values never share one.  (A step's build ID is then not
+ * the linker's SHA-1 of it, the one difference from a fresh compile.) */
+static void new_build_id(unsigned char *b, size_t len) {
+  if (len < 64 || memcmp(b, "\177ELF", 4) || b[4] != 2 || b[5] != 1) return; /* ELF64, little-endian */
+  uint64_t phoff;
+  uint16_t phentsize, phnum;
+  memcpy(&phoff, b + 32, 8);
+  memcpy(&phentsize, b + 54, 2);
+  memcpy(&phnum, b + 56, 2);
+  for (uint16_t i = 0; i < phnum && phentsize >= 56 && phoff + (uint64_t)(i + 1) * phentsize <= len; i++) {
+    const unsigned char *ph = b + phoff + (uint64_t)i * phentsize;
+    uint32_t type;
+    uint64_t off, size;
+    memcpy(&type, ph, 4);
+    memcpy(&off, ph + 8, 8);
+    memcpy(&size, ph + 32, 8);
+    if (type != 4 /* PT_NOTE */ || off > len || size > len - off) continue;
+    for (uint64_t p = off; p + 12 <= off + size;) {
+      uint32_t namesz, descsz, ntype;
+      memcpy(&namesz, b + p, 4);
+      memcpy(&descsz, b + p + 4, 4);
+      memcpy(&ntype, b + p + 8, 4);
+      uint64_t desc = p + 12 + ((namesz + 3u) & ~3u), next = desc + ((descsz + 3u) & ~3u);
+      if (next > off + size) break;
+      if (ntype == 3 /* NT_GNU_BUILD_ID */ && namesz == 4 && !memcmp(b + p + 12, "GNU", 4)) {
+        memset(b + desc, 0, descsz);
+        uint64_t h = mix(NV_FNV_INIT, b, len);
+        for (uint32_t k = 0; k < descsz; k += 8) {
+          uint64_t w = mix(h, &k, sizeof k);
+          memcpy(b + desc + k, &w, descsz - k < 8 ? descsz - k : 8);
+        }
+        return;
+      }
+      p = next;
+    }
+  }
+}
+
+static void store_entry(nc_cache *c, const nc_key *k, const char *const src[2], const char *const bytes[2],
+                        const size_t len[2], const char *init);
+
+/* A lookup that found no entry for K: one that differs only in the
+ * initializer data, with G's put into its step.so (1), or none (0). */
+static int lookup_data_only(nc_cache *c, const nc_key *k, const nv_graph *g, const char *so, const char *manifest,
+                            const char *source) {
+  char entry[PATH_MAX], path[PATH_MAX + 16];
+  if (!g || !data_only_entry(c, k, entry, sizeof entry)) return 0;
+  meta m;
+  char *bytes[2] = {NULL, NULL}, *man = NULL, *named = NULL, *init = NULL;
+  size_t len[2] = {0, 0}, ilen = 0;
+  bool ok = read_meta(entry, &m);
+  for (int i = 0; ok && i < 2; i++) {
+    snprintf(path, sizeof path, "%s/%s", entry, files[i]);
+    bytes[i] = nv_read_file(path, &len[i], (size_t)8 << 30);
+    ok = bytes[i] && (int64_t)len[i] == m.size[i] && mix(NV_FNV_INIT, bytes[i], len[i]) == m.sum[i];
+  }
+  snprintf(path, sizeof path, "%s/init", entry);
+  ok = ok && (init = nv_read_file(path, &ilen, (size_t)64 << 20)) && !reembed(c, entry, g, bytes[0], len[0]);
+  if (ok) new_build_id((unsigned char *)bytes[0], len[0]);
+  ok = ok && (man = with_checksum(bytes[1], nv_fnv1a64(NV_FNV_INIT, bytes[0], len[0])));
+  int rc = 0;
+  if (ok) {
+    len[1] = strlen(man);
+    named = with_source(man, len[1], source);
+    if (nv_write_file(so, bytes[0], len[0], 0)) {
+      nv_error_plain(c->d, "writing %s from the compile cache: %s", so, strerror(errno));
+      rc = -1;
+    } else if (!named || nv_write_file(manifest, named, strlen(named), 0)) {
+      nv_error_plain(c->d, "writing %s from the compile cache: %s", manifest, named ? strerror(errno) : "out of memory");
+      unlink(so);
+      rc = -1;
+    } else {
+      const char *src[2] = {NULL, NULL}, *b[2] = {bytes[0], man};
+      store_entry(c, k, src, b, len, init);
+      if (c->explain)
+        fprintf(stderr, "novac: cache hit (%s) with new initializer data, put into %s's step\n", k->hex, entry);
+      rc = 1;
+    }
+  }
+  free(bytes[0]), free(bytes[1]), free(man), free(named), free(init);
+  return rc;
+}
+
+int nc_lookup(nc_cache *c, const nc_key *k, const nv_graph *g, const char *so, const char *manifest,
+              const char *source) {
   if (!c->dir) return 0;
   char entry[PATH_MAX], path[PATH_MAX + 16];
   snprintf(entry, sizeof entry, "%s/%s", c->dir, k->hex);
   meta m;
   struct stat st;
   if (stat(entry, &st)) {
-    if (c->explain) explain_miss(c, k);
-    return 0;
+    int hit = lookup_data_only(c, k, g, so, manifest, source);
+    if (!hit && c->explain) explain_miss(c, k);
+    return hit;
   }
   bool ok = read_meta(entry, &m) && !memcmp(m.part, k->part, sizeof m.part);
   const char *why = ok ? NULL : "its description is unreadable or does not match";
@@ -352,8 +565,54 @@ static void sweep_temporaries(const char *dir) {
   if (d) closedir(d);
 }
 
-void nc_store(nc_cache *c, const nc_key *k, const char *so, const char *manifest) {
+/* The init layout of the step.so BYTES[0..LEN) of G (the graph it was
+ * built from, after the passes): owned text, or NULL where it has no
+ * initial bytes or they cannot be found in it once. */
+static char *init_layout(const nv_graph *g, const char *bytes, size_t len) {
+  cg_init_slot *slots;
+  int n;
+  int64_t size;
+  if (!g || cg_init_layout(g, &slots, &n, &size)) return NULL;
+  unsigned char *bin = size > 0 ? nv_xcalloc(1, (size_t)size) : NULL;
+  nv_diag *quiet = bin ? nv_diag_create(NULL) : NULL;
+  bool ok = quiet != NULL;
+  for (int i = 0; ok && i < n; i++) ok = !fe_init_fill(g, quiet, slots[i].node, bin + slots[i].offset);
+  const char *at = ok ? memmem(bytes, len, bin, (size_t)size) : NULL;
+  ok = at && !memmem(at + 1, len - (size_t)(at - bytes) - 1, bin, (size_t)size); /* once */
+  nv_sbuf b = {0};
+  if (ok) {
+    nv_sb_printf(&b, "novac-init 1\nat %lld %lld\n", (long long)(at - bytes), (long long)size);
+    for (int i = 0; i < n; i++)
+      if (!strchr(slots[i].name, '\n'))
+        nv_sb_printf(&b, "slot %d %lld %lld %s\n", (int)slots[i].dtype, (long long)slots[i].offset,
+                     (long long)slots[i].bytes, slots[i].name);
+  }
+  nv_diag_destroy(quiet);
+  free(bin);
+  free(slots);
+  if (!ok || b.oom) {
+    nv_sb_free(&b);
+    return NULL;
+  }
+  return b.s;
+}
+
+void nc_store(nc_cache *c, const nc_key *k, const char *so, const char *manifest, const nv_graph *g) {
   if (!c->dir) return;
+  const char *src[2] = {so, manifest}, *b[2] = {NULL, NULL};
+  size_t len[2] = {0, 0};
+  char *sob = g ? nv_read_file(so, &len[0], (size_t)8 << 30) : NULL;
+  char *init = sob ? init_layout(g, sob, len[0]) : NULL;
+  free(sob);
+  len[0] = 0;
+  store_entry(c, k, src, b, len, init);
+  free(init);
+}
+
+/* Stores K's entry: the step.so and manifest from the files SRC, or where
+ * SRC[i] is NULL from BYTES[i] (LEN[i] bytes), and INIT (may be NULL). */
+static void store_entry(nc_cache *c, const nc_key *k, const char *const src[2], const char *const bytes_in[2],
+                        const size_t len_in[2], const char *init) {
   if (mkdir(c->dir, 0777) && errno != EEXIST) {
     warn_once(c, "creating it");
     return;
@@ -367,16 +626,19 @@ void nc_store(nc_cache *c, const nc_key *k, const char *so, const char *manifest
   }
   meta m;
   memcpy(m.part, k->part, sizeof m.part);
-  const char *src[2] = {so, manifest};
   bool ok = true;
   for (int i = 0; ok && i < 2; i++) {
     snprintf(path, sizeof path, "%s/%s", tmp, files[i]);
-    size_t len = 0;
-    char *bytes = nv_read_file(src[i], &len, (size_t)8 << 30);
+    size_t len = len_in[i];
+    char *bytes = src[i] ? nv_read_file(src[i], &len, (size_t)8 << 30) : (char *)bytes_in[i];
     ok = bytes && nv_write_file(path, bytes, len, 0) == 0;
     m.size[i] = (int64_t)len;
     m.sum[i] = bytes ? mix(NV_FNV_INIT, bytes, len) : 0;
-    free(bytes);
+    if (src[i]) free(bytes);
+  }
+  if (ok && init) {
+    snprintf(path, sizeof path, "%s/init", tmp);
+    ok = nv_write_file(path, init, strlen(init), 0) == 0;
   }
   nv_sbuf b = {0};
   nv_sb_printf(&b, "novac-cache 1\n");

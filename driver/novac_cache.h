@@ -35,14 +35,18 @@ void nc_key_make(nc_key *k, const nv_graph *g, const char *options, const cfg_de
                  const char *cpu, const char *policy);
 
 /* A hit: the entry's step.so copied to SO and its manifest to MANIFEST
- * (its "source" set to SOURCE): 1.  A miss: 0 (a corrupt entry is removed,
+ * (its "source" set to SOURCE): 1; also where only the initializer data
+ * differ from an entry's, G's (the graph K was made of) put into its step
+ * (and stored under K).  A miss: 0 (a corrupt entry is removed,
  * with a warning).  -1 after a diagnostic (the outputs could not be
  * written). */
-int nc_lookup(nc_cache *c, const nc_key *k, const char *so, const char *manifest, const char *source);
+int nc_lookup(nc_cache *c, const nc_key *k, const nv_graph *g, const char *so, const char *manifest,
+              const char *source);
 
-/* Stores SO and MANIFEST as K's entry, then trims the cache to its cap
- * (least recently used first).  Failures are warnings: the compile has
+/* Stores SO and MANIFEST as K's entry, with where the step holds the
+ * initial values of G (the graph it was built from, after the passes; may
+ * be NULL), then trims the cache to its cap (least recently used first).  Failures are warnings: the compile has
  * succeeded. */
-void nc_store(nc_cache *c, const nc_key *k, const char *so, const char *manifest);
+void nc_store(nc_cache *c, const nc_key *k, const char *so, const char *manifest, const nv_graph *g);
 
 #endif
