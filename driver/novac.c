@@ -952,7 +952,8 @@ static int sizes_begin(nv_diag *d, opts *o, bool cuda, nv_graph *g, nv_graph *ge
   if (rc) return -1;
   sz->on = true;
   io_axes(sz, g);
-  if (bk_mask(d, g, &sz->info, o->size_hi) || (ge && bk_mask(o->eval_diag ? o->eval_diag : d, ge, &sz->einfo, o->size_hi)))
+  if (bk_mask(d, g, &sz->info, o->size_hi, o->size_lo) ||
+      (ge && bk_mask(o->eval_diag ? o->eval_diag : d, ge, &sz->einfo, o->size_hi, o->size_lo)))
     return -1;
   return 0;
 }
@@ -973,7 +974,7 @@ static int sizes_lower(nova_ctx *c, nv_diag *d, opts *o, const cfg_device *dev, 
     nv_graph *g = sz->g[k] = load_at(d, o, sz, size, eval ? &sz->ge[k] : NULL), *ge = sz->ge[k];
     nv_diag *qd = o->eval_diag ? o->eval_diag : d;
     if (!g || (eval && !ge)) return -1;
-    if (bk_mask(d, g, &sz->info, size) || (ge && bk_mask(qd, ge, &sz->einfo, size))) return -1;
+    if (bk_mask(d, g, &sz->info, size, o->size_lo) || (ge && bk_mask(qd, ge, &sz->einfo, size, o->size_lo))) return -1;
     int rc = apply_precision(d, o, g, ge, dev) || fuse_attention(d, o, g, ge);
     o->flags.len = flags_len;
     if (o->flags.s) o->flags.s[flags_len] = 0;

@@ -119,6 +119,7 @@ typedef struct bk {
   nv_node *size;      /* NAME.size */
   nv_loc loc;         /* of the node being masked */
   bool failed;
+  int64_t lo;         /* the smallest size a run may have */
 } bk;
 
 static const bk_axis *axes_of(const bk *B, const nv_node *x) { return B->info->axes[x->id]; }
@@ -380,9 +381,15 @@ static void mask_node(bk *B, nv_node *n) {
   case NV_OP_RESHAPE:
     if (!reshape_keeps_prefix(B, x, n)) refuse(B, n, "mixes an axis of the dimension with other axes");
     return;
-  case NV_OP_SLICE:
-    if (ax[n->axis].a && n->step < 1) refuse(B, n, "steps backwards along an axis of the dimension");
+  case NV_OP_SLICE: {
+    bk_axis in = ax[n->axis], out = axes_of(B, n)[n->axis];
+    if (!in.a) return;
+    if (n->step != 1) refuse(B, n, "takes every k-th element along an axis of the dimension");
+    /* a slice of fixed length must lie within the real rows of the smallest size */
+    else if (!out.a && n->end > in.a * B->lo + in.c)
+      refuse(B, n, "cuts a fixed length from an axis of the dimension that can be shorter");
     return;
+  }
   case NV_OP_CONCAT:
     if (ax[n->axis].a || axes_of(B, n->in[1])[n->axis].a) refuse(B, n, "joins along an axis of the dimension");
     return;
@@ -458,7 +465,7 @@ static int reorder(nv_graph *g) {
   return rc;
 }
 
-int bk_mask(nv_diag *d, nv_graph *g, const bk_info *info, int64_t size) {
+int bk_mask(nv_diag *d, nv_graph *g, const bk_info *info, int64_t size, int64_t lo) {
   if (g->nnodes != info->nnodes) {
     nv_error_plain(d, "--dim=%s with several sizes: the model builds into %d ops at %s=%lld, %d at other sizes", info->dim,
                    g->nnodes, info->dim, (long long)size, info->nnodes);
@@ -466,7 +473,7 @@ int bk_mask(nv_diag *d, nv_graph *g, const bk_info *info, int64_t size) {
   }
   char name[256];
   bk_size_name(name, sizeof name, info->dim);
-  bk B = {g, d, info, NULL, {0}, false};
+  bk B = {g, d, info, NULL, {0}, false, lo};
   int n0 = g->nnodes;
   for (int i = 0; i < n0; i++)
     if (g->nodes[i]->name && !strcmp(g->nodes[i]->name, name)) {

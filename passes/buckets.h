@@ -40,11 +40,11 @@ int bk_analyze(nv_diag *d, const char *dim, const nv_graph *g1, int64_t s1, cons
                bk_info *out);
 void bk_info_free(bk_info *info);
 
-/* Masks G, a build at bucket size SIZE with the structure INFO describes:
- * adds the input "NAME.size" (i64 scalar, default SIZE) and the masks.
- * Before autodiff.  0, or -1 after a diagnostic at the node that cannot
- * be masked. */
-int bk_mask(nv_diag *d, nv_graph *g, const bk_info *info, int64_t size);
+/* Masks G, a build at bucket size SIZE with the structure INFO describes,
+ * for runs of sizes LO and up: adds the input "NAME.size" (i64 scalar,
+ * default SIZE) and the masks.  Before autodiff.  0, or -1 after a
+ * diagnostic at the node that cannot be masked. */
+int bk_mask(nv_diag *d, nv_graph *g, const bk_info *info, int64_t size, int64_t lo);
 
 /* The input NAME.size's name, into BUF. */
 const char *bk_size_name(char *buf, size_t n, const char *dim);

@@ -338,6 +338,10 @@ def bad_input():
                      ["cat.nova:2:", "concat", "joins along an axis of the dimension"])
         open(w.p("sl.nova"), "w").write("input x: f32[batch, 4]\noutput y = slice(x, axis=0, start=-2, end=-1)\n")
         expect_novac([w.p("sl.nova"), "--dim=batch=2..4", "-o", w.p("x.so")], ["sl.nova:2:", "slice"])
+        open(w.p("fx.nova"), "w").write("input x: f32[batch, 4]\noutput y = slice(x, axis=0, start=0, end=4)\n")
+        expect_novac([w.p("fx.nova"), "--dim=batch=3..8", "-o", w.p("x.so")], ["fx.nova:2:", "fixed length"])
+        open(w.p("st.nova"), "w").write("input x: f32[batch, 4]\noutput y = slice(x, axis=0, start=0, end=8, step=2)\n")
+        expect_novac([w.p("st.nova"), "--dim=batch=8..16", "-o", w.p("x.so")], ["st.nova:2:", "every k-th"])
 
 
 def main():
