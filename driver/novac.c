@@ -988,20 +988,15 @@ static int sizes_lower(nova_ctx *c, nv_diag *d, opts *o, const cfg_device *dev, 
     if (mlirModuleIsNull(b->module) || nova_verify(c, b->module, "lowering to linalg")) return -1;
     np_run r = {.c = c, .dev = dev, .opt_level = o->opt_level};
     if (np_lower(&r, g, b->module, &sz->plan[k])) return -1;
-    if (cg_prefix_symbols(b->module, b->prefix)) {
+    b->graph = g;
+    b->plan = &sz->plan[k];
+    if (ge && build_eval(c, o, g, ge, dev, &sz->enova[k], &b->eval_module, &sz->eplan[k])) return -1;
+    if (cg_prefix_symbols(b->module, b->prefix) || (ge && cg_prefix_symbols(b->eval_module, b->prefix))) {
       nv_error_plain(d, "internal: the functions of the step for %s=%lld could not be renamed", o->dims[o->ranged].name,
                      (long long)size);
       return -1;
     }
-    b->graph = g;
-    b->plan = &sz->plan[k];
     if (ge) {
-      if (build_eval(c, o, g, ge, dev, &sz->enova[k], &b->eval_module, &sz->eplan[k])) return -1;
-      if (cg_prefix_symbols(b->eval_module, b->prefix)) {
-        nv_error_plain(d, "internal: the evaluation entry for %s=%lld could not be renamed", o->dims[o->ranged].name,
-                       (long long)size);
-        return -1;
-      }
       b->eval_graph = ge;
       b->eval_plan = &sz->eplan[k];
     }

@@ -246,6 +246,21 @@ static char *with_source(const char *text, size_t len, const char *source) {
   return b.s;
 }
 
+/* ENTRY's step.so and manifest into BYTES (owned; LEN bytes each), checked
+ * against M; false (*WHY, may be NULL, says which failed) if one is not. */
+static bool read_files(const char *entry, const meta *m, char *bytes[2], size_t len[2], const char **why) {
+  char path[PATH_MAX + 16];
+  for (int i = 0; i < 2; i++) {
+    snprintf(path, sizeof path, "%s/%s", entry, files[i]);
+    bytes[i] = nv_read_file(path, &len[i], (size_t)8 << 30);
+    if (!bytes[i] || (int64_t)len[i] != m->size[i] || mix(NV_FNV_INIT, bytes[i], len[i]) != m->sum[i]) {
+      if (why) *why = i ? "its manifest fails its checksum" : "its step.so fails its checksum";
+      return false;
+    }
+  }
+  return true;
+}
+
 /* ---- new initializer data into a cached step ---- */
 
 /* ENTRY's init layout: where its step.so holds init.bin (*AT, *SIZE) and
@@ -415,12 +430,7 @@ static int lookup_data_only(nc_cache *c, const nc_key *k, const nv_graph *g, con
   meta m;
   char *bytes[2] = {NULL, NULL}, *man = NULL, *named = NULL, *init = NULL;
   size_t len[2] = {0, 0}, ilen = 0;
-  bool ok = read_meta(entry, &m);
-  for (int i = 0; ok && i < 2; i++) {
-    snprintf(path, sizeof path, "%s/%s", entry, files[i]);
-    bytes[i] = nv_read_file(path, &len[i], (size_t)8 << 30);
-    ok = bytes[i] && (int64_t)len[i] == m.size[i] && mix(NV_FNV_INIT, bytes[i], len[i]) == m.sum[i];
-  }
+  bool ok = read_meta(entry, &m) && read_files(entry, &m, bytes, len, NULL);
   snprintf(path, sizeof path, "%s/init", entry);
   ok = ok && (init = nv_read_file(path, &ilen, (size_t)64 << 20)) && !reembed(c, entry, g, bytes[0], len[0]);
   if (ok) new_build_id((unsigned char *)bytes[0], len[0]);
@@ -451,7 +461,7 @@ static int lookup_data_only(nc_cache *c, const nc_key *k, const nv_graph *g, con
 int nc_lookup(nc_cache *c, const nc_key *k, const nv_graph *g, const char *so, const char *manifest,
               const char *source) {
   if (!c->dir) return 0;
-  char entry[PATH_MAX], path[PATH_MAX + 16];
+  char entry[PATH_MAX];
   snprintf(entry, sizeof entry, "%s/%s", c->dir, k->hex);
   meta m;
   struct stat st;
@@ -464,12 +474,7 @@ int nc_lookup(nc_cache *c, const nc_key *k, const nv_graph *g, const char *so, c
   const char *why = ok ? NULL : "its description is unreadable or does not match";
   char *bytes[2] = {NULL, NULL};
   size_t len[2] = {0, 0};
-  for (int i = 0; ok && i < 2; i++) { /* each file read once: checked, then copied */
-    snprintf(path, sizeof path, "%s/%s", entry, files[i]);
-    bytes[i] = nv_read_file(path, &len[i], (size_t)8 << 30);
-    ok = bytes[i] && (int64_t)len[i] == m.size[i] && mix(NV_FNV_INIT, bytes[i], len[i]) == m.sum[i];
-    if (!ok) why = i ? "its manifest fails its checksum" : "its step.so fails its checksum";
-  }
+  ok = ok && read_files(entry, &m, bytes, len, &why); /* each file read once: checked, then copied */
   if (!ok) {
     nv_warning(c->d, (nv_loc){0}, "the compile cache's entry %s is corrupt (%s): removed, the step is rebuilt", entry,
                why);

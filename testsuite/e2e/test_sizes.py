@@ -71,6 +71,27 @@ def feed(steps, data):
             s.bind(k, v)
 
 
+def against_exact(w, model, dim, sizes, flags, make, what, runs=1, bucketed=None, check=None):
+    """For each size n of SIZES: a step compiled with --dim=DIM=n against the step for several sizes
+    (BUCKETED, kept across the sizes, or a fresh one of w's b.so for each), both fed MAKE(n) and run RUNS
+    times, then compared (CHECK(n, bucketed) too, when given)."""
+    for n in sizes:
+        exact = w.p("e%d.so" % n)  # (a name per size: a step.so is loaded once per path)
+        run([NOVAC, model, "--dim=%s=%d" % (dim, n), "-o", exact] + flags)
+        e, b = Step(exact), bucketed or Step(w.p("b.so"))
+        data = make(n)
+        for _ in range(runs):
+            feed((e, b), data)
+            e.run()
+            b.run()
+        compare(e, b, what % n)
+        if check:
+            check(n, b)
+        e.close()
+        if not bucketed:
+            b.close()
+
+
 def mlp_batch(n):
     return {"x": RNG.standard_normal((n, 784)).astype(np.float32), "y": RNG.integers(0, 10, n).astype(np.int64)}
 
@@ -82,20 +103,14 @@ def mlp_batches():
         man = json.load(open(w.p("b.json")))["sizes"]
         if [b["size"] for b in man["buckets"]] != [1, 2, 4, 8, 16, 32, 64] or man["size_input"] != "batch.size":
             raise Failure("manifest sizes: %s" % man)
-        for n in (1, 7, 33, 64):
-            run([NOVAC, MLP, "--dim=batch=%d" % n, "-o", w.p("e%d.so" % n)] + flags)
-            e, b = Step(w.p("e%d.so" % n)), Step(w.p("b.so"))
+
+        def check(n, b):
             if b.sizes() != ("batch", 1, 64, [1, 2, 4, 8, 16, 32, 64]):
                 raise Failure("nova_step_sizes: %s" % (b.sizes(),))
-            feed((e, b), mlp_batch(n))
-            e.run()
-            b.run()
-            compare(e, b, "batch %d" % n)
             shapes = dict((t[0], t[2]) for t in b.tensors())
             if shapes["logits"] != (n, 10) or shapes["x"] != (n, 784):
                 raise Failure("batch %d: nova_step_tensor gives %s" % (n, shapes))
-            e.close()
-            b.close()
+        against_exact(w, MLP, "batch", (1, 7, 33, 64), flags, mlp_batch, "batch %d", check=check)
 
 
 def mlp_sequence():
@@ -106,14 +121,7 @@ def mlp_sequence():
         b = Step(w.p("b.so"))
         if b.sizes() != ("batch", 1, 32, [4, 16, 32]):
             raise Failure("nova_step_sizes: %s" % (b.sizes(),))
-        for n in (9, 2, 32, 5, 16):
-            run([NOVAC, MLP, "--dim=batch=%d" % n, "-o", w.p("e%d.so" % n)] + flags)
-            e = Step(w.p("e%d.so" % n))
-            feed((e, b), mlp_batch(n))
-            e.run()
-            b.run()
-            compare(e, b, "batch %d after other sizes" % n)
-            e.close()
+        against_exact(w, MLP, "batch", (9, 2, 32, 5, 16), flags, mlp_batch, "batch %d after other sizes", bucketed=b)
 
 
 def block_tokens(n, t=16):
@@ -157,17 +165,10 @@ def transformer_sequence():
         open(w.p("seq.nova"), "w").write(seq_model())
         flags = ["--train", "--keep-grads", "--optimizer=sgd", "--lr=0.1", "--dim=batch=2"]
         run([NOVAC, w.p("seq.nova"), "--dim=seq=1..16", "-o", w.p("b.so")] + flags)
-        for t in (5, 16, 1):
-            run([NOVAC, w.p("seq.nova"), "--dim=seq=%d" % t, "-o", w.p("e%d.so" % t)] + flags)
-            e, b = Step(w.p("e%d.so" % t)), Step(w.p("b.so"))
-            data = block_tokens(2, t)
-            data["pos"] = np.arange(t, dtype=np.int64)
-            feed((e, b), data)
-            e.run()
-            b.run()
-            compare(e, b, "sequence %d" % t)
-            e.close()
-            b.close()
+
+        def tokens(t):
+            return dict(block_tokens(2, t), pos=np.arange(t, dtype=np.int64))
+        against_exact(w, w.p("seq.nova"), "seq", (5, 16, 1), flags, tokens, "sequence %d")
 
 
 def bn_onnx(path, n):
@@ -203,18 +204,10 @@ def batchnorm_statistics():
         bn_onnx(w.p("m.onnx"), "N")
         flags = ["--train", "--keep-grads", "--optimizer=sgd", "--lr=0.1"]
         run([NOVAC, w.p("m.onnx"), "--dim=N=1..8", "-o", w.p("b.so")] + flags)
-        for n in (3, 8, 1):
-            run([NOVAC, w.p("m.onnx"), "--dim=N=%d" % n, "-o", w.p("e%d.so" % n)] + flags)
-            e, b = Step(w.p("e%d.so" % n)), Step(w.p("b.so"))
-            data = {"x": RNG.standard_normal((n, 2, 5, 5)).astype(np.float32),
-                    "y": RNG.integers(0, 3, n).astype(np.int64)}
-            for _ in range(2):
-                feed((e, b), data)
-                e.run()
-                b.run()
-            compare(e, b, "batch %d (two steps; running statistics included)" % n)
-            e.close()
-            b.close()
+        against_exact(w, w.p("m.onnx"), "N", (3, 8, 1), flags,
+                      lambda n: {"x": RNG.standard_normal((n, 2, 5, 5)).astype(np.float32),
+                                 "y": RNG.integers(0, 3, n).astype(np.int64)},
+                      "batch %d (two steps; running statistics included)", runs=2)
 
 
 REDUCE_MODEL = """input x: f32[batch, 6]
@@ -231,17 +224,12 @@ def batch_reductions():
         open(w.p("r.nova"), "w").write(REDUCE_MODEL)
         flags = ["--train", "--keep-grads", "--optimizer=sgd", "--lr=0.1", "--loss=loss"]
         run([NOVAC, w.p("r.nova"), "--dim=batch=2..16", "-o", w.p("b.so")] + flags)
-        for n in (2, 3, 13):
-            run([NOVAC, w.p("r.nova"), "--dim=batch=%d" % n, "-o", w.p("e%d.so" % n)] + flags)
-            e, b = Step(w.p("e%d.so" % n)), Step(w.p("b.so"))
+
+        def rows(n):
             x = RNG.standard_normal((n, 6)).astype(np.float32)
             x[-1] = 40  # the padded rows copy it: a max over them would see it, a sum would grow
-            feed((e, b), {"x": x})
-            e.run()
-            b.run()
-            compare(e, b, "batch %d" % n)
-            e.close()
-            b.close()
+            return {"x": x}
+        against_exact(w, w.p("r.nova"), "batch", (2, 3, 13), flags, rows, "batch %d")
 
 
 def novarun_size():
@@ -283,20 +271,18 @@ def zoo_models():
             zoo_batch(name, w.p("m.onnx"))
             flags = ["--train", "--keep-grads", "--optimizer=sgd", "--lr=0.1"]
             run([NOVAC, w.p("m.onnx"), "--dim=batch=1..4", "-o", w.p("b.so")] + flags)
-            run([NOVAC, w.p("m.onnx"), "--dim=batch=3", "-o", w.p("e.so")] + flags)
-            e, b = Step(w.p("e.so")), Step(w.p("b.so"))
-            data = {}
-            for t, role, shape in e.tensors():
-                if role == 1:
-                    data[t] = RNG.integers(0, 10, shape).astype(np.int64)
-                elif role == 0 and t not in ("lr", "rng.seed"):
-                    data[t] = RNG.standard_normal(shape).astype(np.float32)
-            feed((e, b), data)
-            e.run()
-            b.run()
-            compare(e, b, "%s at batch 3" % name)
-            e.close()
-            b.close()
+
+            def data(n):
+                e = Step(w.p("e%d.so" % n))  # (compiled by against_exact before it asks)
+                out = {}
+                for t, role, shape in e.tensors():
+                    if role == 1:
+                        out[t] = RNG.integers(0, 10, shape).astype(np.int64)
+                    elif role == 0 and t not in ("lr", "rng.seed"):
+                        out[t] = RNG.standard_normal(shape).astype(np.float32)
+                e.close()
+                return out
+            against_exact(w, w.p("m.onnx"), "batch", (3,), flags, data, name + " at batch %d")
 
 
 def expect_status(fn, status, words):

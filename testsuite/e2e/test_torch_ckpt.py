@@ -23,7 +23,7 @@ import tempfile
 
 import numpy as np
 
-from harness import NOVAC, NOVARUN, Failure, case, run, st_read, st_write
+from harness import NOVAC, NOVARUN, Failure, case, run
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DATA = os.path.join(ROOT, "testsuite", "e2e", "data", "torch_ckpt")
@@ -40,7 +40,7 @@ class Work:
         self.d = tempfile.mkdtemp(prefix="nova-torch-ckpt-")
         self.so = self.p("step.so")
         run([NOVAC, os.path.join(DATA, "model.onnx"), "-o", self.so] + FLAGS)
-        st_write(self.p("data.st"), {"x": REF["x"], "y": REF["y"]})
+        torch_ckpt.st_write(self.p("data.st"), {"x": REF["x"], "y": REF["y"]}, {})
         return self
 
     def __exit__(self, *a):
@@ -91,12 +91,17 @@ def check_torch_state(model, optim, steps, k, what):
             close(optim[n][key], v, "%s %s of '%s'" % (what, key, n))
 
 
+def check_checkpoint(path, k, what):
+    """The novac checkpoint PATH, in PyTorch's terms, is PyTorch's state after K steps."""
+    ckpt, meta = torch_ckpt.st_read(path)
+    model, optim, steps = torch_ckpt.to_torch_state(ckpt, meta)
+    check_torch_state(model, optim, steps, k, what)
+
+
 def novac_to_torch():
     with Work() as w:
         w.train(3, w.p("c3.st"))
-        ckpt, meta = st_read(w.p("c3.st"))
-        model, optim, steps = torch_ckpt.to_torch_state(ckpt, meta)
-        check_torch_state(model, optim, steps, 3, "novarun's checkpoint after 3 steps")
+        check_checkpoint(w.p("c3.st"), 3, "novarun's checkpoint after 3 steps")
 
 
 def torch_to_novac():
@@ -107,9 +112,7 @@ def torch_to_novac():
         torch_ckpt.st_write(w.p("t3.st"), torch_ckpt.from_torch_state(model, optim, like),
                             {"format": "novac", "step": "3"})
         w.train(1, w.p("c4.st"), load=w.p("t3.st"))
-        ckpt, meta = st_read(w.p("c4.st"))
-        m4, o4, steps = torch_ckpt.to_torch_state(ckpt, meta)
-        check_torch_state(m4, o4, steps, 4, "PyTorch's state after 3 steps, then one novarun step")
+        check_checkpoint(w.p("c4.st"), 4, "PyTorch's state after 3 steps, then one novarun step")
 
 
 def bad_input():
@@ -152,9 +155,7 @@ def through_torch():
         check_torch_state(got, optim, steps + 1, 4, "novarun's 3 steps, one PyTorch step")
         torch_ckpt.save_from(m, opt, w.p("c3.st"), w.p("t4.st"))
         # the same state back in novarun: it equals PyTorch's after 4 steps
-        ckpt, meta = st_read(w.p("t4.st"))
-        m4, o4, s4 = torch_ckpt.to_torch_state(ckpt, meta)
-        check_torch_state(m4, o4, s4, 4, "save_from after 4 steps")
+        check_checkpoint(w.p("t4.st"), 4, "save_from after 4 steps")
         w.train(1, w.p("c5.st"), load=w.p("t4.st"))
         # the command line: to-torch, then from-torch, gives back the checkpoint
         mod = os.path.join(w.d, "netmod.py")
@@ -166,8 +167,8 @@ def through_torch():
                        cwd=w.d, capture_output=True)
         subprocess.run(tool + ["from-torch", w.p("c5.pt"), "--module", "netmod:net", "--like", w.p("c5.st"), "-o",
                                w.p("back.st")], check=True, cwd=w.d, capture_output=True)
-        a, _ = st_read(w.p("c5.st"))
-        b, _ = st_read(w.p("back.st"))
+        a, _ = torch_ckpt.st_read(w.p("c5.st"))
+        b, _ = torch_ckpt.st_read(w.p("back.st"))
         for n in a:
             if not np.array_equal(a[n], b[n]):
                 raise Failure("to-torch then from-torch changed '%s'" % n)
