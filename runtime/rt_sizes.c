@@ -33,16 +33,16 @@ nova_status rt_sizes_check(const rt_graph *g, char *err) {
   if (!g->dim_name[0] || g->dim_lo < 1 || g->dim_hi < g->dim_lo || g->nbuckets < 1 || !g->buckets ||
       g->buckets[g->nbuckets - 1].size != g->dim_hi || g->buckets[g->nbuckets - 1].entry != g->entry ||
       g->ndim_axes < 0 || (g->ndim_axes && !g->dim_axes))
-    bad = "its sizes";
+    bad = "the range or the bucket list";
   for (int k = 0; !bad && k < g->nbuckets; k++) {
     const rt_bucket *b = &g->buckets[k];
     if (!b->entry || b->nargs < 0 || (b->nargs && !b->arg_tensor) || (k && b->size <= g->buckets[k - 1].size) ||
         b->size < 1 || (b->eval_entry && (b->eval_nargs < 0 || (b->eval_nargs && !b->eval_arg_tensor))))
       bad = "a bucket";
     for (int a = 0; !bad && a < b->nargs; a++)
-      if (b->arg_tensor[a] < 0 || b->arg_tensor[a] >= g->ntensors) bad = "a bucket's arguments";
+      if (b->arg_tensor[a] < 0 || b->arg_tensor[a] >= g->ntensors) bad = "a bucket's argument list";
     for (int a = 0; !bad && b->eval_entry && a < b->eval_nargs; a++)
-      if (b->eval_arg_tensor[a] < 0 || b->eval_arg_tensor[a] >= g->ntensors) bad = "a bucket's arguments";
+      if (b->eval_arg_tensor[a] < 0 || b->eval_arg_tensor[a] >= g->ntensors) bad = "a bucket's argument list";
   }
   for (int i = 0; !bad && i < g->ndim_axes; i++) {
     const rt_dim_axis *ax = &g->dim_axes[i];
@@ -55,7 +55,7 @@ nova_status rt_sizes_check(const rt_graph *g, char *err) {
   if (!bad && (!st || st->role != NOVA_ROLE_INPUT || st->dtype != NOVA_DTYPE_I64 || st->rank != 0))
     bad = "its size input";
   if (!bad) return NOVA_OK;
-  snprintf(err, RT_ERROR_LEN, "malformed step: %s for several sizes of '%.200s' are inconsistent", bad, g->dim_name);
+  snprintf(err, RT_ERROR_LEN, "malformed step: the sizes of '%.200s': %s is inconsistent", g->dim_name, bad);
   return NOVA_ERR_ABI;
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "nova/step.h"
+#include "rt_init.h"
 #include "rt_step.h"
 
 /* ---- a minimal harness --------------------------------------------------- */
@@ -548,6 +549,112 @@ static void test_out_of_memory(void) {
   EXPECT(n >= 5 + 10); /* the step, its 4 arrays, 10 buffers */
 }
 
+/* ---- a step for several sizes (rt_sizes.c) ------------------------------------ */
+
+/*   x     input  f32 [B,3]   (B: the size, 1 to 4; buckets 2 and 4)
+ *   t     input  f32 [2,B]   (the size along its second axis)
+ *   size  input  i64 []      batch.size, set by the runtime
+ *   y     output f32 [B,3]   2 x
+ *   u     output f32 [2,B]   t + 1
+ *   seen  output f32 [2]     {the size, x[last row of the bucket][0]} */
+enum { S_X, S_T, S_SIZE, S_Y, S_U, S_SEEN, S_COUNT };
+static const rt_tensor_desc sized_tensors[S_COUNT] = {
+    [S_X] = {"x", NOVA_ROLE_INPUT, NOVA_DTYPE_F32, 2, {4, 3}, 0, -1, -1},
+    [S_T] = {"t", NOVA_ROLE_INPUT, NOVA_DTYPE_F32, 2, {2, 4}, 0, -1, -1},
+    [S_SIZE] = {"batch.size", NOVA_ROLE_INPUT, NOVA_DTYPE_I64, 0, {0}, 0, -1, -1, 0, 0, 0, 0, RT_INIT_CONST, 4},
+    [S_Y] = {"y", NOVA_ROLE_OUTPUT, NOVA_DTYPE_F32, 2, {4, 3}, 0, -1, -1},
+    [S_U] = {"u", NOVA_ROLE_OUTPUT, NOVA_DTYPE_F32, 2, {2, 4}, 0, -1, -1},
+    [S_SEEN] = {"seen", NOVA_ROLE_OUTPUT, NOVA_DTYPE_F32, 1, {2}, 0, -1, -1},
+};
+static const int32_t sized_args[S_COUNT] = {S_X, S_T, S_SIZE, S_Y, S_U, S_SEEN};
+
+static void sized_run(void **a, int b) {
+  const float *x = a[S_X], *t = a[S_T];
+  float *y = a[S_Y], *u = a[S_U], *seen = a[S_SEEN];
+  for (int i = 0; i < b * 3; i++) y[i] = 2 * x[i];
+  for (int i = 0; i < 2 * b; i++) u[i] = t[i] + 1;
+  seen[0] = (float)*(const int64_t *)a[S_SIZE];
+  seen[1] = x[(b - 1) * 3];
+}
+static void sized_entry2(void **a) { sized_run(a, 2); }
+static void sized_entry4(void **a) { sized_run(a, 4); }
+static const rt_bucket sized_buckets[2] = {{2, sized_entry2, S_COUNT, sized_args, 0, 0, 0, 0, 0},
+                                           {4, sized_entry4, S_COUNT, sized_args, 0, 0, 0, 0, 0}};
+static const rt_dim_axis sized_axes[4] = {{S_X, 0, 1, 0}, {S_T, 1, 1, 0}, {S_Y, 0, 1, 0}, {S_U, 1, 1, 0}};
+static rt_graph sized_graph;
+static rt_bucket bad_buckets[2];
+static rt_dim_axis bad_axes[4];
+
+static void sized_reset(void) {
+  sized_graph = (rt_graph){.abi_version = NOVA_STEP_ABI_VERSION, .novac_version = "fixture", .graph_hash = "",
+                           .ntensors = S_COUNT, .tensors = sized_tensors, .nargs = S_COUNT, .arg_tensor = sized_args,
+                           .entry = sized_entry4, .dim_name = "batch", .dim_lo = 1, .dim_hi = 4, .nbuckets = 2,
+                           .buckets = bad_buckets, .ndim_axes = 4, .dim_axes = bad_axes, .dim_size_tensor = S_SIZE};
+  memcpy(bad_buckets, sized_buckets, sizeof bad_buckets);
+  memcpy(bad_axes, sized_axes, sizeof bad_axes);
+}
+
+static void test_sizes(void) {
+  sized_reset();
+  nova_step *s = NULL;
+  EXPECT(rt_step_open_graph(&sized_graph, &s) == NOVA_OK && s);
+  if (!s) return;
+  const char *dim = NULL;
+  int64_t lo = 0, hi = 0;
+  const int64_t *b = NULL;
+  EXPECT(nova_step_sizes(s, &dim, &lo, &hi, &b) == 2 && !strcmp(dim, "batch") && lo == 1 && hi == 4 && b[0] == 2 &&
+         b[1] == 4);
+  static const float x3[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, t3[6] = {10, 20, 30, 40, 50, 60};
+  int64_t xs[2] = {3, 3}, ts[2] = {2, 3};
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, xs, x3), NOVA_OK, "");
+  EXPECT_STATUS(s, nova_step_bind(s, "t", NOVA_DTYPE_F32, 2, ts, t3), NOVA_OK, "");
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_OK, "");
+  const void *p;
+  nova_tensor_info info;
+  EXPECT(nova_step_get(s, "y", &p, &info) == NOVA_OK && info.rank == 2 && info.shape[0] == 3 && info.nbytes == 36);
+  for (int i = 0; i < 9; i++) EXPECT(((const float *)p)[i] == 2 * x3[i]);
+  EXPECT(nova_step_get(s, "u", &p, &info) == NOVA_OK && info.shape[1] == 3); /* moved down to [2,3] */
+  for (int i = 0; i < 6; i++) EXPECT(((const float *)p)[i] == t3[i] + 1);
+  EXPECT(nova_step_get(s, "seen", &p, &info) == NOVA_OK && ((const float *)p)[0] == 3 && ((const float *)p)[1] == 7);
+  xs[0] = 1, ts[1] = 1; /* bucket 2: row 1 a copy of row 0 */
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, xs, x3 + 3), NOVA_OK, "");
+  EXPECT_STATUS(s, nova_step_bind(s, "t", NOVA_DTYPE_F32, 2, ts, t3), NOVA_OK, "");
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_OK, "");
+  EXPECT(nova_step_get(s, "seen", &p, &info) == NOVA_OK && ((const float *)p)[0] == 1 && ((const float *)p)[1] == 4);
+  EXPECT(nova_step_get(s, "u", &p, &info) == NOVA_OK && info.shape[1] == 1 && ((const float *)p)[0] == t3[0] + 1 &&
+         ((const float *)p)[1] == t3[1] + 1);
+  ts[1] = 2;
+  EXPECT_STATUS(s, nova_step_bind(s, "t", NOVA_DTYPE_F32, 2, ts, t3), NOVA_OK, "");
+  EXPECT_STATUS(s, nova_step_run(s), NOVA_ERR_SHAPE, "different sizes of batch: 1 and 2");
+  xs[0] = 5;
+  EXPECT_STATUS(s, nova_step_bind(s, "x", NOVA_DTYPE_F32, 2, xs, x3), NOVA_ERR_SHAPE, "[batch,3] with batch from 1 to 4");
+  int64_t one = 2;
+  EXPECT_STATUS(s, nova_step_bind(s, "batch.size", NOVA_DTYPE_I64, 0, NULL, &one), NOVA_ERR_ROLE, "size of each run");
+  EXPECT_STATUS(s, nova_step_set_size(s, 5), NOVA_ERR_SHAPE, "outside");
+  nova_step_close(s);
+  EXPECT(nova_step_sizes(s, &dim, &lo, &hi, &b) == 0); /* closed */
+
+  /* a malformed bucket table or axis is refused at open */
+  sized_reset();
+  bad_buckets[1].size = 3; /* not the largest size */
+  s = NULL;
+  EXPECT(rt_step_open_graph(&sized_graph, &s) == NOVA_ERR_ABI);
+  EXPECT_STATUS(s, NOVA_ERR_ABI, NOVA_ERR_ABI, "the sizes of 'batch': the range or the bucket list is inconsistent");
+  nova_step_close(s);
+  sized_reset();
+  bad_axes[1].axis = 2;
+  s = NULL;
+  EXPECT(rt_step_open_graph(&sized_graph, &s) == NOVA_ERR_ABI);
+  EXPECT_STATUS(s, NOVA_ERR_ABI, NOVA_ERR_ABI, "an axis of the dimension is inconsistent");
+  nova_step_close(s);
+  sized_reset();
+  sized_graph.dim_size_tensor = S_X;
+  s = NULL;
+  EXPECT(rt_step_open_graph(&sized_graph, &s) == NOVA_ERR_ABI);
+  EXPECT_STATUS(s, NOVA_ERR_ABI, NOVA_ERR_ABI, "its size input is inconsistent");
+  nova_step_close(s);
+}
+
 int main(void) {
   run_case("open_and_query", test_open_and_query);
   run_case("initial_values", test_initial_values);
@@ -571,5 +678,6 @@ int main(void) {
   run_case("closed_handle", test_closed_handle);
   run_case("busy_simulated", test_busy_simulated);
   run_case("busy_threads", test_busy_threads);
+  run_case("sizes", test_sizes);
   return 0;
 }
