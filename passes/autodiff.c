@@ -769,13 +769,14 @@ static int finite_check(ad *A, nv_node *loss, bool per_param, bool sharded) {
  * reads, and A->bad, the optimizer's guard, also holds unless count + 1
  * reaches K: that run updates, and clears the sums and the count.  The
  * sums and the count are guarded by the finite check alone (a skipped run
- * adds nothing).  0, or -1 after a diagnostic. */
+ * adds nothing).  With --shard-optimizer the sums are of this rank's
+ * shares (each run's gradients are reduce-scattered: a sum of sums).  0,
+ * or -1 after a diagnostic. */
 static int accumulate_runs(ad *A, const ad_options *o, nv_node *inv, bool per_param) {
   nv_graph *g = A->g;
   nv_loc nowhere = {0};
-  if (per_param || o->shard_world > 1) {
-    nv_error_plain(A->d, per_param ? "--accumulate keeps or skips each run whole: use --nonfinite=skip-step"
-                                   : "--accumulate with --shard-optimizer is not supported yet");
+  if (per_param) {
+    nv_error_plain(A->d, "--accumulate keeps or skips each run whole: use --nonfinite=skip-step");
     return -1;
   }
   nv_node *k = fe_graph_leaf(g, A->d, NV_OP_INPUT, "accum.steps", NOVA_DTYPE_I64, 0, NULL, nowhere);
@@ -797,7 +798,8 @@ static int accumulate_runs(ad *A, const ad_options *o, nv_node *inv, bool per_pa
     A->loc = p->loc;
     nv_node *gr = A->grad[i];
     if (inv) gr = mul(A, gr, cast_to(A, inv, gr->dtype));
-    nv_node *acc = state(A, p, p, "accum", gr ? gr->dtype : p->dtype);
+    /* (--shard-optimizer: GR is this rank's share of the sum, which the sums keep: NAME.accum.shard) */
+    nv_node *acc = gr ? state(A, p, o->shard_world > 1 ? gr : p, "accum", gr->dtype) : NULL;
     nv_node *acc1 = add(A, acc, gr);
     if (!acc1 || !add_update(A, acc, mul(A, acc1, cast_to(A, keep, acc1->dtype)))) return -1;
     A->grad[i] = mul(A, acc1, cast_to(A, inv_k, acc1->dtype));
@@ -813,15 +815,15 @@ static int accumulate_runs(ad *A, const ad_options *o, nv_node *inv, bool per_pa
  * torch.nn.utils.clip_grad_norm_ scales them.  The norm is the output
  * grad_norm (role status).  The factor reads every gradient: the step's
  * updates wait for all of them, as the whole-step finite check makes
- * them (per-parameter skipping cannot be combined with it). */
+ * them (per-parameter skipping cannot be combined with it).  With
+ * --shard-optimizer a rank's gradients are its shares of the sums: their
+ * squares are summed over the ranks by one more (scalar) all-reduce. */
 static nv_node *clip_factor(ad *A, const ad_options *o, nv_node *inv, bool per_param) {
   nv_graph *g = A->g;
   nv_loc nowhere = {0};
-  if (per_param || o->shard_world > 1) {
-    nv_error_plain(A->d, per_param ? "--clip-grad-norm scales every gradient by the norm of them all, so a step is "
-                                     "kept or skipped whole: use --nonfinite=skip-step"
-                                   : "--clip-grad-norm with --shard-optimizer is not supported yet (each rank "
-                                     "holds 1/N of the gradient; the norm would need another all-reduce)");
+  if (per_param) {
+    nv_error_plain(A->d, "--clip-grad-norm scales every gradient by the norm of them all, so a step is kept or "
+                         "skipped whole: use --nonfinite=skip-step");
     return NULL;
   }
   nv_node *mx = fe_graph_leaf(g, A->d, NV_OP_INPUT, "clip.max_norm", NOVA_DTYPE_F32, 0, NULL, nowhere);
@@ -842,6 +844,10 @@ static nv_node *clip_factor(ad *A, const ad_options *o, nv_node *inv, bool per_p
   }
   if (!total) return NULL;
   A->loc = nowhere;
+  if (o->shard_world > 1) { /* each rank summed the squares of its shares (zero-padded): the sum over the ranks */
+    total = mk(A, NV_OP_ALL_REDUCE, 1, &total, &(nv_node){.axis = 0});
+    if (!total || !(total->name = nv_xstrdup("grad_norm.squares"))) return NULL;
+  }
   if (inv) total = mul(A, total, mul(A, inv, inv));
   nv_node *norm = u1(A, NV_OP_SQRT, total);
   if (!norm || fe_graph_add_output(g, A->d, "grad_norm", norm, nowhere)) return NULL;
