@@ -58,19 +58,29 @@ def st_read(path):
         raise CheckpointError("%s: not a safetensors file" % path)
     (n,) = struct.unpack("<Q", blob[:8])
     try:
-        header = json.loads(blob[8:8 + n])
+        header = json.loads(blob[8:8 + n]) if n <= len(blob) - 8 else None
     except ValueError:
-        raise CheckpointError("%s: not a safetensors file (its header is not JSON)" % path)
+        header = None
+    if not isinstance(header, dict):
+        raise CheckpointError("%s: not a safetensors file (no JSON header of %d bytes)" % (path, n))
     data, out = blob[8 + n:], {}
     for name, e in header.items():
         if name == "__metadata__":
             continue
-        dt = np.uint16 if e["dtype"] == "BF16" else ST_TYPES.get(e["dtype"])
-        if dt is None:
-            raise CheckpointError("%s: tensor '%s' has dtype %s" % (path, name, e["dtype"]))
-        b, end = e["data_offsets"]
-        out[name] = np.frombuffer(data[b:end], dtype=dt).reshape(e["shape"]).copy()
-    return out, header.get("__metadata__", {})
+        try:
+            dt = np.dtype(np.uint16 if e["dtype"] == "BF16" else ST_TYPES[e["dtype"]])
+            shape = [int(d) for d in e["shape"]]
+            b, end = (int(v) for v in e["data_offsets"])
+            ok = all(d >= 0 for d in shape) and 0 <= b <= end <= len(data) and \
+                end - b == int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise CheckpointError("%s: tensor '%s': a dtype, shape or data_offsets that do not fit the file"
+                                  % (path, name))
+        out[name] = np.frombuffer(data[b:end], dtype=dt).reshape(shape).copy()
+    meta = header.get("__metadata__", {})
+    return out, meta if isinstance(meta, dict) else {}
 
 
 def st_write(path, tensors, metadata):
@@ -104,7 +114,11 @@ def split(ckpt):
 def to_torch_state(ckpt, metadata=None):
     """(model_state {name: array}, optimizer state {param name: {...}}, step count) of a novac checkpoint."""
     model, moments, adam_step = split(ckpt)
-    steps = int((metadata or {}).get("step", 0) or 0)
+    try:
+        steps = int((metadata or {}).get("step", 0) or 0)
+    except (TypeError, ValueError):
+        raise CheckpointError("the checkpoint's __metadata__ \"step\" is %r, not a number of steps"
+                              % metadata.get("step"))
     optim = {}
     for name, m in moments.items():
         if name not in model:

@@ -12,7 +12,8 @@ make_torch_ckpt.py with torch; this test needs numpy only):
 - where torch is installed, the same both ways through a torch.nn.Module and
   torch.optim.AdamW (load_into, save_from) and the command line;
 - bad input: a PyTorch state that lacks a parameter, or has another shape,
-  is refused naming it."""
+  is refused naming it; a missing, cut or foreign checkpoint file is an
+  error naming it (exit status 1, no traceback)."""
 import importlib
 import importlib.util
 import os
@@ -129,10 +130,17 @@ def bad_input():
                     raise Failure("expected %s in: %s" % (words, e))
                 continue
             raise Failure("a PyTorch state without %s was accepted" % words)
-        p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "torch_ckpt.py"), "names",
-                            w.p("nonexistent.st")], capture_output=True, text=True)
-        if p.returncode != 1 or "nonexistent.st" not in p.stderr:
-            raise Failure("torch_ckpt.py names on a missing file: rc %d, %s" % (p.returncode, p.stderr))
+        good = open(w.p("c1.st"), "rb").read()
+        with open(w.p("short.st"), "wb") as f:  # its last tensor's bytes cut off
+            f.write(good[:-8])
+        with open(w.p("junk.st"), "wb") as f:
+            f.write(b"\xff" * 64)
+        for name, words in (("nonexistent.st", ["nonexistent.st"]), ("short.st", ["short.st", "data_offsets"]),
+                            ("junk.st", ["junk.st", "not a safetensors file"])):
+            p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "torch_ckpt.py"), "names", w.p(name)],
+                               capture_output=True, text=True)
+            if p.returncode != 1 or any(wd not in p.stderr for wd in words) or "Traceback" in p.stderr:
+                raise Failure("torch_ckpt.py names %s: rc %d, %s" % (name, p.returncode, p.stderr))
 
 
 def through_torch():
