@@ -428,14 +428,13 @@ int64_t cg_count_ops(MlirOperation op);
 /* Writes LLVM IR text of an LLVM-dialect module to f. */
 int cg_emit_llvm_ir(nova_ctx *c, MlirModule m, FILE *f);
 
-/* The initial values a step.so of G embeds (its init.bin, *SIZE bytes):
- * each tensor's slot, in *SLOTS (owned; names and nodes borrowed from G).
- * 0, or -1 when out of memory. */
+/* The initial values a step.so of G embeds (its init.bin, *SIZE bytes, at
+ * the hidden symbol nova_init_data): each tensor's slot, in *SLOTS (owned;
+ * names borrowed from G).  0, or -1 when out of memory. */
 typedef struct cg_init_slot {
   const char *name;
   nova_dtype dtype;
   int64_t offset, bytes;
-  const nv_node *node;
 } cg_init_slot;
 int cg_init_layout(const nv_graph *g, cg_init_slot **slots, int *nslots, int64_t *size);
 

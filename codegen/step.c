@@ -82,7 +82,7 @@ int cg_init_layout(const nv_graph *g, cg_init_slot **slots, int *nslots, int64_t
   for (int i = 0; i < n; i++)
     if (t[i].init_offset >= 0)
       (*slots)[k++] = (cg_init_slot){t[i].name, t[i].node->dtype, t[i].init_offset,
-                                     fe_numel(t[i].node) * (int64_t)fe_dtype_size(t[i].node->dtype), t[i].node};
+                                     fe_numel(t[i].node) * (int64_t)fe_dtype_size(t[i].node->dtype)};
   *nslots = k;
   free(t);
   return 0;

@@ -917,16 +917,23 @@ static void sizes_free(sizes *sz) {
 }
 
 /* What the axes of G's inputs and outputs (the build at the largest size)
- * do with the size, from INFO. */
-static void io_axes(sizes *sz, const nv_graph *g) {
+ * do with the size, from INFO.  0, or -1 after a diagnostic (too many). */
+static int io_axes(nv_diag *d, sizes *sz, const nv_graph *g) {
   for (int i = 0; i < g->nnodes + g->noutputs; i++) {
     const nv_node *x = i < g->nnodes ? g->nodes[i] : g->outputs[i - g->nnodes].node;
     const char *name = i < g->nnodes ? x->name : g->outputs[i - g->nnodes].name;
     if (i < g->nnodes && x->op != NV_OP_INPUT) continue;
-    for (int k = 0; k < x->rank && sz->naxes < (int)(sizeof sz->axes / sizeof *sz->axes); k++)
-      if (sz->info.axes[x->id][k].a)
-        sz->axes[sz->naxes++] = (cg_dim_axis){name, k, sz->info.axes[x->id][k].a, sz->info.axes[x->id][k].c};
+    for (int k = 0; k < x->rank; k++) {
+      if (!sz->info.axes[x->id][k].a) continue;
+      if (sz->naxes == (int)(sizeof sz->axes / sizeof *sz->axes)) {
+        nv_error_plain(d, "--dim=%s with several sizes: more than %d axes of inputs and outputs follow the size",
+                       sz->info.dim, sz->naxes);
+        return -1;
+      }
+      sz->axes[sz->naxes++] = (cg_dim_axis){name, k, sz->info.axes[x->id][k].a, sz->info.axes[x->id][k].c};
+    }
   }
+  return 0;
 }
 
 /* Before the passes: the builds compared (G, GE at the largest size and
@@ -951,7 +958,7 @@ static int sizes_begin(nv_diag *d, opts *o, bool cuda, nv_graph *g, nv_graph *ge
   fe_graph_destroy(gep);
   if (rc) return -1;
   sz->on = true;
-  io_axes(sz, g);
+  if (io_axes(d, sz, g)) return -1;
   if (bk_mask(d, g, &sz->info, o->size_hi, o->size_lo) ||
       (ge && bk_mask(o->eval_diag ? o->eval_diag : d, ge, &sz->einfo, o->size_hi, o->size_lo)))
     return -1;

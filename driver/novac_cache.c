@@ -351,7 +351,7 @@ static char *with_checksum(const char *text, uint64_t sum) {
 
 /* The step.so of ENTRY with G's initializer data (BYTES[0..LEN)) in place
  * of its own: 0, or -1 when G's tensors do not fit its layout (a miss). */
-static int reembed(nc_cache *c, const char *entry, const nv_graph *g, char *bytes, size_t len) {
+static int reembed(const char *entry, const nv_graph *g, char *bytes, size_t len) {
   int64_t at, size;
   int n;
   slot *v = read_init(entry, &at, &size, &n);
@@ -372,7 +372,6 @@ static int reembed(nc_cache *c, const char *entry, const nv_graph *g, char *byte
          fe_numel(x) * (int64_t)fe_dtype_size(x->dtype) == v[i].bytes ? 0 : -1;
     if (!rc) rc = fe_init_fill(g, quiet, x, bytes + at + v[i].offset);
   }
-  (void)c;
   nv_diag_destroy(quiet);
   free_slots(v, n);
   return rc;
@@ -418,8 +417,8 @@ static void new_build_id(unsigned char *b, size_t len) {
   }
 }
 
-static void store_entry(nc_cache *c, const nc_key *k, const char *const src[2], const char *const bytes[2],
-                        const size_t len[2], const char *init);
+static void store_entry(nc_cache *c, const nc_key *k, const char *const bytes[2], const size_t len[2],
+                        const char *init);
 
 /* A lookup that found no entry for K: one that differs only in the
  * initializer data, with G's put into its step.so (1), or none (0). */
@@ -432,7 +431,7 @@ static int lookup_data_only(nc_cache *c, const nc_key *k, const nv_graph *g, con
   size_t len[2] = {0, 0}, ilen = 0;
   bool ok = read_meta(entry, &m) && read_files(entry, &m, bytes, len, NULL);
   snprintf(path, sizeof path, "%s/init", entry);
-  ok = ok && (init = nv_read_file(path, &ilen, (size_t)64 << 20)) && !reembed(c, entry, g, bytes[0], len[0]);
+  ok = ok && (init = nv_read_file(path, &ilen, (size_t)64 << 20)) && !reembed(entry, g, bytes[0], len[0]);
   if (ok) new_build_id((unsigned char *)bytes[0], len[0]);
   ok = ok && (man = with_checksum(bytes[1], nv_fnv1a64(NV_FNV_INIT, bytes[0], len[0])));
   int rc = 0;
@@ -447,8 +446,8 @@ static int lookup_data_only(nc_cache *c, const nc_key *k, const nv_graph *g, con
       unlink(so);
       rc = -1;
     } else {
-      const char *src[2] = {NULL, NULL}, *b[2] = {bytes[0], man};
-      store_entry(c, k, src, b, len, init);
+      const char *b[2] = {bytes[0], man};
+      store_entry(c, k, b, len, init);
       if (c->explain)
         fprintf(stderr, "novac: cache hit (%s) with new initializer data, put into %s's step\n", k->hex, entry);
       rc = 1;
@@ -573,27 +572,61 @@ static void sweep_temporaries(const char *dir) {
 /* The init layout of the step.so BYTES[0..LEN) of G (the graph it was
  * built from, after the passes): owned text, or NULL where it has no
  * initial bytes or they cannot be found in it once. */
+/* The file offset in the ELF64 shared object B[0..LEN) of the bytes its
+ * symbol NAME (in .symtab: the step's hidden nova_init_data) stands for;
+ * -1 if it has none. */
+static int64_t elf_symbol_offset(const unsigned char *b, size_t len, const char *name) {
+  if (len < 64 || memcmp(b, "\177ELF", 4) || b[4] != 2 || b[5] != 1) return -1;
+  uint64_t shoff;
+  uint16_t shentsize, shnum;
+  memcpy(&shoff, b + 40, 8);
+  memcpy(&shentsize, b + 58, 2);
+  memcpy(&shnum, b + 60, 2);
+  if (shentsize < 64 || shoff > len || (uint64_t)shnum * shentsize > len - shoff) return -1;
+#define SH(i, field, size) (memcpy(&v, b + shoff + (uint64_t)(i) * shentsize + (field), size), v)
+  for (uint16_t i = 0; i < shnum; i++) {
+    uint64_t v = 0;
+    if ((uint32_t)SH(i, 4, 4) != 2 /* SHT_SYMTAB */) continue;
+    uint64_t off = SH(i, 24, 8), size = SH(i, 32, 8), link = (uint32_t)SH(i, 40, 4);
+    if (link >= shnum || off > len || size > len - off) return -1;
+    uint64_t stroff = SH(link, 24, 8), strsize = SH(link, 32, 8);
+    if (stroff > len || strsize > len - stroff) return -1;
+    for (uint64_t p = off; p + 24 <= off + size; p += 24) {
+      uint32_t st_name;
+      uint16_t shndx;
+      uint64_t value;
+      memcpy(&st_name, b + p, 4);
+      memcpy(&shndx, b + p + 6, 2);
+      memcpy(&value, b + p + 8, 8);
+      if (st_name >= strsize || strncmp((const char *)b + stroff + st_name, name, strsize - st_name) ||
+          shndx == 0 || shndx >= shnum)
+        continue;
+      uint64_t addr = SH(shndx, 16, 8), soff = SH(shndx, 24, 8);
+      return value >= addr && soff + (value - addr) <= len ? (int64_t)(soff + (value - addr)) : -1;
+    }
+  }
+#undef SH
+  return -1;
+}
+
+/* The init layout of the step.so BYTES[0..LEN) of G (the graph it was
+ * built from, after the passes): owned text, or NULL where it embeds no
+ * initial values or they cannot be found in it. */
 static char *init_layout(const nv_graph *g, const char *bytes, size_t len) {
   cg_init_slot *slots;
   int n;
   int64_t size;
   if (!g || cg_init_layout(g, &slots, &n, &size)) return NULL;
-  unsigned char *bin = size > 0 ? nv_xcalloc(1, (size_t)size) : NULL;
-  nv_diag *quiet = bin ? nv_diag_create(NULL) : NULL;
-  bool ok = quiet != NULL;
-  for (int i = 0; ok && i < n; i++) ok = !fe_init_fill(g, quiet, slots[i].node, bin + slots[i].offset);
-  const char *at = ok ? memmem(bytes, len, bin, (size_t)size) : NULL;
-  ok = at && !memmem(at + 1, len - (size_t)(at - bytes) - 1, bin, (size_t)size); /* once */
+  int64_t at = size > 0 ? elf_symbol_offset((const unsigned char *)bytes, len, "nova_init_data") : -1;
   nv_sbuf b = {0};
+  bool ok = at >= 0 && at + size <= (int64_t)len;
   if (ok) {
-    nv_sb_printf(&b, "novac-init 1\nat %lld %lld\n", (long long)(at - bytes), (long long)size);
+    nv_sb_printf(&b, "novac-init 1\nat %lld %lld\n", (long long)at, (long long)size);
     for (int i = 0; i < n; i++)
       if (!strchr(slots[i].name, '\n'))
         nv_sb_printf(&b, "slot %d %lld %lld %s\n", (int)slots[i].dtype, (long long)slots[i].offset,
                      (long long)slots[i].bytes, slots[i].name);
   }
-  nv_diag_destroy(quiet);
-  free(bin);
   free(slots);
   if (!ok || b.oom) {
     nv_sb_free(&b);
@@ -604,20 +637,20 @@ static char *init_layout(const nv_graph *g, const char *bytes, size_t len) {
 
 void nc_store(nc_cache *c, const nc_key *k, const char *so, const char *manifest, const nv_graph *g) {
   if (!c->dir) return;
-  const char *src[2] = {so, manifest}, *b[2] = {NULL, NULL};
+  char *bytes[2];
   size_t len[2] = {0, 0};
-  char *sob = g ? nv_read_file(so, &len[0], (size_t)8 << 30) : NULL;
-  char *init = sob ? init_layout(g, sob, len[0]) : NULL;
-  free(sob);
-  len[0] = 0;
-  store_entry(c, k, src, b, len, init);
-  free(init);
+  bytes[0] = nv_read_file(so, &len[0], (size_t)8 << 30);
+  bytes[1] = nv_read_file(manifest, &len[1], (size_t)8 << 30);
+  char *init = bytes[0] ? init_layout(g, bytes[0], len[0]) : NULL;
+  if (bytes[0] && bytes[1]) store_entry(c, k, (const char *const *)bytes, len, init);
+  else warn_once(c, "writing an entry");
+  free(bytes[0]), free(bytes[1]), free(init);
 }
 
-/* Stores K's entry: the step.so and manifest from the files SRC, or where
- * SRC[i] is NULL from BYTES[i] (LEN[i] bytes), and INIT (may be NULL). */
-static void store_entry(nc_cache *c, const nc_key *k, const char *const src[2], const char *const bytes_in[2],
-                        const size_t len_in[2], const char *init) {
+/* Stores K's entry: the step.so and manifest BYTES[i] (LEN[i] bytes), and
+ * INIT (may be NULL). */
+static void store_entry(nc_cache *c, const nc_key *k, const char *const bytes[2], const size_t len[2],
+                        const char *init) {
   if (mkdir(c->dir, 0777) && errno != EEXIST) {
     warn_once(c, "creating it");
     return;
@@ -634,12 +667,9 @@ static void store_entry(nc_cache *c, const nc_key *k, const char *const src[2], 
   bool ok = true;
   for (int i = 0; ok && i < 2; i++) {
     snprintf(path, sizeof path, "%s/%s", tmp, files[i]);
-    size_t len = len_in[i];
-    char *bytes = src[i] ? nv_read_file(src[i], &len, (size_t)8 << 30) : (char *)bytes_in[i];
-    ok = bytes && nv_write_file(path, bytes, len, 0) == 0;
-    m.size[i] = (int64_t)len;
-    m.sum[i] = bytes ? mix(NV_FNV_INIT, bytes, len) : 0;
-    if (src[i]) free(bytes);
+    ok = nv_write_file(path, bytes[i], len[i], 0) == 0;
+    m.size[i] = (int64_t)len[i];
+    m.sum[i] = mix(NV_FNV_INIT, bytes[i], len[i]);
   }
   if (ok && init) {
     snprintf(path, sizeof path, "%s/init", tmp);

@@ -388,8 +388,9 @@ static nova_status rt_check_bind(nova_step *s, int i, nova_dtype dtype, int rank
   if ((int)dtype != t->dtype)
     return rt_fail(s, NOVA_ERR_DTYPE, "tensor '%s': dtype %s given, step compiled for %s", t->name,
                    rt_dtype_name(dtype), rt_dtype_name(t->dtype));
-  int same = rank == t->rank || rt_sizes_follows(s, i); /* (rt_sizes_bind checks those) */
-  for (int d = 0; same && d < rank && !rt_sizes_follows(s, i); d++) same = shape[d] == t->shape[d];
+  int sized = rt_sizes_follows(s, i); /* (rt_sizes_bind checks its shape) */
+  int same = sized || rank == t->rank;
+  for (int d = 0; same && !sized && d < rank; d++) same = shape[d] == t->shape[d];
   if (!same)
     return rt_fail(s, NOVA_ERR_SHAPE, "tensor '%s': shape %s given, step compiled for %s", t->name,
                    rt_shape_str(given, sizeof given, rank, shape), rt_shape_str(want, sizeof want, t->rank, t->shape));
